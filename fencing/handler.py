@@ -1,0 +1,127 @@
+"""The handler API: one async callable, given the transaction's connection and the batch,
+returning ``Accept`` or ``Reject(reason)`` per record, in order.
+
+Rules
+- A handler declares its durability class and effect semantics with ``@handler(...)``;
+  undeclared handlers are ``durable-critical`` + ``transactional``.
+- Exactly-once effects exist only for ``transactional`` effects (written through the
+  given connection). ``durable-critical`` with ``external-non-idempotent`` effects is
+  incoherent (a replay after a lost COMMIT would repeat the external effect) and is
+  refused at start, as is ``best-effort`` with ``transactional`` effects that asks
+  to skip the fence.
+- A handler must return exactly one verdict per record; anything else raises
+  ``HandlerDeclarationError`` inside the transaction, which then rolls back.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fencing.errors import ConfigError, HandlerDeclarationError
+from fencing.store import HandlerFn
+from fencing.types import Accept, Reject, Verdict
+
+__all__ = [
+    "Declaration",
+    "Durability",
+    "Effects",
+    "check_verdicts",
+    "declaration_of",
+    "handler",
+    "load_handler",
+]
+
+
+class Durability(enum.Enum):
+    """How much losing an effect matters."""
+
+    DURABLE_CRITICAL = "durable-critical"
+    BEST_EFFORT = "best-effort"
+
+
+class Effects(enum.Enum):
+    """Where the handler's effects land."""
+
+    TRANSACTIONAL = "transactional"  # only through the given connection, inside the fenced transaction
+    EXTERNAL_IDEMPOTENT = "external-idempotent"  # outside the transaction, safe to repeat
+    EXTERNAL_NON_IDEMPOTENT = "external-non-idempotent"  # outside the transaction, not safe to repeat
+
+
+@dataclass(frozen=True, slots=True)
+class Declaration:
+    durability: Durability = Durability.DURABLE_CRITICAL
+    effects: Effects = Effects.TRANSACTIONAL
+
+    def check(self) -> None:
+        """Raise ``HandlerDeclarationError`` when the pair is incoherent."""
+        if (
+            self.durability is Durability.DURABLE_CRITICAL
+            and self.effects is Effects.EXTERNAL_NON_IDEMPOTENT
+        ):
+            raise HandlerDeclarationError(
+                "durable-critical handlers cannot have external-non-idempotent effects: a lost "
+                "COMMIT replays the batch and would repeat them; write effects through the "
+                "given connection (transactional) or make them idempotent"
+            )
+
+
+_ATTR = "__fence_declaration__"
+
+
+def handler(
+    *, durability: str = "durable-critical", effects: str = "transactional"
+) -> Callable[[HandlerFn], HandlerFn]:
+    """Declare a handler's durability class and effect semantics; refuses incoherent pairs."""
+    try:
+        decl = Declaration(Durability(durability), Effects(effects))
+    except ValueError as exc:
+        raise HandlerDeclarationError(str(exc)) from exc
+    decl.check()
+
+    def mark(fn: HandlerFn) -> HandlerFn:
+        setattr(fn, _ATTR, decl)
+        return fn
+
+    return mark
+
+
+def declaration_of(fn: HandlerFn) -> Declaration:
+    """The handler's checked declaration (the default when undeclared)."""
+    decl = getattr(fn, _ATTR, Declaration())
+    if not isinstance(decl, Declaration):
+        raise HandlerDeclarationError(f"{_ATTR} of {fn!r} is not a Declaration")
+    decl.check()
+    return decl
+
+
+def load_handler(spec: str) -> HandlerFn:
+    """Import ``module:callable`` and check its declaration; raises ``ConfigError``."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"--handler {spec!r}: expected module:callable")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--handler {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    fn: Any = getattr(module, attr, None)
+    if fn is None or not callable(fn):
+        raise ConfigError(f"--handler {spec!r}: {module_name!r} has no callable {attr!r}")
+    try:
+        declaration_of(fn)
+    except HandlerDeclarationError as exc:
+        raise ConfigError(f"--handler {spec!r}: {exc}") from exc
+    return fn  # type: ignore[no-any-return]
+
+
+def check_verdicts(verdicts: Sequence[Verdict], count: int) -> Sequence[Verdict]:
+    """Return ``verdicts`` when it holds exactly ``count`` Accept/Reject values; raise otherwise."""
+    if len(verdicts) != count or not all(isinstance(v, Accept | Reject) for v in verdicts):
+        raise HandlerDeclarationError(
+            f"handler returned {len(verdicts)} verdicts for {count} records; "
+            "expected one Accept or Reject per record"
+        )
+    return verdicts

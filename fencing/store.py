@@ -1,0 +1,69 @@
+"""The fence store interface. Two implementations share it and one contract test suite:
+``fencing.pgstore.PgFenceStore`` (asyncpg, production) and
+``fencing.memstore.MemoryFenceStore`` (unit tests and the simulator, with fault hooks).
+
+Rules
+- Every call is about one consumer group: the store is constructed for ``group_id``.
+- ``validate`` and ``observe`` are read-only; they raise ``ReadFailed`` when the store
+  cannot answer.
+- ``claim`` is one statement for the whole assignment: for every partition, create the
+  row if missing (frontier := ``initial_frontier``), ``epoch := epoch + 1``,
+  ``owner := lifetime``, journal the claim. Raises ``NotCommitted`` or ``OutcomeUnknown``.
+- ``process`` is one transaction: lock the row, require ``token`` (epoch and frontier)
+  to match, run the handler over the records in order, quarantine rejected records,
+  set ``frontier := last offset + 1``, COMMIT. Returns the new token. Raises
+  ``Fenced`` (nothing applied), ``NotCommitted`` or ``OutcomeUnknown``.
+- ``skip`` is ``process`` without records: under the token, move the frontier forward to
+  ``to_offset`` and journal ``reason`` (retention gap accepted by the operator's option).
+- ``journal`` appends an ownership-journal row (fence, retirement, release); it never
+  decides anything and is best-effort for the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from fencing.types import ClaimRequest, SourceCheck, SourceRecord, Token, TopicPartition, Validation, Verdict
+
+__all__ = ["FenceStore", "HandlerFn", "JOURNAL_EVENTS"]
+
+# An effect handler: given the transaction's connection (asyncpg Connection for the
+# PostgreSQL store, a MemoryTx for the in-memory store) and the batch, returns one
+# verdict per record, in order.
+HandlerFn = Callable[[Any, Sequence[SourceRecord]], Awaitable[Sequence[Verdict]]]
+
+JOURNAL_EVENTS = ("claim", "fence", "retire", "release", "gap-skip", "reset", "adopt")
+
+
+@runtime_checkable
+class FenceStore(Protocol):
+    group_id: str
+
+    async def validate(self, checks: Sequence[SourceCheck]) -> Mapping[TopicPartition, Validation]: ...
+
+    async def claim(
+        self, claims: Sequence[ClaimRequest], *, lifetime: str
+    ) -> Mapping[TopicPartition, Token]: ...
+
+    async def observe(self, tps: Sequence[TopicPartition]) -> Mapping[TopicPartition, Token | None]: ...
+
+    async def process(
+        self,
+        tp: TopicPartition,
+        token: Token,
+        records: Sequence[SourceRecord],
+        handler: HandlerFn,
+    ) -> Token: ...
+
+    async def skip(self, tp: TopicPartition, token: Token, *, to_offset: int, reason: str) -> Token: ...
+
+    async def journal(
+        self,
+        tps: Sequence[TopicPartition],
+        *,
+        lifetime: str,
+        event: str,
+        epoch: int | None = None,
+        detail: str = "",
+    ) -> None: ...

@@ -1,0 +1,125 @@
+"""Frozen values shared by the store, the lifecycle, the worker and the simulator."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from fencing.errors import SourceRefused
+
+__all__ = [
+    "ACCEPT",
+    "Accept",
+    "ClaimRequest",
+    "Outcome",
+    "Reject",
+    "SourceCheck",
+    "SourceFacts",
+    "SourceRecord",
+    "Token",
+    "TopicPartition",
+    "Validation",
+    "Verdict",
+]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TopicPartition:
+    """A Kafka partition; the store's rows are keyed by (store.group_id, topic, partition)."""
+
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """A fencing token: the epoch this lifetime installed and the frontier (next offset) it expects."""
+
+    epoch: int
+    frontier: int
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRecord:
+    """One Kafka record as the handler sees it. ``offset`` is the Kafka offset."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+    timestamp_ms: int | None = None
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class Accept:
+    """The record's effect was applied in the transaction."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """The record is quarantined with ``reason`` in the same transaction that advances the frontier."""
+
+    reason: str
+
+
+Verdict = Accept | Reject
+ACCEPT = Accept()
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFacts:
+    """What Kafka says about a partition now (topic identity and watermarks)."""
+
+    topic_id: str | None
+    low_watermark: int
+    high_watermark: int
+
+
+@dataclass(frozen=True, slots=True)
+class SourceCheck:
+    """Input of ``validate``: a partition and Kafka's current facts about it."""
+
+    tp: TopicPartition
+    facts: SourceFacts
+    allow_retention_gap: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Validation:
+    """Reply of ``validate`` for one partition: ok (refusal is None) or a typed refusal."""
+
+    tp: TopicPartition
+    refusal: SourceRefused | None = field(default=None, compare=False)
+    durable: Token | None = None
+    gap_skipped_to: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.refusal is None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """Input of ``claim``: the partition, its frontier if the row is new, and the topic identity to record."""
+
+    tp: TopicPartition
+    initial_frontier: int
+    topic_id: str | None = None
+
+
+class Outcome(enum.Enum):
+    """How a mutating store call ended (DESIGN: commit-outcome classification)."""
+
+    COMMITTED = "committed"
+    NOT_COMMITTED = "not-committed"
+    UNKNOWN = "outcome-unknown"
+    FENCED = "fenced"
