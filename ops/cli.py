@@ -16,6 +16,7 @@ __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 COMMAND_MODULES: tuple[str, ...] = (
     "ops.stack_cmd",
+    "ops.migrate_cmd",
 )
 
 
