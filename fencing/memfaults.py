@@ -1,0 +1,93 @@
+"""Fault selectors of the in-memory store (used by unit tests and the simulator).
+
+Rules
+- A ``Fault`` selects one call: ``operation`` and ``call`` (the n-th call of that operation
+  within one attempt, from 1). ``outcome`` is what the store should do at the effect point:
+  ``commit`` (normal), ``abort`` (NotCommitted for mutations, ReadFailed for reads),
+  ``unknown-committed`` (apply, then raise OutcomeUnknown) or ``unknown-aborted`` (do not
+  apply, raise OutcomeUnknown); the unknown outcomes exist only for claim and process.
+- ``delay_ms`` is logical time spent before the call, through the store's wait function.
+- ``interleave`` asks the driver to run other work ``before`` or ``after`` the atomic effect:
+  ``stop`` the calling lifetime and/or start ``replacement`` lifetime N.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = ["Fault", "FaultOutcome", "Interleave", "InterleavePoint", "Operation"]
+
+
+class Operation(enum.Enum):
+    VALIDATE = "validate"
+    CLAIM = "claim"
+    OBSERVE = "observe"
+    PROCESS = "process"
+
+    @property
+    def mutating(self) -> bool:
+        return self in (Operation.CLAIM, Operation.PROCESS)
+
+
+class FaultOutcome(enum.Enum):
+    COMMIT = "commit"
+    ABORT = "abort"
+    UNKNOWN_COMMITTED = "unknown-committed"
+    UNKNOWN_ABORTED = "unknown-aborted"
+
+    @property
+    def unknown(self) -> bool:
+        return self in (FaultOutcome.UNKNOWN_COMMITTED, FaultOutcome.UNKNOWN_ABORTED)
+
+
+@dataclass(frozen=True, slots=True)
+class Interleave:
+    """Work the driver runs at ``at`` ("before" | "after") the effect of the selected call."""
+
+    at: str
+    stop: bool = False
+    replacement: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.at not in ("before", "after"):
+            raise ValueError(f"interleave.at must be 'before' or 'after', not {self.at!r}")
+        if not self.stop and self.replacement is None:
+            raise ValueError("interleave needs stop: true and/or a replacement")
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One selected fault; see the module Rules."""
+
+    operation: Operation
+    call: int
+    outcome: FaultOutcome = FaultOutcome.COMMIT
+    delay_ms: int = 0
+    interleave: Interleave | None = None
+
+    def __post_init__(self) -> None:
+        if self.call < 1:
+            raise ValueError(f"fault call must be >= 1, not {self.call}")
+        if self.delay_ms < 0:
+            raise ValueError(f"fault delay_ms must be >= 0, not {self.delay_ms}")
+        if self.outcome.unknown and not self.operation.mutating:
+            raise ValueError(
+                f"outcome {self.outcome.value} is only for claim and process, "
+                f"not {self.operation.value}"
+            )
+        if self.interleave is not None and not self.operation.mutating:
+            raise ValueError(
+                f"interleave is only for claim and process, not {self.operation.value}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class InterleavePoint:
+    """Passed to the store's ``interleave_hook``: which call, where, and its fault (if any)."""
+
+    operation: Operation
+    call: int
+    at: str
+    fault: Fault | None
+    attempt: str
