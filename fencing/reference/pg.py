@@ -1,0 +1,155 @@
+"""The reference handler over asyncpg, and its effect tables.
+
+Rules
+- ``ensure_tables(conn, schema)`` creates the schema and the tables ``ref_documents`` and
+  ``ref_outbox`` if missing; idempotent and safe to run concurrently (advisory lock).
+- The handler makes at most two round trips per batch, whatever its size: one read of
+  the current rows of every document in the batch (locked ``FOR UPDATE`` in doc-id
+  order), then one statement writing the final document rows and all outbox rows.
+  Decisions are ``fencing.reference.domain.decide_batch``.
+- It runs inside the store's transaction and never commits; a database error
+  propagates, so the transaction rolls back (the store classifies it).
+- The outbox primary key (topic, doc_id, seq) turns a lost update from a mis-keyed
+  producer (one document in two partitions, processed concurrently) into an error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from fencing.errors import ConfigError
+from fencing.handler import handler
+from fencing.reference.domain import DocKey, DocState, batch_keys, decide_batch
+from fencing.store import HandlerFn
+from fencing.types import SourceRecord, Verdict
+
+__all__ = ["DEFAULT_SCHEMA", "ddl", "ensure_tables", "make_pg_handler", "ref_handler"]
+
+DEFAULT_SCHEMA = "fence"
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def _checked(schema: str) -> str:
+    if not _SCHEMA_RE.match(schema):
+        raise ConfigError(
+            f"schema {schema!r}: expected a lower-case SQL identifier "
+            "([a-z_][a-z0-9_]*, at most 63 characters)"
+        )
+    return schema
+
+
+def ddl(schema: str = DEFAULT_SCHEMA) -> str:
+    """The idempotent DDL of the effect tables in ``schema`` (usable inside a migration)."""
+    s = _checked(schema)
+    return f"""
+CREATE SCHEMA IF NOT EXISTS {s};
+CREATE TABLE IF NOT EXISTS {s}.ref_documents (
+    topic         text        NOT NULL,
+    doc_id        text        NOT NULL,
+    revision      bigint      NOT NULL,
+    body          text,
+    withdrawn     boolean     NOT NULL,
+    src_partition integer     NOT NULL,
+    src_offset    bigint      NOT NULL,
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (topic, doc_id)
+);
+CREATE TABLE IF NOT EXISTS {s}.ref_outbox (
+    outbox_id     bigint      GENERATED ALWAYS AS IDENTITY,
+    topic         text        NOT NULL,
+    doc_id        text        NOT NULL,
+    seq           bigint      NOT NULL,
+    version       bigint      NOT NULL,
+    kind          text        NOT NULL,
+    body          text,
+    src_partition integer     NOT NULL,
+    src_offset    bigint      NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (topic, doc_id, seq)
+);
+"""
+
+
+async def ensure_tables(conn: Any, schema: str = DEFAULT_SCHEMA) -> None:
+    """Create the effect tables in ``schema`` if missing (one transaction, serialized)."""
+    sql = ddl(schema)
+    async with conn.transaction():
+        lock_name = f"fenceworker.ref:{schema}"
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", lock_name)
+        await conn.execute(sql)
+
+
+def _statements(schema: str) -> tuple[str, str]:
+    s = _checked(schema)
+    read = f"""
+SELECT d.topic, d.doc_id, d.revision, d.body, d.withdrawn, d.src_partition, d.src_offset
+FROM {s}.ref_documents d
+JOIN unnest($1::text[], $2::text[]) AS k(topic, doc_id)
+  ON d.topic = k.topic AND d.doc_id = k.doc_id
+ORDER BY d.topic, d.doc_id
+FOR UPDATE OF d
+"""
+    write = f"""
+WITH docs AS (
+    INSERT INTO {s}.ref_documents
+        (topic, doc_id, revision, body, withdrawn, src_partition, src_offset)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::boolean[],
+                         $6::integer[], $7::bigint[])
+    ON CONFLICT (topic, doc_id) DO UPDATE SET
+        revision = EXCLUDED.revision, body = EXCLUDED.body, withdrawn = EXCLUDED.withdrawn,
+        src_partition = EXCLUDED.src_partition, src_offset = EXCLUDED.src_offset,
+        updated_at = now()
+)
+INSERT INTO {s}.ref_outbox
+    (topic, doc_id, seq, version, kind, body, src_partition, src_offset)
+SELECT * FROM unnest($8::text[], $9::text[], $10::bigint[], $11::bigint[], $12::text[],
+                     $13::text[], $14::integer[], $15::bigint[])
+"""
+    return read, write
+
+
+def make_pg_handler(*, schema: str = DEFAULT_SCHEMA) -> HandlerFn:
+    """The reference handler writing to ``schema``'s effect tables; raises ``ConfigError``
+    for an invalid schema name."""
+    read_sql, write_sql = _statements(schema)
+
+    @handler(durability="durable-critical", effects="transactional")
+    async def handle(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
+        keys = sorted(batch_keys(records))
+        current: dict[DocKey, DocState] = {}
+        if keys:
+            rows = await conn.fetch(read_sql, [k[0] for k in keys], [k[1] for k in keys])
+            for r in rows:
+                current[(r[0], r[1])] = DocState(r[2], r[3], r[4], r[5], r[6])
+        decision = decide_batch(records, current)
+        if decision.outbox:
+            docs = sorted(decision.documents.items())
+            ob = decision.outbox
+            await conn.execute(
+                write_sql,
+                [k[0] for k, _ in docs],
+                [k[1] for k, _ in docs],
+                [d.revision for _, d in docs],
+                [d.body for _, d in docs],
+                [d.withdrawn for _, d in docs],
+                [d.partition for _, d in docs],
+                [d.offset for _, d in docs],
+                [e.topic for e in ob],
+                [e.doc_id for e in ob],
+                [e.seq for e in ob],
+                [e.version for e in ob],
+                [e.kind.value for e in ob],
+                [e.body for e in ob],
+                [e.partition for e in ob],
+                [e.offset for e in ob],
+            )
+        return list(decision.verdicts)
+
+    handle.__qualname__ = f"ref_handler[{schema}]"
+    return handle
+
+
+ref_handler: HandlerFn = make_pg_handler(schema=os.environ.get("FENCE_SCHEMA") or DEFAULT_SCHEMA)
