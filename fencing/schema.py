@@ -62,7 +62,7 @@ SCHEMA_VERSION = len(load_migrations())
 
 
 def quote_schema(schema: str) -> str:
-    """The schema as a quoted identifier; raises ``ConfigError`` for anything but [a-z_][a-z0-9_]*."""
+    """The schema as a quoted identifier; ``ConfigError`` for anything but [a-z_][a-z0-9_]*."""
     if not _IDENT.match(schema):
         raise ConfigError(f"schema {schema!r}: use lowercase letters, digits and _ (max 63)")
     return f'"{schema}"'
@@ -97,14 +97,16 @@ async def migrate(conn: Any, schema: str = DEFAULT_SCHEMA) -> list[int]:
     applied: list[int] = []
     for mig in load_migrations():
         async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"fence-migrate:{schema}")
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))",
+                               f"fence-migrate:{schema}")
             await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {q}")
             await conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {q}.schema_version ("
                 " version integer PRIMARY KEY, name text NOT NULL,"
                 " applied_at timestamptz NOT NULL DEFAULT now())"
             )
-            have = int(await conn.fetchval(f"SELECT coalesce(max(version), 0) FROM {q}.schema_version"))
+            have = int(await conn.fetchval(
+                f"SELECT coalesce(max(version), 0) FROM {q}.schema_version"))
             if have > SCHEMA_VERSION:
                 raise SchemaMismatch(
                     f"schema {schema!r}: found version {have}, this build knows up to "

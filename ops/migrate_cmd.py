@@ -18,7 +18,7 @@ from fencing.schema import DEFAULT_SCHEMA, SCHEMA_VERSION, grant_worker_sql, mig
 __all__ = ["register", "run_migrate"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
     p = sub.add_parser("migrate", help="apply the fence schema migrations (FENCE_DSN)")
     p.add_argument("--schema", default=os.environ.get("FENCE_SCHEMA", DEFAULT_SCHEMA),
                    help="PostgreSQL schema for the fence tables (default: $FENCE_SCHEMA or fence)")

@@ -1,0 +1,95 @@
+"""Translate asyncpg and OS errors into the fence's error tree (DESIGN: outcome classification).
+
+Rules (each verified against PostgreSQL 15 + asyncpg 0.32 through ``ops.pgproxy``; see
+tests/integration/test_lost_commit.py and tests/unit/test_classify.py)
+- ``Phase.READ`` (validate, observe): every foreign error is ``ReadFailed``.
+- ``Phase.BEFORE_COMMIT`` (acquiring a connection, BEGIN, the lock, the handler's SQL, the
+  quarantine insert): every foreign error is ``NotCommitted``. COMMIT was never sent, and a
+  server that loses the session rolls its open transaction back.
+- ``Phase.IN_FLIGHT`` (COMMIT, or a mutation that is one autocommit statement: claim,
+  skip, journal):
+  * a server error reply (``PostgresError`` with a SQLSTATE outside classes 08 and 57P):
+    the server rolled back, e.g. 40001 serialization failure, 40P01 deadlock,
+    23xxx deferred constraint -> ``NotCommitted``;
+  * ``InterfaceError`` ("connection is closed", "another operation is in progress"):
+    asyncpg raises it before writing the message -> ``NotCommitted``;
+  * connection errors (SQLSTATE class 08, incl. asyncpg's ``ConnectionDoesNotExistError``
+    "connection was closed in the middle of operation"), operator intervention (57P01-03),
+    ``OSError``, ``TimeoutError``, protocol errors -> ``OutcomeUnknown``. Verified: a cut
+    after COMMIT reached the server (it committed) and a cut before it was forwarded (it
+    rolled back) raise the *same* ``ConnectionDoesNotExistError``; only a re-read tells.
+- ``asyncio.CancelledError`` is never translated: it propagates unchanged so asyncio
+  cancellation keeps its meaning. When it interrupts an in-flight COMMIT the store adds
+  a note ("outcome unknown") and discards the connection; the cancelled lifetime stops and
+  never writes again, and the next owner's claim fences whatever did commit.
+- Errors that are not foreign (``FenceError``, a handler's own exceptions) are not translated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+
+import asyncpg
+
+from fencing.errors import FenceError, NotCommitted, OutcomeUnknown, ReadFailed
+
+__all__ = ["Phase", "classify", "is_foreign", "translate"]
+
+
+class Phase(enum.Enum):
+    """Where a store call was when it failed."""
+
+    READ = "read"
+    BEFORE_COMMIT = "before-commit"
+    IN_FLIGHT = "in-flight"
+
+
+_UNKNOWN_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+
+
+def is_foreign(exc: BaseException) -> bool:
+    """True for the errors this module translates (asyncpg, OS, timeouts)."""
+    if isinstance(exc, FenceError | asyncio.CancelledError):
+        return False
+    return isinstance(
+        exc,
+        asyncpg.PostgresError
+        | asyncpg.InterfaceError
+        | asyncpg.exceptions.InternalClientError
+        | OSError
+        | TimeoutError
+        | EOFError,
+    )
+
+
+def _server_rolled_back(exc: BaseException) -> bool:
+    if not isinstance(exc, asyncpg.PostgresError):
+        return False
+    state = str(getattr(exc, "sqlstate", "") or "")
+    if not state or state.startswith("08") or state in _UNKNOWN_SQLSTATES:
+        return False
+    return True
+
+
+def classify(exc: BaseException, phase: Phase) -> type[FenceError] | None:
+    """The fence error class for a foreign ``exc`` raised in ``phase``; None when not foreign."""
+    if not is_foreign(exc):
+        return None
+    if phase is Phase.READ:
+        return ReadFailed
+    if phase is Phase.BEFORE_COMMIT:
+        return NotCommitted
+    if _server_rolled_back(exc) or isinstance(exc, asyncpg.InterfaceError):
+        return NotCommitted
+    return OutcomeUnknown
+
+
+def translate(exc: BaseException, phase: Phase, what: str) -> BaseException:
+    """The exception to raise (``from exc``) for ``exc``: a fence error, or ``exc`` itself."""
+    cls = classify(exc, phase)
+    if cls is None:
+        return exc
+    state = getattr(exc, "sqlstate", None)
+    code = f" [{state}]" if state else ""
+    return cls(f"{what}: {type(exc).__name__}{code}: {exc}")

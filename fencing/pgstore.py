@@ -1,0 +1,285 @@
+"""The asyncpg fence store (production implementation of ``fencing.store.FenceStore``).
+
+Rules
+- ``PgFenceStore.connect`` refuses a schema whose version is not ``SCHEMA_VERSION``
+  (``SchemaMismatch`` names both) before any fence call is possible.
+- ``validate``/``observe`` are one read each for all partitions; ``claim`` is one
+  autocommit statement for the whole assignment (rows, epochs and journal together).
+- ``process`` is one transaction on one pooled connection: BEGIN; lock the row, require
+  the token and move the frontier to the batch end (one statement); the handler's
+  statements; one quarantine insert for all rejects; COMMIT. The store adds one round
+  trip (the fence statement) to the handler's own BEGIN/COMMIT.
+- Errors are translated by ``fencing.classify``; no asyncpg or OS error leaves this module.
+  ``Fenced`` means nothing of the call was applied. ``CancelledError`` propagates
+  unchanged (with a note when COMMIT was in flight) and the connection is discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import asyncpg
+
+from fencing.classify import Phase, is_foreign, translate
+from fencing.errors import Fenced, RecreatedTopic, RetentionGap
+from fencing.handler import check_verdicts
+from fencing.pgsql import Statements
+from fencing.schema import DEFAULT_SCHEMA, check_version
+from fencing.store import JOURNAL_EVENTS, HandlerFn
+from fencing.types import (
+    ClaimRequest,
+    Reject,
+    SourceCheck,
+    SourceRecord,
+    Token,
+    TopicPartition,
+    Validation,
+)
+
+__all__ = ["PgFenceStore", "decide_validation"]
+
+_UNKNOWN_NOTE = "fence: COMMIT was in flight when cancelled: outcome unknown (re-read to resolve)"
+
+
+async def _light_reset(conn: Any) -> None:
+    """Pool reset: roll back a leftover transaction; the store keeps no other session state."""
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
+
+
+def decide_validation(check: SourceCheck, row: tuple[int, int, str | None] | None) -> Validation:
+    """Pure: validate one partition from its durable row ``(epoch, frontier, topic_id)``."""
+    if row is None:
+        return Validation(check.tp)
+    epoch, frontier, topic_id = row
+    durable = Token(epoch, frontier)
+    facts = check.facts
+    if topic_id is not None and facts.topic_id is not None and topic_id != facts.topic_id:
+        return Validation(check.tp, RecreatedTopic(
+            f"{check.tp}: topic id is {facts.topic_id}, the fence recorded {topic_id}"), durable)
+    if frontier < facts.low_watermark:
+        if check.allow_retention_gap:
+            return Validation(check.tp, None, durable, gap_skipped_to=facts.low_watermark)
+        return Validation(check.tp, RetentionGap(
+            f"{check.tp}: durable frontier {frontier} is below the low watermark "
+            f"{facts.low_watermark}: {facts.low_watermark - frontier} records were deleted "
+            "unprocessed"), durable)
+    return Validation(check.tp, None, durable)
+
+
+def _batch_end(tp: TopicPartition, token: Token, records: Sequence[SourceRecord]) -> int:
+    if not records:
+        raise ValueError(f"process {tp}: empty batch")
+    prev = token.frontier - 1
+    for r in records:
+        if r.tp != tp or r.offset <= prev:
+            raise ValueError(f"process {tp}: record {r.tp}@{r.offset} out of order or below "
+                             f"the frontier {token.frontier}")
+        prev = r.offset
+    return prev + 1
+
+
+def _headers_json(headers: Sequence[tuple[str, bytes | None]]) -> str:
+    return json.dumps([[k, None if v is None else base64.b64encode(v).decode()]
+                       for k, v in headers])
+
+
+class PgFenceStore:
+    """Fence store over an asyncpg pool for one consumer group in one schema."""
+
+    def __init__(self, pool: Any, *, group_id: str, schema: str = DEFAULT_SCHEMA) -> None:
+        self.group_id = group_id
+        self.schema = schema
+        self._pool = pool
+        self._sql = Statements.for_schema(schema)
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        group_id: str,
+        schema: str = DEFAULT_SCHEMA,
+        pool_min: int = 1,
+        pool_max: int = 8,
+        command_timeout_s: float = 10.0,
+        **connect_kwargs: Any,
+    ) -> PgFenceStore:
+        """Open a pool, check the schema version; raises ``SchemaMismatch``/``StoreUnavailable``."""
+        try:
+            pool = await asyncpg.create_pool(
+                dsn, min_size=pool_min, max_size=pool_max, command_timeout=command_timeout_s,
+                reset=_light_reset, **connect_kwargs)
+        except BaseException as exc:
+            raise translate(exc, Phase.READ, "connect") from exc
+        try:
+            async with pool.acquire() as conn:
+                await check_version(conn, schema)
+        except BaseException as exc:
+            await pool.close()
+            err = translate(exc, Phase.READ, "schema check")
+            if err is exc:
+                raise
+            raise err from exc
+        return cls(pool, group_id=group_id, schema=schema)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def _fetch(self, phase: Phase, what: str, sql: str, *args: Any) -> list[Any]:
+        try:
+            async with self._pool.acquire() as conn:
+                return list(await conn.fetch(sql, *args))
+        except BaseException as exc:
+            err = translate(exc, phase, what)
+            if err is exc:
+                raise
+            raise err from exc
+
+    async def _rows(self, tps: Sequence[TopicPartition], what: str) -> dict[TopicPartition, Any]:
+        rows = await self._fetch(Phase.READ, what, self._sql.observe, self.group_id,
+                                 [tp.topic for tp in tps], [tp.partition for tp in tps])
+        return {TopicPartition(r["topic"], r["partition"]): r for r in rows}
+
+    async def validate(self, checks: Sequence[SourceCheck]) -> Mapping[TopicPartition, Validation]:
+        found = await self._rows([c.tp for c in checks], "validate")
+        out: dict[TopicPartition, Validation] = {}
+        for c in checks:
+            r = found.get(c.tp)
+            out[c.tp] = decide_validation(
+                c, None if r is None else (r["epoch"], r["frontier"], r["topic_id"]))
+        return out
+
+    async def observe(self, tps: Sequence[TopicPartition]) -> Mapping[TopicPartition, Token | None]:
+        found = await self._rows(tps, "observe")
+        return {tp: (None if tp not in found else Token(found[tp]["epoch"], found[tp]["frontier"]))
+                for tp in tps}
+
+    async def claim(
+        self, claims: Sequence[ClaimRequest], *, lifetime: str
+    ) -> Mapping[TopicPartition, Token]:
+        tps = [c.tp for c in claims]
+        if len(set(tps)) != len(tps):
+            raise ValueError(f"claim: duplicate partitions in {tps}")
+        if not claims:
+            return {}
+        rows = await self._fetch(
+            Phase.IN_FLIGHT, f"claim {lifetime}", self._sql.claim, self.group_id,
+            [c.tp.topic for c in claims], [c.tp.partition for c in claims],
+            [c.initial_frontier for c in claims], [c.topic_id for c in claims], lifetime)
+        return {TopicPartition(r["topic"], r["partition"]): Token(r["epoch"], r["frontier"])
+                for r in rows}
+
+    async def process(
+        self,
+        tp: TopicPartition,
+        token: Token,
+        records: Sequence[SourceRecord],
+        handler: HandlerFn,
+    ) -> Token:
+        end = _batch_end(tp, token, records)
+        phase = Phase.BEFORE_COMMIT
+        what = f"process {tp} epoch={token.epoch} frontier={token.frontier}"
+        try:
+            async with self._pool.acquire() as conn:
+                tx = conn.transaction()
+                await tx.start()
+                try:
+                    await self._apply(conn, tp, token, end, records, handler)
+                except BaseException as exc:
+                    await _abandon(conn, tx, exc)
+                    raise
+                phase = Phase.IN_FLIGHT
+                try:
+                    await tx.commit()
+                except BaseException as exc:
+                    if isinstance(exc, asyncio.CancelledError):
+                        exc.add_note(_UNKNOWN_NOTE)
+                    conn.terminate()
+                    raise
+        except BaseException as exc:
+            err = translate(exc, phase, what)
+            if err is exc:
+                raise
+            raise err from exc
+        return Token(token.epoch, end)
+
+    async def _apply(self, conn: Any, tp: TopicPartition, token: Token, end: int,
+                     records: Sequence[SourceRecord], handler: HandlerFn) -> None:
+        key = (self.group_id, tp.topic, tp.partition)
+        moved = await conn.fetchval(self._sql.lock_advance, *key, token.epoch, token.frontier, end)
+        if moved is None:
+            now = await conn.fetchrow(self._sql.read_one, *key)
+            held = "no row" if now is None else f"epoch={now['epoch']} frontier={now['frontier']}"
+            raise Fenced(f"process {tp}: token epoch={token.epoch} frontier={token.frontier} "
+                         f"does not match the durable {held}")
+        verdicts = check_verdicts(await handler(conn, records), len(records))
+        rejected = [(r, v) for r, v in zip(records, verdicts, strict=True) if isinstance(v, Reject)]
+        if rejected:
+            await conn.execute(
+                self._sql.quarantine, *key, token.epoch,
+                [r.offset for r, _ in rejected], [r.key for r, _ in rejected],
+                [r.value for r, _ in rejected], [_headers_json(r.headers) for r, _ in rejected],
+                [v.reason for _, v in rejected])
+
+    async def skip(self, tp: TopicPartition, token: Token, *, to_offset: int, reason: str) -> Token:
+        if to_offset < token.frontier:
+            raise ValueError(f"skip {tp}: {to_offset} is below the frontier {token.frontier}")
+        rows = await self._fetch(
+            Phase.IN_FLIGHT, f"skip {tp}", self._sql.skip, self.group_id, tp.topic, tp.partition,
+            token.epoch, token.frontier, to_offset, f"{reason} (from {token.frontier})")
+        if not rows:
+            raise Fenced(f"skip {tp}: token epoch={token.epoch} frontier={token.frontier} "
+                         "no longer matches")
+        return Token(rows[0]["epoch"], rows[0]["frontier"])
+
+    async def journal(
+        self,
+        tps: Sequence[TopicPartition],
+        *,
+        lifetime: str,
+        event: str,
+        epoch: int | None = None,
+        detail: str = "",
+    ) -> None:
+        if event not in JOURNAL_EVENTS:
+            raise ValueError(f"journal: unknown event {event!r}; expected one of {JOURNAL_EVENTS}")
+        if tps:
+            await self._fetch(Phase.IN_FLIGHT, f"journal {event}", self._sql.journal,
+                              self.group_id, [tp.topic for tp in tps],
+                              [tp.partition for tp in tps], event, epoch, lifetime, detail)
+
+    async def heartbeat(
+        self,
+        *,
+        lifetime: str,
+        member_id: str | None,
+        host: str,
+        pid: int,
+        state: str,
+        detail: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Upsert this lifetime's member row and set ``last_seen := now()``."""
+        await self._fetch(Phase.IN_FLIGHT, f"heartbeat {lifetime}", self._sql.heartbeat,
+                          lifetime, self.group_id, member_id, host, pid, state,
+                          json.dumps(dict(detail or {})))
+
+
+async def _abandon(conn: Any, tx: Any, exc: BaseException) -> None:
+    """End a transaction that failed before COMMIT: roll back, or drop the connection."""
+    if isinstance(exc, asyncio.CancelledError) or (is_foreign(exc) and not _healthy(exc)):
+        conn.terminate()  # the server rolls back when the session ends
+        return
+    try:
+        await asyncio.wait_for(tx.rollback(), timeout=5.0)
+    except Exception:
+        conn.terminate()
+
+
+def _healthy(exc: BaseException) -> bool:
+    state = str(getattr(exc, "sqlstate", "") or "")
+    return isinstance(exc, asyncpg.PostgresError) and bool(state) and not state.startswith("08")
