@@ -1,0 +1,110 @@
+"""consumer.instruments: each API call moves the right instrument by the right amount."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import generate_latest
+
+from consumer.instruments import Instruments
+from fencing.types import TopicPartition
+from ops.telemetry import setup_telemetry
+
+TP = TopicPartition("orders", 2)
+
+
+def _points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
+    data = reader.get_metrics_data()
+    out: dict[str, list[Any]] = {}
+    if data is None:
+        return out
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                out[metric.name] = list(metric.data.data_points)
+    return out
+
+
+def _make() -> tuple[Instruments, InMemoryMetricReader]:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    return Instruments(provider.get_meter("test")), reader
+
+
+def _value(points: list[Any], **attrs: Any) -> Any:
+    matches = [p for p in points if all(p.attributes.get(k) == v for k, v in attrs.items())]
+    assert len(matches) == 1, (attrs, [p.attributes for p in points])
+    return matches[0]
+
+
+def test_committed_batches_count_records_rejects_and_latency() -> None:
+    inst, reader = _make()
+    inst.batch_committed(TP, records=10, rejects=2, duration_s=0.02)
+    inst.batch_committed(TP, records=5, rejects=0, duration_s=0.03)
+    inst.batch_failed(TP, outcome="fenced", duration_s=0.01)
+    points = _points(reader)
+    assert _value(points["fence.records.processed"], topic="orders", partition=2).value == 15
+    assert _value(points["fence.records.rejected"], partition=2).value == 2
+    assert _value(points["fence.batches"], outcome="committed").value == 2
+    assert _value(points["fence.batches"], outcome="fenced").value == 1
+    hist = _value(points["fence.batch.duration"], outcome="committed")
+    assert hist.count == 2 and abs(hist.sum - 0.05) < 1e-9
+
+
+def test_fence_events_and_retries() -> None:
+    inst, reader = _make()
+    inst.unknown_outcome("process", "committed")
+    inst.unknown_outcome("process", "committed")
+    inst.unknown_outcome("claim", "reclaim")
+    inst.fenced(TP)
+    inst.retired(reason="fenced")
+    inst.on_retry("process")(RuntimeError("x"), 0.1)
+    inst.retry(operation="observe")
+    inst.rebalance(kind="assign", duration_s=0.4)
+    points = _points(reader)
+    assert _value(points["fence.unknown_outcomes"], operation="process",
+                  resolution="committed").value == 2
+    assert _value(points["fence.unknown_outcomes"], operation="claim").value == 1
+    assert _value(points["fence.fences"], topic="orders").value == 1
+    assert _value(points["fence.retirements"], reason="fenced").value == 1
+    assert _value(points["fence.retries"], operation="process").value == 1
+    assert _value(points["fence.rebalance.duration"], kind="assign").count == 1
+
+
+def test_lag_gauge_follows_ownership() -> None:
+    inst, reader = _make()
+    other = TopicPartition("orders", 3)
+    inst.set_lag(TP, high_watermark=100, frontier=90)
+    inst.set_lag(other, high_watermark=5, frontier=7)  # a stale watermark never gives negative lag
+    points = _points(reader)["fence.partition.lag"]
+    assert _value(points, partition=2).value == 10
+    assert _value(points, partition=3).value == 0
+    inst.clear_lag([TP])
+    assert [p.attributes["partition"] for p in _points(reader)["fence.partition.lag"]] == [3]
+    inst.clear_lag()
+    assert not _points(reader).get("fence.partition.lag")
+
+
+def test_prometheus_exposition_names() -> None:
+    tel = setup_telemetry(env={}, service_name="prom-unit", set_global=False)
+    inst = Instruments(tel.meter())
+    inst.batch_committed(TP, records=3, rejects=1, duration_s=0.01)
+    inst.set_lag(TP, high_watermark=8, frontier=3)
+    text = generate_latest(tel.registry).decode()
+    assert 'fence_records_processed_total{' in text
+    assert 'fence_records_rejected_total{' in text
+    assert 'fence_batch_duration_seconds_bucket{' in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("fence_records_processed_total{"))
+    assert 'topic="orders"' in line and 'partition="2"' in line and line.endswith(" 3.0")
+    lag = next(ln for ln in text.splitlines() if ln.startswith("fence_partition_lag"))
+    assert lag.endswith(" 5.0")
+    tel.shutdown(timeout_s=1)
+
+
+def test_default_meter_is_a_silent_no_op() -> None:
+    inst = Instruments()
+    inst.batch_committed(TP, records=1, rejects=0, duration_s=0.0)
+    inst.set_lag(TP, high_watermark=1, frontier=0)
+    assert inst.lag() == {TP: 1}
