@@ -1,0 +1,188 @@
+"""Where the local stack lives and which loopback ports it uses.
+
+Rules:
+- Data directories, logs and pid files live under ``.stack/`` in the checkout
+  (override: ``FENCE_STACK_DIR``).
+- Resolved jars, the Jaeger binary and build caches live in a user-level cache
+  (``FENCE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fenceworker``, else
+  ``~/.cache/fenceworker``) so a fresh clone on the same machine reuses them.
+- Every port binds 127.0.0.1 and can be overridden by an environment variable
+  (see ``PORT_ENV``); nothing here reads the clock or starts a process.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "DB_NAME",
+    "DB_USER",
+    "HOST",
+    "JAEGER_VERSION",
+    "KAFKA_VERSION",
+    "PORT_ENV",
+    "Service",
+    "StackError",
+    "StackPaths",
+    "StackPorts",
+    "StackSettings",
+    "connection_env",
+    "env_lines",
+    "settings_from",
+]
+
+HOST = "127.0.0.1"
+KAFKA_VERSION = "4.1.1"
+JAEGER_VERSION = "v1.76.0"  # same commit as Jaeger v2.13.0; newest reachable by semver
+DB_NAME = "fenceworker"
+DB_USER = "fenceworker"
+
+
+class StackError(Exception):
+    """The local stack could not be prepared, started or checked; the message names the fix."""
+
+
+class Service(enum.Enum):
+    """The three services of the local stack, in start order."""
+
+    POSTGRES = "postgres"
+    KAFKA = "kafka"
+    JAEGER = "jaeger"
+
+
+#: port field -> (environment variable, default)
+PORT_ENV: dict[str, tuple[str, int]] = {
+    "postgres": ("FENCE_PG_PORT", 55432),
+    "kafka": ("FENCE_KAFKA_PORT", 19092),
+    "kafka_controller": ("FENCE_KAFKA_CONTROLLER_PORT", 19093),
+    "otlp_grpc": ("FENCE_OTLP_GRPC_PORT", 4317),
+    "otlp_http": ("FENCE_OTLP_HTTP_PORT", 4318),
+    "jaeger_query": ("FENCE_JAEGER_QUERY_PORT", 16686),
+    "jaeger_query_grpc": ("FENCE_JAEGER_QUERY_GRPC_PORT", 16685),
+    "jaeger_health": ("FENCE_JAEGER_HEALTH_PORT", 13133),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StackPorts:
+    """Loopback TCP ports of the stack (each overridable, see ``PORT_ENV``)."""
+
+    postgres: int = 55432
+    kafka: int = 19092
+    kafka_controller: int = 19093
+    otlp_grpc: int = 4317
+    otlp_http: int = 4318
+    jaeger_query: int = 16686
+    jaeger_query_grpc: int = 16685
+    jaeger_health: int = 13133
+
+    def of(self, service: Service) -> tuple[int, ...]:
+        """All ports ``service`` listens on, the client-facing one first."""
+        if service is Service.POSTGRES:
+            return (self.postgres,)
+        if service is Service.KAFKA:
+            return (self.kafka, self.kafka_controller)
+        return (
+            self.jaeger_query,
+            self.otlp_grpc,
+            self.otlp_http,
+            self.jaeger_query_grpc,
+            self.jaeger_health,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StackPaths:
+    """Filesystem layout: ``root`` is ``.stack/``; ``cache`` is the user-level cache."""
+
+    root: Path
+    cache: Path
+
+    def service_dir(self, service: Service) -> Path:
+        return self.root / service.value
+
+    def pid_file(self, service: Service) -> Path:
+        return self.service_dir(service) / f"{service.value}.pid"
+
+    def log_file(self, service: Service) -> Path:
+        return self.service_dir(service) / f"{service.value}.log"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / "stack.lock"
+
+    @property
+    def pg_password_file(self) -> Path:
+        return self.service_dir(Service.POSTGRES) / "password"
+
+    @property
+    def kafka_cache(self) -> Path:
+        return self.cache / f"kafka-{KAFKA_VERSION}"
+
+    @property
+    def jaeger_binary(self) -> Path:
+        return self.cache / "bin" / f"jaeger-{JAEGER_VERSION}"
+
+
+@dataclass(frozen=True, slots=True)
+class StackSettings:
+    """Everything the stack needs to know, resolved once from the environment."""
+
+    paths: StackPaths
+    ports: StackPorts
+
+
+def _checkout_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def _port(env: Mapping[str, str], field: str) -> int:
+    name, default = PORT_ENV[field]
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise StackError(f"{name}={raw!r} is not a port number; unset it or give 1-65535") from None
+    if not 0 < value < 65536:
+        raise StackError(f"{name}={value} is out of range; give 1-65535")
+    return value
+
+
+def settings_from(env: Mapping[str, str] | None = None) -> StackSettings:
+    """Resolve paths and ports from ``env`` (default ``os.environ``); raises StackError."""
+    env = os.environ if env is None else env
+    root = Path(env.get("FENCE_STACK_DIR") or _checkout_root() / ".stack")
+    cache_env = env.get("FENCE_CACHE_DIR")
+    if cache_env:
+        cache = Path(cache_env)
+    else:
+        xdg = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+        cache = Path(xdg) / "fenceworker"
+    ports = StackPorts(**{field: _port(env, field) for field in PORT_ENV})
+    if len({getattr(ports, f) for f in PORT_ENV}) != len(PORT_ENV):
+        raise StackError(f"two stack ports are equal ({ports}); change the FENCE_*_PORT overrides")
+    return StackSettings(
+        paths=StackPaths(root=root.absolute(), cache=cache.absolute()), ports=ports
+    )
+
+
+def connection_env(ports: StackPorts, *, pg_password: str) -> dict[str, str]:
+    """The client-facing connection settings, keyed by environment variable name."""
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": f"{HOST}:{ports.kafka}",
+        "FENCE_DSN": f"postgresql://{DB_USER}:{pg_password}@{HOST}:{ports.postgres}/{DB_NAME}",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{HOST}:{ports.otlp_grpc}",
+        "JAEGER_QUERY_URL": f"http://{HOST}:{ports.jaeger_query}",
+    }
+
+
+def env_lines(values: Mapping[str, str]) -> list[str]:
+    """``export NAME=value`` lines, shell-quoted, for ``eval "$(fencectl stack env)"``."""
+    return [f"export {name}={shlex.quote(value)}" for name, value in values.items()]
