@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fencing.types import ACCEPT, Reject, SourceRecord, Verdict
@@ -46,6 +46,7 @@ __all__ = [
     "apply_change",
     "batch_keys",
     "decide_batch",
+    "parse_batch",
     "parse_record",
 ]
 
@@ -215,26 +216,36 @@ def apply_change(
     return DocState(change.rev, change.body, False, partition, offset)
 
 
-def batch_keys(records: Iterable[SourceRecord]) -> set[DocKey]:
-    """The (topic, doc id) of every record whose key parses; what the handler must read first."""
-    keys: set[DocKey] = set()
-    for rec in records:
-        doc_id = _parse_key(rec.key)
-        if isinstance(doc_id, str):
-            keys.add((rec.topic, doc_id))
-    return keys
+def batch_keys(
+    records: Iterable[SourceRecord], parsed: Sequence[Change | Malformed]
+) -> set[DocKey]:
+    """The (topic, doc id) of every well-formed record: the rows the handler must read."""
+    return {
+        (rec.topic, ch.doc_id)
+        for rec, ch in zip(records, parsed, strict=True)
+        if isinstance(ch, Change)
+    }
+
+
+def parse_batch(records: Iterable[SourceRecord]) -> list[Change | Malformed]:
+    """``parse_record`` of every record, in order."""
+    return [parse_record(rec.key, rec.value) for rec in records]
 
 
 def decide_batch(
-    records: Iterable[SourceRecord], current: Mapping[DocKey, DocState]
+    records: Sequence[SourceRecord],
+    current: Mapping[DocKey, DocState],
+    *,
+    parsed: Sequence[Change | Malformed] | None = None,
 ) -> BatchDecision:
     """Fold ``records`` in order over ``current`` (the stored state of the batch's documents;
-    absent keys are missing documents). Never raises on bad input."""
+    absent keys are missing documents). ``parsed`` is ``parse_batch(records)`` when the
+    caller already has it. Never raises on bad input."""
     state: dict[DocKey, DocState] = {}
     verdicts: list[Verdict] = []
     outbox: list[OutboxEntry] = []
-    for rec in records:
-        change = parse_record(rec.key, rec.value)
+    changes = parse_batch(records) if parsed is None else parsed
+    for rec, change in zip(records, changes, strict=True):
         if isinstance(change, Malformed):
             verdicts.append(Reject(f"{Reason.MALFORMED.value}: {change.value}"))
             continue

@@ -17,7 +17,14 @@ from collections.abc import MutableMapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from fencing.handler import handler
-from fencing.reference.domain import DocKey, DocState, OutboxEntry, batch_keys, decide_batch
+from fencing.reference.domain import (
+    DocKey,
+    DocState,
+    OutboxEntry,
+    batch_keys,
+    decide_batch,
+    parse_batch,
+)
 from fencing.types import SourceRecord, Verdict
 
 __all__ = ["DOCUMENTS", "OUTBOX", "TableTx", "memory_ref_handler", "read_tables"]
@@ -38,8 +45,9 @@ async def memory_ref_handler(conn: Any, records: Sequence[SourceRecord]) -> list
     """The reference handler; ``conn`` must provide ``table(name)`` (``TableTx``)."""
     documents: MutableMapping[DocKey, DocState] = conn.table(DOCUMENTS)
     outbox: MutableMapping[tuple[str, str, int], OutboxEntry] = conn.table(OUTBOX)
-    current = {k: documents[k] for k in batch_keys(records) if k in documents}
-    decision = decide_batch(records, current)
+    parsed = parse_batch(records)
+    current = {k: documents[k] for k in batch_keys(records, parsed) if k in documents}
+    decision = decide_batch(records, current, parsed=parsed)
     for entry in decision.outbox:
         ok = (entry.topic, entry.doc_id, entry.seq)
         if ok in outbox:

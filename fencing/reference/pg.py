@@ -22,7 +22,7 @@ from typing import Any
 
 from fencing.errors import ConfigError
 from fencing.handler import handler
-from fencing.reference.domain import DocKey, DocState, batch_keys, decide_batch
+from fencing.reference.domain import DocKey, DocState, batch_keys, decide_batch, parse_batch
 from fencing.store import HandlerFn
 from fencing.types import SourceRecord, Verdict
 
@@ -33,12 +33,13 @@ _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 def _checked(schema: str) -> str:
+    """``schema`` as a quoted SQL identifier; ``ConfigError`` unless it matches [a-z_][a-z0-9_]*."""
     if not _SCHEMA_RE.match(schema):
         raise ConfigError(
             f"schema {schema!r}: expected a lower-case SQL identifier "
             "([a-z_][a-z0-9_]*, at most 63 characters)"
         )
-    return schema
+    return f'"{schema}"'
 
 
 def ddl(schema: str = DEFAULT_SCHEMA) -> str:
@@ -118,13 +119,14 @@ def make_pg_handler(*, schema: str = DEFAULT_SCHEMA) -> HandlerFn:
 
     @handler(durability="durable-critical", effects="transactional")
     async def handle(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
-        keys = sorted(batch_keys(records))
+        parsed = parse_batch(records)
+        keys = sorted(batch_keys(records, parsed))
         current: dict[DocKey, DocState] = {}
         if keys:
             rows = await conn.fetch(read_sql, [k[0] for k in keys], [k[1] for k in keys])
             for r in rows:
                 current[(r[0], r[1])] = DocState(r[2], r[3], r[4], r[5], r[6])
-        decision = decide_batch(records, current)
+        decision = decide_batch(records, current, parsed=parsed)
         if decision.outbox:
             docs = sorted(decision.documents.items())
             ob = decision.outbox

@@ -35,10 +35,12 @@ async def pg_state(
     conn: Any,
     *,
     topic: str,
-    quarantine: Mapping[tuple[str, int, int], str],
     schema: str = DEFAULT_SCHEMA,
+    group_id: str | None = None,
+    quarantine: Mapping[tuple[str, int, int], str] | None = None,
 ) -> Expected:
-    """Committed effect rows of ``topic`` in ``schema`` plus the given quarantine."""
+    """Committed effect rows of ``topic`` in ``schema``, with the quarantine rows of
+    ``group_id`` from the fence's ``quarantine`` table (or ``quarantine`` when given)."""
     s = _checked(schema)
     drows = await conn.fetch(
         f"SELECT doc_id, revision, body, withdrawn, src_partition, src_offset "
@@ -50,6 +52,14 @@ async def pg_state(
         f"FROM {s}.ref_outbox WHERE topic = $1",
         topic,
     )
+    if quarantine is None:
+        qrows = await conn.fetch(
+            f'SELECT partition, "offset", reason FROM {s}.quarantine '
+            f"WHERE group_id = $1 AND topic = $2",
+            group_id,
+            topic,
+        )
+        quarantine = {(topic, r[0], r[1]): r[2] for r in qrows}
     return Expected(
         documents={(topic, r[0]): Doc(r[1], r[2], r[3], r[4], r[5]) for r in drows},
         outbox={(topic, r[0], r[1]): OutboxRow(r[2], r[3], r[4], r[5], r[6]) for r in orows},
