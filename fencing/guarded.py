@@ -24,7 +24,7 @@ from fencing.resolution import Resolution, resolve_process
 from fencing.store import FenceStore, HandlerFn
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition
 
-__all__ = ["Unresolved", "guarded_claim", "guarded_observe", "guarded_process"]
+__all__ = ["Unresolved", "guarded_claim", "guarded_observe", "guarded_process", "guarded_skip"]
 
 _tracer = trace.get_tracer("fenceworker.fencing")
 
@@ -147,5 +147,42 @@ async def guarded_claim(
         if calls >= 3:
             raise Unresolved(f"claim {lifetime}: third claim call had an unknown outcome")
         raise NotCommitted(f"claim {lifetime}: unknown outcome; claiming afresh")
+
+    return await with_policy(one_call, wait=wait, check_live=check_live, on_retry=on_retry)
+
+
+async def guarded_skip(
+    store: FenceStore,
+    tp: TopicPartition,
+    token: Token,
+    *,
+    to_offset: int,
+    reason: str,
+    wait: Wait,
+    check_live: Callable[[], None],
+    on_retry: OnRetry = None,
+) -> Token:
+    """Move the frontier to ``to_offset`` under ``token`` (``store.skip``), three-call policy.
+
+    An unknown outcome is resolved like a process commit whose batch ends at ``to_offset``.
+    Raises ``Fenced``, ``NotCommitted`` after three calls, ``Unresolved``, or whatever
+    ``check_live`` raises.
+    """
+    if to_offset <= token.frontier:
+        return token
+
+    async def one_call() -> Token:
+        try:
+            return await store.skip(tp, token, to_offset=to_offset, reason=reason)
+        except OutcomeUnknown:
+            pass
+        observed = (await _resolve_observe(store, [tp], wait=wait, check_live=check_live,
+                                           on_retry=on_retry, what=f"skip {tp}"))[tp]
+        resolution = resolve_process(sent=token, batch_end=to_offset, observed=observed)
+        if resolution is Resolution.COMMITTED:
+            return Token(token.epoch, to_offset)
+        if resolution is Resolution.NOT_COMMITTED:
+            raise NotCommitted(f"skip {tp}: unknown outcome resolved as not committed")
+        raise Fenced(f"skip {tp}: unknown outcome resolved to another owner ({observed})")
 
     return await with_policy(one_call, wait=wait, check_live=check_live, on_retry=on_retry)

@@ -1,0 +1,143 @@
+"""Pure decisions of the lifecycle: states and legal transitions, token compatibility,
+seek checks, batch admission, failure classification and the call budget.
+
+Rules
+- A lifetime is LIVE, then STOPPED (``stop``) or RETIRED (a failure); both are final.
+  ``transition`` raises ``IllegalTransition`` and changes nothing for any other move.
+- A claim reply is retained only when ``fencing.resolution.compatible_claim`` accepts it
+  against the newest token known before the claim (retained or validated).
+- ``seek``: the observed token must equal the retained one; anything else is a fence.
+- A batch is submitted from the first record at or above the retained frontier; records
+  below it are already durable under this lifetime's epoch and are dropped; a record of
+  another partition or out of offset order is the caller's bug (``ValueError``).
+- Failures: ``Fenced`` and ``SourceRefused`` retire the lifetime and reach the caller as
+  they are; ``StoreUnavailable``, ``OutcomeUnknown`` (including ``Unresolved``), an exhausted
+  budget and any other error retire it and reach the caller as ``Retired``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+from fencing.errors import (
+    ConfigError,
+    Fenced,
+    FenceError,
+    OutcomeUnknown,
+    Retired,
+    SourceRefused,
+    StoreUnavailable,
+)
+from fencing.resolution import compatible_claim
+from fencing.types import SourceFacts, SourceRecord, Token, TopicPartition
+
+__all__ = [
+    "AUTO_OFFSET_RESETS",
+    "LEGAL_TRANSITIONS",
+    "BudgetExceeded",
+    "FailureAction",
+    "IllegalTransition",
+    "LifetimeState",
+    "classify_failure",
+    "deadline_passed",
+    "initial_frontier",
+    "newest",
+    "retain_claim",
+    "seek_matches",
+    "submittable",
+    "transition",
+]
+
+AUTO_OFFSET_RESETS = ("earliest", "latest")
+
+
+class LifetimeState(enum.Enum):
+    LIVE = "live"
+    STOPPED = "stopped"
+    RETIRED = "retired"
+
+
+LEGAL_TRANSITIONS: dict[LifetimeState, frozenset[LifetimeState]] = {
+    LifetimeState.LIVE: frozenset({LifetimeState.STOPPED, LifetimeState.RETIRED}),
+    LifetimeState.STOPPED: frozenset(),
+    LifetimeState.RETIRED: frozenset(),
+}
+
+
+class IllegalTransition(ValueError):
+    """A lifecycle state change outside ``LEGAL_TRANSITIONS`` (a bug in the caller)."""
+
+
+class BudgetExceeded(FenceError):
+    """A guarded lifecycle call used up its budget (measured from before the mutex wait)."""
+
+
+def transition(state: LifetimeState, to: LifetimeState) -> LifetimeState:
+    """Return ``to`` when the move is legal; raise ``IllegalTransition`` otherwise."""
+    if to not in LEGAL_TRANSITIONS[state]:
+        raise IllegalTransition(f"lifetime cannot move from {state.value} to {to.value}")
+    return to
+
+
+def initial_frontier(facts: SourceFacts, auto_offset_reset: str) -> int:
+    """Frontier of a partition row created by the first claim."""
+    if auto_offset_reset == "earliest":
+        return facts.low_watermark
+    if auto_offset_reset == "latest":
+        return facts.high_watermark
+    raise ConfigError(
+        f"auto_offset_reset {auto_offset_reset!r}: expected one of {AUTO_OFFSET_RESETS}"
+    )
+
+
+def newest(*tokens: Token | None) -> Token | None:
+    """The token with the highest epoch (None when all are None)."""
+    known = [t for t in tokens if t is not None]
+    return max(known, key=lambda t: t.epoch) if known else None
+
+
+def retain_claim(claimed: Token | None, known_before: Token | None) -> bool:
+    """True when a claim reply may become this lifetime's token."""
+    return claimed is not None and compatible_claim(claimed, known_before)
+
+
+def seek_matches(retained: Token, observed: Token | None) -> bool:
+    """True when a re-read under the retained token proves it is still ours and current."""
+    return observed == retained
+
+
+def submittable(
+    tp: TopicPartition, token: Token, records: Sequence[SourceRecord]
+) -> tuple[SourceRecord, ...]:
+    """The records to submit under ``token``: those at or above its frontier, in order."""
+    last = -1
+    for rec in records:
+        if rec.tp != tp:
+            raise ValueError(f"process {tp}: record of {rec.tp} in the batch")
+        if rec.offset <= last:
+            raise ValueError(f"process {tp}: offset {rec.offset} after {last} is out of order")
+        last = rec.offset
+    return tuple(rec for rec in records if rec.offset >= token.frontier)
+
+
+class FailureAction(enum.Enum):
+    RAISE_AS_IS = "raise-as-is"  # retire, then raise the error itself (Fenced, SourceRefused)
+    RAISE_RETIRED = "raise-retired"  # retire, then raise Retired from the error
+    PASS_THROUGH = "pass-through"  # already terminal (Retired): raise unchanged, no retirement
+
+
+def classify_failure(exc: BaseException) -> FailureAction:
+    """How the lifecycle treats an error raised by a guarded call."""
+    if isinstance(exc, Retired):
+        return FailureAction.PASS_THROUGH
+    if isinstance(exc, Fenced | SourceRefused):
+        return FailureAction.RAISE_AS_IS
+    if isinstance(exc, StoreUnavailable | OutcomeUnknown | BudgetExceeded):
+        return FailureAction.RAISE_RETIRED
+    return FailureAction.RAISE_RETIRED
+
+
+def deadline_passed(now_s: float, deadline_s: float) -> bool:
+    """True once the injected clock has reached the call's deadline."""
+    return now_s >= deadline_s

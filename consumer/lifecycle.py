@@ -1,0 +1,350 @@
+"""One worker lifetime: the assignment mutex, retained tokens, cancellation, the budget.
+
+Rules (DESIGN "Lifecycle"; the decisions live in ``consumer.decisions``)
+- ``assign``/``seek``/``revoke`` run under the assignment mutex. ``process`` takes the
+  mutex only to read the token and take the partition's guard; its I/O runs under the
+  guard alone, so partitions proceed concurrently and ``revoke`` waits for the guard.
+- Every guarded call runs in its own task with a budget (``budget_s``) that starts before
+  the mutex wait, measured by the injected clock (and bounded in real time by
+  ``asyncio.timeout``). The three-call policy uses the injected ``wait``.
+- ``stop`` takes no lock and does no I/O: the lifetime becomes STOPPED, its tokens are
+  dropped and its in-flight tasks are cancelled; interrupted callers get ``Retired``.
+- A failure retires the lifetime while the mutex (or, for ``process``, the partition's
+  guard) is still held: the gate closes first (every later call raises ``Retired`` without
+  I/O), then one best-effort ``retire`` journal row is written, then the state becomes
+  RETIRED. That journal row is the last write of a lifetime; it never touches epochs,
+  frontiers or effects. Budget exhaustion retires without journaling.
+- Callers only see errors of ``fencing.errors``: ``Retired``, ``Fenced``, ``SourceRefused``.
+  ``seek``/``process`` of a partition without a token raise ``Fenced`` without I/O and
+  without retiring (a late call after ``revoke``/``lost``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import TypeVar
+
+from opentelemetry.context import Context
+from opentelemetry.trace import Link
+
+from consumer import decisions as d
+from consumer.decisions import LifetimeState
+from consumer.lifecycle_spans import span
+from fencing.errors import Fenced, FenceError, Retired
+from fencing.guarded import guarded_claim, guarded_observe, guarded_process, guarded_skip
+from fencing.policy import with_policy
+from fencing.store import FenceStore, HandlerFn
+from fencing.types import ClaimRequest, SourceCheck, SourceRecord, Token, TopicPartition
+
+__all__ = ["Lifecycle", "LifetimeState"]
+
+T = TypeVar("T")
+
+
+class Lifecycle:
+    """One worker lifetime over ``store``; see the module Rules."""
+
+    def __init__(
+        self,
+        *,
+        store: FenceStore,
+        lifetime_id: str,
+        clock: Callable[[], float],
+        wait: Callable[[float], Awaitable[None]],
+        budget_s: float = 20.0,
+        auto_offset_reset: str = "earliest",
+        allow_retention_gap: bool = False,
+    ) -> None:
+        if auto_offset_reset not in d.AUTO_OFFSET_RESETS:
+            d.initial_frontier(None, auto_offset_reset)  # type: ignore[arg-type]  # raises
+        self.lifetime_id = lifetime_id
+        self.group_id = store.group_id
+        self.state = LifetimeState.LIVE
+        self.retired_reason: str | None = None
+        self._store = store
+        self._clock = clock
+        self._wait = wait
+        self._budget_s = budget_s
+        self._reset = auto_offset_reset
+        self._allow_gap = allow_retention_gap
+        self._mutex = asyncio.Lock()
+        self._guards: dict[TopicPartition, asyncio.Lock] = {}
+        self._tokens: dict[TopicPartition, Token] = {}
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._gate_open = True
+
+    # -- local state -------------------------------------------------------------------
+    def token(self, tp: TopicPartition) -> Token | None:
+        """The retained token of ``tp`` (None when not held)."""
+        return self._tokens.get(tp)
+
+    def _check_live(self) -> None:
+        if self.state is not LifetimeState.LIVE or not self._gate_open:
+            raise Retired(f"lifetime {self.lifetime_id} is {self.state.value}"
+                          f" ({self.retired_reason or 'retiring'})")
+
+    def _live_until(self, deadline_s: float) -> Callable[[], None]:
+        def check() -> None:
+            self._check_live()
+            if d.deadline_passed(self._clock(), deadline_s):
+                raise d.BudgetExceeded(f"lifetime {self.lifetime_id}: budget of "
+                                       f"{self._budget_s} s used up")
+        return check
+
+    def stop(self) -> None:
+        """Cancel without the mutex and without I/O; the lifetime never resumes."""
+        if self.state is LifetimeState.LIVE:
+            self.state = d.transition(self.state, LifetimeState.STOPPED)
+            self.retired_reason = "stopped"
+        self._gate_open = False
+        self._tokens.clear()
+        for task in list(self._tasks):
+            task.cancel()
+
+    def lost(self, tps: Sequence[TopicPartition]) -> None:
+        """Drop the tokens of ``tps`` locally (ownership already gone); no I/O."""
+        self._check_live()
+        for tp in tps:
+            self._tokens.pop(tp, None)
+
+    # -- the guarded-call frame --------------------------------------------------------
+    async def _guarded(self, body: Callable[[float], Awaitable[T]]) -> T:
+        self._check_live()
+        deadline_s = self._clock() + self._budget_s
+        task: asyncio.Task[T] = asyncio.create_task(self._bounded(body, deadline_s))
+        self._tasks.add(task)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if task.cancelled() and (me is None or me.cancelling() == 0):
+                raise Retired(f"lifetime {self.lifetime_id} stopped during the call") from None
+            await asyncio.shield(self._retire("cancelled by the caller", journal=False))
+            raise
+        finally:
+            self._tasks.discard(task)
+
+    async def _bounded(self, body: Callable[[float], Awaitable[T]], deadline_s: float) -> T:
+        try:
+            async with asyncio.timeout(max(0.0, deadline_s - self._clock())):
+                return await body(deadline_s)
+        except TimeoutError as exc:
+            await self._retire(f"budget of {self._budget_s} s used up", journal=False)
+            raise Retired(f"lifetime {self.lifetime_id}: budget used up") from exc
+
+    async def _fail(self, exc: BaseException) -> BaseException:
+        """Retire for ``exc`` (caller holds the mutex or guard); return what to raise."""
+        action = d.classify_failure(exc)
+        if action is d.FailureAction.PASS_THROUGH:
+            return exc
+        await self._retire(f"{type(exc).__name__}: {exc}",
+                           journal=not isinstance(exc, d.BudgetExceeded))
+        if action is d.FailureAction.RAISE_AS_IS:
+            return exc
+        retired = Retired(f"lifetime {self.lifetime_id} retired: {self.retired_reason}")
+        retired.__cause__ = exc
+        return retired
+
+    async def _retire(self, reason: str, *, journal: bool) -> None:
+        if self.state is not LifetimeState.LIVE:
+            return
+        first = self._gate_open
+        self._gate_open = False
+        held = sorted(self._tokens)
+        if journal and first and held:
+            try:
+                await self._store.journal(held, lifetime=self.lifetime_id, event="retire",
+                                          detail=reason[:500])
+            except FenceError:
+                pass  # best effort: the journal decides nothing
+        if self.state is LifetimeState.LIVE:
+            self.state = d.transition(self.state, LifetimeState.RETIRED)
+            self.retired_reason = reason
+        self._tokens.clear()
+
+    # -- assign --------------------------------------------------------------------------
+    async def assign(self, checks: Sequence[SourceCheck]) -> Mapping[TopicPartition, Token]:
+        """Validate, claim (one call for all partitions), retain compatible tokens."""
+        return await self._guarded(lambda deadline_s: self._assign(checks, deadline_s))
+
+    async def _assign(self, checks: Sequence[SourceCheck],
+                      deadline_s: float) -> Mapping[TopicPartition, Token]:
+        async with self._mutex:
+            live = self._live_until(deadline_s)
+            live()
+            try:
+                return await self._assign_locked(checks, live)
+            except asyncio.CancelledError:
+                self._gate_open = False  # interrupted mid-I/O: nothing may follow
+                raise
+            except Exception as exc:
+                raise await self._fail(exc)  # noqa: B904 (the cause is set by _fail)
+
+    async def _assign_locked(self, checks: Sequence[SourceCheck],
+                             live: Callable[[], None]) -> Mapping[TopicPartition, Token]:
+        checks = [replace(c, allow_retention_gap=c.allow_retention_gap or self._allow_gap)
+                  for c in checks]
+        tps = [c.tp for c in checks]
+        if not tps:
+            return {}
+        with span("fence.assign", self, tps[0] if len(tps) == 1 else None,
+                  {"fence.partitions": len(tps)}) as outer:
+            with span("fence.validate", self, None, {"fence.partitions": len(tps)}):
+                validations = await with_policy(lambda: self._store.validate(checks),
+                                                wait=self._wait, check_live=live)
+            for c in checks:
+                refusal = validations[c.tp].refusal
+                if refusal is not None:
+                    raise refusal
+            claims = [ClaimRequest(c.tp, d.initial_frontier(c.facts, self._reset),
+                                   c.facts.topic_id) for c in checks]
+            with span("fence.claim", self, None, {"fence.partitions": len(tps)}):
+                claimed = await guarded_claim(self._store, claims, lifetime=self.lifetime_id,
+                                              wait=self._wait, check_live=live)
+            retained: dict[TopicPartition, Token] = {}
+            for c in checks:
+                before = d.newest(self._tokens.get(c.tp), validations[c.tp].durable)
+                token = claimed.get(c.tp)
+                if token is None or not d.retain_claim(token, before):
+                    self._tokens.pop(c.tp, None)
+                    continue
+                gap_to = validations[c.tp].gap_skipped_to
+                if gap_to is not None and gap_to > token.frontier:
+                    token = await guarded_skip(self._store, c.tp, token, to_offset=gap_to,
+                                               reason="retention-gap", wait=self._wait,
+                                               check_live=live)
+                retained[c.tp] = token
+            self._tokens.update(retained)
+            if len(retained) == 1:
+                (only,) = retained.values()
+                outer.set_attribute("fence.epoch", only.epoch)
+                outer.set_attribute("fence.frontier", only.frontier)
+            return retained
+
+    # -- seek ----------------------------------------------------------------------------
+    async def seek(self, tp: TopicPartition) -> int:
+        """Re-observe under the retained token; return the durable frontier. No new epoch."""
+        self._check_live()
+        if tp not in self._tokens:
+            raise Fenced(f"seek {tp}: lifetime {self.lifetime_id} holds no token for it")
+        return await self._guarded(lambda deadline_s: self._seek(tp, deadline_s))
+
+    async def _seek(self, tp: TopicPartition, deadline_s: float) -> int:
+        async with self._mutex:
+            live = self._live_until(deadline_s)
+            live()
+            try:
+                retained = self._tokens.get(tp)
+                if retained is None:
+                    raise Fenced(f"seek {tp}: token dropped while waiting for the mutex")
+                with span("fence.seek", self, tp, {"fence.epoch": retained.epoch}) as sp:
+                    with span("fence.observe", self, tp):
+                        observed = (await guarded_observe(self._store, [tp], wait=self._wait,
+                                                          check_live=live))[tp]
+                    if not d.seek_matches(retained, observed):
+                        raise Fenced(f"seek {tp}: retained {retained}, durable {observed}")
+                    sp.set_attribute("fence.frontier", retained.frontier)
+                    return retained.frontier
+            except asyncio.CancelledError:
+                self._gate_open = False
+                raise
+            except Fenced as exc:
+                if self._tokens.get(tp) is None:
+                    raise  # no token: a late seek, nothing to retire for
+                raise await self._fail(exc)  # noqa: B904
+            except Exception as exc:
+                raise await self._fail(exc)  # noqa: B904
+
+    # -- process -------------------------------------------------------------------------
+    async def process(self, tp: TopicPartition, records: Sequence[SourceRecord],
+                      handler: HandlerFn, *, links: Sequence[Link] = (),
+                      context: Context | None = None) -> Token:
+        """Commit one batch under the retained token; return the advanced token."""
+        self._check_live()
+        if tp not in self._tokens:
+            raise Fenced(f"process {tp}: lifetime {self.lifetime_id} holds no token for it")
+        return await self._guarded(
+            lambda deadline_s: self._process(tp, records, handler, deadline_s, links, context))
+
+    async def _process(self, tp: TopicPartition, records: Sequence[SourceRecord],
+                       handler: HandlerFn, deadline_s: float, links: Sequence[Link],
+                       context: Context | None) -> Token:
+        live = self._live_until(deadline_s)
+        async with self._mutex:
+            live()
+            guard = self._guards.setdefault(tp, asyncio.Lock())
+            await guard.acquire()
+            token = self._tokens.get(tp)
+        try:
+            if token is None:
+                raise Fenced(f"process {tp}: token dropped while waiting for the guard")
+            return await self._process_guarded(tp, token, records, handler, live, links, context)
+        except asyncio.CancelledError:
+            self._gate_open = False
+            raise
+        except Fenced as exc:
+            if token is None or self._tokens.get(tp) is not token:
+                raise  # no token (any more): a late call after revoke/lost, nothing to retire
+            raise await self._fail(exc)  # noqa: B904
+        except Exception as exc:
+            raise await self._fail(exc)  # noqa: B904
+        finally:
+            guard.release()
+
+    async def _process_guarded(self, tp: TopicPartition, token: Token,
+                               records: Sequence[SourceRecord], handler: HandlerFn,
+                               live: Callable[[], None], links: Sequence[Link],
+                               context: Context | None) -> Token:
+        live()
+        batch = d.submittable(tp, token, records)
+        if not batch:
+            return token
+        attrs = {"messaging.kafka.offset": batch[0].offset,
+                 "fence.first_offset": batch[0].offset, "fence.last_offset": batch[-1].offset,
+                 "fence.epoch": token.epoch, "fence.frontier": token.frontier,
+                 "messaging.batch.message_count": len(batch)}
+        with span("fence.process", self, tp, attrs, links=links, context=context) as sp:
+            new = await guarded_process(self._store, tp, token, batch, handler,
+                                        wait=self._wait, check_live=live)
+            sp.set_attribute("fence.frontier", new.frontier)
+        if self._tokens.get(tp) is token:
+            self._tokens[tp] = new
+        return new
+
+    # -- revoke --------------------------------------------------------------------------
+    async def revoke(self, tps: Sequence[TopicPartition]) -> None:
+        """Wait for guarded work on ``tps``, clear their tokens, journal the release."""
+        await self._guarded(lambda deadline_s: self._revoke(tps, deadline_s))
+
+    async def _revoke(self, tps: Sequence[TopicPartition], deadline_s: float) -> None:
+        async with self._mutex:
+            live = self._live_until(deadline_s)
+            live()
+            try:
+                await self._revoke_locked(tps)
+            except asyncio.CancelledError:
+                self._gate_open = False
+                raise
+            except Exception as exc:
+                raise await self._fail(exc)  # noqa: B904
+
+    async def _revoke_locked(self, tps: Sequence[TopicPartition]) -> None:
+        with span("fence.revoke", self, tps[0] if len(tps) == 1 else None,
+                  {"fence.partitions": len(tps)}):
+            released: dict[TopicPartition, Token] = {}
+            for tp in sorted(set(tps)):
+                guard = self._guards.get(tp)
+                if guard is not None:
+                    async with guard:
+                        pass
+                token = self._tokens.pop(tp, None)
+                if token is not None:
+                    released[tp] = token
+            for tp, token in released.items():
+                try:
+                    await self._store.journal([tp], lifetime=self.lifetime_id,
+                                              event="release", epoch=token.epoch)
+                except FenceError:
+                    pass  # best effort
