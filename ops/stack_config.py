@@ -26,7 +26,9 @@ __all__ = [
     "JAEGER_VERSION",
     "KAFKA_VERSION",
     "PORT_ENV",
+    "SERVICE_ENV",
     "Service",
+    "ServiceSettings",
     "StackError",
     "StackPaths",
     "StackPorts",
@@ -174,13 +176,43 @@ def settings_from(env: Mapping[str, str] | None = None) -> StackSettings:
 
 
 def connection_env(ports: StackPorts, *, pg_password: str) -> dict[str, str]:
-    """The client-facing connection settings, keyed by environment variable name."""
-    return {
-        "KAFKA_BOOTSTRAP_SERVERS": f"{HOST}:{ports.kafka}",
-        "FENCE_DSN": f"postgresql://{DB_USER}:{pg_password}@{HOST}:{ports.postgres}/{DB_NAME}",
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{HOST}:{ports.otlp_grpc}",
-        "JAEGER_QUERY_URL": f"http://{HOST}:{ports.jaeger_query}",
-    }
+    """The local stack's client-facing settings, keyed by ``SERVICE_ENV`` names."""
+    return ServiceSettings(
+        kafka_bootstrap=f"{HOST}:{ports.kafka}",
+        dsn=f"postgresql://{DB_USER}:{pg_password}@{HOST}:{ports.postgres}/{DB_NAME}",
+        otlp_endpoint=f"http://{HOST}:{ports.otlp_grpc}",
+        jaeger_query_url=f"http://{HOST}:{ports.jaeger_query}",
+    ).as_env()
+
+
+#: the environment variables that locate the services, in ``ServiceSettings`` field order
+SERVICE_ENV: tuple[str, ...] = (
+    "KAFKA_BOOTSTRAP_SERVERS",
+    "FENCE_DSN",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "JAEGER_QUERY_URL",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSettings:
+    """Where the services are, whoever runs them (local stack, compose, testcontainers)."""
+
+    kafka_bootstrap: str  #: Kafka bootstrap servers, host:port[,host:port]
+    dsn: str  #: PostgreSQL URL, postgresql://user:password@host:port/db
+    otlp_endpoint: str  #: OTLP gRPC endpoint, http://host:port
+    jaeger_query_url: str  #: Jaeger query API base URL, http://host:port
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ServiceSettings | None:
+        """Settings from ``SERVICE_ENV`` variables, or None unless every one is set."""
+        values = [env.get(name, "").strip() for name in SERVICE_ENV]
+        return cls(*values) if all(values) else None
+
+    def as_env(self) -> dict[str, str]:
+        """The settings keyed by ``SERVICE_ENV`` names."""
+        values = (self.kafka_bootstrap, self.dsn, self.otlp_endpoint, self.jaeger_query_url)
+        return dict(zip(SERVICE_ENV, values, strict=True))
 
 
 def env_lines(values: Mapping[str, str]) -> list[str]:

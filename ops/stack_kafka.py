@@ -27,6 +27,7 @@ from ops.stack_procs import spawn
 __all__ = [
     "HEALTH_TOPIC",
     "STOP_SIGNAL",
+    "broker_settings",
     "check",
     "classpath",
     "cluster_id",
@@ -54,20 +55,24 @@ def marker(settings: StackSettings) -> str:
     return str(_svc(settings) / "server.properties")
 
 
-def server_properties(settings: StackSettings) -> str:
-    """The broker's ``server.properties`` text for ``settings`` (pure)."""
-    p = settings.ports
-    log_dir = _svc(settings) / "data"
-    lines = {
+def broker_settings(
+    *, bind_host: str, port: int, controller_port: int, advertised: str, log_dir: str
+) -> dict[str, str]:
+    """Broker properties of a one-node KRaft cluster tuned for fast tests (pure).
+
+    ``advertised`` is the host:port clients are told to use. Also used for the
+    apache/kafka container in ``tests/conftest.py``.
+    """
+    return {
         "process.roles": "broker,controller",
         "node.id": "1",
-        "controller.quorum.bootstrap.servers": f"{HOST}:{p.kafka_controller}",
-        "listeners": f"PLAINTEXT://{HOST}:{p.kafka},CONTROLLER://{HOST}:{p.kafka_controller}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{p.kafka}",
+        "controller.quorum.bootstrap.servers": f"{HOST}:{controller_port}",
+        "listeners": f"PLAINTEXT://{bind_host}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{advertised}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        "log.dirs": str(log_dir),
+        "log.dirs": log_dir,
         "num.partitions": "1",
         "auto.create.topics.enable": "false",
         "delete.topic.enable": "true",
@@ -88,6 +93,18 @@ def server_properties(settings: StackSettings) -> str:
         "group.consumer.heartbeat.interval.ms": "500",
         "group.consumer.min.heartbeat.interval.ms": "100",
     }
+
+
+def server_properties(settings: StackSettings) -> str:
+    """The local broker's ``server.properties`` text for ``settings`` (pure)."""
+    p = settings.ports
+    lines = broker_settings(
+        bind_host=HOST,
+        port=p.kafka,
+        controller_port=p.kafka_controller,
+        advertised=f"{HOST}:{p.kafka}",
+        log_dir=str(_svc(settings) / "data"),
+    )
     return "".join(f"{k}={v}\n" for k, v in lines.items())
 
 
