@@ -1,0 +1,100 @@
+"""PostgreSQL fixtures and helpers for the fence store's integration and contract tests.
+
+``pg_dsn`` uses ``FENCE_DSN`` when set, else the session ``services`` fixture (which
+starts the local stack). Every test gets its own fence schema (migrated) and group id.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import asyncpg
+import pytest
+
+from fencing.pgstore import PgFenceStore
+from fencing.schema import migrate
+from fencing.types import Accept, Reject, SourceRecord, TopicPartition, Verdict
+
+__all__ = [
+    "count_effects",
+    "effect_handler",
+    "fence_schema",
+    "make_records",
+    "pg_dsn",
+    "pg_store",
+]
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(request: pytest.FixtureRequest) -> str:
+    dsn = os.environ.get("FENCE_DSN")
+    if dsn:
+        return dsn
+    return str(request.getfixturevalue("services").dsn)
+
+
+@pytest.fixture
+async def fence_schema(pg_dsn: str) -> AsyncIterator[str]:
+    """A freshly migrated fence schema with an ``effects`` table for the test handler."""
+    schema = f"fence_t_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await migrate(conn, schema)
+        await conn.execute(
+            f'CREATE TABLE "{schema}".effects (topic text, partition int, "offset" bigint,'
+            ' value bytea)')  # no key: a double apply shows up as a duplicate
+        yield schema
+    finally:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await conn.close()
+
+
+@pytest.fixture
+async def pg_store(pg_dsn: str, fence_schema: str) -> AsyncIterator[PgFenceStore]:
+    store = await PgFenceStore.connect(pg_dsn, group_id=f"g-{uuid.uuid4().hex[:8]}",
+                                       schema=fence_schema, pool_max=4)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def make_records(tp: TopicPartition, offsets: Sequence[int], *,
+                 bad: Sequence[int] = ()) -> list[SourceRecord]:
+    """Records at ``offsets``; values of offsets in ``bad`` start with b"bad" (rejected)."""
+    return [SourceRecord(tp.topic, tp.partition, o, f"k{o}".encode(),
+                         (b"bad-" if o in bad else b"ok-") + str(o).encode(),
+                         (("h", b"v"),)) for o in offsets]
+
+
+def effect_handler(schema: str) -> Any:
+    """A transactional test handler: inserts accepted records into ``<schema>.effects``."""
+    sql = (f'INSERT INTO "{schema}".effects (topic, partition, "offset", value)'
+           " VALUES ($1, $2, $3, $4)")
+
+    async def handle(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
+        verdicts: list[Verdict] = [Reject("value starts with bad") if (r.value or b"")
+                                   .startswith(b"bad") else Accept() for r in records]
+        rows = [(r.topic, r.partition, r.offset, r.value)
+                for r, v in zip(records, verdicts, strict=True) if isinstance(v, Accept)]
+        if rows:
+            await conn.executemany(sql, rows)
+        return verdicts
+
+    return handle
+
+
+async def count_effects(dsn: str, schema: str) -> dict[str, int]:
+    """Row counts of effects, quarantine and journal."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return {
+            "effects": await conn.fetchval(f'SELECT count(*) FROM "{schema}".effects'),
+            "quarantine": await conn.fetchval(f'SELECT count(*) FROM "{schema}".quarantine'),
+            "journal": await conn.fetchval(f'SELECT count(*) FROM "{schema}".journal'),
+        }
+    finally:
+        await conn.close()
