@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -131,11 +132,14 @@ class PgFenceStore:
         await self._pool.close()
 
     async def _fetch(self, phase: Phase, what: str, sql: str, *args: Any) -> list[Any]:
+        """One statement (autocommit); ``phase`` applies once a connection is acquired."""
+        step = Phase.READ if phase is Phase.READ else Phase.BEFORE_COMMIT
         try:
             async with self._pool.acquire() as conn:
+                step = phase
                 return list(await conn.fetch(sql, *args))
         except BaseException as exc:
-            err = translate(exc, phase, what)
+            err = translate(exc, step, what)
             if err is exc:
                 raise
             raise err from exc
@@ -199,7 +203,7 @@ class PgFenceStore:
                 except BaseException as exc:
                     if isinstance(exc, asyncio.CancelledError):
                         exc.add_note(_UNKNOWN_NOTE)
-                    conn.terminate()
+                    _discard(conn)
                     raise
         except BaseException as exc:
             err = translate(exc, phase, what)
@@ -272,11 +276,17 @@ class PgFenceStore:
 async def _abandon(conn: Any, tx: Any, exc: BaseException) -> None:
     """End a transaction that failed before COMMIT: roll back, or drop the connection."""
     if isinstance(exc, asyncio.CancelledError) or (is_foreign(exc) and not _healthy(exc)):
-        conn.terminate()  # the server rolls back when the session ends
+        _discard(conn)  # the server rolls back when the session ends
         return
     try:
         await asyncio.wait_for(tx.rollback(), timeout=5.0)
     except Exception:
+        _discard(conn)
+
+
+def _discard(conn: Any) -> None:
+    """Close a connection whose state is unknown; a lost one is already detached."""
+    with contextlib.suppress(asyncpg.InterfaceError):
         conn.terminate()
 
 
