@@ -1,0 +1,56 @@
+"""Outcome classification: asyncpg/OS errors by phase (the integration tests produce them live)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from fencing.classify import Phase, classify, translate
+from fencing.errors import Fenced, NotCommitted, OutcomeUnknown, ReadFailed
+
+LOST = asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation")
+CLOSED = asyncpg.InterfaceError("connection is closed")
+SERIAL = asyncpg.SerializationError("could not serialize access")
+DEADLOCK = asyncpg.DeadlockDetectedError("deadlock detected")
+UNIQUE = asyncpg.UniqueViolationError("duplicate key")
+SHUTDOWN = asyncpg.AdminShutdownError("terminating connection due to administrator command")
+PROTOCOL = asyncpg.exceptions.ProtocolError("unexpected message")
+
+
+@pytest.mark.parametrize(("exc", "expected"), [
+    (LOST, OutcomeUnknown),
+    (ConnectionResetError(), OutcomeUnknown),
+    (OSError("broken pipe"), OutcomeUnknown),
+    (TimeoutError(), OutcomeUnknown),
+    (SHUTDOWN, OutcomeUnknown),
+    (PROTOCOL, OutcomeUnknown),
+    (CLOSED, NotCommitted),
+    (SERIAL, NotCommitted),
+    (DEADLOCK, NotCommitted),
+    (UNIQUE, NotCommitted),
+])
+def test_in_flight(exc: BaseException, expected: type) -> None:
+    assert classify(exc, Phase.IN_FLIGHT) is expected
+
+
+@pytest.mark.parametrize("exc", [LOST, CLOSED, SERIAL, ConnectionRefusedError(), TimeoutError(),
+                                 SHUTDOWN])
+def test_before_commit_is_not_committed_and_reads_are_read_failed(exc: BaseException) -> None:
+    assert classify(exc, Phase.BEFORE_COMMIT) is NotCommitted
+    assert classify(exc, Phase.READ) is ReadFailed
+
+
+@pytest.mark.parametrize("exc", [asyncio.CancelledError(), Fenced("x"), ValueError("handler"),
+                                 KeyError("handler")])
+@pytest.mark.parametrize("phase", list(Phase))
+def test_not_foreign_is_not_translated(exc: BaseException, phase: Phase) -> None:
+    assert classify(exc, phase) is None
+    assert translate(exc, phase, "op") is exc
+
+
+def test_translate_names_operation_and_sqlstate() -> None:
+    err = translate(SERIAL, Phase.IN_FLIGHT, "process t[0]")
+    assert isinstance(err, NotCommitted)
+    assert str(err).startswith("process t[0]: SerializationError [40001]")
