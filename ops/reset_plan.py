@@ -1,0 +1,127 @@
+"""Pure plans for ``fencectl reset``: the operator's recovery actions on fence rows.
+
+Rules
+- Every action bumps the partition's epoch by one, so the current owner's token no longer
+  matches: its next commit is fenced and it retires. The owner becomes the operator.
+- ``frontier``: move the durable frontier to ``to_offset`` (backwards re-applies effects,
+  forwards skips records; both are the operator's decision).
+- ``accept-gap``: move a frontier that is below Kafka's low watermark up to it; refused when
+  there is no gap.
+- ``adopt-topic``: record Kafka's current topic id (the topic was recreated) and restart the
+  frontier at the new topic's low watermark (``earliest``), high watermark (``latest``) or
+  keep it (``keep``); refused when the ids already match.
+- ``expect_epoch`` (optional) refuses the plan when the row moved since the operator looked.
+- A refusal is ``ResetRefused`` with a message saying why; nothing is written.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from fencing.errors import FenceError
+from fencing.types import SourceFacts, TopicPartition
+
+__all__ = ["Action", "Current", "Plan", "ResetRefused", "plan_reset"]
+
+
+class ResetRefused(FenceError):
+    """The requested reset does not apply to the partition as it is now (the operator's call)."""
+
+
+class Action(enum.Enum):
+    FRONTIER = "frontier"
+    ACCEPT_GAP = "accept-gap"
+    ADOPT_TOPIC = "adopt-topic"
+
+
+JOURNAL_EVENT = {Action.FRONTIER: "reset", Action.ACCEPT_GAP: "gap-skip",
+                 Action.ADOPT_TOPIC: "adopt"}
+
+
+@dataclass(frozen=True, slots=True)
+class Current:
+    """The locked partition row."""
+
+    tp: TopicPartition
+    epoch: int
+    frontier: int
+    owner: str | None
+    topic_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    tp: TopicPartition
+    action: Action
+    old_epoch: int
+    new_epoch: int
+    old_frontier: int
+    new_frontier: int
+    old_topic_id: str | None
+    new_topic_id: str | None
+    fenced_owner: str | None
+    detail: str
+
+    @property
+    def journal_event(self) -> str:
+        return JOURNAL_EVENT[self.action]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"topic": self.tp.topic, "partition": self.tp.partition,
+                "action": self.action.value, "epoch": [self.old_epoch, self.new_epoch],
+                "frontier": [self.old_frontier, self.new_frontier],
+                "topic_id": [self.old_topic_id, self.new_topic_id],
+                "fenced_owner": self.fenced_owner, "detail": self.detail}
+
+
+def plan_reset(
+    current: Current,
+    action: Action,
+    *,
+    facts: SourceFacts | None,
+    to_offset: int | None = None,
+    adopt_frontier: str = "earliest",
+    expect_epoch: int | None = None,
+    reason: str = "",
+) -> Plan:
+    """The new row for ``action``; raises ``ResetRefused`` when it does not apply."""
+    tp = current.tp
+    if expect_epoch is not None and expect_epoch != current.epoch:
+        raise ResetRefused(f"{tp}: epoch is {current.epoch}, not the expected {expect_epoch}: "
+                           "the partition moved; look again (fencectl status)")
+    new_frontier, new_topic_id = current.frontier, current.topic_id
+    if action is Action.FRONTIER:
+        if to_offset is None or to_offset < 0:
+            raise ResetRefused(f"{tp}: --to-offset must be a non-negative offset")
+        if facts is not None and to_offset > facts.high_watermark:
+            raise ResetRefused(f"{tp}: offset {to_offset} is above the high watermark "
+                               f"{facts.high_watermark}")
+        new_frontier = to_offset
+    elif action is Action.ACCEPT_GAP:
+        if facts is None:
+            raise ResetRefused(f"{tp}: Kafka's low watermark is needed to accept a gap")
+        if current.frontier >= facts.low_watermark:
+            raise ResetRefused(f"{tp}: no retention gap (frontier {current.frontier}, low "
+                               f"watermark {facts.low_watermark})")
+        new_frontier = facts.low_watermark
+    else:
+        if facts is None or facts.topic_id is None:
+            raise ResetRefused(f"{tp}: Kafka's topic id is needed to adopt a recreated topic")
+        if facts.topic_id == current.topic_id:
+            raise ResetRefused(f"{tp}: topic id {facts.topic_id} is already the recorded one")
+        new_topic_id = facts.topic_id
+        choices = {"earliest": facts.low_watermark, "latest": facts.high_watermark,
+                   "keep": current.frontier}
+        if adopt_frontier not in choices:
+            raise ResetRefused(f"--frontier {adopt_frontier!r}: use earliest, latest or keep")
+        new_frontier = choices[adopt_frontier]
+    detail = f"{action.value}: frontier {current.frontier} -> {new_frontier}"
+    if new_topic_id != current.topic_id:
+        detail += f"; topic id {current.topic_id} -> {new_topic_id}"
+    if reason:
+        detail += f"; reason: {reason}"
+    return Plan(tp=tp, action=action, old_epoch=current.epoch, new_epoch=current.epoch + 1,
+                old_frontier=current.frontier, new_frontier=new_frontier,
+                old_topic_id=current.topic_id, new_topic_id=new_topic_id,
+                fenced_owner=current.owner, detail=detail[:1000])
