@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ops.stack_cmd",
     "ops.migrate_cmd",
     "ops.status_cmd",
+    "ops.reset_cmd",
 )
 
 
