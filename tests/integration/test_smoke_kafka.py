@@ -120,9 +120,7 @@ def _rebalance_round_trip(services: ServiceSettings, protocol_conf: dict[str, ob
         assert revoked and any(revoked), f"first never revoked: {first.events}"
         assert any(kind == "assign" and parts for kind, parts in second.events), second.events
         assert set().union(*revoked) >= second.owned()
-        _poll_until(
-            both, lambda: first.values | second.values >= produced, "every record consumed"
-        )
+        _poll_until(both, lambda: first.values | second.values >= produced, "every record consumed")
         assert first.values | second.values == produced
     finally:
         first.consumer.close()
