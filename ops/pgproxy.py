@@ -12,8 +12,9 @@ Rules
   both sides once the server sent ReadyForQuery (the server finished the command; the client
   never learns how); ``HOLD_REPLY`` forwards it and holds the server's reply until
   ``release()`` (for timeouts and cancellation while a reply is awaited).
-- ``Rule.fired`` is set once the action took effect (for ``CUT_AFTER``: after the server
-  finished and both sides are closed). A rule fires ``times`` times (default once).
+- ``Rule.fired`` is set once the action took effect: ``CUT_BEFORE`` when both sides are
+  closed, ``CUT_AFTER`` after the server finished and both sides are closed, ``HOLD_REPLY``
+  when the server's first reply byte is held. A rule fires ``times`` times (default once).
 - ``refuse(True)`` closes the listener (connections are refused) and drops every open
   connection; ``refuse(False)`` listens again on the same port.
 """
@@ -66,7 +67,7 @@ class _Conn:
         self.cw, self.sw = cw, sw
         self.armed: dict[bytes, Rule] = {}
         self.cut_after: Rule | None = None
-        self.hold: asyncio.Event | None = None
+        self.hold: Rule | None = None
         self.tasks: list[asyncio.Task[None]] = []
 
     def close(self) -> None:
@@ -187,11 +188,9 @@ class PgProxy:
                     if rule.action is Action.CUT_AFTER:
                         conn.cut_after = rule
                     else:
-                        conn.hold = rule.fired
+                        conn.hold = rule
                 conn.sw.write(head + body)
                 await conn.sw.drain()
-                if rule is not None and rule.action is Action.HOLD_REPLY:
-                    rule.fired.set()
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -228,7 +227,8 @@ class PgProxy:
                         rule.fired.set()
                         return
                     continue
-                if conn.hold is not None:
+                if conn.hold is not None and not self._release.is_set():
+                    conn.hold.fired.set()  # the server answered; the client waits
                     await self._release.wait()
                 conn.cw.write(head + body)
                 await conn.cw.drain()

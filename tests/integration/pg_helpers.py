@@ -20,6 +20,8 @@ from fencing.types import Accept, Reject, SourceRecord, TopicPartition, Verdict
 
 __all__ = [
     "count_effects",
+    "create_fence_schema",
+    "drop_schema",
     "effect_handler",
     "fence_schema",
     "make_records",
@@ -36,20 +38,36 @@ def pg_dsn(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("services").dsn)
 
 
-@pytest.fixture
-async def fence_schema(pg_dsn: str) -> AsyncIterator[str]:
-    """A freshly migrated fence schema with an ``effects`` table for the test handler."""
+async def create_fence_schema(dsn: str) -> str:
+    """A freshly migrated, uniquely named fence schema with an ``effects`` table."""
     schema = f"fence_t_{uuid.uuid4().hex[:8]}"
-    conn = await asyncpg.connect(pg_dsn)
+    conn = await asyncpg.connect(dsn)
     try:
         await migrate(conn, schema)
         await conn.execute(
             f'CREATE TABLE "{schema}".effects (topic text, partition int, "offset" bigint,'
             ' value bytea)')  # no key: a double apply shows up as a duplicate
+    finally:
+        await conn.close()
+    return schema
+
+
+async def drop_schema(dsn: str, schema: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def fence_schema(pg_dsn: str) -> AsyncIterator[str]:
+    """A freshly migrated fence schema with an ``effects`` table for the test handler."""
+    schema = await create_fence_schema(pg_dsn)
+    try:
         yield schema
     finally:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        await conn.close()
+        await drop_schema(pg_dsn, schema)
 
 
 @pytest.fixture

@@ -1,0 +1,186 @@
+"""One contract, two stores: the same cases run against MemoryFenceStore and PgFenceStore."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import pytest
+
+from fencing.errors import Fenced, RecreatedTopic, RetentionGap
+from fencing.memstore import MemoryFenceStore, MemoryTx
+from fencing.pgstore import PgFenceStore
+from fencing.store import FenceStore
+from fencing.types import (
+    Accept,
+    ClaimRequest,
+    Reject,
+    SourceCheck,
+    SourceFacts,
+    SourceRecord,
+    Token,
+    TopicPartition,
+    Verdict,
+)
+from tests.integration.pg_helpers import (  # noqa: F401  (pg_dsn is a fixture)
+    create_fence_schema,
+    drop_schema,
+    make_records,
+    pg_dsn,
+)
+
+TP = TopicPartition("contract", 0)
+TP1 = TopicPartition("contract", 1)
+
+
+@dataclass
+class Harness:
+    """A store plus readers of its committed effects, quarantine and journal."""
+
+    store: FenceStore
+    dsn: str | None = None
+    schema: str | None = None
+
+    async def handle(self, conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
+        verdicts: list[Verdict] = [Reject("bad value") if (r.value or b"").startswith(b"bad")
+                                   else Accept() for r in records]
+        accepted = [r for r, v in zip(records, verdicts, strict=True) if isinstance(v, Accept)]
+        if isinstance(conn, MemoryTx):
+            table = conn.table("effects")
+            for r in accepted:
+                table[(r.topic, r.partition, r.offset)] = r.value
+        elif accepted:
+            await conn.executemany(
+                f'INSERT INTO "{self.schema}".effects VALUES ($1, $2, $3, $4)',
+                [(r.topic, r.partition, r.offset, r.value) for r in accepted])
+        return verdicts
+
+    async def _pg(self, sql: str) -> list[Any]:
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            return list(await conn.fetch(sql))
+        finally:
+            await conn.close()
+
+    async def effects(self) -> list[tuple[str, int, int]]:
+        if isinstance(self.store, MemoryFenceStore):
+            return sorted(self.store.tables().get("effects", {}))
+        rows = await self._pg(f'SELECT topic, partition, "offset" FROM "{self.schema}".effects')
+        return sorted((r[0], r[1], r[2]) for r in rows)
+
+    async def quarantine(self) -> list[tuple[TopicPartition, int, str, int]]:
+        if isinstance(self.store, MemoryFenceStore):
+            return sorted((q.tp, q.offset, q.reason, q.epoch) for q in self.store.quarantine)
+        rows = await self._pg(f'SELECT topic, partition, "offset", reason, epoch'
+                              f' FROM "{self.schema}".quarantine')
+        return sorted((TopicPartition(r[0], r[1]), r[2], r[3], r[4]) for r in rows)
+
+    async def journal(self) -> list[tuple[TopicPartition, str, int | None, str]]:
+        if isinstance(self.store, MemoryFenceStore):
+            return [(j.tp, j.event, j.epoch, j.lifetime) for j in self.store.journal_rows]
+        rows = await self._pg(f'SELECT topic, partition, event, epoch, lifetime'
+                              f' FROM "{self.schema}".journal ORDER BY id')
+        return [(TopicPartition(r[0], r[1]), r[2], r[3], r[4]) for r in rows]
+
+
+@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.integration)])
+async def h(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    if request.param == "memory":
+        yield Harness(MemoryFenceStore(group_id=group))
+        return
+    dsn = request.getfixturevalue("pg_dsn")
+    schema = await create_fence_schema(dsn)
+    store = await PgFenceStore.connect(dsn, group_id=group, schema=schema, pool_max=2)
+    try:
+        yield Harness(store, dsn, schema)
+    finally:
+        await store.close()
+        await drop_schema(dsn, schema)
+
+
+async def test_claim_creates_at_epoch_one_then_increments(h: Harness) -> None:
+    first = await h.store.claim([ClaimRequest(TP, 5, "id"), ClaimRequest(TP1, 0, "id")],
+                                lifetime="A")
+    assert first == {TP: Token(1, 5), TP1: Token(1, 0)}
+    assert await h.store.claim([ClaimRequest(TP, 50, "id")], lifetime="B") == {TP: Token(2, 5)}
+    assert await h.store.observe([TP, TP1, TopicPartition("contract", 7)]) == {
+        TP: Token(2, 5), TP1: Token(1, 0), TopicPartition("contract", 7): None}
+    assert sorted(await h.journal(), key=lambda j: (j[2], j[0])) == [
+        (TP, "claim", 1, "A"), (TP1, "claim", 1, "A"), (TP, "claim", 2, "B")]
+
+
+async def test_process_applies_quarantines_and_advances_past_gaps(h: Harness) -> None:
+    token = (await h.store.claim([ClaimRequest(TP, 3)], lifetime="A"))[TP]
+    t1 = await h.store.process(TP, token, make_records(TP, [3, 4, 7], bad=[4]), h.handle)
+    assert t1 == Token(1, 8)
+    t2 = await h.store.process(TP, t1, make_records(TP, [9]), h.handle)
+    assert t2 == Token(1, 10)
+    assert await h.store.observe([TP]) == {TP: Token(1, 10)}
+    assert await h.effects() == [("contract", 0, 3), ("contract", 0, 7), ("contract", 0, 9)]
+    assert await h.quarantine() == [(TP, 4, "bad value", 1)]
+
+
+@pytest.mark.parametrize("token", [Token(1, 0), Token(2, 1), Token(3, 0)])
+async def test_stale_token_is_fenced_and_applies_nothing(h: Harness, token: Token) -> None:
+    await h.store.claim([ClaimRequest(TP, 0)], lifetime="A")
+    await h.store.claim([ClaimRequest(TP, 0)], lifetime="B")  # epoch 2, frontier 0
+    with pytest.raises(Fenced):
+        await h.store.process(TP, token, make_records(TP, range(token.frontier, 4), bad=[3]),
+                              h.handle)
+    assert await h.effects() == [] and await h.quarantine() == []
+    assert await h.store.observe([TP]) == {TP: Token(2, 0)}
+
+
+async def test_process_on_missing_row_is_fenced(h: Harness) -> None:
+    with pytest.raises(Fenced):
+        await h.store.process(TP, Token(1, 0), make_records(TP, [0]), h.handle)
+    assert await h.store.observe([TP]) == {TP: None}
+
+
+@pytest.mark.parametrize("offsets", [[], [2, 1], [0, 0]])
+async def test_bad_batches_are_refused(h: Harness, offsets: list[int]) -> None:
+    token = (await h.store.claim([ClaimRequest(TP, 1)], lifetime="A"))[TP]
+    bad_records = make_records(TP, offsets)
+    if offsets == [0, 0]:
+        bad_records = make_records(TP, [0])  # below the frontier 1
+    with pytest.raises(ValueError):
+        await h.store.process(TP, token, bad_records, h.handle)
+    assert await h.store.observe([TP]) == {TP: Token(1, 1)}
+
+
+async def test_skip_moves_frontier_under_token_and_journals(h: Harness) -> None:
+    token = (await h.store.claim([ClaimRequest(TP, 2)], lifetime="A"))[TP]
+    assert await h.store.skip(TP, token, to_offset=9, reason="gap") == Token(1, 9)
+    with pytest.raises(Fenced):
+        await h.store.skip(TP, token, to_offset=12, reason="stale")
+    assert [(j[1], j[2]) for j in await h.journal()] == [("claim", 1), ("gap-skip", 1)]
+    assert await h.store.observe([TP]) == {TP: Token(1, 9)}
+
+
+async def test_journal_appends_and_refuses_unknown_events(h: Harness) -> None:
+    await h.store.journal([TP, TP1], lifetime="A", event="retire", epoch=3, detail="x")
+    with pytest.raises(ValueError):
+        await h.store.journal([TP], lifetime="A", event="nope")
+    assert await h.journal() == [(TP, "retire", 3, "A"), (TP1, "retire", 3, "A")]
+
+
+async def test_validate(h: Harness) -> None:
+    await h.store.claim([ClaimRequest(TP, 5, "id-1")], lifetime="A")
+    res = await h.store.validate([SourceCheck(TP, SourceFacts("id-1", 2, 9)),
+                                  SourceCheck(TP1, SourceFacts("id-1", 4, 9))])
+    assert res[TP].ok and res[TP].durable == Token(1, 5)
+    assert res[TP1].ok and res[TP1].durable is None and res[TP1].gap_skipped_to is None
+    res = await h.store.validate([SourceCheck(TP, SourceFacts("id-2", 0, 9))])
+    assert isinstance(res[TP].refusal, RecreatedTopic) and not res[TP].ok
+    res = await h.store.validate([SourceCheck(TP, SourceFacts(None, 0, 9))])
+    assert res[TP].ok  # identity unknown to Kafka: nothing to compare
+    res = await h.store.validate([SourceCheck(TP, SourceFacts("id-1", 6, 9))])
+    assert isinstance(res[TP].refusal, RetentionGap)
+    res = await h.store.validate([SourceCheck(TP, SourceFacts("id-1", 6, 9),
+                                              allow_retention_gap=True)])
+    assert res[TP].ok and res[TP].gap_skipped_to == 6
+    assert await h.store.observe([TP]) == {TP: Token(1, 5)}  # validate is read-only
