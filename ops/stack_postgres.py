@@ -12,6 +12,7 @@ Rules:
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import pwd
 import secrets
@@ -30,12 +31,27 @@ STOP_SIGNAL = signal.SIGINT
 _SERVER_USER = "postgres"
 
 
+def _traversable(path: Path) -> bool:
+    return all(p.stat().st_mode & 0o001 for p in (path, *path.parents) if p.exists())
+
+
+def _pg_home(settings: StackSettings) -> Path:
+    """Where ``data/`` and ``run/`` live: ``.stack/postgres``, unless we are root and the
+    ``postgres`` user cannot traverse the checkout's parents (e.g. a clone under a 0700
+    home); then a per-checkout directory under /var/tmp that it can reach."""
+    svc = settings.paths.service_dir(Service.POSTGRES)
+    if os.geteuid() != 0 or _traversable(settings.paths.root.parent):
+        return svc
+    digest = hashlib.sha256(str(svc).encode()).hexdigest()[:12]
+    return Path("/var/tmp") / f"fenceworker-pg-{digest}"
+
+
 def _data_dir(settings: StackSettings) -> Path:
-    return settings.paths.service_dir(Service.POSTGRES) / "data"
+    return _pg_home(settings) / "data"
 
 
 def _run_dir(settings: StackSettings) -> Path:
-    return settings.paths.service_dir(Service.POSTGRES) / "run"
+    return _pg_home(settings) / "run"
 
 
 def marker(settings: StackSettings) -> str:
@@ -108,17 +124,6 @@ def _own(path: Path, user: str | None, mode: int) -> None:
     path.chmod(mode)
 
 
-def _check_traversable(path: Path, user: str | None) -> None:
-    if user is None:
-        return
-    for parent in path.parents:
-        if parent.stat().st_mode & 0o001 == 0:
-            raise StackError(
-                f"the `postgres` OS user cannot reach {path}: {parent} is not traversable; "
-                f"run `chmod o+x {parent}` or set FENCE_STACK_DIR to a traversable directory"
-            )
-
-
 def _initdb(bin_dir: Path, data: Path, user: str | None) -> None:
     if (data / "PG_VERSION").exists():
         return
@@ -153,8 +158,9 @@ def start(settings: StackSettings) -> int:
     svc.mkdir(parents=True, exist_ok=True)
     svc.chmod(0o755)
     settings.paths.root.chmod(0o755)
-    _check_traversable(svc, user)
     data, run = _data_dir(settings), _run_dir(settings)
+    if user is not None:
+        _own(data.parent, None, 0o755)
     _initdb(bin_dir, data, user)
     _own(run, user, 0o755)
     argv = [
