@@ -26,7 +26,14 @@ from fencing.reference.domain import DocKey, DocState, batch_keys, decide_batch,
 from fencing.store import HandlerFn
 from fencing.types import SourceRecord, Verdict
 
-__all__ = ["DEFAULT_SCHEMA", "ddl", "ensure_tables", "make_pg_handler", "ref_handler"]
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "ddl",
+    "ensure_tables",
+    "grant_sql",
+    "make_pg_handler",
+    "ref_handler",
+]
 
 DEFAULT_SCHEMA = "fence"
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -74,9 +81,30 @@ CREATE TABLE IF NOT EXISTS {s}.ref_outbox (
 """
 
 
+def grant_sql(schema: str, role: str) -> list[str]:
+    """Statements granting ``role`` what the handler needs on the effect tables and nothing
+    more (no DDL, no DELETE). Run as the tables' owner after ``ensure_tables``."""
+    s = _checked(schema)
+    r = '"' + role.replace('"', '""') + '"'
+    return [
+        f"GRANT USAGE ON SCHEMA {s} TO {r}",
+        f"GRANT SELECT, INSERT, UPDATE ON {s}.ref_documents TO {r}",
+        f"GRANT SELECT, INSERT ON {s}.ref_outbox TO {r}",
+    ]
+
+
 async def ensure_tables(conn: Any, schema: str = DEFAULT_SCHEMA) -> None:
-    """Create the effect tables in ``schema`` if missing (one transaction, serialized)."""
+    """Create the effect tables in ``schema`` if missing (one transaction, serialized).
+    When both exist it only reads the catalog, so a role without DDL rights can call it."""
     sql = ddl(schema)
+    s = _checked(schema)
+    present = await conn.fetchval(
+        "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
+        f"{s}.ref_documents",
+        f"{s}.ref_outbox",
+    )
+    if present:
+        return
     async with conn.transaction():
         lock_name = f"fenceworker.ref:{schema}"
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", lock_name)

@@ -15,7 +15,7 @@ import pytest
 from fencing.pgstore import PgFenceStore
 from fencing.reference import generate, make_pg_handler, to_source_records
 from fencing.reference.oracle import check, fold
-from fencing.reference.pg import ensure_tables
+from fencing.reference.pg import ensure_tables, grant_sql
 from fencing.reference.snapshot import pg_state
 from fencing.schema import migrate
 from fencing.types import ClaimRequest, Reject, SourceRecord, TopicPartition
@@ -160,3 +160,21 @@ async def test_ensure_tables_is_idempotent_and_concurrent_safe(services: Any) ->
         await conns[0].execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
         for c in conns:
             await c.close()
+
+
+
+async def test_ensure_tables_on_existing_tables_runs_no_ddl(services: Any, schema: str) -> None:
+    """A role without DDL rights can call ``ensure_tables`` once the tables exist: inside a
+    read-only transaction (where any DDL fails) it succeeds; ``grant_sql`` is valid SQL."""
+    conn = await asyncpg.connect(services.dsn)
+    try:
+        async with conn.transaction(readonly=True):
+            await ensure_tables(conn, schema)
+        user = await conn.fetchval("SELECT current_user")
+        for stmt in grant_sql(schema, user):
+            await conn.execute(stmt)
+        with pytest.raises(asyncpg.ReadOnlySQLTransactionError):
+            async with conn.transaction(readonly=True):
+                await ensure_tables(conn, f"{schema}_new")
+    finally:
+        await conn.close()
