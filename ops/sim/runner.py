@@ -1,0 +1,363 @@
+"""Runs one trace: the production ``consumer.Lifecycle`` over ``MemoryFenceStore`` with
+logical time, serially, on a private asyncio loop; no real sleeps, no wall clock.
+
+Rules
+- One step is one attempt: the store's call numbers restart and the step's faults apply.
+- A fetch cursor per (lifetime, partition) is set by ``seek`` and advances as soon as a
+  batch is delivered to ``process`` (even if processing fails); ``assign`` and ``revoke``
+  clear it. Processing without a cursor is ``unseeked``; nothing left is ``idle``.
+- An interleave runs its replacement (fresh lifetime: assign, seek; no faults) and then
+  stops the calling lifetime, before the selected call returns.
+- The checker runs after every store call returns, every interleave, every wait and every
+  attempt. Drain stops every lifetime, starts a fresh one, assigns and seeks each
+  partition and processes to the end without faults; each drain attempt must advance
+  durable progress, and the complete source must then match the output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from consumer.decisions import LifetimeState
+from consumer.lifecycle import Lifecycle
+from fencing.errors import Fenced, FenceError, Retired, SourceRefused
+from fencing.memfaults import InterleavePoint
+from fencing.memstore import MemoryFenceStore, StoreEvent
+from fencing.reference.memory import memory_ref_handler
+from fencing.types import SourceCheck, SourceFacts, SourceRecord, TopicPartition
+from ops.sim.checks import Checker
+from ops.sim.report import build_report
+from ops.sim.trace import Step, Trace
+
+__all__ = ["LogicalClock", "run_trace"]
+
+TOPIC_ID = "sim-topic-id"
+
+
+class LogicalClock:
+    """Logical time in whole microseconds; ``wait`` advances it and yields once."""
+
+    def __init__(self) -> None:
+        self.now_us = 0
+
+    def __call__(self) -> float:
+        return self.now_us / 1_000_000
+
+    def advance(self, seconds: float) -> None:
+        self.now_us += round(seconds * 1_000_000)
+
+
+def _result(exc: BaseException) -> str:
+    for cls, name in ((Retired, "retired"), (Fenced, "fenced"), (SourceRefused, "refused")):
+        if isinstance(exc, cls):
+            return name
+    return "error"
+
+
+def _error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    if exc.__cause__ is not None:
+        text += f" (cause {type(exc.__cause__).__name__}: {exc.__cause__})"
+    return text
+
+
+class _Run:
+    def __init__(self, trace: Trace) -> None:
+        cfg = trace.config
+        self.trace = trace
+        self.clock = LogicalClock()
+        self.store = MemoryFenceStore(cfg.group_id, clock=self.clock, wait=self._wait,
+                                      on_event=self._on_event)
+        self.store.interleave_hook = self._interleave
+        self.lifecycles: dict[int, Lifecycle] = {}
+        self.cursors: dict[tuple[int, int], int] = {}
+        self.attempts: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.diagnostics: list[str] = []
+        self.lows = [0] * cfg.partitions
+        self.ends = [0] * cfg.partitions
+        for r in trace.records:
+            self.ends[r.partition] = r.offset + 1
+        self.by_partition: dict[int, list[SourceRecord]] = {p: [] for p in range(cfg.partitions)}
+        for r in trace.records:
+            self.by_partition[r.partition].append(r)
+        self.checker = Checker(self.store, trace.records, dead=self._dead)
+        self.attempt_index = -1
+        self.current: Step | None = None
+        self.phase = "steps"
+        self.excluded = 0
+
+    # -- hooks ---------------------------------------------------------------------------
+    def _dead(self) -> set[str]:
+        return {lc.lifetime_id for lc in self.lifecycles.values()
+                if lc.state is not LifetimeState.LIVE}
+
+    async def _wait(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        self.checker.check(f"attempt {self.attempt_index} wait {round(seconds * 1000)} ms")
+        await asyncio.sleep(0)
+
+    def _on_event(self, ev: StoreEvent) -> None:
+        attempt, _, worker = ev.attempt.partition("/")
+        self.events.append({
+            "attempt": int(attempt) if attempt.lstrip("-").isdigit() else -1,
+            "lifetime": worker, "operation": ev.operation, "call": ev.call,
+            "selected": ev.requested, "delay_ms": ev.delay_ms, "interleave": ev.interleave,
+            "applied": ev.applied, "observed": ev.observed, "t_us": self.clock.now_us,
+            "installed": {tp: [epoch, frontier] for tp, epoch, frontier in ev.installed}})
+        self.checker.check(f"attempt {attempt} {ev.operation} call {ev.call} by lifetime "
+                           f"{worker} ({ev.observed})")
+
+    async def _interleave(self, point: InterleavePoint) -> None:
+        fault, step = point.fault, self.current
+        if fault is None or fault.interleave is None or fault.interleave.at != point.at:
+            return
+        if step is None or step.partition is None:
+            return
+        il = fault.interleave
+        if il.replacement is not None:
+            await self._replacement(il.replacement, step.partition)
+        if il.stop:
+            self.lifecycles[step.worker].stop()
+        self.attempts[-1]["interleaves"].append(
+            {"at": point.at, "operation": point.operation.value, "call": point.call,
+             "stop": il.stop, "replacement": il.replacement})
+        self.checker.check(f"attempt {self.attempt_index} interleave {point.at} "
+                           f"{point.operation.value} call {point.call}")
+
+    async def _replacement(self, worker: int, partition: int) -> None:
+        lc = self._new_lifecycle(worker)
+        with self.store.attempt(f"{self.attempt_index}/{lc.lifetime_id}"):
+            tp = self.tp(partition)
+            try:
+                await lc.assign([self.source_check(partition)])
+                self.cursors[(worker, partition)] = await lc.seek(tp)
+                outcome = "ok"
+            except FenceError as exc:
+                outcome = _error_text(exc)
+        self.attempts[-1]["replacements"].append({"lifetime": worker, "partition": partition,
+                                                  "result": outcome})
+
+    # -- model ---------------------------------------------------------------------------
+    def tp(self, partition: int) -> TopicPartition:
+        return TopicPartition(self.trace.config.topic, partition)
+
+    def source_check(self, partition: int) -> SourceCheck:
+        facts = SourceFacts(TOPIC_ID, self.lows[partition], self.ends[partition])
+        return SourceCheck(self.tp(partition), facts)
+
+    def _new_lifecycle(self, worker: int) -> Lifecycle:
+        lc = Lifecycle(store=self.store, lifetime_id=str(worker), clock=self.clock,
+                       wait=self._wait, budget_s=self.trace.config.budget_ms / 1000,
+                       allow_retention_gap=self.trace.config.allow_retention_gap)
+        self.lifecycles[worker] = lc
+        return lc
+
+    def _batch(self, worker: int, partition: int) -> tuple[SourceRecord, ...] | str:
+        cursor = self.cursors.get((worker, partition))
+        if cursor is None:
+            return "unseeked"
+        batch = tuple(r for r in self.by_partition[partition]
+                      if r.offset >= cursor)[: self.trace.config.batch_max]
+        if not batch:
+            return "idle"
+        self.cursors[(worker, partition)] = batch[-1].offset + 1
+        return batch
+
+    # -- steps ---------------------------------------------------------------------------
+    async def step(self, step: Step, *, fair: bool = False) -> dict[str, Any]:
+        self.attempt_index += 1
+        self.current = step
+        self.store.begin_attempt(f"{self.attempt_index}/{step.worker}", step.faults)
+        attempt: dict[str, Any] = {
+            "index": self.attempt_index, "actor": step.actor, "lifetime": step.worker,
+            "partition": step.partition, "choices": [_choice(f) for f in step.faults],
+            "result": "ok", "error": None, "fair_recovery": fair, "interleaves": [],
+            "replacements": [], "t_us": self.clock.now_us}
+        self.attempts.append(attempt)
+        first_event = len(self.events)
+        lc = self.lifecycles.get(step.worker)
+        held = None if lc is None or step.partition is None else lc.token(self.tp(step.partition))
+        try:
+            attempt["result"] = await self._act(step)
+        except FenceError as exc:
+            attempt["result"], attempt["error"] = _result(exc), _error_text(exc)
+            self._self_fence_check(step, held, exc)
+        self._token_check(step, attempt["result"])
+        label = str(step.worker)
+        attempt["selectors_used"] = sum(
+            1 for e in self.events[first_event:]
+            if e["selected"] is not None and e["lifetime"] == label)
+        self.checker.check(f"attempt {self.attempt_index} end ({step.actor} by lifetime "
+                           f"{step.worker})")
+        self.current = None
+        return attempt
+
+    def _violation(self, problem: str) -> None:
+        self.checker._fail(f"attempt {self.attempt_index}", problem)
+
+    def _self_fence_check(self, step: Step, held: Any, exc: BaseException) -> None:
+        fenced = exc if isinstance(exc, Fenced) else exc.__cause__
+        if held is None or step.partition is None or not isinstance(fenced, Fenced):
+            return
+        durable = self.store.token_of(self.tp(step.partition))
+        if durable is not None and durable.epoch == held.epoch:
+            self._violation(f"lifetime {step.worker} was fenced under its own epoch "
+                            f"{held.epoch} on partition {step.partition} (a mis-resolved "
+                            f"outcome): held {held}, durable {durable}")
+
+    def _token_check(self, step: Step, result: str) -> None:
+        """Retained tokens never run ahead of or behind durable state under one epoch."""
+        for worker, lc in sorted(self.lifecycles.items()):
+            if lc.state is not LifetimeState.LIVE:
+                continue
+            for p in range(self.trace.config.partitions):
+                token, durable = lc.token(self.tp(p)), self.store.token_of(self.tp(p))
+                if token is None:
+                    continue
+                if durable is None or token.epoch > durable.epoch or (
+                        token.epoch == durable.epoch and token.frontier != durable.frontier):
+                    self._violation(f"lifetime {worker} retains {token} for partition {p}, "
+                                    f"durable {durable}")
+        if step.actor == "seek" and result == "ok" and step.partition is not None:
+            durable = self.store.token_of(self.tp(step.partition))
+            cursor = self.cursors.get((step.worker, step.partition))
+            token = self.lifecycles[step.worker].token(self.tp(step.partition))
+            if durable is None or token != durable or cursor != durable.frontier:
+                self._violation(f"seek by lifetime {step.worker} returned {cursor} with token "
+                                f"{token}; durable {durable}")
+
+    async def _act(self, step: Step) -> str:
+        worker, p = step.worker, step.partition
+        if step.actor == "start":
+            self._new_lifecycle(worker)
+            return "started"
+        lc = self.lifecycles.get(worker)
+        if lc is None:
+            return "absent"  # a replacement whose interleave was never reached
+        if step.actor == "stop":
+            lc.stop()
+            return "stopped"
+        assert p is not None
+        tp = self.tp(p)
+        if step.actor == "assign":
+            self.cursors.pop((worker, p), None)
+            held = await lc.assign([self.source_check(p)])
+            return "ok" if tp in held else "not-retained"
+        if step.actor == "seek":
+            self.cursors[(worker, p)] = await lc.seek(tp)
+            return "ok"
+        if step.actor == "revoke":
+            self.cursors.pop((worker, p), None)
+            await lc.revoke([tp])
+            return "ok"
+        batch = self._batch(worker, p)
+        if isinstance(batch, str):
+            return batch
+        await lc.process(tp, batch, memory_ref_handler)
+        return "ok"
+
+    # -- drain ---------------------------------------------------------------------------
+    def _progress(self) -> int:
+        return sum(row.frontier for row in self.store.rows.values())
+
+    def durable(self, partition: int) -> int | None:
+        token = self.store.token_of(self.tp(partition))
+        return None if token is None else token.frontier
+
+    async def drain(self) -> bool:
+        """Fair recovery; returns False (BLOCKED) when the source cannot be finished."""
+        self.phase = "drain"
+        cfg = self.trace.config
+        for lc in self.lifecycles.values():
+            lc.stop()
+        for p, low in enumerate(cfg.low_watermarks_before_drain):
+            self.lows[p] = max(self.lows[p], low)
+            durable = self.durable(p) or 0
+            if cfg.allow_retention_gap and durable < self.lows[p]:
+                before = len(self.checker.source)
+                self.checker.exclude(self.tp(p), durable, self.lows[p])
+                self.excluded += before - len(self.checker.source)
+        worker = max([*self.lifecycles, *_declared(self.trace)], default=0) + 1
+        ok = (await self.step(Step("start", worker), fair=True))["result"] == "started"
+        for p in range(cfg.partitions):
+            for actor in ("assign", "seek"):
+                att = await self.step(Step(actor, worker, p), fair=True)
+                if att["result"] != "ok":
+                    self.diagnostics.append(f"drain: {actor} of partition {p} ended "
+                                            f"{att['result']}: {att['error']}")
+                    return False
+        for p in range(cfg.partitions):
+            while ok:
+                before = self._progress()
+                att = await self.step(Step("process", worker, p), fair=True)
+                if att["result"] == "idle":
+                    break
+                if att["result"] != "ok" or self._progress() <= before:
+                    self.diagnostics.append(f"drain: attempt {att['index']} on partition {p} "
+                                            f"did not advance durable progress "
+                                            f"({att['result']}: {att['error']})")
+                    return False
+        return ok
+
+
+def _declared(trace: Trace) -> list[int]:
+    ids = [s.worker for s in trace.steps]
+    for s in trace.steps:
+        ids.extend(f.interleave.replacement for f in s.faults
+                   if f.interleave is not None and f.interleave.replacement is not None)
+    return ids
+
+
+def _choice(f: Any) -> dict[str, Any]:
+    from ops.sim.trace import _fault_json
+    return _fault_json(f)
+
+
+async def _execute(trace: Trace) -> dict[str, Any]:
+    run = _Run(trace)
+    for step in trace.steps:
+        await run.step(step)
+    boundary_before = run_boundary(run)
+    complete_before = all(b["frontier"] == b["end"] for b in boundary_before.values())
+    violations_before = len(run.checker.violations)
+    drained = blocked = False
+    if trace.drain:
+        drained = await run.drain()
+        blocked = not drained
+        if drained:
+            frontiers = {(trace.config.topic, p): run.durable(p) or 0
+                         for p in range(trace.config.partitions)}
+            for p in range(trace.config.partitions):
+                if (run.durable(p) or 0) < run.ends[p]:
+                    run.checker._fail("final", f"partition {p} ended at {run.durable(p)}, "
+                                               f"source ends at {run.ends[p]}")
+            run.checker.check(f"final comparison at {sorted(frontiers.values())}")
+    return build_report(trace, attempts=run.attempts, events=run.events,
+                        violations=run.checker.violations, violations_before=violations_before,
+                        complete_before=complete_before, boundary_before=boundary_before,
+                        boundary=run_boundary(run), drained=drained, blocked=blocked,
+                        excluded=run.excluded, diagnostics=run.diagnostics,
+                        checks=run.checker.checks)
+
+
+def run_boundary(run: _Run) -> dict[str, dict[str, int | None]]:
+    out: dict[str, dict[str, int | None]] = {}
+    for p in range(run.trace.config.partitions):
+        token = run.store.token_of(run.tp(p))
+        out[str(p)] = {"frontier": None if token is None else token.frontier,
+                       "epoch": None if token is None else token.epoch,
+                       "end": run.ends[p]}
+    return out
+
+
+def run_trace(trace: Trace) -> dict[str, Any]:
+    """Run ``trace`` on a fresh event loop; return the report (a JSON-ready dict)."""
+    try:
+        return asyncio.run(_execute(trace))
+    except Exception as exc:  # a simulator or production bug: ERROR, never a crash
+        return build_report(trace, attempts=[], events=[], violations=[
+            f"internal: {type(exc).__name__}: {exc}"], violations_before=1,
+            complete_before=False, boundary_before={}, boundary={}, drained=False,
+            blocked=False, excluded=0, diagnostics=[repr(exc)], checks=0)

@@ -1,0 +1,345 @@
+"""Trace format version 1 (``worker-schedule-v1``): parse strictly, dump canonically.
+
+Rules
+- A trace is one JSON object with exactly the fields of ``Trace``; nested objects have
+  exactly their documented fields. Unknown fields, trailing content, a different version
+  or implementation, a different toolchain (Python major.minor, fenceworker version), a
+  config digest that does not match the config, invalid choices and reuse of a lifetime
+  id are rejected with ``TraceError`` naming the offending place (``steps[3].faults[0]``).
+- Lifetimes: ``start`` declares worker N; a fault's ``interleave.replacement`` N reserves
+  N (even if the fault is never reached). Every id is declared once; a step may refer
+  only to a worker declared by an earlier step.
+- ``dumps`` is canonical (sorted keys, fixed separators, one trailing newline), so a
+  parse/dump round trip is byte-identical.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from fencing.memfaults import Fault, FaultOutcome, Interleave, Operation
+from fencing.types import SourceRecord
+
+__all__ = [
+    "ACTORS",
+    "IMPLEMENTATION",
+    "VERSION",
+    "SimConfig",
+    "Step",
+    "Trace",
+    "TraceError",
+    "config_digest",
+    "dumps",
+    "parse",
+    "toolchain",
+]
+
+VERSION = 1
+IMPLEMENTATION = "worker-schedule-v1"
+ACTORS = ("start", "assign", "seek", "process", "revoke", "stop")
+_WORKER_ACTORS_WITH_PARTITION = ("assign", "seek", "process", "revoke")
+_FAULT_OPS = {"assign": ("validate", "claim", "observe"), "seek": ("observe",),
+              "process": ("process", "observe")}
+
+
+class TraceError(ValueError):
+    """A trace was rejected; the message names the offending place."""
+
+
+def toolchain() -> dict[str, str]:
+    """Provenance: Python major.minor and the installed fenceworker version."""
+    try:
+        version = metadata.version("fenceworker")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        version = "unknown"
+    return {"python": f"{sys.version_info.major}.{sys.version_info.minor}",
+            "fenceworker": version}
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """The immutable configuration of one run (digested into ``config_digest``)."""
+
+    klass: str
+    steps: int
+    topic: str
+    partitions: int
+    group_id: str
+    batch_max: int
+    budget_ms: int
+    low_watermarks_before_drain: tuple[int, ...]
+    allow_retention_gap: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"class": self.klass, "steps": self.steps, "topic": self.topic,
+                "partitions": self.partitions, "group_id": self.group_id,
+                "batch_max": self.batch_max, "budget_ms": self.budget_ms,
+                "low_watermarks_before_drain": list(self.low_watermarks_before_drain),
+                "allow_retention_gap": self.allow_retention_gap}
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    actor: str
+    worker: int
+    partition: int | None = None
+    faults: tuple[Fault, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    seed: int
+    config: SimConfig
+    records: tuple[SourceRecord, ...]
+    steps: tuple[Step, ...]
+    drain: bool
+    toolchain: Mapping[str, str]
+
+
+def config_digest(config: SimConfig) -> str:
+    raw = json.dumps(config.to_json(), sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def _b64(raw: bytes | None) -> str | None:
+    return None if raw is None else base64.b64encode(raw).decode("ascii")
+
+
+def _fault_json(f: Fault) -> dict[str, Any]:
+    out: dict[str, Any] = {"operation": f.operation.value, "call": f.call,
+                           "outcome": f.outcome.value}
+    if f.delay_ms:
+        out["delay_ms"] = f.delay_ms
+    if f.interleave is not None:
+        il: dict[str, Any] = {"at": f.interleave.at}
+        if f.interleave.stop:
+            il["stop"] = True
+        if f.interleave.replacement is not None:
+            il["replacement"] = f.interleave.replacement
+        out["interleave"] = il
+    return out
+
+
+def _step_json(s: Step) -> dict[str, Any]:
+    out: dict[str, Any] = {"actor": s.actor, "worker": s.worker}
+    if s.partition is not None:
+        out["partition"] = s.partition
+    if s.faults:
+        out["faults"] = [_fault_json(f) for f in s.faults]
+    return out
+
+
+def to_json(trace: Trace) -> dict[str, Any]:
+    return {
+        "version": VERSION, "implementation": IMPLEMENTATION, "toolchain": dict(trace.toolchain),
+        "seed": trace.seed, "config_digest": config_digest(trace.config),
+        "config": trace.config.to_json(),
+        "records": [{"partition": r.partition, "offset": r.offset, "key": _b64(r.key),
+                     "value": _b64(r.value)} for r in trace.records],
+        "steps": [_step_json(s) for s in trace.steps], "drain": trace.drain,
+    }
+
+
+def dumps(trace: Trace) -> str:
+    """The canonical JSON text of ``trace``."""
+    return json.dumps(to_json(trace), sort_keys=True, indent=1, ensure_ascii=True) + "\n"
+
+
+# -- strict parsing ------------------------------------------------------------------------
+def _obj(value: Any, where: str, required: Sequence[str], optional: Sequence[str] = ()
+         ) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TraceError(f"{where}: expected an object")
+    unknown = sorted(set(value) - set(required) - set(optional))
+    if unknown:
+        raise TraceError(f"{where}.{unknown[0]}: unknown field")
+    missing = [k for k in required if k not in value]
+    if missing:
+        raise TraceError(f"{where}.{missing[0]}: missing field")
+    return value
+
+
+def _int(value: Any, where: str, *, low: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise TraceError(f"{where}: expected an integer >= {low}, got {value!r}")
+    return value
+
+
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise TraceError(f"{where}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise TraceError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+def _bytes(value: Any, where: str) -> bytes | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TraceError(f"{where}: expected base64 text or null, got {value!r}")
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError as exc:
+        raise TraceError(f"{where}: not base64: {exc}") from exc
+
+
+def _config(raw: Any) -> SimConfig:
+    keys = ("class", "steps", "topic", "partitions", "group_id", "batch_max", "budget_ms",
+            "low_watermarks_before_drain", "allow_retention_gap")
+    c = _obj(raw, "config", keys)
+    klass = _str(c["class"], "config.class")
+    if klass not in ("valid", "conflict"):
+        raise TraceError(f"config.class: expected valid or conflict, got {klass!r}")
+    partitions = _int(c["partitions"], "config.partitions", low=1)
+    lows = c["low_watermarks_before_drain"]
+    if not isinstance(lows, list) or len(lows) != partitions:
+        raise TraceError("config.low_watermarks_before_drain: expected one integer per partition")
+    return SimConfig(
+        klass=klass, steps=_int(c["steps"], "config.steps"), topic=_str(c["topic"], "config.topic"),
+        partitions=partitions, group_id=_str(c["group_id"], "config.group_id"),
+        batch_max=_int(c["batch_max"], "config.batch_max", low=1),
+        budget_ms=_int(c["budget_ms"], "config.budget_ms", low=1),
+        low_watermarks_before_drain=tuple(
+            _int(v, f"config.low_watermarks_before_drain[{i}]") for i, v in enumerate(lows)),
+        allow_retention_gap=_bool(c["allow_retention_gap"], "config.allow_retention_gap"))
+
+
+def _fault(raw: Any, where: str, actor: str) -> Fault:
+    f = _obj(raw, where, ("operation", "call", "outcome"), ("delay_ms", "interleave"))
+    op = f["operation"]
+    if op not in _FAULT_OPS.get(actor, ()):
+        raise TraceError(f"{where}.operation: {op!r} is not a choice for a {actor} step "
+                         f"(choices: {', '.join(_FAULT_OPS.get(actor, ())) or 'none'})")
+    try:
+        outcome = FaultOutcome(f["outcome"])
+    except ValueError:
+        raise TraceError(f"{where}.outcome: unknown outcome {f['outcome']!r}") from None
+    interleave = None
+    if "interleave" in f:
+        il = _obj(f["interleave"], f"{where}.interleave", ("at",), ("stop", "replacement"))
+        stop = _bool(il.get("stop", False), f"{where}.interleave.stop")
+        rep = il.get("replacement")
+        try:
+            interleave = Interleave(il["at"], stop, None if rep is None else
+                                    _int(rep, f"{where}.interleave.replacement", low=1))
+        except ValueError as exc:
+            raise TraceError(f"{where}.interleave: {exc}") from None
+    try:
+        return Fault(Operation(op), _int(f["call"], f"{where}.call", low=1), outcome,
+                     _int(f.get("delay_ms", 0), f"{where}.delay_ms"), interleave)
+    except ValueError as exc:
+        raise TraceError(f"{where}: {exc}") from None
+
+
+def _steps(raw: Any, partitions: int) -> tuple[Step, ...]:
+    if not isinstance(raw, list):
+        raise TraceError("steps: expected a list")
+    declared: set[int] = set()
+    out: list[Step] = []
+    for i, rs in enumerate(raw):
+        where = f"steps[{i}]"
+        s = _obj(rs, where, ("actor", "worker"), ("partition", "faults"))
+        actor = s["actor"]
+        if actor not in ACTORS:
+            raise TraceError(f"{where}.actor: unknown actor {actor!r}")
+        worker = _int(s["worker"], f"{where}.worker", low=1)
+        if actor == "start":
+            if worker in declared:
+                raise TraceError(f"{where}.worker: lifetime id {worker} is already used")
+            declared.add(worker)
+        elif worker not in declared:
+            raise TraceError(f"{where}.worker: lifetime {worker} is not started by an earlier step")
+        part = s.get("partition")
+        if actor in _WORKER_ACTORS_WITH_PARTITION:
+            if part is None:
+                raise TraceError(f"{where}.partition: missing field")
+            if _int(part, f"{where}.partition") >= partitions:
+                raise TraceError(f"{where}.partition: {part} is not below {partitions}")
+        elif part is not None:
+            raise TraceError(f"{where}.partition: a {actor} step takes no partition")
+        faults_raw = s.get("faults", [])
+        if not isinstance(faults_raw, list) or ("faults" in s and not faults_raw):
+            raise TraceError(f"{where}.faults: expected a non-empty list")
+        faults = tuple(_fault(f, f"{where}.faults[{j}]", actor) for j, f in enumerate(faults_raw))
+        seen: set[tuple[Operation, int]] = set()
+        for j, f in enumerate(faults):
+            if (f.operation, f.call) in seen:
+                raise TraceError(f"{where}.faults[{j}]: a second selector for "
+                                 f"{f.operation.value} call {f.call}")
+            seen.add((f.operation, f.call))
+            rep = None if f.interleave is None else f.interleave.replacement
+            if rep is not None:
+                if rep in declared:
+                    raise TraceError(f"{where}.faults[{j}].interleave.replacement: lifetime id "
+                                     f"{rep} is already used")
+                declared.add(rep)
+        out.append(Step(actor, worker, part, faults))
+    return tuple(out)
+
+
+def _records(raw: Any, partitions: int, topic: str) -> tuple[SourceRecord, ...]:
+    if not isinstance(raw, list):
+        raise TraceError("records: expected a list")
+    last: dict[int, int] = {}
+    out: list[SourceRecord] = []
+    for i, rr in enumerate(raw):
+        where = f"records[{i}]"
+        r = _obj(rr, where, ("partition", "offset", "key", "value"))
+        p = _int(r["partition"], f"{where}.partition")
+        if p >= partitions:
+            raise TraceError(f"{where}.partition: {p} is not below {partitions}")
+        off = _int(r["offset"], f"{where}.offset")
+        if off <= last.get(p, -1):
+            raise TraceError(f"{where}.offset: {off} does not increase in partition {p}")
+        last[p] = off
+        out.append(SourceRecord(topic, p, off, _bytes(r["key"], f"{where}.key"),
+                                _bytes(r["value"], f"{where}.value")))
+    return tuple(out)
+
+
+def parse(text: str | bytes) -> Trace:
+    """Parse a saved trace strictly; raise ``TraceError`` naming the offending place."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"trace: not UTF-8 at byte {exc.start}") from None
+    try:
+        raw, end = json.JSONDecoder().raw_decode(text.lstrip())
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"trace: not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+                         ) from None
+    rest = text.lstrip()[end:]
+    if rest.strip():
+        raise TraceError(f"trace: trailing content after the JSON object: {rest.strip()[:20]!r}")
+    t = _obj(raw, "trace", ("version", "implementation", "toolchain", "seed", "config_digest",
+                            "config", "records", "steps", "drain"))
+    if t["version"] != VERSION:
+        raise TraceError(f"trace.version: {t['version']!r} is not supported (need {VERSION})")
+    if t["implementation"] != IMPLEMENTATION:
+        raise TraceError(f"trace.implementation: {t['implementation']!r} is not {IMPLEMENTATION}")
+    tc = _obj(t["toolchain"], "toolchain", ("python", "fenceworker"))
+    mine = toolchain()
+    for key in ("python", "fenceworker"):
+        if tc[key] != mine[key]:
+            raise TraceError(f"toolchain.{key}: trace made with {tc[key]!r}, this is "
+                             f"{mine[key]!r} (incompatible provenance)")
+    config = _config(t["config"])
+    if t["config_digest"] != config_digest(config):
+        raise TraceError("config_digest: does not match the config (edited or corrupted)")
+    return Trace(seed=_int(t["seed"], "seed"), config=config,
+                 records=_records(t["records"], config.partitions, config.topic),
+                 steps=_steps(t["steps"], config.partitions), drain=_bool(t["drain"], "drain"),
+                 toolchain=dict(tc))
