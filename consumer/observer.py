@@ -1,0 +1,211 @@
+"""The worker's observability glue: worker events -> readiness, member heartbeats, metrics.
+
+Rules
+- ``on_event(name, attrs)`` is the worker's ``on_event`` hook and runs on the worker's loop.
+  It never raises: an event the readiness machine refuses is logged and ignored.
+- Event mapping: ``lifetime.start`` (startup checks passed, or a fresh lifetime after a
+  retirement), ``assign``/``revoke``/``lost`` (a rebalance begins), ``assigned`` (positioned),
+  ``revoked`` (tokens cleared), ``failed`` (the lifetime retires), ``stopping``,
+  ``lifetime.end`` (final member row). Rebalance durations run from ``assign``/``revoke`` to
+  ``assigned``/``revoked`` on the injected clock.
+- ``run()`` is one background task: it beats the loop heartbeat every ``beat_s`` (a blocked
+  loop stops the beats, so ``/healthz`` turns 503), writes member heartbeats when due and
+  samples lag every ``lag_interval_s`` (Kafka high watermark minus the durable frontier).
+- Each lifetime has its own member row; its final state is ``stopped`` after a clean end,
+  ``retired`` after a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from consumer.heartbeat import MemberHeartbeat, MemberState, state_for_phase
+from consumer.instruments import Instruments
+from consumer.readiness import (
+    ChecksPassed,
+    IllegalTransition,
+    LoopHeartbeat,
+    Phase,
+    Positioned,
+    ReadinessEvent,
+    ReadinessHolder,
+    RebalanceStarted,
+    Restarted,
+    Retired,
+    Revoked,
+    Stopping,
+)
+from fencing.types import SourceFacts, Token, TopicPartition
+
+__all__ = ["WorkerObserver", "parse_tp"]
+
+log = logging.getLogger("fenceworker.observer")
+
+LagFacts = Callable[[list[TopicPartition]], Mapping[TopicPartition, SourceFacts]]
+Observe = Callable[[Sequence[TopicPartition]], Awaitable[Mapping[TopicPartition, Token | None]]]
+
+
+def parse_tp(text: str) -> TopicPartition:
+    """``"orders[3]"`` (``str(TopicPartition)``) back to a ``TopicPartition``."""
+    topic, _, rest = text.rpartition("[")
+    return TopicPartition(topic, int(rest.rstrip("]")))
+
+
+def _tps(attrs: Mapping[str, Any]) -> frozenset[TopicPartition]:
+    return frozenset(parse_tp(t) for t in attrs.get("partitions", ()))
+
+
+class WorkerObserver:
+    """Owns readiness, the loop heartbeat, per-lifetime member heartbeats and lag sampling."""
+
+    def __init__(
+        self,
+        *,
+        instruments: Instruments,
+        readiness: ReadinessHolder,
+        loop_heartbeat: LoopHeartbeat,
+        clock: Callable[[], float],
+        heartbeat_factory: Callable[[str], MemberHeartbeat] | None = None,
+        cooperative: bool = True,
+        lag_facts: LagFacts | None = None,
+        observe: Observe | None = None,
+        beat_s: float = 1.0,
+        lag_interval_s: float = 5.0,
+    ) -> None:
+        self.instruments = instruments
+        self.readiness = readiness
+        self.loop_heartbeat = loop_heartbeat
+        self._clock = clock
+        self._heartbeat_factory = heartbeat_factory
+        self._cooperative = cooperative
+        self._lag_facts = lag_facts
+        self._observe = observe
+        self._beat_s = beat_s
+        self._lag_interval_s = lag_interval_s
+        self._member: MemberHeartbeat | None = None
+        self._final_writes: set[asyncio.Task[None]] = set()
+        self._rebalance_started: dict[str, float] = {}
+        self._last_lag_s: float | None = None
+        self._closed = asyncio.Event()
+
+    # ---- events ------------------------------------------------------------------------------
+
+    def on_event(self, name: str, attrs: Mapping[str, Any]) -> None:
+        try:
+            self._on_event(name, attrs)
+        except Exception:  # observability must never break the worker
+            log.exception("observer: event %s %s", name, dict(attrs))
+
+    def _on_event(self, name: str, attrs: Mapping[str, Any]) -> None:
+        if name == "lifetime.start":
+            phase = self.readiness.state.phase
+            self._apply(Restarted() if phase is Phase.RETIRED else ChecksPassed())
+            self._start_member(str(attrs.get("lifetime")))
+        elif name in ("assign", "revoke", "lost"):
+            self._rebalance_started[name] = self._clock()
+            self._apply(RebalanceStarted(name))
+            if name == "lost":
+                self._rebalance_done("lost", "lost")
+                self._apply(Revoked(_tps(attrs), settled=False))
+                self.instruments.clear_lag(_tps(attrs))
+        elif name == "assigned":
+            self._rebalance_done("assign", "assign")
+            self._apply(Positioned(_tps(attrs)))
+        elif name == "revoked":
+            self._rebalance_done("revoke", "revoke")
+            self._apply(Revoked(_tps(attrs), settled=self._cooperative))
+            self.instruments.clear_lag(_tps(attrs))
+        elif name == "failed":
+            reason = str(attrs.get("error", "failure"))
+            self.instruments.retired(reason=reason)
+            self._apply(Retired(reason))
+            self.instruments.clear_lag()
+        elif name == "stopping":
+            self._apply(Stopping())
+        elif name == "lifetime.end":
+            self._end_member(failed=self.readiness.state.phase is Phase.RETIRED)
+        self._sync_member_state()
+
+    def _apply(self, event: ReadinessEvent) -> None:
+        try:
+            self.readiness.apply(event)
+        except IllegalTransition as exc:
+            log.debug("readiness: %s", exc)
+
+    def _rebalance_done(self, started_as: str, kind: str) -> None:
+        started = self._rebalance_started.pop(started_as, None)
+        if started is not None:
+            self.instruments.rebalance(kind=kind, duration_s=max(0.0, self._clock() - started))
+
+    # ---- member rows -------------------------------------------------------------------------
+
+    def _start_member(self, lifetime: str) -> None:
+        if self._member is not None:
+            self._end_member(failed=True)
+        if self._heartbeat_factory is not None:
+            self._member = self._heartbeat_factory(lifetime)
+
+    def _end_member(self, *, failed: bool) -> None:
+        member, self._member = self._member, None
+        if member is None:
+            return
+        final = MemberState.RETIRED if failed else MemberState.STOPPED
+        detail = {"reason": self.readiness.state.reason} if failed else {}
+        task = asyncio.get_running_loop().create_task(member.close(final, **detail))
+        self._final_writes.add(task)
+        task.add_done_callback(self._final_writes.discard)
+
+    def _sync_member_state(self) -> None:
+        if self._member is not None:
+            self._member.set_state(state_for_phase(self.readiness.state.phase))
+
+    @property
+    def member(self) -> MemberHeartbeat | None:
+        return self._member
+
+    # ---- background --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Beat, heartbeat and sample lag until ``close``."""
+        while not self._closed.is_set():
+            self.loop_heartbeat.beat()
+            if self._member is not None:
+                await self._member.tick()
+            await self._sample_lag()
+            try:
+                await asyncio.wait_for(self._closed.wait(), timeout=self._beat_s)
+            except TimeoutError:
+                pass
+
+    async def _sample_lag(self) -> None:
+        now = self._clock()
+        if self._lag_facts is None or self._observe is None:
+            return
+        if self._last_lag_s is not None and now - self._last_lag_s < self._lag_interval_s:
+            return
+        self._last_lag_s = now
+        owned = sorted(self.readiness.state.assigned)
+        if not owned:
+            return
+        try:
+            facts = await asyncio.to_thread(self._lag_facts, owned)
+            durable = await self._observe(owned)
+        except Exception as exc:  # Kafka or PostgreSQL did not answer: keep the last values
+            log.debug("lag sample failed: %s", exc)
+            return
+        for tp in owned:
+            token, fact = durable.get(tp), facts.get(tp)
+            if token is not None and fact is not None and tp in self.readiness.state.assigned:
+                self.instruments.set_lag(tp, high_watermark=fact.high_watermark,
+                                         frontier=token.frontier)
+
+    async def close(self, *, timeout_s: float = 3.0) -> None:
+        """Stop ``run``, write the final member rows (bounded), mark the loop stopped."""
+        self._closed.set()
+        self._end_member(failed=self.readiness.state.phase is Phase.RETIRED)
+        if self._final_writes:
+            await asyncio.wait(list(self._final_writes), timeout=timeout_s)
+        self.loop_heartbeat.stop()

@@ -1,0 +1,126 @@
+"""consumer.observer: worker events drive readiness, member rows and rebalance metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from consumer.heartbeat import MemberHeartbeat, MemberIdentity
+from consumer.instruments import Instruments
+from consumer.observer import WorkerObserver, parse_tp
+from consumer.readiness import LoopHeartbeat, Phase, ReadinessHolder
+from fencing.types import SourceFacts, Token, TopicPartition
+
+A, B = TopicPartition("orders.v1", 0), TopicPartition("orders.v1", 1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Rows:
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, dict[str, Any]]] = []
+
+    async def heartbeat(self, *, lifetime: str, member_id: str | None, host: str, pid: int,
+                        state: str, detail: Mapping[str, Any] | None = None) -> None:
+        self.rows.append((lifetime, state, dict(detail or {})))
+
+
+def _make(*, cooperative: bool = False
+          ) -> tuple[WorkerObserver, Clock, Rows, InMemoryMetricReader]:
+    clock, rows, reader = Clock(), Rows(), InMemoryMetricReader()
+    inst = Instruments(MeterProvider(metric_readers=[reader]).get_meter("t"))
+
+    def facts(tps: list[TopicPartition]) -> dict[TopicPartition, SourceFacts]:
+        return {tp: SourceFacts("id", 0, 100) for tp in tps}
+
+    async def observe(tps: Sequence[TopicPartition]) -> dict[TopicPartition, Token | None]:
+        return {tp: Token(1, 60 + tp.partition) for tp in tps}
+
+    obs = WorkerObserver(
+        instruments=inst, readiness=ReadinessHolder(),
+        loop_heartbeat=LoopHeartbeat(clock=clock, bound_s=5), clock=clock,
+        heartbeat_factory=lambda lt: MemberHeartbeat(
+            store=rows, identity=MemberIdentity(lt, "h", 1), clock=clock, min_gap_s=0),
+        cooperative=cooperative, lag_facts=facts, observe=observe)
+    return obs, clock, rows, reader
+
+
+def test_parse_tp_round_trips() -> None:
+    assert parse_tp(str(A)) == A
+
+
+async def test_event_sequence_of_one_eager_lifetime() -> None:
+    obs, clock, rows, reader = _make()
+    assert obs.readiness.state.phase is Phase.STARTING
+    obs.on_event("lifetime.start", {"lifetime": "lt-1"})
+    assert obs.readiness.state.phase is Phase.WAITING
+    obs.on_event("assign", {"partitions": [str(A), str(B)]})
+    assert not obs.readiness.state.ready
+    clock.now += 0.25
+    obs.on_event("assigned", {"partitions": [str(A), str(B)]})
+    assert obs.readiness.state.ready
+    await obs._sample_lag()
+    assert obs.instruments.lag() == {A: 40, B: 39}
+    assert obs.member is not None
+    await obs.member.tick()
+    obs.on_event("revoke", {"partitions": [str(A), str(B)]})
+    obs.on_event("revoked", {"partitions": [str(A), str(B)]})
+    assert not obs.readiness.state.ready  # eager: an assign follows
+    assert obs.instruments.lag() == {}
+    obs.on_event("assign", {"partitions": [str(B)]})
+    obs.on_event("assigned", {"partitions": [str(B)]})
+    assert obs.readiness.state.ready and obs.readiness.state.assigned == {B}
+    assert not await obs.member.tick()  # same state as the last row, interval not passed
+    obs.on_event("stopping", {})
+    obs.on_event("lifetime.end", {"lifetime": "lt-1", "exit_code": 0})
+    await obs.close()
+    assert [(lt, st) for lt, st, _ in rows.rows] == [
+        ("lt-1", "running"), ("lt-1", "stopped")]
+    data = reader.get_metrics_data()
+    assert data is not None
+    names = {m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics
+             for m in sm.metrics}
+    (point,) = [p for p in names["fence.rebalance.duration"].data.data_points
+                if p.attributes["kind"] == "assign" and p.count == 2]
+    assert point.sum == 0.25
+    assert not obs.loop_heartbeat.healthy()
+
+
+async def test_failure_retires_and_a_fresh_lifetime_gets_its_own_row() -> None:
+    obs, _clock, rows, _reader = _make(cooperative=True)
+    obs.on_event("lifetime.start", {"lifetime": "lt-1"})
+    obs.on_event("assign", {"partitions": [str(A)]})
+    obs.on_event("assigned", {"partitions": [str(A)]})
+    obs.on_event("failed", {"error": "Fenced", "exit_code": 3})
+    assert obs.readiness.state.phase is Phase.RETIRED
+    obs.on_event("assigned", {"partitions": [str(A)]})  # illegal now: ignored, not raised
+    obs.on_event("lifetime.end", {"lifetime": "lt-1", "exit_code": 3})
+    obs.on_event("lifetime.start", {"lifetime": "lt-2"})
+    assert obs.readiness.state.phase is Phase.WAITING
+    await obs.close()
+    await asyncio.sleep(0)
+    by_lt = {(lt, st) for lt, st, _ in rows.rows}
+    assert ("lt-1", "retired") in by_lt and ("lt-2", "stopped") in by_lt
+    retired = next(d for lt, st, d in rows.rows if st == "retired")
+    assert "Fenced" in retired["reason"]
+
+
+async def test_run_beats_until_closed() -> None:
+    obs, clock, _rows, _reader = _make()
+    obs._beat_s = 0.01
+    task = asyncio.create_task(obs.run())
+    clock.now += 100
+    await asyncio.sleep(0.05)
+    assert obs.loop_heartbeat.healthy()
+    await obs.close()
+    await asyncio.wait_for(task, 1)
