@@ -16,12 +16,14 @@ Prometheus names (OpenTelemetry name -> exposition): ``fence.records.processed``
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from fencing.types import TopicPartition
+from fencing.store import HandlerFn
+from fencing.types import Reject, SourceRecord, TopicPartition, Verdict
 
 __all__ = ["BATCH_BUCKETS_S", "REBALANCE_BUCKETS_S", "Instruments"]
 
@@ -71,16 +73,42 @@ class Instruments:
             explicit_bucket_boundaries_advisory=REBALANCE_BUCKETS_S)
         self._lock = threading.Lock()
         self._lag: dict[TopicPartition, int] = {}
+        self._last_rejects: dict[TopicPartition, int] = {}
         m.create_observable_gauge(
             "fence.partition.lag", callbacks=[self._observe_lag], unit="{record}",
             description="Kafka high watermark minus the durable frontier, per owned partition")
 
     # batches -----------------------------------------------------------------------------
 
+    def counting_handler(self, handler: HandlerFn) -> HandlerFn:
+        """Wrap ``handler`` so the rejects of its last call per partition are remembered.
+
+        The last handler call of a committed ``process`` is the committed transaction's, so
+        ``batch_committed(..., rejects=None)`` takes its count from there.
+        """
+
+        async def counted(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
+            verdicts = await handler(conn, records)
+            if records:
+                with self._lock:
+                    self._last_rejects[records[0].tp] = sum(
+                        isinstance(v, Reject) for v in verdicts)
+            return verdicts
+
+        return counted
+
     def batch_committed(
-        self, tp: TopicPartition, *, records: int, rejects: int, duration_s: float
+        self, tp: TopicPartition, *, records: int, rejects: int | None = None,
+        duration_s: float,
     ) -> None:
-        """One batch of ``records`` (of which ``rejects`` quarantined) committed."""
+        """One batch of ``records`` (of which ``rejects`` quarantined) committed.
+
+        ``rejects=None``: the count remembered by ``counting_handler`` (0 if none).
+        """
+        with self._lock:
+            remembered = self._last_rejects.pop(tp, 0)
+        if rejects is None:
+            rejects = remembered
         attrs = _tp_attrs(tp)
         self._records.add(records, attrs)
         if rejects:
@@ -90,6 +118,8 @@ class Instruments:
 
     def batch_failed(self, tp: TopicPartition, *, outcome: str, duration_s: float) -> None:
         """A batch ended without committing: ``fenced``, ``not-committed`` or ``unresolved``."""
+        with self._lock:
+            self._last_rejects.pop(tp, None)
         attrs = {**_tp_attrs(tp), "outcome": outcome}
         self._batches.add(1, attrs)
         self._batch_duration.record(duration_s, attrs)

@@ -13,21 +13,18 @@ Rules
 - Spans go through a ``BatchSpanProcessor``; ``Telemetry.shutdown`` flushes it.
 - Metrics are read by a Prometheus reader into a registry of this ``Telemetry`` (served by
   ``ops.http``); they are never pushed.
-- W3C trace context travels in record headers (``traceparent``/``tracestate``):
-  ``context_from_headers`` extracts it, ``links_from_headers`` turns it into span links.
+- W3C trace context in record headers is read by ``consumer.tracecontext``.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from opentelemetry import metrics, propagate, trace
-from opentelemetry.context import Context
+from opentelemetry import metrics, trace
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.propagators.textmap import Getter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -46,8 +43,6 @@ __all__ = [
     "Telemetry",
     "TelemetryConfig",
     "config_from_env",
-    "context_from_headers",
-    "links_from_headers",
     "setup_telemetry",
 ]
 
@@ -255,46 +250,3 @@ def setup_telemetry(
         registry=registry,
         exporters=wrapped,
     )
-
-
-class _HeaderGetter(Getter[list[tuple[str, bytes | None]]]):
-    """Reads W3C headers from a record's ``((key, value), ...)`` headers (bytes values)."""
-
-    def get(self, carrier: list[tuple[str, bytes | None]], key: str) -> list[str] | None:
-        found = [
-            v.decode("latin-1") if isinstance(v, bytes | bytearray) else str(v)
-            for k, v in carrier
-            if k.lower() == key and v is not None
-        ]
-        return found or None
-
-    def keys(self, carrier: list[tuple[str, bytes | None]]) -> list[str]:
-        return [k for k, _ in carrier]
-
-
-_GETTER = _HeaderGetter()
-
-
-def context_from_headers(headers: Iterable[tuple[str, bytes | None]]) -> Context:
-    """The trace context a producer put in record headers (empty context when absent)."""
-    return propagate.extract(list(headers), getter=_GETTER)
-
-
-def links_from_headers(
-    records_headers: Iterable[Iterable[tuple[str, bytes | None]]],
-    *,
-    attributes: Mapping[str, str | int] | None = None,
-    limit: int = 128,
-) -> list[trace.Link]:
-    """One link per distinct valid producer span context, in record order, at most ``limit``."""
-    links: list[trace.Link] = []
-    seen: set[tuple[int, int]] = set()
-    for headers in records_headers:
-        ctx = trace.get_current_span(context_from_headers(headers)).get_span_context()
-        if not ctx.is_valid or (ctx.trace_id, ctx.span_id) in seen:
-            continue
-        seen.add((ctx.trace_id, ctx.span_id))
-        links.append(trace.Link(ctx, dict(attributes or {})))
-        if len(links) >= limit:
-            break
-    return links

@@ -108,3 +108,21 @@ def test_default_meter_is_a_silent_no_op() -> None:
     inst.batch_committed(TP, records=1, rejects=0, duration_s=0.0)
     inst.set_lag(TP, high_watermark=1, frontier=0)
     assert inst.lag() == {TP: 1}
+
+
+async def test_counting_handler_feeds_rejects_of_the_committed_call() -> None:
+    from fencing.types import ACCEPT, Reject, SourceRecord
+
+    inst, reader = _make()
+    recs = [SourceRecord("orders", 2, o, None, b"") for o in range(3)]
+
+    async def handler(_conn: object, records: object) -> list[object]:
+        return [ACCEPT, Reject("bad"), Reject("worse")]
+
+    counted = inst.counting_handler(handler)  # type: ignore[arg-type]
+    assert len(await counted(None, recs)) == 3
+    inst.batch_committed(TP, records=3, duration_s=0.01)
+    inst.batch_committed(TP, records=3, duration_s=0.01)  # nothing remembered: 0 rejects
+    points = _points(reader)
+    assert _value(points["fence.records.rejected"], partition=2).value == 2
+    assert _value(points["fence.records.processed"], partition=2).value == 6

@@ -8,14 +8,10 @@ import pytest
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from consumer.tracecontext import context_from_headers, links_for_records, links_from_headers
 from fencing.errors import ConfigError
-from ops.telemetry import (
-    DEFAULT_SERVICE_NAME,
-    config_from_env,
-    context_from_headers,
-    links_from_headers,
-    setup_telemetry,
-)
+from fencing.types import SourceRecord
+from ops.telemetry import DEFAULT_SERVICE_NAME, config_from_env, setup_telemetry
 
 
 def test_no_exporter_configured_means_no_export() -> None:
@@ -122,3 +118,11 @@ def test_links_are_distinct_valid_contexts_in_order() -> None:
     assert [(lk.context.trace_id, lk.context.span_id) for lk in links] == [(0x1, 0x11), (0x2, 0x22)]
     assert links[0].attributes == {"messaging.kafka.offset": 1}
     assert len(links_from_headers(records, limit=1)) == 1
+
+
+def test_links_for_records_carry_the_first_offset_per_context() -> None:
+    a = trace.SpanContext(0x1, 0x11, True, trace.TraceFlags(1))
+    recs = [SourceRecord("t", 0, off, None, b"", tuple(h)) for off, h in
+            [(5, _headers_for(a)), (6, _headers_for(a)), (7, [])]]
+    (link,) = links_for_records(recs)
+    assert link.context.span_id == 0x11 and link.attributes == {"messaging.kafka.offset": 5}
