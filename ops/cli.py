@@ -17,6 +17,7 @@ __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 COMMAND_MODULES: tuple[str, ...] = (
     "ops.stack_cmd",
     "ops.migrate_cmd",
+    "ops.run_cmd",
     "ops.produce_cmd",
     "ops.status_cmd",
     "ops.reset_cmd",

@@ -1,0 +1,274 @@
+"""The confluent-kafka adapter: one thread owns the ``Consumer``; callbacks block on the loop.
+
+Threading model (deliberate; see the README's worker section)
+- librdkafka serves rebalance events inside ``poll()``/``consume()``/``close()`` on the
+  calling thread, and the Python wrapper re-assigns by itself after a callback that did not
+  call ``assign``/``incremental_assign``/``incremental_unassign`` -- also when the callback
+  raised (confluent-kafka-python ``Consumer_rebalance_cb``: "if the user did not do this
+  from callback, or there was no callback, or the callback failed, then we perform that
+  assign() call here instead"). So our callbacks never raise and always assign explicitly.
+- confluent-kafka 2.16 serialises calls on one Consumer handle (its AIOConsumer docs: "the
+  Consumer is not thread-safe, so concurrent access ... is serialized"): a ``pause`` or
+  ``commit`` from the event-loop thread would wait for a running ``consume()``. Hence every
+  Consumer call happens on this thread: the loop sends commands (pause, resume, commit)
+  through a queue drained between two short ``consume()`` calls (``poll_timeout_s``).
+- Rebalance callbacks run here and hand the lifecycle work to the asyncio loop with
+  ``asyncio.run_coroutine_threadsafe(...).result(timeout)``: the callback returns only when
+  the lifecycle finished (bounded by the budget), exactly as the protocol requires.
+- ``pause()`` in librdkafka stops the fetcher and purges already-fetched messages of the
+  partition; on ``resume()`` fetching restarts at the last message delivered to the
+  application + 1 (librdkafka #1849/#2052), so pausing a full partition loses nothing.
+- Eager assignors (range, roundrobin) hand the full assignment to ``on_assign`` and revoke
+  everything first: ``assign(list with offsets)`` / ``unassign()``. Cooperative-sticky and
+  KIP-848 (``group.protocol=consumer``) are incremental: ``incremental_assign`` with offsets
+  / ``incremental_unassign``. The wrapper in 2.16 has no ``rebalance_protocol()``, so the
+  mode is decided from the configuration.
+- Without ``on_lost`` lost partitions would go to ``on_revoke``; we register ``on_lost`` so a
+  lost assignment (session timeout, max.poll.interval exceeded) does local invalidation only.
+- Delivery to the loop is bounded: at most ``max_outstanding`` consume() results wait for
+  the loop; then this thread only serves commands until the loop catches up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTP
+
+from fencing.types import SourceRecord, TopicPartition
+
+__all__ = ["KafkaThread", "Rebalancer", "to_record"]
+
+log = logging.getLogger("fenceworker.adapter")
+
+
+class Rebalancer(Protocol):
+    """The loop side the Kafka thread reports to (implemented by ``consumer.worker``)."""
+
+    def assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int] | None:
+        """Blocking: positions for ``tps``, or None to hold them paused (refused/stopping)."""
+
+    def revoked(self, tps: list[TopicPartition]) -> None:
+        """Blocking: returns once in-flight work of ``tps`` finished and tokens are cleared."""
+
+    def lost(self, tps: list[TopicPartition]) -> None:
+        """Blocking but I/O-free: local invalidation of ``tps``."""
+
+    def deliver(self, records: list[SourceRecord], release: Callable[[], None]) -> None:
+        """Non-blocking: hand records to the loop; ``release`` is called once they are taken."""
+
+    def kafka_error(self, err: KafkaError, tp: TopicPartition | None) -> None:
+        """Non-blocking: a consumer error (fatal or per partition)."""
+
+
+def to_record(msg: Any) -> SourceRecord:
+    """Translate a confluent-kafka ``Message`` (without error) into a ``SourceRecord``."""
+    ts_type, ts = msg.timestamp()
+    headers = msg.headers()
+    return SourceRecord(
+        topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
+        key=msg.key(), value=msg.value(),
+        headers=tuple(headers) if headers else (),
+        timestamp_ms=ts if ts_type else None,
+    )
+
+
+class KafkaThread:
+    """Owns one ``Consumer`` for one lifetime: subscribe, consume, commands, close."""
+
+    def __init__(self, *, settings: dict[str, str], topic: str, cooperative: bool,
+                 rebalancer: Rebalancer, poll_timeout_s: float = 0.05,
+                 consume_max_records: int = 1000, max_outstanding: int = 2) -> None:
+        self._settings = settings
+        self._topic = topic
+        self._cooperative = cooperative
+        self._rb = rebalancer
+        self._poll_timeout_s = poll_timeout_s
+        self._consume_max = consume_max_records
+        self._commands: queue.SimpleQueue[Callable[[Consumer], None]] = queue.SimpleQueue()
+        self._commit_lock = threading.Lock()
+        self._pending_commits: dict[TopicPartition, int] = {}
+        self._outstanding = threading.Semaphore(max_outstanding)
+        self._stop_fetching = threading.Event()
+        self._close = threading.Event()
+        self._closed: Future[None] = Future()
+        self._assigned: set[TopicPartition] = set()
+        self._thread = threading.Thread(target=self._main, name="kafka-consumer", daemon=True)
+
+    # ---- called from the loop (thread-safe, non-blocking) ----------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def pause(self, tp: TopicPartition) -> None:
+        self._commands.put(lambda c: c.pause([KafkaTP(tp.topic, tp.partition)]))
+
+    def resume(self, tp: TopicPartition) -> None:
+        self._commands.put(lambda c: self._resume_if_fetching(c, tp))
+
+    def commit(self, tp: TopicPartition, frontier: int) -> None:
+        """Queue an asynchronous Kafka commit of ``frontier`` (advisory: lag tools only)."""
+        with self._commit_lock:
+            self._pending_commits[tp] = frontier
+
+    def stop_fetching(self) -> None:
+        """Pause every assigned partition and keep them paused (shutdown)."""
+        self._stop_fetching.set()
+        self._commands.put(self._pause_all)
+
+    def close(self) -> Future[None]:
+        """Leave the group: ``Consumer.close()`` on this thread, outside any callback."""
+        self._stop_fetching.set()
+        self._close.set()
+        return self._closed
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ---- the thread ------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        consumer: Consumer | None = None
+        try:
+            consumer = Consumer(dict(self._settings))
+            consumer.subscribe([self._topic], on_assign=self._on_assign,
+                               on_revoke=self._on_revoke, on_lost=self._on_lost)
+            while not self._close.is_set():
+                self._drain(consumer)
+                if not self._outstanding.acquire(timeout=self._poll_timeout_s):
+                    continue
+                try:
+                    msgs = consumer.consume(self._consume_max, self._poll_timeout_s)
+                except KafkaException as exc:
+                    self._outstanding.release()
+                    self._rb.kafka_error(exc.args[0], None)
+                    continue
+                self._hand_over(msgs)
+            self._drain(consumer)
+        except BaseException as exc:  # report, never die silently
+            log.exception("kafka thread failed")
+            if not self._closed.done():
+                self._closed.set_exception(exc)
+        finally:
+            if consumer is not None:
+                try:
+                    consumer.close()  # serves the final on_revoke, leaves the group
+                except (KafkaException, RuntimeError) as exc:
+                    log.warning("consumer close: %s", exc)
+            if not self._closed.done():
+                self._closed.set_result(None)
+
+    def _hand_over(self, msgs: Sequence[Any]) -> None:
+        records: list[SourceRecord] = []
+        for msg in msgs:
+            err = msg.error()
+            if err is None:
+                records.append(to_record(msg))
+            elif err.code() != KafkaError._PARTITION_EOF:
+                tp = (TopicPartition(msg.topic(), msg.partition())
+                      if msg.topic() is not None and msg.partition() is not None
+                      and msg.partition() >= 0 else None)
+                self._rb.kafka_error(err, tp)
+        if records:
+            self._rb.deliver(records, self._outstanding.release)
+        else:
+            self._outstanding.release()
+
+    def _drain(self, consumer: Consumer) -> None:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                cmd(consumer)
+            except KafkaException as exc:
+                log.debug("consumer command failed: %s", exc)
+        self._flush_commits(consumer, None)
+
+    def _flush_commits(self, consumer: Consumer, only: set[TopicPartition] | None) -> None:
+        with self._commit_lock:
+            if only is None:
+                pending, self._pending_commits = self._pending_commits, {}
+            else:
+                pending = {tp: o for tp, o in self._pending_commits.items() if tp in only}
+                for tp in pending:
+                    del self._pending_commits[tp]
+        pending = {tp: o for tp, o in pending.items() if tp in self._assigned}
+        if not pending:
+            return
+        offsets = [KafkaTP(tp.topic, tp.partition, off) for tp, off in pending.items()]
+        try:
+            consumer.commit(offsets=offsets, asynchronous=True)
+        except KafkaException as exc:  # advisory only: PostgreSQL holds the frontier
+            log.debug("kafka commit failed: %s", exc)
+
+    def _pause_all(self, consumer: Consumer) -> None:
+        if self._assigned:
+            consumer.pause([KafkaTP(tp.topic, tp.partition) for tp in self._assigned])
+
+    def _resume_if_fetching(self, consumer: Consumer, tp: TopicPartition) -> None:
+        if not self._stop_fetching.is_set() and tp in self._assigned:
+            consumer.resume([KafkaTP(tp.topic, tp.partition)])
+
+    # ---- rebalance callbacks (on this thread, inside consume()/close()) ---------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[KafkaTP]) -> None:
+        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        positions = None if self._stop_fetching.is_set() else self._rb.assigned(tps)
+        if positions is None:
+            ktps = [KafkaTP(tp.topic, tp.partition) for tp in tps]
+        else:
+            ktps = [KafkaTP(tp.topic, tp.partition, positions[tp]) for tp in tps]
+        if self._cooperative:
+            consumer.incremental_assign(ktps)
+        else:
+            consumer.assign(ktps)
+            self._assigned.clear()
+        self._assigned.update(tps)
+        if positions is None and ktps:
+            consumer.pause([KafkaTP(tp.topic, tp.partition) for tp in tps])
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[KafkaTP]) -> None:
+        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        self._rb.revoked(tps)
+        self._flush_commits(consumer, set(tps))
+        self._unassign(consumer, partitions, tps)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[KafkaTP]) -> None:
+        tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        with self._commit_lock:
+            for tp in tps:
+                self._pending_commits.pop(tp, None)
+        self._rb.lost(tps)
+        self._unassign(consumer, partitions, tps)
+
+    def _unassign(self, consumer: Consumer, partitions: list[KafkaTP],
+                  tps: list[TopicPartition]) -> None:
+        if self._cooperative:
+            consumer.incremental_unassign(partitions)
+        else:
+            consumer.unassign()
+        self._assigned.difference_update(tps)
+
+
+def call_on_loop(loop: asyncio.AbstractEventLoop, coro: Any, *, timeout_s: float) -> Any:
+    """Run ``coro`` on ``loop`` from another thread and wait for it; cancel it on timeout."""
+    fut = asyncio.run_coroutine_threadsafe(coro, loop)
+    try:
+        return fut.result(timeout=timeout_s)
+    except FutureTimeout:
+        fut.cancel()
+        raise
+
+
+__all__ += ["call_on_loop"]

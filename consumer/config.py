@@ -1,0 +1,238 @@
+"""Worker configuration: flags + environment -> one frozen ``WorkerConfig``; librdkafka settings.
+
+Rules
+- Every setting has one name an operator can search for (the flag or the env var); a
+  ``ConfigError`` message names it.
+- librdkafka properties pass through ``-X key=value`` (as kcat does) except the ones the
+  worker owns: offsets are committed by the worker after each PostgreSQL commit and the
+  consumer is always positioned explicitly, so ``enable.auto.commit=true``,
+  ``enable.auto.offset.store=true``, ``group.id`` and ``bootstrap.servers`` given twice
+  with different values, and a ``group.protocol`` that contradicts ``--group-protocol`` are
+  refused.
+- With ``group.protocol=consumer`` (KIP-848) the group timeouts and the assignor live on
+  the broker: librdkafka refuses ``session.timeout.ms``, ``heartbeat.interval.ms``,
+  ``partition.assignment.strategy`` and ``group.protocol.type`` at construction, so the
+  worker refuses them first with a message naming the setting.
+- ``auto.offset.reset`` given to librdkafka is always ``error``: a position that falls out
+  of range (retention deleted records mid-consumption) must surface as an error, never as
+  a silent jump. The operator's ``auto.offset.reset`` only chooses the initial frontier of
+  a partition the store has never seen.
+- The DSN is a secret: it is read from the environment only and every rendering of it goes
+  through ``redact_dsn``.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from fencing.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_HANDLER",
+    "GroupProtocol",
+    "WorkerConfig",
+    "kafka_settings",
+    "parse_x_options",
+    "redact",
+    "redact_dsn",
+]
+
+DEFAULT_HANDLER = "fencing.reference.pg:ref_handler"
+
+_OWNED_FALSE = ("enable.auto.commit", "enable.auto.offset.store")
+_KIP848_FORBIDDEN = (
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "partition.assignment.strategy",
+    "group.protocol.type",
+)
+_EAGER = frozenset({"range", "roundrobin"})
+_COOPERATIVE = frozenset({"cooperative-sticky"})
+
+
+class GroupProtocol(enum.Enum):
+    """The consumer-group protocol: classic (eager or cooperative assignors) or KIP-848."""
+
+    CLASSIC = "classic"
+    CONSUMER = "consumer"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerConfig:
+    """Everything ``fencectl run`` needs; built by ``ops.run_cmd`` and checked by ``check``."""
+
+    topic: str
+    """Kafka topic to consume (``--topic``)."""
+    group_id: str
+    """Consumer group id; also keys the PostgreSQL rows (``--group``)."""
+    bootstrap_servers: str
+    """Kafka bootstrap servers (``KAFKA_BOOTSTRAP_SERVERS`` or ``--bootstrap-servers``)."""
+    dsn: str = field(repr=False)
+    """PostgreSQL DSN (``FENCE_DSN``; never a flag, never logged)."""
+    handler: str = DEFAULT_HANDLER
+    """Effect handler as ``module:callable`` (``--handler``)."""
+    schema: str = "fence"
+    """PostgreSQL schema of the fence tables and the reference effect tables (``--schema``)."""
+    group_protocol: GroupProtocol = GroupProtocol.CLASSIC
+    """``--group-protocol classic|consumer`` (default classic)."""
+    assignment_strategy: str = "cooperative-sticky"
+    """Classic-protocol assignor (``--assignment-strategy``; default cooperative-sticky)."""
+    auto_offset_reset: str = "earliest"
+    """Initial frontier of a partition the store has never seen: earliest|latest."""
+    batch_max_records: int = 500
+    """Most records in one PostgreSQL transaction (``--batch-max-records``, default 500)."""
+    batch_max_bytes: int = 1 << 20
+    """Most key+value bytes in one transaction (``--batch-max-bytes``, default 1 MiB)."""
+    queue_max_batches: int = 4
+    """A partition is paused once this many full batches wait locally (default 4)."""
+    db_concurrency: int = 4
+    """Partitions processed concurrently; bounded by the store's pool (``--db-concurrency``)."""
+    shutdown_timeout_s: float = 15.0
+    """Bound for finishing in-flight batches after SIGTERM/SIGINT (default 15 s)."""
+    budget_s: float = 20.0
+    """Lifecycle budget for one rebalance step (DESIGN: 20 s)."""
+    poll_timeout_s: float = 0.05
+    """Longest single consume() wait on the Kafka thread (default 50 ms)."""
+    allow_retention_gap: bool = False
+    """Skip a retention gap (journaled) instead of refusing the partition."""
+    restart_lifetimes: int = 0
+    """Fresh lifetimes to start after a retirement before exiting 3 (default 0)."""
+    x_options: Mapping[str, str] = field(default_factory=dict)
+    """Extra librdkafka properties from ``-X key=value``."""
+
+    def check(self) -> None:
+        """Raise ``ConfigError`` naming the first invalid setting."""
+        if not self.topic:
+            raise ConfigError("--topic is required")
+        if not self.group_id:
+            raise ConfigError("--group is required")
+        if not self.bootstrap_servers:
+            raise ConfigError("KAFKA_BOOTSTRAP_SERVERS is not set (or pass --bootstrap-servers)")
+        if not self.dsn:
+            raise ConfigError("FENCE_DSN is not set")
+        for name, value in (("--batch-max-records", self.batch_max_records),
+                            ("--batch-max-bytes", self.batch_max_bytes),
+                            ("--queue-max-batches", self.queue_max_batches),
+                            ("--db-concurrency", self.db_concurrency)):
+            if value < 1:
+                raise ConfigError(f"{name} must be >= 1 (got {value})")
+        if self.shutdown_timeout_s <= 0:
+            raise ConfigError(f"--shutdown-timeout-s must be > 0 (got {self.shutdown_timeout_s})")
+        if self.restart_lifetimes < 0:
+            raise ConfigError("--restart-lifetimes must be >= 0")
+        if self.auto_offset_reset not in ("earliest", "latest"):
+            raise ConfigError(f"--auto-offset-reset must be earliest or latest, "
+                              f"not {self.auto_offset_reset!r}")
+        if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", self.schema):
+            raise ConfigError(f"--schema {self.schema!r} is not a lower-case SQL identifier "
+                              "([a-z_][a-z0-9_]*)")
+        kafka_settings(self)  # raises on conflicting -X
+
+    @property
+    def cooperative(self) -> bool:
+        """Incremental rebalancing: KIP-848 or a cooperative classic assignor."""
+        return (self.group_protocol is GroupProtocol.CONSUMER
+                or self.assignment_strategy.strip() in _COOPERATIVE)
+
+    @property
+    def queue_max_records(self) -> int:
+        return self.batch_max_records * self.queue_max_batches
+
+    @property
+    def queue_max_bytes(self) -> int:
+        return self.batch_max_bytes * self.queue_max_batches
+
+
+def parse_x_options(items: Sequence[str]) -> dict[str, str]:
+    """``["k=v", ...]`` -> dict; raises ``ConfigError`` naming a malformed ``-X``."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"-X {item!r}: expected key=value")
+        out[key] = value.strip()
+    return out
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in ("true", "1", "yes", "on")
+
+
+def kafka_settings(cfg: WorkerConfig) -> dict[str, str]:
+    """The librdkafka consumer configuration; raises ``ConfigError`` on a conflicting ``-X``."""
+    x = dict(cfg.x_options)
+    for key in _OWNED_FALSE:
+        if key in x and _truthy(x[key]):
+            raise ConfigError(
+                f"-X {key}={x[key]} conflicts with the worker: it commits offsets itself after "
+                "each PostgreSQL commit; remove the option")
+    for key, mine in (("group.id", cfg.group_id), ("bootstrap.servers", cfg.bootstrap_servers)):
+        if key in x and x[key] != mine:
+            raise ConfigError(f"-X {key}={x[key]} conflicts with the worker's {key} {mine!r}; "
+                              "set it once (--group / KAFKA_BOOTSTRAP_SERVERS)")
+    if "auto.offset.reset" in x:
+        raise ConfigError("-X auto.offset.reset: use --auto-offset-reset (the worker positions "
+                          "the consumer from PostgreSQL and keeps librdkafka's reset at 'error')")
+    proto = x.pop("group.protocol", cfg.group_protocol.value)
+    if proto != cfg.group_protocol.value:
+        raise ConfigError(f"-X group.protocol={proto} conflicts with "
+                          f"--group-protocol {cfg.group_protocol.value}")
+    settings: dict[str, str] = {
+        "bootstrap.servers": cfg.bootstrap_servers,
+        "group.id": cfg.group_id,
+        "enable.auto.commit": "false",
+        "enable.auto.offset.store": "false",
+        "auto.offset.reset": "error",
+        "enable.partition.eof": "false",
+        "queued.max.messages.kbytes": "16384",
+        "group.protocol": cfg.group_protocol.value,
+    }
+    if cfg.group_protocol is GroupProtocol.CONSUMER:
+        for key in _KIP848_FORBIDDEN:
+            if key in x:
+                raise ConfigError(f"-X {key} cannot be set with --group-protocol consumer "
+                                  "(KIP-848 keeps it on the broker)")
+    else:
+        strategy = x.pop("partition.assignment.strategy", cfg.assignment_strategy)
+        if strategy != cfg.assignment_strategy:
+            raise ConfigError(f"-X partition.assignment.strategy={strategy} conflicts with "
+                              f"--assignment-strategy {cfg.assignment_strategy}")
+        names = {s.strip() for s in strategy.split(",") if s.strip()}
+        if not names or not names <= (_EAGER | _COOPERATIVE) or (names & _EAGER and
+                                                                  names & _COOPERATIVE):
+            raise ConfigError(f"--assignment-strategy {strategy!r}: expected range, roundrobin "
+                              "(eager) or cooperative-sticky, not a mix of eager and cooperative")
+        settings["partition.assignment.strategy"] = strategy
+    settings.update(x)
+    return settings
+
+
+_DSN_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)(?P<pw>[^@\s]*)(?P<at>@)",
+                               re.IGNORECASE)
+_DSN_KV_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<pw>'(?:[^'\\]|\\.)*'|\S+)",
+                              re.IGNORECASE)
+_DSN_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)(?P<pw>[^&\s]*)", re.IGNORECASE)
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` with any password replaced by ``***`` (URL, query or key=value form)."""
+    out = _DSN_URL_PASSWORD.sub(lambda m: f"{m['head']}***{m['at']}", dsn)
+    out = _DSN_QUERY_PASSWORD.sub(lambda m: f"{m['head']}***", out)
+    return _DSN_KV_PASSWORD.sub(lambda m: f"{m['head']}***", out)
+
+
+def redact(text: str, *, dsn: str) -> str:
+    """``text`` with the DSN and its password removed wherever they appear."""
+    if not dsn:
+        return text
+    text = text.replace(dsn, redact_dsn(dsn))
+    for pattern in (_DSN_URL_PASSWORD, _DSN_QUERY_PASSWORD, _DSN_KV_PASSWORD):
+        for m in pattern.finditer(dsn):
+            pw = m["pw"].strip("'")
+            if len(pw) >= 3:
+                text = text.replace(pw, "***")
+    return text

@@ -1,0 +1,348 @@
+"""The worker: one asyncio loop runs the lifecycle and the batches; a Kafka thread feeds it.
+
+Rules
+- Rebalance callbacks (on the Kafka thread) block on coroutines of this loop:
+  ``assigned`` validates and claims through the lifecycle, then returns the durable
+  frontiers the consumer is positioned at; ``revoked`` first lets every in-flight batch of
+  those partitions finish, then calls ``lifecycle.revoke``; ``lost`` is local only.
+- One runner task per owned partition takes batches from its buffer and submits them with
+  ``lifecycle.process``; at most ``db_concurrency`` batches are in flight across partitions.
+- After each commit the frontier is queued as an asynchronous Kafka commit (advisory).
+- A failure ends the lifetime with ``exit_code_for(exc)``: stop fetching, leave the group
+  (``Consumer.close()`` on the Kafka thread, outside any callback), stop the lifecycle.
+  A retired lifetime is never used again; ``restart_lifetimes`` starts fresh ones.
+- Shutdown (``request_stop``): stop fetching, drop unstarted batches, wait for in-flight
+  ones up to ``shutdown_timeout_s``; past it, report them and end with code 6.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from confluent_kafka import KafkaError
+
+from consumer.adapter import call_on_loop
+from consumer.batching import Flow, InFlight, PartitionBuffer, in_flight_of
+from consumer.config import WorkerConfig
+from consumer.exits import ExitCode, exit_code_for
+from consumer.source import build_checks
+from fencing.errors import Fenced, FenceError, RetentionGap, Retired, SourceRefused
+from fencing.store import HandlerFn
+from fencing.types import SourceFacts, SourceRecord, TopicPartition
+
+__all__ = ["KafkaPort", "Worker"]
+
+log = logging.getLogger("fenceworker.worker")
+
+
+class KafkaPort(Protocol):
+    """What the worker needs of ``consumer.adapter.KafkaThread`` (a fake in unit tests)."""
+
+    def start(self) -> None: ...
+    def pause(self, tp: TopicPartition) -> None: ...
+    def resume(self, tp: TopicPartition) -> None: ...
+    def commit(self, tp: TopicPartition, frontier: int) -> None: ...
+    def stop_fetching(self) -> None: ...
+    def close(self) -> Any: ...  # a concurrent.futures.Future
+
+
+class FactsPort(Protocol):
+    def facts(self, tps: list[TopicPartition]) -> dict[TopicPartition, SourceFacts]: ...
+
+
+@dataclass(slots=True)
+class _Partition:
+    tp: TopicPartition
+    buffer: PartitionBuffer
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    closing: bool = False
+    inflight: InFlight | None = None
+    task: asyncio.Task[None] | None = None
+
+
+class Worker:
+    """Runs lifetimes until stopped or failed; ``run()`` returns the process exit code."""
+
+    def __init__(self, *, config: WorkerConfig, handler: HandlerFn,
+                 lifecycle_factory: Callable[[str], Any],
+                 kafka_factory: Callable[[Any], KafkaPort], source: FactsPort,
+                 on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+        self._cfg = config
+        self._handler = handler
+        self._lifecycle_factory = lifecycle_factory
+        self._kafka_factory = kafka_factory
+        self._source = source
+        self._on_event = on_event or (lambda _name, _attrs: None)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested = asyncio.Event()
+        self._failure: BaseException | None = None
+        self._failed = asyncio.Event()
+        self._parts: dict[TopicPartition, _Partition] = {}
+        self._slots = asyncio.Semaphore(config.db_concurrency)
+        self._stopping = False
+        self._lc: Any = None
+        self._kafka: KafkaPort | None = None
+        self.lifetimes: list[str] = []
+
+    # ---- public ------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """SIGTERM/SIGINT: finish in-flight batches within the bound, then exit 0."""
+        self._stop_requested.set()
+
+    def owned(self) -> list[str]:
+        """Partitions this lifetime currently processes (for the member heartbeat)."""
+        return [str(tp) for tp in sorted(self._parts)]
+
+    @property
+    def in_flight(self) -> list[InFlight]:
+        return [p.inflight for p in self._parts.values() if p.inflight is not None]
+
+    async def run(self) -> ExitCode:
+        """Run lifetimes until a stop request or a failure not covered by restarts."""
+        self._loop = asyncio.get_running_loop()
+        restarts = self._cfg.restart_lifetimes
+        while True:
+            code = await self._run_lifetime()
+            if code in (ExitCode.RETIRED, ExitCode.UNAVAILABLE) and restarts > 0 \
+                    and not self._stop_requested.is_set():
+                restarts -= 1
+                log.warning("starting a fresh lifetime (%d restarts left)", restarts)
+                continue
+            return code
+
+    # ---- one lifetime ------------------------------------------------------------------------
+
+    async def _run_lifetime(self) -> ExitCode:
+        lifetime_id = f"lt-{uuid.uuid4().hex[:12]}"
+        self.lifetimes.append(lifetime_id)
+        self._failure, self._stopping, self._parts = None, False, {}
+        self._failed = asyncio.Event()
+        self._lc = self._lifecycle_factory(lifetime_id)
+        self._kafka = self._kafka_factory(self)
+        self._event("lifetime.start", lifetime=lifetime_id)
+        self._kafka.start()
+        waiters = [asyncio.ensure_future(self._stop_requested.wait()),
+                   asyncio.ensure_future(self._failed.wait())]
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for w in waiters:
+            w.cancel()
+        code = await self._end_lifetime()
+        self._event("lifetime.end", lifetime=lifetime_id, exit_code=int(code))
+        return code
+
+    async def _end_lifetime(self) -> ExitCode:
+        assert self._kafka is not None
+        self._stopping = True
+        self._kafka.stop_fetching()
+        for part in self._parts.values():
+            part.buffer.clear()
+            part.wake.set()
+        code = ExitCode.OK
+        if self._failure is not None:
+            code = exit_code_for(self._failure)
+        tasks = [p.task for p in self._parts.values() if p.task is not None and not p.task.done()]
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=self._cfg.shutdown_timeout_s)
+            if pending:
+                stuck = self.in_flight
+                log.error("shutdown bound %.1fs exceeded; still in flight: %s",
+                          self._cfg.shutdown_timeout_s,
+                          "; ".join(i.describe() for i in stuck) or "(between batches)")
+                self._event("shutdown.timeout", in_flight=[i.describe() for i in stuck])
+                if code is ExitCode.OK:
+                    code = ExitCode.SHUTDOWN_TIMEOUT
+                await self._stop_lifecycle()  # cancel the stuck calls before leaving the group
+        closed = self._kafka.close()  # on_revoke -> lifecycle.revoke (journals the release)
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(closed), timeout=self._cfg.budget_s + 10)
+        except (TimeoutError, Exception) as exc:  # the consumer could not leave cleanly
+            log.warning("consumer close did not finish: %r", exc)
+        await self._stop_lifecycle()
+        for part in list(self._parts.values()):
+            if part.task is not None and not part.task.done():
+                part.task.cancel()
+        return code
+
+    async def _stop_lifecycle(self) -> None:
+        try:
+            self._lc.stop()
+        except FenceError as exc:
+            log.debug("lifecycle stop: %s", exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """Record the failure that ends this lifetime; a root cause replaces a ``Retired``."""
+        first = self._failure is None
+        if first or (isinstance(self._failure, Retired) and not isinstance(exc, Retired)):
+            self._failure = exc
+        cause = exc.__cause__ or exc.__context__
+        log.error("lifetime %s (exit %d, %s): %s%s", "ends" if first else "also failed",
+                  exit_code_for(exc), type(exc).__name__, _advice(exc),
+                  f" [cause: {type(cause).__name__}: {cause}]" if cause is not None else "")
+        self._failed.set()
+
+    # ---- Rebalancer (called from the Kafka thread) ---------------------------------------------
+
+    def assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int] | None:
+        return self._blocking(self._assigned(tps), "assign", default=None)
+
+    def revoked(self, tps: list[TopicPartition]) -> None:
+        self._blocking(self._revoked(tps), "revoke", default=None)
+
+    def lost(self, tps: list[TopicPartition]) -> None:
+        self._blocking(self._lost(tps), "lost", default=None)
+
+    def deliver(self, records: list[SourceRecord], release: Callable[[], None]) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._take_delivery, records, release)
+
+    def kafka_error(self, err: KafkaError, tp: TopicPartition | None) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._on_kafka_error, err, tp)
+
+    def _blocking(self, coro: Any, what: str, *, default: Any) -> Any:
+        assert self._loop is not None
+        try:
+            return call_on_loop(self._loop, coro, timeout_s=self._cfg.budget_s + 5)
+        except BaseException as exc:  # a callback must never raise into librdkafka
+            self._loop.call_soon_threadsafe(self._fail, exc)
+            log.debug("%s callback failed: %r", what, exc)
+            return default
+
+    # ---- loop side of the callbacks ------------------------------------------------------------
+
+    async def _assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int] | None:
+        if self._stopping or not tps:
+            return None if self._stopping else {}
+        self._event("assign", partitions=[str(tp) for tp in tps])
+        facts = await asyncio.to_thread(self._source.facts, tps)
+        checks = build_checks(facts, allow_retention_gap=self._cfg.allow_retention_gap)
+        try:
+            await self._lc.assign(checks)
+            positions = {tp: int(await self._lc.seek(tp)) for tp in tps}
+        except BaseException as exc:
+            self._fail(exc)
+            return None
+        for tp in tps:
+            self._start_partition(tp, positions[tp])
+        return positions
+
+    def _start_partition(self, tp: TopicPartition, position: int) -> None:
+        cfg = self._cfg
+        buffer = PartitionBuffer(next_offset=position, max_records=cfg.batch_max_records,
+                                 max_bytes=cfg.batch_max_bytes,
+                                 queue_max_records=cfg.queue_max_records,
+                                 queue_max_bytes=cfg.queue_max_bytes)
+        part = _Partition(tp, buffer)
+        part.task = asyncio.create_task(self._run_partition(part), name=f"partition {tp}")
+        self._parts[tp] = part
+
+    async def _revoked(self, tps: list[TopicPartition]) -> None:
+        self._event("revoke", partitions=[str(tp) for tp in tps])
+        tasks = self._close_partitions(tps)
+        if tasks:
+            await asyncio.wait(tasks, timeout=self._cfg.budget_s)
+        if self._live():
+            await self._lc.revoke(tps)
+
+    async def _lost(self, tps: list[TopicPartition]) -> None:
+        self._event("lost", partitions=[str(tp) for tp in tps])
+        self._close_partitions(tps)
+        if self._live():
+            self._lc.lost(tps)
+
+    def _close_partitions(self, tps: list[TopicPartition]) -> list[asyncio.Task[None]]:
+        tasks = []
+        for tp in tps:
+            part = self._parts.pop(tp, None)
+            if part is None:
+                continue
+            part.closing = True
+            part.buffer.clear()
+            part.wake.set()
+            if part.task is not None and not part.task.done():
+                tasks.append(part.task)
+        return tasks
+
+    def _take_delivery(self, records: list[SourceRecord], release: Callable[[], None]) -> None:
+        try:
+            start = 0
+            while start < len(records):
+                tp = records[start].tp
+                end = start + 1
+                while end < len(records) and records[end].partition == tp.partition \
+                        and records[end].topic == tp.topic:
+                    end += 1
+                part = self._parts.get(tp)
+                if part is not None and not part.closing and not self._stopping:
+                    part.buffer.add(records[start:end])
+                    self._apply_flow(part)
+                    part.wake.set()
+                start = end
+        finally:
+            release()
+
+    def _apply_flow(self, part: _Partition) -> None:
+        assert self._kafka is not None
+        flow = part.buffer.flow()
+        if flow is Flow.PAUSE:
+            self._kafka.pause(part.tp)
+        elif flow is Flow.RESUME:
+            self._kafka.resume(part.tp)
+
+    def _on_kafka_error(self, err: KafkaError, tp: TopicPartition | None) -> None:
+        if err.code() == KafkaError._AUTO_OFFSET_RESET:
+            self._fail(RetentionGap(
+                f"{tp}: the consumer position fell out of range while consuming (records were "
+                f"deleted before processing: {err.str()}); decide, then restart with or without "
+                "--allow-retention-gap"))
+        elif err.fatal():
+            self._fail(FenceError(f"fatal Kafka error: {err.str()}"))
+        else:
+            log.warning("kafka: %s", err.str())
+
+    # ---- processing ---------------------------------------------------------------------------
+
+    async def _run_partition(self, part: _Partition) -> None:
+        while not part.closing and not self._stopping:
+            if len(part.buffer) == 0:
+                part.wake.clear()
+                await part.wake.wait()
+                continue
+            async with self._slots:
+                if part.closing or self._stopping:
+                    return
+                batch = part.buffer.take_batch()
+                self._apply_flow(part)
+                part.inflight = in_flight_of(batch)
+                try:
+                    token = await self._lc.process(part.tp, batch, self._handler)
+                except asyncio.CancelledError:
+                    part.inflight = None
+                    raise
+                except BaseException as exc:
+                    part.inflight = None
+                    if not (part.closing and isinstance(exc, Fenced) and self._live()):
+                        self._fail(exc)  # a closing partition's late fence retires nobody
+                    return
+                part.inflight = None
+            assert self._kafka is not None
+            self._kafka.commit(part.tp, token.frontier)
+
+    def _live(self) -> bool:
+        return getattr(self._lc.state, "name", "") == "LIVE"
+
+    def _event(self, name: str, **attrs: Any) -> None:
+        log.info("%s %s", name, attrs)
+        self._on_event(name, attrs)
+
+
+def _advice(exc: BaseException) -> str:
+    if isinstance(exc, SourceRefused):
+        return f"{exc} -- the source no longer matches the durable state; an operator must decide"
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,228 @@
+"""Test support for worker integration tests: topics, production, worker subprocesses, state.
+
+Worker processes are real ``fencectl run`` subprocesses; the helpers only start, signal
+and wait for the pids they started. Group setups are the three the issue names.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from fencing.reference import generate, to_source_records
+from fencing.reference.generate import GeneratedRecord
+from fencing.reference.oracle import check
+from fencing.reference.snapshot import pg_state
+from fencing.schema import migrate
+from fencing.types import SourceRecord
+
+__all__ = [
+    "GROUP_SETUPS",
+    "GroupSetup",
+    "WorkerProc",
+    "create_topic",
+    "durable_rows",
+    "exactly_once_problems",
+    "fresh_schema",
+    "produce",
+    "unique",
+    "wait_until",
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+FENCECTL = [sys.executable, "-m", "ops.cli"]
+ARTIFACTS = ROOT / "artifacts" / "test-workers"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSetup:
+    name: str
+    args: tuple[str, ...]
+
+
+# Fast group settings: 2 s sessions on the classic protocol; KIP-848 timeouts are broker-side
+# (the local stack sets group.consumer.session.timeout.ms=6000, heartbeat 500 ms).
+_CLASSIC_FAST = ("-X", "session.timeout.ms=2000", "-X", "heartbeat.interval.ms=300")
+GROUP_SETUPS = (
+    GroupSetup("eager-range", ("--group-protocol", "classic", "--assignment-strategy", "range",
+                               *_CLASSIC_FAST)),
+    GroupSetup("cooperative-sticky", ("--group-protocol", "classic", "--assignment-strategy",
+                                      "cooperative-sticky", *_CLASSIC_FAST)),
+    GroupSetup("kip848-consumer", ("--group-protocol", "consumer")),
+)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+def wait_until(pred: Callable[[], Any], *, timeout_s: float, what: str,
+               interval_s: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = pred()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    fut = admin.create_topics([NewTopic(topic, partitions, 1)])[topic]
+    fut.result(timeout=30)
+    wait_until(lambda: topic in admin.list_topics(timeout=5).topics, timeout_s=30,
+               what=f"topic {topic}")
+
+
+def delete_topic(bootstrap: str, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic])[topic].result(timeout=30)
+    wait_until(lambda: topic not in admin.list_topics(timeout=5).topics, timeout_s=30,
+               what=f"topic {topic} deleted")
+
+
+def produce(bootstrap: str, records: Sequence[GeneratedRecord], *,
+            headers: Sequence[tuple[str, bytes]] = ()) -> None:
+    """Produce in order, idempotently (offsets 0, 1, ... per partition of a fresh topic)."""
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                  "linger.ms": 5, "batch.num.messages": 10000})
+    for r in records:
+        while True:
+            try:
+                p.produce(r.topic, r.value, r.key, partition=r.partition,
+                          headers=list(headers) or None)
+                break
+            except BufferError:
+                p.poll(0.05)
+    assert p.flush(60) == 0, "records left unflushed"
+
+
+def generated(topic: str, *, count: int, partitions: int, seed: int = 7,
+              klass: str = "valid") -> tuple[list[GeneratedRecord], list[SourceRecord]]:
+    recs = generate(seed, count=count, partitions=partitions, klass=klass,  # type: ignore[arg-type]
+                    topic=topic)
+    return recs, to_source_records(recs)
+
+
+async def fresh_schema(dsn: str) -> str:
+    schema = unique("fw").lower()
+    conn = await asyncpg.connect(dsn)
+    try:
+        await migrate(conn, schema)
+    finally:
+        await conn.close()
+    return schema
+
+
+async def durable_rows(dsn: str, schema: str, group: str, topic: str) -> dict[int, tuple[int, int]]:
+    """partition -> (epoch, frontier) from the fence table."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            f'SELECT partition, epoch, frontier FROM "{schema}".partitions '
+            "WHERE group_id = $1 AND topic = $2", group, topic)
+    finally:
+        await conn.close()
+    return {r["partition"]: (r["epoch"], r["frontier"]) for r in rows}
+
+
+async def journal_rows(dsn: str, schema: str, group: str, topic: str) -> list[dict[str, Any]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            f'SELECT partition, event, epoch, lifetime, detail FROM "{schema}".journal '
+            "WHERE group_id = $1 AND topic = $2 ORDER BY id", group, topic)
+    finally:
+        await conn.close()
+    return [dict(r) for r in rows]
+
+
+async def exactly_once_problems(dsn: str, schema: str, group: str, topic: str,
+                                source: Sequence[SourceRecord], *,
+                                require_complete: bool = True) -> list[str]:
+    """Oracle check of committed effects against the source prefix below the frontiers."""
+    rows = await durable_rows(dsn, schema, group, topic)
+    frontiers = {(topic, p): f for p, (_e, f) in rows.items()}
+    conn = await asyncpg.connect(dsn)
+    try:
+        actual = await pg_state(conn, topic=topic, schema=schema, group_id=group)
+    finally:
+        await conn.close()
+    problems = list(check(source, frontiers, actual))
+    if require_complete:
+        ends: dict[int, int] = {}
+        for r in source:
+            ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
+        for p, end in ends.items():
+            got = frontiers.get((topic, p))
+            if got != end:
+                problems.append(f"partition {p}: frontier {got}, expected {end}")
+    return problems
+
+
+class WorkerProc:
+    """One ``fencectl run`` subprocess; its log goes to ``artifacts/test-workers/``."""
+
+    def __init__(self, *, topic: str, group: str, schema: str, setup: GroupSetup,
+                 extra: Sequence[str] = (), env: dict[str, str] | None = None,
+                 name: str = "w") -> None:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.log_path = ARTIFACTS / f"{group}-{name}-{uuid.uuid4().hex[:6]}.log"
+        full_env = dict(os.environ)
+        full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+        full_env.setdefault("OTEL_TRACES_EXPORTER", "none")
+        full_env.update(env or {})
+        self.argv = [*FENCECTL, "run", "--topic", topic, "--group", group, "--schema", schema,
+                     "--shutdown-timeout-s", "10", *setup.args, *extra]
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in wait()
+        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=full_env, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
+        self.pid = self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+
+    def wait(self, timeout_s: float) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout_s)
+        finally:
+            if self.proc.poll() is not None:
+                self._log.close()
+        return code
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ensure_dead(self) -> None:
+        if self.proc.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.kill()
+            self.proc.wait(timeout=30)
+        self._log.close()
+
+    def owns_partitions(self) -> bool:
+        return "assign {'partitions': [" in self.log()
