@@ -38,6 +38,22 @@ test-unit: setup
 test-integration: setup
 	$(BIN)/pytest -q tests/integration $(PYTEST_ARGS)
 
+test-sim-worker: setup
+	$(BIN)/pytest -q tests/sim tests/unit/test_lifecycle*.py tests/unit/test_decisions.py tests/unit/test_memstore*.py $(PYTEST_ARGS)
+
+sim-worker: setup
+	mkdir -p artifacts
+	$(BIN)/fencectl sim-worker --seed $(SEED) --out artifacts/worker-seed-$(SEED).json \
+	  --report artifacts/worker-seed-$(SEED)-report.json > /dev/null; \
+	  rc=$$?; echo "status: $$($(BIN)/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["status"])' artifacts/worker-seed-$(SEED)-report.json) (exit $$rc)"; exit $$rc
+
+evidence: setup
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+	mkdir -p artifacts/evidence
+	$(BIN)/fencectl sim-worker --corpus --manifest artifacts/evidence/worker-corpus.json > /dev/null
+	$(MAKE) --no-print-directory sim-worker SEED=$(SEED)
+	cp artifacts/worker-seed-$(SEED).json artifacts/worker-seed-$(SEED)-report.json artifacts/evidence/
+
 lint: setup
 	$(BIN)/ruff check consumer fencing ops tests
 	$(BIN)/mypy
