@@ -114,6 +114,15 @@ def _check(settings: StackSettings, service: Service) -> str | None:
     return reason
 
 
+def _first_time_note(settings: StackSettings, service: Service) -> str:
+    cache = settings.paths.cache
+    if service is Service.JAEGER and not settings.paths.jaeger_binary.exists():
+        return f" (building Jaeger once into {cache}, several minutes; log {cache}/jaeger)"
+    if service is Service.KAFKA and not (settings.paths.kafka_cache / "cp.txt").exists():
+        return f" (resolving the Kafka jars with mvn once into {cache}/m2)"
+    return ""
+
+
 def _ensure_ports_free(settings: StackSettings, service: Service) -> None:
     for field in _PORT_FIELDS[service]:
         port = getattr(settings.ports, field)
@@ -174,7 +183,7 @@ def up(
                 else:
                     _ensure_ports_free(settings, service)
                     settings.paths.pid_file(service).unlink(missing_ok=True)
-                    out(f"{service.value}: starting")
+                    out(f"{service.value}: starting" + _first_time_note(settings, service))
                     pid = _MODULES[service].start(settings)
                     started.append(service)
                 pids[service] = pid

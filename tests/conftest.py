@@ -144,7 +144,11 @@ def _local_stack() -> Iterator[ServiceSettings]:
         report = stack.up()
         settings = ServiceSettings.from_env(stack.env())
     except stack.StackError as exc:
-        pytest.fail(f"could not start the local stack (fencectl stack up): {exc}", pytrace=False)
+        failure = f"could not start the local stack (fencectl stack up): {exc}"
+    else:
+        failure = ""
+    if failure:
+        pytest.fail(failure, pytrace=False)
     assert settings is not None
     try:
         yield settings
