@@ -24,13 +24,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Link
 
 from consumer import decisions as d
 from consumer.decisions import LifetimeState
+from consumer.instruments import Instruments
 from consumer.lifecycle_spans import span
 from fencing.errors import Fenced, FenceError, Retired
 from fencing.guarded import guarded_claim, guarded_observe, guarded_process, guarded_skip
@@ -56,6 +57,7 @@ class Lifecycle:
         budget_s: float = 20.0,
         auto_offset_reset: str = "earliest",
         allow_retention_gap: bool = False,
+        instruments: Instruments | None = None,
     ) -> None:
         if auto_offset_reset not in d.AUTO_OFFSET_RESETS:
             d.initial_frontier(None, auto_offset_reset)  # type: ignore[arg-type]  # raises
@@ -69,6 +71,7 @@ class Lifecycle:
         self._budget_s = budget_s
         self._reset = auto_offset_reset
         self._allow_gap = allow_retention_gap
+        self._metrics = instruments  # optional: metrics of retries, resolutions, batches
         self._mutex = asyncio.Lock()
         self._guards: dict[TopicPartition, asyncio.Lock] = {}
         self._tokens: dict[TopicPartition, Token] = {}
@@ -79,6 +82,15 @@ class Lifecycle:
     def token(self, tp: TopicPartition) -> Token | None:
         """The retained token of ``tp`` (None when not held)."""
         return self._tokens.get(tp)
+
+    def _hooks(self, operation: str, *, resolve: bool = True) -> dict[str, Any]:
+        """``on_retry`` (and ``on_resolve``) for the guarded calls (metrics), or nothing."""
+        if self._metrics is None:
+            return {}
+        hooks: dict[str, Any] = {"on_retry": self._metrics.on_retry(operation)}
+        if resolve:
+            hooks["on_resolve"] = self._metrics.unknown_outcome
+        return hooks
 
     def _check_live(self) -> None:
         if self.state is not LifetimeState.LIVE or not self._gate_open:
@@ -193,7 +205,8 @@ class Lifecycle:
                   {"fence.partitions": len(tps)}) as outer:
             with span("fence.validate", self, None, {"fence.partitions": len(tps)}):
                 validations = await with_policy(lambda: self._store.validate(checks),
-                                                wait=self._wait, check_live=live)
+                                                wait=self._wait, check_live=live,
+                                                **self._hooks("validate", resolve=False))
             for c in checks:
                 refusal = validations[c.tp].refusal
                 if refusal is not None:
@@ -202,7 +215,8 @@ class Lifecycle:
                                    c.facts.topic_id) for c in checks]
             with span("fence.claim", self, None, {"fence.partitions": len(tps)}):
                 claimed = await guarded_claim(self._store, claims, lifetime=self.lifetime_id,
-                                              wait=self._wait, check_live=live)
+                                              wait=self._wait, check_live=live,
+                                              **self._hooks("claim"))
             retained: dict[TopicPartition, Token] = {}
             for c in checks:
                 before = d.newest(self._tokens.get(c.tp), validations[c.tp].durable)
@@ -241,8 +255,9 @@ class Lifecycle:
                     raise Fenced(f"seek {tp}: token dropped while waiting for the mutex")
                 with span("fence.seek", self, tp, {"fence.epoch": retained.epoch}) as sp:
                     with span("fence.observe", self, tp):
-                        observed = (await guarded_observe(self._store, [tp], wait=self._wait,
-                                                          check_live=live))[tp]
+                        observed = (await guarded_observe(
+                            self._store, [tp], wait=self._wait, check_live=live,
+                            **self._hooks("observe", resolve=False)))[tp]
                     if not d.seek_matches(retained, observed):
                         raise Fenced(f"seek {tp}: retained {retained}, durable {observed}")
                     sp.set_attribute("fence.frontier", retained.frontier)
@@ -305,9 +320,22 @@ class Lifecycle:
                  "fence.first_offset": batch[0].offset, "fence.last_offset": batch[-1].offset,
                  "fence.epoch": token.epoch, "fence.frontier": token.frontier,
                  "messaging.batch.message_count": len(batch)}
+        m, started_s = self._metrics, self._clock()
         with span("fence.process", self, tp, attrs, links=links, context=context) as sp:
-            new = await guarded_process(self._store, tp, token, batch, handler,
-                                        wait=self._wait, check_live=live)
+            try:
+                new = await guarded_process(
+                    self._store, tp, token, batch,
+                    handler if m is None else m.counting_handler(handler),
+                    wait=self._wait, check_live=live, **self._hooks("process"))
+            except BaseException as exc:
+                if m is not None:
+                    m.batch_failed(tp, outcome=type(exc).__name__,
+                                   duration_s=self._clock() - started_s)
+                    if isinstance(exc, Fenced):
+                        m.fenced(tp)
+                raise
+            if m is not None:
+                m.batch_committed(tp, records=len(batch), duration_s=self._clock() - started_s)
             sp.set_attribute("fence.frontier", new.frontier)
         if self._tokens.get(tp) is token:
             self._tokens[tp] = new
