@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import re
+import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from ops.stack_config import (
     env_lines,
     settings_from,
 )
+from ops.stack_procs import alive, spawn, stop_pid
 
 # ports nobody uses in these tests' environment, distinct from the shared stack's
 _ISOLATED_PORTS = {name: str(41000 + i) for i, (name, _d) in enumerate(PORT_ENV.values())}
@@ -156,3 +159,32 @@ def test_env_creates_one_stable_private_password(tmp_path: Path) -> None:
     assert first["FENCE_DSN"] == (
         f"postgresql://fenceworker:{password}@127.0.0.1:{s.ports.postgres}/fenceworker"
     )
+
+
+def test_tracked_but_silent_process_is_unhealthy_and_down_stops_it(tmp_path: Path) -> None:
+    """A live pid whose command line carries the service marker, but no service behind
+    its port: status says unhealthy with that pid; down stops exactly that pid."""
+    s = settings_from(_isolated_env(tmp_path))
+    marker = stack_jaeger.marker(s)
+    pid_file = s.paths.pid_file(Service.JAEGER)
+    pid_file.parent.mkdir(parents=True)
+    pid = spawn(
+        [sys.executable, "-c", "import time; time.sleep(60)", marker],
+        log_path=s.paths.log_file(Service.JAEGER),
+        pid_path=pid_file,
+    )
+    try:
+        rows = {r.service: r for r in stack.status(s)}
+        jaeger = rows[Service.JAEGER]
+        assert (jaeger.state, jaeger.pid, jaeger.port) == (
+            stack.ServiceState.UNHEALTHY,
+            pid,
+            s.ports.jaeger_query,
+        )
+        assert "/api/services" in jaeger.detail
+        assert rows[Service.KAFKA].state is stack.ServiceState.DOWN
+        assert stack.down(s, grace_s=10, out=lambda _line: None) == [(Service.JAEGER, pid)]
+        assert not alive(pid)
+        assert not pid_file.exists()
+    finally:
+        stop_pid(pid, sig=signal.SIGKILL, grace_s=1)
