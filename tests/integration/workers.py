@@ -188,7 +188,7 @@ class WorkerProc:
         full_env.update(env or {})
         self.argv = [*FENCECTL, "run", "--topic", topic, "--group", group, "--schema", schema,
                      "--shutdown-timeout-s", "10", *setup.args, *extra]
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in wait()
+        self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=full_env, stdout=self._log,
                                      stderr=subprocess.STDOUT)
         self.pid = self.proc.pid

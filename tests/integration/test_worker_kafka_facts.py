@@ -1,0 +1,166 @@
+"""What the adapter relies on from librdkafka, checked against the real broker per group setup.
+
+- ``assign``/``incremental_assign`` with offsets positions the consumer there, whatever the
+  group's committed offset says (the worker's positions come from PostgreSQL).
+- Callback order on a member joining: the old member's revoke callback returns before the
+  new member's assign callback for those partitions runs, and no record of a revoked
+  partition is delivered after its revoke callback returned (buffered ones are dropped).
+- ``pause`` then ``resume`` continues at the record after the last one delivered: nothing
+  is lost or repeated although pause purges librdkafka's prefetched records.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from confluent_kafka import ConsumerGroupTopicPartitions
+from confluent_kafka import TopicPartition as KTP
+from confluent_kafka.admin import AdminClient
+
+from consumer.adapter import KafkaThread
+from consumer.config import GroupProtocol, WorkerConfig, kafka_settings
+from fencing.types import SourceRecord, TopicPartition
+from tests.integration.workers import (
+    GROUP_SETUPS,
+    GroupSetup,
+    create_topic,
+    generated,
+    produce,
+    unique,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+
+class Recorder:
+    """A Rebalancer that records events in order and positions partitions at ``start``."""
+
+    def __init__(self, name: str, log: list[tuple[str, str, object]], start: int) -> None:
+        self.name, self.log, self.start = name, log, start
+        self.records: list[SourceRecord] = []
+        self.owned: set[TopicPartition] = set()
+        self.lock = threading.Lock()
+
+    def assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        with self.lock:
+            self.log.append((self.name, "assign", sorted(tps)))
+            self.owned.update(tps)
+        return {tp: self.start for tp in tps}
+
+    def revoked(self, tps: list[TopicPartition]) -> None:
+        time.sleep(0.3)  # a slow revoke: the other member must wait for it
+        with self.lock:
+            self.owned.difference_update(tps)
+            self.log.append((self.name, "revoke-done", sorted(tps)))
+
+    def lost(self, tps: list[TopicPartition]) -> None:
+        with self.lock:
+            self.owned.difference_update(tps)
+            self.log.append((self.name, "lost", sorted(tps)))
+
+    def deliver(self, records: list[SourceRecord], release: Callable[[], None]) -> None:
+        with self.lock:
+            for r in records:
+                if r.tp not in self.owned:
+                    self.log.append((self.name, "stray", (r.tp, r.offset)))
+            self.records.extend(records)
+        release()
+
+    def kafka_error(self, err: object, tp: TopicPartition | None) -> None:
+        self.log.append((self.name, "error", str(err)))
+
+
+def settings_for(setup: GroupSetup, bootstrap: str, group: str) -> tuple[dict[str, str], bool]:
+    args = dict(zip(setup.args[::2], setup.args[1::2], strict=False))
+    x = {}
+    for i, a in enumerate(setup.args):
+        if a == "-X":
+            k, _, v = setup.args[i + 1].partition("=")
+            x[k] = v
+    cfg = WorkerConfig(topic="t", group_id=group, bootstrap_servers=bootstrap, dsn="x",
+                       group_protocol=GroupProtocol(args["--group-protocol"]),
+                       assignment_strategy=args.get("--assignment-strategy",
+                                                    "cooperative-sticky"),
+                       x_options=x)
+    return kafka_settings(cfg), cfg.cooperative
+
+
+@pytest.mark.parametrize("setup", GROUP_SETUPS, ids=lambda s: s.name)
+def test_positions_callback_order_and_revoked_records(services, setup: GroupSetup) -> None:
+    bootstrap = services.kafka_bootstrap
+    topic, group = unique("facts"), unique("gfacts")
+    create_topic(bootstrap, topic, 4)
+    recs, _ = generated(topic, count=800, partitions=4)
+    produce(bootstrap, recs)
+    settings, coop = settings_for(setup, bootstrap, group)
+    # A committed offset the worker must ignore.
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futs = admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(
+        group, [KTP(topic, p, 150) for p in range(4)])])
+    for f in futs.values():
+        f.result(timeout=30)
+
+    log: list[tuple[str, str, object]] = []
+    a = Recorder("a", log, start=20)
+    ta = KafkaThread(settings=settings, topic=topic, cooperative=coop, rebalancer=a)
+    ta.start()
+    try:
+        wait_until(lambda: len({r.tp for r in a.records}) == 4, timeout_s=40,
+                   what="member a consuming 4 partitions")
+        firsts = {}
+        for r in a.records:
+            firsts.setdefault(r.tp, r.offset)
+        assert set(firsts.values()) == {20}, firsts  # positioned by us, not by Kafka's 150
+
+        b = Recorder("b", log, start=0)
+        tb = KafkaThread(settings=settings, topic=topic, cooperative=coop, rebalancer=b)
+        tb.start()
+        try:
+            wait_until(lambda: b.owned and not (a.owned & b.owned), timeout_s=40,
+                       what="member b owning partitions")
+            moved = set(b.owned)
+            events = [(who, what, tps) for who, what, tps in log if what != "stray"]
+            b_assign = next(i for i, e in enumerate(events)
+                            if e[0] == "b" and e[1] == "assign" and set(e[2]) & moved)  # type: ignore[arg-type]
+            a_revoke = [i for i, e in enumerate(events)
+                        if e[0] == "a" and e[1] == "revoke-done" and set(e[2]) & moved]  # type: ignore[arg-type]
+            assert a_revoke and a_revoke[0] < b_assign, events
+            assert not [e for e in log if e[1] == "stray"], "record of an unowned partition"
+        finally:
+            tb.close().result(timeout=30)
+    finally:
+        ta.close().result(timeout=30)
+    # close() served a final revoke on the calling thread of the consumer.
+    assert log[-1][1] == "revoke-done"
+
+
+def test_pause_resume_loses_and_repeats_nothing(services) -> None:
+    bootstrap = services.kafka_bootstrap
+    topic, group = unique("pause"), unique("gpause")
+    create_topic(bootstrap, topic, 1)
+    recs, _ = generated(topic, count=3000, partitions=1)
+    produce(bootstrap, recs)
+    settings, coop = settings_for(GROUP_SETUPS[1], bootstrap, group)
+    log: list[tuple[str, str, object]] = []
+    a = Recorder("a", log, start=0)
+    t = KafkaThread(settings=settings, topic=topic, cooperative=coop, rebalancer=a,
+                    consume_max_records=100)
+    tp = TopicPartition(topic, 0)
+    t.start()
+    try:
+        wait_until(lambda: a.records, timeout_s=30, what="first records")
+        t.pause(tp)
+        time.sleep(0.5)
+        n_paused = len(a.records)
+        time.sleep(1.0)
+        assert len(a.records) == n_paused, "records delivered while paused"
+        t.resume(tp)
+        wait_until(lambda: len(a.records) >= 3000, timeout_s=30, what="all records")
+    finally:
+        t.close().result(timeout=30)
+    offsets = [r.offset for r in a.records]
+    assert offsets == list(range(3000))

@@ -1,0 +1,137 @@
+"""Worker configuration: -X pass-through, conflicts refused by name, DSN redaction."""
+
+from __future__ import annotations
+
+import pytest
+
+from consumer.config import (
+    GroupProtocol,
+    WorkerConfig,
+    kafka_settings,
+    parse_x_options,
+    redact,
+    redact_dsn,
+)
+from consumer.exits import ExitCode, exit_code_for
+from fencing.errors import (
+    ConfigError,
+    Fenced,
+    OutcomeUnknown,
+    RecreatedTopic,
+    RetentionGap,
+    Retired,
+    SchemaMismatch,
+    StoreUnavailable,
+)
+
+DSN = "postgresql://fw:s3cretpw@127.0.0.1:5432/db"
+
+
+def cfg(**kw: object) -> WorkerConfig:
+    base: dict[str, object] = dict(topic="t", group_id="g", bootstrap_servers="127.0.0.1:9092",
+                                   dsn=DSN)
+    base.update(kw)
+    return WorkerConfig(**base)  # type: ignore[arg-type]
+
+
+def test_defaults_make_a_worker_owned_consumer() -> None:
+    s = kafka_settings(cfg())
+    assert s["enable.auto.commit"] == "false"
+    assert s["enable.auto.offset.store"] == "false"
+    assert s["auto.offset.reset"] == "error"
+    assert s["group.protocol"] == "classic"
+    assert s["partition.assignment.strategy"] == "cooperative-sticky"
+    assert cfg().cooperative
+
+
+def test_x_options_pass_through() -> None:
+    s = kafka_settings(cfg(x_options=parse_x_options(["fetch.min.bytes=1", "client.id = me"])))
+    assert s["fetch.min.bytes"] == "1" and s["client.id"] == "me"
+
+
+@pytest.mark.parametrize("x, named", [
+    ("enable.auto.commit=true", "enable.auto.commit"),
+    ("enable.auto.offset.store=true", "enable.auto.offset.store"),
+    ("group.id=other", "group.id"),
+    ("group.protocol=consumer", "group.protocol"),
+    ("auto.offset.reset=latest", "auto.offset.reset"),
+    ("partition.assignment.strategy=range", "partition.assignment.strategy"),
+])
+def test_conflicting_x_is_refused_naming_the_setting(x: str, named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        cfg(x_options=parse_x_options([x])).check()
+
+
+@pytest.mark.parametrize("key", ["session.timeout.ms", "heartbeat.interval.ms",
+                                 "partition.assignment.strategy", "group.protocol.type"])
+def test_kip848_refuses_client_side_group_settings(key: str) -> None:
+    c = cfg(group_protocol=GroupProtocol.CONSUMER, x_options={key: "1000"})
+    with pytest.raises(ConfigError, match=key):
+        c.check()
+
+
+def test_kip848_is_incremental_and_sets_no_assignor() -> None:
+    c = cfg(group_protocol=GroupProtocol.CONSUMER)
+    s = kafka_settings(c)
+    assert s["group.protocol"] == "consumer" and "partition.assignment.strategy" not in s
+    assert c.cooperative
+
+
+@pytest.mark.parametrize("strategy, coop", [("range", False), ("roundrobin", False),
+                                            ("range,roundrobin", False),
+                                            ("cooperative-sticky", True)])
+def test_assignors(strategy: str, coop: bool) -> None:
+    c = cfg(assignment_strategy=strategy)
+    c.check()
+    assert c.cooperative is coop
+
+
+@pytest.mark.parametrize("strategy", ["range,cooperative-sticky", "sticky", ""])
+def test_bad_assignors_refused(strategy: str) -> None:
+    with pytest.raises(ConfigError, match="assignment-strategy"):
+        cfg(assignment_strategy=strategy).check()
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("batch_max_records", 0, "--batch-max-records"),
+    ("batch_max_bytes", 0, "--batch-max-bytes"),
+    ("shutdown_timeout_s", 0.0, "--shutdown-timeout-s"),
+    ("schema", "Bad-Name", "--schema"),
+    ("auto_offset_reset", "none", "--auto-offset-reset"),
+    ("dsn", "", "FENCE_DSN"),
+    ("bootstrap_servers", "", "KAFKA_BOOTSTRAP_SERVERS"),
+])
+def test_invalid_values_name_the_setting(field: str, value: object, named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        cfg(**{field: value}).check()
+
+
+def test_malformed_x_is_refused() -> None:
+    with pytest.raises(ConfigError, match="-X"):
+        parse_x_options(["novalue"])
+
+
+@pytest.mark.parametrize("dsn, secret", [
+    ("postgresql://fw:s3cretpw@h:5432/db", "s3cretpw"),
+    ("postgresql://h/db?user=fw&password=s3cretpw&sslmode=disable", "s3cretpw"),
+    ("host=h user=fw password=s3cretpw dbname=db", "s3cretpw"),
+    ("host=h password='s3 cret pw' dbname=db", "s3 cret pw"),
+])
+def test_dsn_password_never_rendered(dsn: str, secret: str) -> None:
+    assert secret not in redact_dsn(dsn)
+    assert secret not in redact(f"could not connect with {dsn}: boom {secret}", dsn=dsn)
+
+
+def test_dsn_not_in_repr() -> None:
+    assert "s3cretpw" not in repr(cfg())
+
+
+@pytest.mark.parametrize("exc, code", [
+    (ConfigError("x"), ExitCode.CONFIG), (SchemaMismatch("x"), ExitCode.CONFIG),
+    (RecreatedTopic("x"), ExitCode.SOURCE_REFUSED), (RetentionGap("x"), ExitCode.SOURCE_REFUSED),
+    (Fenced("x"), ExitCode.RETIRED), (Retired("x"), ExitCode.RETIRED),
+    (OutcomeUnknown("x"), ExitCode.RETIRED), (StoreUnavailable("x"), ExitCode.UNAVAILABLE),
+    (RuntimeError("x"), ExitCode.INTERNAL),
+])
+def test_exit_codes(exc: BaseException, code: ExitCode) -> None:
+    assert exit_code_for(exc) is code
