@@ -3,9 +3,10 @@
 Rules
 - ``ensure_tables(conn, schema)`` creates the schema and the tables ``ref_documents`` and
   ``ref_outbox`` if missing; idempotent and safe to run concurrently (advisory lock).
-- The handler makes at most two round trips per batch, whatever its size: one read of
-  the current rows of every document in the batch (locked ``FOR UPDATE`` in doc-id
-  order), then one statement writing the final document rows and all outbox rows.
+- The handler makes two round trips per batch of one topic, whatever its size: one read
+  of the current rows of every document in the batch (locked ``FOR UPDATE`` in doc-id
+  order, one read per topic), then one statement writing the final document rows and
+  all outbox rows.
   Decisions are ``fencing.reference.domain.decide_batch``.
 - It runs inside the store's transaction and never commits; a database error
   propagates, so the transaction rolls back (the store classifies it).
@@ -63,7 +64,7 @@ CREATE TABLE IF NOT EXISTS {s}.ref_documents (
     src_partition integer     NOT NULL,
     src_offset    bigint      NOT NULL,
     updated_at    timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (topic, doc_id)
+    PRIMARY KEY (doc_id, topic)
 );
 CREATE TABLE IF NOT EXISTS {s}.ref_outbox (
     outbox_id     bigint      GENERATED ALWAYS AS IDENTITY,
@@ -113,13 +114,17 @@ async def ensure_tables(conn: Any, schema: str = DEFAULT_SCHEMA) -> None:
 
 def _statements(schema: str) -> tuple[str, str]:
     s = _checked(schema)
+    # one index probe per document (LATERAL), whatever the table's statistics say; rows
+    # are locked in the order of $2 (sorted doc ids), so concurrent batches cannot deadlock
     read = f"""
-SELECT d.topic, d.doc_id, d.revision, d.body, d.withdrawn, d.src_partition, d.src_offset
-FROM {s}.ref_documents d
-JOIN unnest($1::text[], $2::text[]) AS k(topic, doc_id)
-  ON d.topic = k.topic AND d.doc_id = k.doc_id
-ORDER BY d.topic, d.doc_id
-FOR UPDATE OF d
+SELECT d.doc_id, d.revision, d.body, d.withdrawn, d.src_partition, d.src_offset
+FROM unnest($2::text[]) WITH ORDINALITY AS k(doc_id, n)
+CROSS JOIN LATERAL (
+    SELECT * FROM {s}.ref_documents r
+    WHERE r.doc_id = k.doc_id AND r.topic = $1
+    FOR UPDATE
+) AS d
+ORDER BY k.n
 """
     write = f"""
 WITH docs AS (
@@ -148,12 +153,13 @@ def make_pg_handler(*, schema: str = DEFAULT_SCHEMA) -> HandlerFn:
     @handler(durability="durable-critical", effects="transactional")
     async def handle(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
         parsed = parse_batch(records)
-        keys = sorted(batch_keys(records, parsed))
+        by_topic: dict[str, list[str]] = {}
+        for topic, doc_id in sorted(batch_keys(records, parsed)):
+            by_topic.setdefault(topic, []).append(doc_id)
         current: dict[DocKey, DocState] = {}
-        if keys:
-            rows = await conn.fetch(read_sql, [k[0] for k in keys], [k[1] for k in keys])
-            for r in rows:
-                current[(r[0], r[1])] = DocState(r[2], r[3], r[4], r[5], r[6])
+        for topic, doc_ids in by_topic.items():
+            for r in await conn.fetch(read_sql, topic, doc_ids):
+                current[(topic, r[0])] = DocState(r[1], r[2], r[3], r[4], r[5])
         decision = decide_batch(records, current, parsed=parsed)
         if decision.outbox:
             docs = sorted(decision.documents.items())
