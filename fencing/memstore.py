@@ -15,7 +15,7 @@ Rules
   overridden by a fault; every call logs the requested outcome, whether the effect was
   applied and what the caller observed, separately (``events``).
 - ``interleave_hook`` (if set) is awaited before and after the atomic effect of every
-  mutating call; cancellation is honoured at each of these points.
+  mutating call and before every read; cancellation is honoured at each of these points.
 - ``writes`` lists every durable write (claim, process, skip, journal) in order.
 """
 
@@ -202,6 +202,7 @@ class MemoryFenceStore:
         ) -> Mapping[TopicPartition, Validation]:
             if fault is not None and fault.outcome is FaultOutcome.ABORT:
                 raise ReadFailed(f"validate: injected read failure (call {call})")
+            await self._point(Operation.VALIDATE, call, "before", fault, label)
             return {c.tp: self._validate_one(c) for c in checks}
 
         return await self._run(Operation.VALIDATE, effect)
@@ -292,6 +293,7 @@ class MemoryFenceStore:
         ) -> Mapping[TopicPartition, Token | None]:
             if fault is not None and fault.outcome is FaultOutcome.ABORT:
                 raise ReadFailed(f"observe: injected read failure (call {call})")
+            await self._point(Operation.OBSERVE, call, "before", fault, label)
             return {tp: self.token_of(tp) for tp in tps}
 
         return await self._run(Operation.OBSERVE, effect)

@@ -315,8 +315,10 @@ def _choice(f: Any) -> dict[str, Any]:
     return _fault_json(f)
 
 
-async def _execute(trace: Trace) -> dict[str, Any]:
+async def _execute(trace: Trace, keep: list[_Run] | None = None) -> dict[str, Any]:
     run = _Run(trace)
+    if keep is not None:
+        keep.append(run)
     for step in trace.steps:
         await run.step(step)
     boundary_before = run_boundary(run)
@@ -352,10 +354,13 @@ def run_boundary(run: _Run) -> dict[str, dict[str, int | None]]:
     return out
 
 
-def run_trace(trace: Trace) -> dict[str, Any]:
-    """Run ``trace`` on a fresh event loop; return the report (a JSON-ready dict)."""
+def run_trace(trace: Trace, *, keep: list[Any] | None = None) -> dict[str, Any]:
+    """Run ``trace`` on a fresh event loop; return the report (a JSON-ready dict).
+
+    ``keep`` (tests): receives the run object, whose ``store`` and ``lifecycles`` can then
+    be inspected."""
     try:
-        return asyncio.run(_execute(trace))
+        return asyncio.run(_execute(trace, keep))
     except Exception as exc:  # a simulator or production bug: ERROR, never a crash
         return build_report(trace, attempts=[], events=[], violations=[
             f"internal: {type(exc).__name__}: {exc}"], violations_before=1,

@@ -234,11 +234,15 @@ def _fault(raw: Any, where: str, actor: str) -> Fault:
         try:
             interleave = Interleave(il["at"], stop, None if rep is None else
                                     _int(rep, f"{where}.interleave.replacement", low=1))
+        except TraceError:
+            raise
         except ValueError as exc:
             raise TraceError(f"{where}.interleave: {exc}") from None
     try:
         return Fault(Operation(op), _int(f["call"], f"{where}.call", low=1), outcome,
                      _int(f.get("delay_ms", 0), f"{where}.delay_ms"), interleave)
+    except TraceError:
+        raise
     except ValueError as exc:
         raise TraceError(f"{where}: {exc}") from None
 
