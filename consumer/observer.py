@@ -160,7 +160,9 @@ class WorkerObserver:
 
     def _sync_member_state(self) -> None:
         if self._member is not None:
-            self._member.set_state(state_for_phase(self.readiness.state.phase))
+            state = self.readiness.state
+            self._member.set_state(state_for_phase(state.phase),
+                                   partitions=sorted(str(tp) for tp in state.assigned))
 
     @property
     def member(self) -> MemberHeartbeat | None:

@@ -31,6 +31,7 @@ from consumer.batching import Flow, InFlight, PartitionBuffer, in_flight_of
 from consumer.config import WorkerConfig
 from consumer.exits import ExitCode, exit_code_for
 from consumer.source import build_checks
+from consumer.tracecontext import links_for_records
 from fencing.errors import Fenced, FenceError, RetentionGap, Retired, SourceRefused
 from fencing.store import HandlerFn
 from fencing.types import SourceFacts, SourceRecord, TopicPartition
@@ -93,6 +94,8 @@ class Worker:
 
     def request_stop(self) -> None:
         """SIGTERM/SIGINT: finish in-flight batches within the bound, then exit 0."""
+        if not self._stop_requested.is_set():
+            self._event("stopping")
         self._stop_requested.set()
 
     def owned(self) -> list[str]:
@@ -184,6 +187,8 @@ class Worker:
         log.error("lifetime %s (exit %d, %s): %s%s", "ends" if first else "also failed",
                   exit_code_for(exc), type(exc).__name__, _advice(exc),
                   f" [cause: {type(cause).__name__}: {cause}]" if cause is not None else "")
+        if first:
+            self._event("failed", error=type(exc).__name__, exit_code=int(exit_code_for(exc)))
         self._failed.set()
 
     # ---- Rebalancer (called from the Kafka thread) ---------------------------------------------
@@ -218,6 +223,8 @@ class Worker:
 
     async def _assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int] | None:
         if self._stopping or not tps:
+            if not self._stopping:
+                self._event("assigned", partitions=[])
             return None if self._stopping else {}
         self._event("assign", partitions=[str(tp) for tp in tps])
         facts = await asyncio.to_thread(self._source.facts, tps)
@@ -230,6 +237,7 @@ class Worker:
             return None
         for tp in tps:
             self._start_partition(tp, positions[tp])
+        self._event("assigned", partitions=[str(tp) for tp in tps])
         return positions
 
     def _start_partition(self, tp: TopicPartition, position: int) -> None:
@@ -249,6 +257,7 @@ class Worker:
             await asyncio.wait(tasks, timeout=self._cfg.budget_s)
         if self._live():
             await self._lc.revoke(tps)
+        self._event("revoked", partitions=[str(tp) for tp in tps])
 
     async def _lost(self, tps: list[TopicPartition]) -> None:
         self._event("lost", partitions=[str(tp) for tp in tps])
@@ -321,7 +330,8 @@ class Worker:
                 self._apply_flow(part)
                 part.inflight = in_flight_of(batch)
                 try:
-                    token = await self._lc.process(part.tp, batch, self._handler)
+                    token = await self._lc.process(part.tp, batch, self._handler,
+                                                   links=links_for_records(batch))
                 except asyncio.CancelledError:
                     part.inflight = None
                     raise

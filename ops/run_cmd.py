@@ -14,7 +14,6 @@ import importlib
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -33,6 +32,9 @@ from consumer.exits import ExitCode
 from consumer.source import KafkaSource, SourceUnavailable
 from consumer.worker import Worker
 from fencing.errors import ConfigError, SchemaMismatch, SourceRefused, StoreUnavailable
+from ops.observability import ObsOptions, WorkerObservability
+from ops.observability import add_arguments as add_obs_arguments
+from ops.observability import options_from_args as obs_options_from_args
 
 __all__ = ["config_from_args", "register"]
 
@@ -68,6 +70,7 @@ def register(sub: Any) -> None:
     p.add_argument("--restart-lifetimes", type=int, default=0,
                    help="start up to N fresh lifetimes after a retirement before exiting 3")
     p.add_argument("--log-level", default=os.environ.get("FENCE_LOG_LEVEL", "INFO"))
+    add_obs_arguments(p)
     p.set_defaults(func=main)
 
 
@@ -94,11 +97,12 @@ def main(args: argparse.Namespace) -> int:
     dsn = os.environ.get("FENCE_DSN", "")
     try:
         cfg = config_from_args(args, os.environ)
+        obs_options = obs_options_from_args(args)
     except ConfigError as exc:
         print(f"fencectl run: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
         return int(ExitCode.CONFIG)
     try:
-        return int(asyncio.run(_run(cfg)))
+        return int(asyncio.run(_run(cfg, obs_options)))
     except ConfigError as exc:
         print(f"fencectl run: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
         return int(ExitCode.CONFIG)
@@ -149,7 +153,7 @@ async def _ensure_handler_tables(cfg: WorkerConfig) -> None:
         await conn.close()
 
 
-async def _run(cfg: WorkerConfig) -> ExitCode:
+async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> ExitCode:
     from consumer.lifecycle import Lifecycle
     from fencing.handler import load_handler
     from ops.telemetry import setup_telemetry
@@ -168,6 +172,9 @@ async def _run(cfg: WorkerConfig) -> ExitCode:
         raise ConfigError(f"KAFKA_BOOTSTRAP_SERVERS: {exc}") from None
     store = await _open_store(cfg)
     telemetry = setup_telemetry(service_name=os.environ.get("OTEL_SERVICE_NAME") or "fenceworker")
+    obs = WorkerObservability(options=obs_options or ObsOptions(), telemetry=telemetry,
+                              store=store, cooperative=cfg.cooperative,
+                              lag_facts=source.facts, observe=store.observe)
     try:
         await _ensure_handler_tables(cfg)
         settings = kafka_settings(cfg)
@@ -176,35 +183,25 @@ async def _run(cfg: WorkerConfig) -> ExitCode:
             lifecycle_factory=lambda lid: Lifecycle(
                 store=store, lifetime_id=lid, clock=time.monotonic, wait=asyncio.sleep,
                 budget_s=cfg.budget_s, auto_offset_reset=cfg.auto_offset_reset,
-                allow_retention_gap=cfg.allow_retention_gap),
+                allow_retention_gap=cfg.allow_retention_gap, instruments=obs.instruments),
             kafka_factory=lambda rb: KafkaThread(
                 settings=settings, topic=cfg.topic, cooperative=cfg.cooperative,
-                rebalancer=rb, poll_timeout_s=cfg.poll_timeout_s))
+                rebalancer=rb, poll_timeout_s=cfg.poll_timeout_s),
+            on_event=obs.on_event)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.request_stop)
-        beat = asyncio.create_task(_heartbeat(store, worker))
+        try:
+            obs.start()
+        except OSError as exc:
+            raise ConfigError(f"--http-port {obs.options.http_port}: {exc}") from None
         log.info("worker starting: topic=%s group=%s protocol=%s strategy=%s schema=%s",
                  cfg.topic, cfg.group_id, cfg.group_protocol.value,
                  settings.get("partition.assignment.strategy", "-"), cfg.schema)
         code = await worker.run()
-        beat.cancel()
         log.info("worker exits with %d (%s)", int(code), code.name)
         return code
     finally:
+        await obs.close()
         await asyncio.to_thread(telemetry.shutdown, timeout_s=3.0)
         await store.close()
-
-
-async def _heartbeat(store: Any, worker: Worker, *, interval_s: float = 5.0) -> None:
-    """Best-effort member row for ``fencectl status`` (host, pid, lifetime, partitions)."""
-    host, pid = socket.gethostname(), os.getpid()
-    while True:
-        if worker.lifetimes and hasattr(store, "heartbeat"):
-            try:
-                await store.heartbeat(lifetime=worker.lifetimes[-1], member_id=None, host=host,
-                                      pid=pid, state="live",
-                                      detail={"partitions": worker.owned()})
-            except Exception as exc:  # never let status bookkeeping stop the worker
-                log.debug("heartbeat failed: %s", exc)
-        await asyncio.sleep(interval_s)

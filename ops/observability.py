@@ -1,0 +1,134 @@
+"""Observability of one ``fencectl run`` process: flags, and the pieces wired together.
+
+``WorkerObservability`` owns the metric instruments, the readiness state, the loop
+heartbeat, the per-lifetime member heartbeats (``members`` table), lag sampling and the
+HTTP port (``/metrics``, ``/healthz``, ``/readyz``). ``fencectl run`` passes
+``instruments`` to each ``Lifecycle`` and ``on_event`` to the ``Worker``.
+
+Flags: ``--http-port`` (default ``$FENCE_HTTP_PORT``; unset: no HTTP server; 0: any free
+port, logged), ``--http-host`` (default 127.0.0.1), ``--heartbeat-interval-s`` (default 5;
+a member is shown unavailable after 3 intervals without a heartbeat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from consumer.heartbeat import HeartbeatStore, MemberHeartbeat, MemberIdentity
+from consumer.instruments import Instruments
+from consumer.observer import LagFacts, Observe, WorkerObserver
+from consumer.readiness import LoopHeartbeat, ReadinessHolder
+from fencing.errors import ConfigError
+from ops.http import HttpServer, start_http_server
+from ops.telemetry import Telemetry
+
+__all__ = ["ObsOptions", "WorkerObservability", "add_arguments", "options_from_args"]
+
+log = logging.getLogger("fenceworker.observability")
+
+
+@dataclass(frozen=True, slots=True)
+class ObsOptions:
+    # HTTP port for /metrics /healthz /readyz; None: no server; 0: any free port
+    http_port: int | None = None
+    # interface the HTTP server binds (default loopback)
+    http_host: str = "127.0.0.1"
+    # seconds between member heartbeats (default 5)
+    heartbeat_interval_s: float = 5.0
+    # /healthz turns 503 when the loop has not beaten for this long, seconds (default 15)
+    health_bound_s: float = 15.0
+    # seconds between lag samples (default 5)
+    lag_interval_s: float = 5.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    env_port = os.environ.get("FENCE_HTTP_PORT")
+    parser.add_argument("--http-port", type=int,
+                        default=int(env_port) if env_port else None,
+                        help="serve /metrics /healthz /readyz on this port (default "
+                             "$FENCE_HTTP_PORT; unset: off; 0: any free port)")
+    parser.add_argument("--http-host", default="127.0.0.1",
+                        help="interface for the HTTP port (default 127.0.0.1)")
+    parser.add_argument("--heartbeat-interval-s", type=float, default=5.0,
+                        help="member heartbeat interval, seconds (default 5)")
+
+
+def options_from_args(args: argparse.Namespace) -> ObsOptions:
+    """Checked options; ``ConfigError`` names the bad flag."""
+    port = getattr(args, "http_port", None)
+    interval = float(getattr(args, "heartbeat_interval_s", 5.0))
+    if port is not None and not 0 <= port <= 65535:
+        raise ConfigError(f"--http-port {port}: use 0..65535")
+    if not 0 < interval <= 300:
+        raise ConfigError(f"--heartbeat-interval-s {interval}: use (0, 300]")
+    return ObsOptions(http_port=port, http_host=getattr(args, "http_host", "127.0.0.1"),
+                      heartbeat_interval_s=interval,
+                      health_bound_s=max(15.0, 3 * interval))
+
+
+class WorkerObservability:
+    """Start with ``start()``, stop with ``close()``; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        options: ObsOptions,
+        telemetry: Telemetry,
+        store: HeartbeatStore,
+        cooperative: bool,
+        lag_facts: LagFacts | None = None,
+        observe: Observe | None = None,
+        member_id: Any = None,
+    ) -> None:
+        self.options = options
+        self.telemetry = telemetry
+        self.instruments = Instruments(telemetry.meter())
+        self.readiness = ReadinessHolder()
+        self.loop_heartbeat = LoopHeartbeat(clock=time.monotonic, bound_s=options.health_bound_s)
+
+        def member(lifetime: str) -> MemberHeartbeat:
+            return MemberHeartbeat(
+                store=store, identity=MemberIdentity.of_this_process(lifetime),
+                clock=time.monotonic, interval_s=options.heartbeat_interval_s,
+                member_id=member_id or (lambda: None))
+
+        self.observer = WorkerObserver(
+            instruments=self.instruments, readiness=self.readiness,
+            loop_heartbeat=self.loop_heartbeat, clock=time.monotonic,
+            heartbeat_factory=member, cooperative=cooperative, lag_facts=lag_facts,
+            observe=observe, lag_interval_s=options.lag_interval_s)
+        self.http: HttpServer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def on_event(self, name: str, attrs: Mapping[str, Any]) -> None:
+        """The ``Worker``'s ``on_event`` hook."""
+        self.observer.on_event(name, attrs)
+
+    def start(self) -> None:
+        """Bind the HTTP port (``OSError`` if taken) and start the background task."""
+        if self.options.http_port is not None:
+            self.http = start_http_server(
+                registry=self.telemetry.registry, readiness=self.readiness,
+                heartbeat=self.loop_heartbeat, host=self.options.http_host,
+                port=self.options.http_port)
+            log.info("http: serving /metrics /healthz /readyz on %s", self.http.url)
+        self._task = asyncio.get_running_loop().create_task(self.observer.run(),
+                                                            name="observability")
+
+    async def close(self) -> None:
+        """Final member rows (bounded), stop the task and the HTTP server."""
+        await self.observer.close()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout=5.0)
+            except (TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+        if self.http is not None:
+            await asyncio.to_thread(self.http.close)
