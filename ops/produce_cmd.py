@@ -22,7 +22,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,14 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from fencing.reference.generate import CLASSES, GeneratedRecord, generate
 
-__all__ = ["ProduceOptions", "produce", "register", "run"]
+__all__ = [
+    "ProduceOptions",
+    "ensure_topic",
+    "options_from_args",
+    "produce",
+    "register",
+    "run",
+]
 
 SERVICE_NAME = "fencectl-produce"
 _SPANS_EXPORTED_MAX = 5000
@@ -66,7 +73,7 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, required=True, help="generator seed")
     p.add_argument("--class", dest="klass", choices=CLASSES, required=True)
     p.add_argument("--partitions", type=int, default=6, help="partitions (default 6)")
-    p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", ""),
+    p.add_argument("--bootstrap", default=None,
                    help="bootstrap servers (default $KAFKA_BOOTSTRAP_SERVERS)")
     p.add_argument("--replication-factor", type=int, default=1)
     p.add_argument("--span-every", type=int, default=0,
@@ -75,8 +82,10 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _options(args: argparse.Namespace) -> ProduceOptions | str:
-    """Pure: the options, or the message naming the bad argument."""
+def options_from_args(
+    args: argparse.Namespace, env: Mapping[str, str]
+) -> ProduceOptions | str:
+    """Pure: the options from ``args`` and ``env``, or the message naming the bad argument."""
     if not args.topic.strip():
         return "--topic must not be empty"
     for name in ("count", "partitions", "replication_factor"):
@@ -84,15 +93,16 @@ def _options(args: argparse.Namespace) -> ProduceOptions | str:
             return f"--{name.replace('_', '-')} {getattr(args, name)}: out of range"
     if args.span_every < 0 or args.flush_timeout_s <= 0:
         return "--span-every must be >= 0 and --flush-timeout-s > 0"
-    if not args.bootstrap:
+    bootstrap = args.bootstrap or env.get("KAFKA_BOOTSTRAP_SERVERS", "")
+    if not bootstrap:
         return "--bootstrap (or KAFKA_BOOTSTRAP_SERVERS) is required"
-    endpoint = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-                or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None)
-    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+    endpoint = (env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None)
+    if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
         endpoint = None
     return ProduceOptions(
         topic=args.topic, count=args.count, seed=args.seed, klass=args.klass,
-        partitions=args.partitions, bootstrap=args.bootstrap,
+        partitions=args.partitions, bootstrap=bootstrap,
         replication_factor=args.replication_factor,
         span_every=args.span_every or max(1, -(-args.count // _SPANS_EXPORTED_MAX)),
         flush_timeout_s=args.flush_timeout_s, otlp_endpoint=endpoint,
@@ -209,7 +219,7 @@ def produce(opts: ProduceOptions, records: Sequence[GeneratedRecord], tracing: _
 
 
 def run(args: argparse.Namespace) -> int:
-    opts = _options(args)
+    opts = options_from_args(args, os.environ)
     if isinstance(opts, str):
         print(f"fencectl produce: {opts}", file=sys.stderr)
         return 2

@@ -37,7 +37,7 @@ from fencing.reference.generate import (
 )
 from fencing.reference.memory import memory_ref_handler
 from fencing.reference.oracle import Expected, check, diff, fold, fold_prefix
-from fencing.reference.pg import ddl, ensure_tables, make_pg_handler, ref_handler
+from fencing.reference.pg import ddl, ensure_tables, grant_sql, make_pg_handler, ref_handler
 
 __all__ = [
     "CLASSES",
@@ -51,6 +51,7 @@ __all__ = [
     "fold",
     "fold_prefix",
     "generate",
+    "grant_sql",
     "make_pg_handler",
     "memory_ref_handler",
     "parse_record",
