@@ -39,6 +39,7 @@ __all__ = [
     "FailureAction",
     "IllegalTransition",
     "LifetimeState",
+    "check_batch",
     "classify_failure",
     "deadline_passed",
     "initial_frontier",
@@ -107,10 +108,8 @@ def seek_matches(retained: Token, observed: Token | None) -> bool:
     return observed == retained
 
 
-def submittable(
-    tp: TopicPartition, token: Token, records: Sequence[SourceRecord]
-) -> tuple[SourceRecord, ...]:
-    """The records to submit under ``token``: those at or above its frontier, in order."""
+def check_batch(tp: TopicPartition, records: Sequence[SourceRecord]) -> None:
+    """Raise ``ValueError`` (the caller's bug) unless ``records`` are of ``tp``, in order."""
     last = -1
     for rec in records:
         if rec.tp != tp:
@@ -118,6 +117,13 @@ def submittable(
         if rec.offset <= last:
             raise ValueError(f"process {tp}: offset {rec.offset} after {last} is out of order")
         last = rec.offset
+
+
+def submittable(
+    tp: TopicPartition, token: Token, records: Sequence[SourceRecord]
+) -> tuple[SourceRecord, ...]:
+    """The records to submit under ``token``: those at or above its frontier, in order."""
+    check_batch(tp, records)
     return tuple(rec for rec in records if rec.offset >= token.frontier)
 
 

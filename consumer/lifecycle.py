@@ -185,8 +185,8 @@ class Lifecycle:
                       deadline_s: float) -> Mapping[TopicPartition, Token]:
         async with self._mutex:
             live = self._live_until(deadline_s)
-            live()
             try:
+                live()
                 return await self._assign_locked(checks, live)
             except asyncio.CancelledError:
                 self._gate_open = False  # interrupted mid-I/O: nothing may follow
@@ -248,8 +248,8 @@ class Lifecycle:
     async def _seek(self, tp: TopicPartition, deadline_s: float) -> int:
         async with self._mutex:
             live = self._live_until(deadline_s)
-            live()
             try:
+                live()
                 retained = self._tokens.get(tp)
                 if retained is None:
                     raise Fenced(f"seek {tp}: token dropped while waiting for the mutex")
@@ -276,8 +276,13 @@ class Lifecycle:
     async def process(self, tp: TopicPartition, records: Sequence[SourceRecord],
                       handler: HandlerFn, *, links: Sequence[Link] = (),
                       context: Context | None = None) -> Token:
-        """Commit one batch under the retained token; return the advanced token."""
+        """Commit one batch under the retained token; return the advanced token.
+
+        Records below the retained frontier are already durable and are dropped (no I/O
+        when none is left); records of another partition or out of order raise
+        ``ValueError`` before any I/O, without retiring."""
         self._check_live()
+        d.check_batch(tp, records)
         if tp not in self._tokens:
             raise Fenced(f"process {tp}: lifetime {self.lifetime_id} holds no token for it")
         return await self._guarded(
@@ -288,7 +293,10 @@ class Lifecycle:
                        context: Context | None) -> Token:
         live = self._live_until(deadline_s)
         async with self._mutex:
-            live()
+            try:
+                live()
+            except Exception as exc:
+                raise await self._fail(exc)  # noqa: B904
             guard = self._guards.setdefault(tp, asyncio.Lock())
             await guard.acquire()
             token = self._tokens.get(tp)
@@ -349,8 +357,8 @@ class Lifecycle:
     async def _revoke(self, tps: Sequence[TopicPartition], deadline_s: float) -> None:
         async with self._mutex:
             live = self._live_until(deadline_s)
-            live()
             try:
+                live()
                 await self._revoke_locked(tps)
             except asyncio.CancelledError:
                 self._gate_open = False

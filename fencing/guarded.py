@@ -30,7 +30,8 @@ _tracer = trace.get_tracer("fenceworker.fencing")
 
 
 class Unresolved(OutcomeUnknown):
-    """An unknown outcome could not be resolved within the observe's three calls; the lifetime retires."""
+    """An unknown outcome could not be resolved within the observe's three calls; the lifetime
+    retires."""
 
 
 OnRetry = Callable[[BaseException, float], None] | None

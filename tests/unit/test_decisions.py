@@ -1,0 +1,92 @@
+"""Pure lifecycle decisions: states and transitions, tokens, seek, batches, failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from consumer import decisions as d
+from consumer.decisions import FailureAction, LifetimeState
+from fencing.errors import (
+    ConfigError,
+    Fenced,
+    NotCommitted,
+    OutcomeUnknown,
+    ReadFailed,
+    RecreatedTopic,
+    RetentionGap,
+    Retired,
+)
+from fencing.guarded import Unresolved
+from fencing.types import SourceFacts, SourceRecord, Token, TopicPartition
+
+TP = TopicPartition("t", 0)
+
+
+def test_only_live_moves_and_only_to_a_final_state() -> None:
+    assert d.transition(LifetimeState.LIVE, LifetimeState.STOPPED) is LifetimeState.STOPPED
+    assert d.transition(LifetimeState.LIVE, LifetimeState.RETIRED) is LifetimeState.RETIRED
+    for final in (LifetimeState.STOPPED, LifetimeState.RETIRED):
+        for to in LifetimeState:
+            with pytest.raises(d.IllegalTransition):
+                d.transition(final, to)
+    with pytest.raises(d.IllegalTransition):
+        d.transition(LifetimeState.LIVE, LifetimeState.LIVE)
+
+
+def test_initial_frontier_follows_auto_offset_reset() -> None:
+    facts = SourceFacts("id", 3, 9)
+    assert d.initial_frontier(facts, "earliest") == 3
+    assert d.initial_frontier(facts, "latest") == 9
+    with pytest.raises(ConfigError, match="auto_offset_reset"):
+        d.initial_frontier(facts, "none")
+
+
+def test_a_claim_is_retained_only_above_every_known_epoch() -> None:
+    assert d.retain_claim(Token(1, 0), None)
+    assert d.retain_claim(Token(5, 2), d.newest(Token(3, 9), Token(4, 1), None))
+    assert not d.retain_claim(Token(4, 2), Token(4, 2))  # reading an epoch proves nothing
+    assert not d.retain_claim(Token(3, 2), Token(4, 2))
+    assert not d.retain_claim(Token(0, 0), None)
+    assert not d.retain_claim(None, None)
+    assert d.newest(None, None) is None
+
+
+def test_seek_needs_the_exact_retained_token() -> None:
+    assert d.seek_matches(Token(2, 5), Token(2, 5))
+    assert not d.seek_matches(Token(2, 5), Token(3, 5))  # a newer owner
+    assert not d.seek_matches(Token(2, 5), Token(2, 6))  # progress this lifetime never saw
+    assert not d.seek_matches(Token(2, 5), None)
+
+
+def _r(offset: int, partition: int = 0) -> SourceRecord:
+    return SourceRecord("t", partition, offset, b"k", b"v")
+
+
+def test_submittable_drops_durable_records_and_refuses_bad_batches() -> None:
+    assert [r.offset for r in d.submittable(TP, Token(1, 5), [_r(3), _r(4), _r(7)])] == [7]
+    assert d.submittable(TP, Token(1, 9), [_r(3)]) == ()
+    with pytest.raises(ValueError, match="out of order"):
+        d.submittable(TP, Token(1, 0), [_r(4), _r(4)])
+    with pytest.raises(ValueError, match="record of t\\[1\\]"):
+        d.check_batch(TP, [_r(4, partition=1)])
+
+
+@pytest.mark.parametrize(("exc", "action"), [
+    (Retired("x"), FailureAction.PASS_THROUGH),
+    (Fenced("x"), FailureAction.RAISE_AS_IS),
+    (RecreatedTopic("x"), FailureAction.RAISE_AS_IS),
+    (RetentionGap("x"), FailureAction.RAISE_AS_IS),
+    (NotCommitted("x"), FailureAction.RAISE_RETIRED),
+    (ReadFailed("x"), FailureAction.RAISE_RETIRED),
+    (OutcomeUnknown("x"), FailureAction.RAISE_RETIRED),
+    (Unresolved("x"), FailureAction.RAISE_RETIRED),
+    (d.BudgetExceeded("x"), FailureAction.RAISE_RETIRED),
+    (RuntimeError("handler bug"), FailureAction.RAISE_RETIRED),
+])
+def test_failure_classification(exc: BaseException, action: FailureAction) -> None:
+    assert d.classify_failure(exc) is action
+
+
+def test_deadline_is_inclusive() -> None:
+    assert not d.deadline_passed(19.999, 20.0)
+    assert d.deadline_passed(20.0, 20.0)
