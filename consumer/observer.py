@@ -13,6 +13,8 @@ Rules
   samples lag every ``lag_interval_s`` (Kafka high watermark minus the durable frontier).
 - Each lifetime has its own member row; its final state is ``stopped`` after a clean end,
   ``retired`` after a failure.
+- Spans: ``fence.shutdown`` runs from ``stopping`` to ``lifetime.end`` (exit code, what was
+  still in flight past the bound); ``fence.retire`` marks a failure with its reason.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
+
+from opentelemetry import trace
 
 from consumer.heartbeat import MemberHeartbeat, MemberState, state_for_phase
 from consumer.instruments import Instruments
@@ -39,6 +43,8 @@ from consumer.readiness import (
     Stopping,
 )
 from fencing.types import SourceFacts, Token, TopicPartition
+
+_tracer = trace.get_tracer("fenceworker")
 
 __all__ = ["WorkerObserver", "parse_tp"]
 
@@ -74,6 +80,7 @@ class WorkerObserver:
         observe: Observe | None = None,
         beat_s: float = 1.0,
         lag_interval_s: float = 5.0,
+        span_attrs: Mapping[str, str] | None = None,
     ) -> None:
         self.instruments = instruments
         self.readiness = readiness
@@ -89,6 +96,9 @@ class WorkerObserver:
         self._final_writes: set[asyncio.Task[None]] = set()
         self._rebalance_started: dict[str, float] = {}
         self._last_lag_s: float | None = None
+        self._span_attrs = dict(span_attrs or {})
+        self._lifetime: str | None = None
+        self._shutdown_span: trace.Span | None = None
         self._closed = asyncio.Event()
 
     # ---- events ------------------------------------------------------------------------------
@@ -103,7 +113,8 @@ class WorkerObserver:
         if name == "lifetime.start":
             phase = self.readiness.state.phase
             self._apply(Restarted() if phase is Phase.RETIRED else ChecksPassed())
-            self._start_member(str(attrs.get("lifetime")))
+            self._lifetime = str(attrs.get("lifetime"))
+            self._start_member(self._lifetime)
         elif name in ("assign", "revoke", "lost"):
             self._rebalance_started[name] = self._clock()
             self._apply(RebalanceStarted(name))
@@ -121,13 +132,30 @@ class WorkerObserver:
         elif name == "failed":
             reason = str(attrs.get("error", "failure"))
             self.instruments.retired(reason=reason)
+            with _tracer.start_as_current_span("fence.retire", attributes=self._attrs(
+                    **{"fence.outcome": reason, "fence.exit_code": attrs.get("exit_code", -1)})):
+                pass
             self._apply(Retired(reason))
             self.instruments.clear_lag()
         elif name == "stopping":
             self._apply(Stopping())
+            if self._shutdown_span is None:
+                self._shutdown_span = _tracer.start_span("fence.shutdown",
+                                                         attributes=self._attrs())
+        elif name == "shutdown.timeout" and self._shutdown_span is not None:
+            self._shutdown_span.set_attribute("fence.in_flight",
+                                              [str(i) for i in attrs.get("in_flight", ())])
         elif name == "lifetime.end":
+            if self._shutdown_span is not None:
+                self._shutdown_span.set_attribute("fence.exit_code",
+                                                  int(attrs.get("exit_code", 0)))
+                self._shutdown_span.end()
+                self._shutdown_span = None
             self._end_member(failed=self.readiness.state.phase is Phase.RETIRED)
         self._sync_member_state()
+
+    def _attrs(self, **extra: Any) -> dict[str, Any]:
+        return {**self._span_attrs, "fence.lifetime": self._lifetime or "", **extra}
 
     def _apply(self, event: ReadinessEvent) -> None:
         try:

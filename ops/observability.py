@@ -86,6 +86,7 @@ class WorkerObservability:
         lag_facts: LagFacts | None = None,
         observe: Observe | None = None,
         member_id: Any = None,
+        group_id: str = "",
     ) -> None:
         self.options = options
         self.telemetry = telemetry
@@ -103,7 +104,8 @@ class WorkerObservability:
             instruments=self.instruments, readiness=self.readiness,
             loop_heartbeat=self.loop_heartbeat, clock=time.monotonic,
             heartbeat_factory=member, cooperative=cooperative, lag_facts=lag_facts,
-            observe=observe, lag_interval_s=options.lag_interval_s)
+            observe=observe, lag_interval_s=options.lag_interval_s,
+            span_attrs={"messaging.system": "kafka", "messaging.consumer.group.name": group_id})
         self.http: HttpServer | None = None
         self._task: asyncio.Task[None] | None = None
 
