@@ -70,9 +70,13 @@ async def test_pg_handler_through_fence_store_equals_oracle(
     try:
         tps = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
         tokens = dict(await store.claim([ClaimRequest(tp, 0) for tp in tps], lifetime="L1"))
-        for batch in batches(src, random.Random(seed)):
-            tp = batch[0].tp
-            tokens[tp] = await store.process(tp, tokens[tp], batch, handle)
+        plan = batches(src, random.Random(seed))
+
+        async def run_partition(tp: TopicPartition) -> None:  # partitions run concurrently
+            for batch in (b for b in plan if b[0].tp == tp):
+                tokens[tp] = await store.process(tp, tokens[tp], batch, handle)
+
+        await asyncio.gather(*(run_partition(tp) for tp in tps))
     finally:
         await store.close()
     frontiers = {(t.topic, t.partition): tok.frontier for t, tok in tokens.items()}
@@ -178,3 +182,31 @@ async def test_ensure_tables_on_existing_tables_runs_no_ddl(services: Any, schem
                 await ensure_tables(conn, f"{schema}_new")
     finally:
         await conn.close()
+
+
+async def test_one_document_in_two_partitions_cannot_lose_an_update(
+    services: Any, schema: str
+) -> None:
+    """A mis-keyed producer puts one document into two partitions processed concurrently:
+    the second transaction fails on the outbox key instead of overwriting silently."""
+    handle = make_pg_handler(schema=schema)
+    put = b'{"kind": "put", "rev": 1, "body": "x"}'
+    c1, c2 = await asyncpg.connect(services.dsn), await asyncpg.connect(services.dsn)
+    try:
+        t1 = c1.transaction()
+        await t1.start()
+        assert not isinstance((await handle(c1, [SourceRecord(TOPIC, 0, 0, b"x", put)]))[0], Reject)
+        t2 = c2.transaction()
+        await t2.start()
+        second = asyncio.ensure_future(handle(c2, [SourceRecord(TOPIC, 1, 0, b"x", put)]))
+        await asyncio.sleep(0.3)
+        assert not second.done()  # waits on the first transaction's row
+        await t1.commit()
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await second
+        await t2.rollback()
+        rows = await c1.fetch(f'SELECT src_partition FROM "{schema}".ref_outbox')
+        assert [r[0] for r in rows] == [0]
+    finally:
+        await c1.close()
+        await c2.close()
