@@ -174,7 +174,8 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
     telemetry = setup_telemetry(service_name=os.environ.get("OTEL_SERVICE_NAME") or "fenceworker")
     obs = WorkerObservability(options=obs_options or ObsOptions(), telemetry=telemetry,
                               store=store, cooperative=cfg.cooperative,
-                              lag_facts=source.facts, observe=store.observe)
+                              lag_facts=source.facts, observe=store.observe,
+                              group_id=cfg.group_id)
     try:
         await _ensure_handler_tables(cfg)
         settings = kafka_settings(cfg)
