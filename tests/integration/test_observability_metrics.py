@@ -1,0 +1,106 @@
+"""Metrics scraped from the worker's port move by exactly what happened, across a fence.
+
+A worker (allowed one fresh lifetime after a retirement) commits 20 records; the operator
+moves the partition's frontier with ``fencectl reset`` (epoch + 1, journaled), so the
+worker's next commit is fenced: the lifetime retires, a fresh one claims and commits the
+next 10 records. ``/metrics`` then shows 30 records, exactly one fence, one fenced batch,
+one retirement and no unknown outcome; ``fencectl status --history`` shows the journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from ops.stack_config import ServiceSettings
+from tests.integration.observability_support import (
+    free_port,
+    http_get,
+    metric,
+    readyz,
+    run_fencectl,
+    start_worker,
+    wait_for,
+)
+from tests.integration.workers import (
+    create_topic,
+    durable_rows,
+    fresh_schema,
+    generated,
+    produce,
+    unique,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def test_counters_after_known_records_and_one_fenced_commit(services: ServiceSettings) -> None:
+    topic, group = unique("obs-metrics"), unique("g-obs-metrics")
+    schema = asyncio.run(fresh_schema(services.dsn))
+    create_topic(services.kafka_bootstrap, topic, 1)
+    records, _source = generated(topic, count=30, partitions=1)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    worker = start_worker(topic=topic, group=group, schema=schema, http_port=port,
+                          extra=["--restart-lifetimes", "1"])
+
+    def durable() -> tuple[int, int]:
+        return asyncio.run(durable_rows(services.dsn, schema, group, topic)).get(0, (0, 0))
+
+    def scrape() -> str:
+        got = http_get(base + "/metrics")
+        assert got is not None and got[0] == 200
+        return got[1]
+
+    try:
+        wait_for(lambda: (r := readyz(base)) is not None and r[0] == 200, timeout_s=60,
+                 what="worker ready")
+        produce(services.kafka_bootstrap, records[:20])
+        wait_for(lambda: metric(scrape(), "fence_records_processed_total") == 20, timeout_s=60,
+                 what="20 records counted")
+        first_epoch, frontier = durable()
+        assert frontier == 20
+        before = scrape()
+        assert metric(before, "fence_fences_total") == 0
+        assert metric(before, "fence_batches_total", outcome="committed") >= 1
+        assert metric(before, "fence_partition_lag", topic=topic) in (0, 20)  # sampled every 5 s
+
+        reset = run_fencectl("reset", "frontier", "--group", group, "--topic", topic,
+                             "--partition", "0", "--to-offset", "20", "--schema", schema,
+                             "--reason", "metrics test", "--yes-i-understand", "--json")
+        assert reset.returncode == 0, reset.stderr
+        (plan,) = json.loads(reset.stdout)["plans"]
+        assert plan["epoch"] == [first_epoch, first_epoch + 1]
+        assert durable() == (first_epoch + 1, 20)
+
+        produce(services.kafka_bootstrap, records[20:])
+        wait_for(lambda: durable() == (first_epoch + 2, 30), timeout_s=60,
+                 what="a fresh lifetime claims and commits the rest")
+        wait_for(lambda: metric(scrape(), "fence_records_processed_total") == 30,
+                 timeout_s=30, what="30 records counted")
+        after = scrape()
+        assert metric(after, "fence_fences_total", topic=topic, partition="0") == 1
+        assert metric(after, "fence_batches_total", outcome="Fenced") == 1
+        assert metric(after, "fence_retirements_total") == 1
+        assert metric(after, "fence_unknown_outcomes_total") == 0
+        assert metric(after, "fence_rebalance_duration_seconds_count", kind="assign") == 2
+        assert metric(after, "fence_batch_duration_seconds_count", outcome="committed") == \
+            metric(after, "fence_batches_total", outcome="committed")
+        wait_for(lambda: (r := readyz(base)) is not None and r[0] == 200, timeout_s=30,
+                 what="ready again after the fresh lifetime positioned")
+        worker.terminate()
+        assert worker.wait(30) == 0, worker.log()[-3000:]
+    finally:
+        worker.ensure_dead()
+
+    history = run_fencectl("status", "--history", "--topic", topic, "--partition", "0",
+                           "--group", group, "--schema", schema, "--json")
+    assert history.returncode == 0, history.stderr
+    events = [(r["event"], r["epoch"]) for r in json.loads(history.stdout)]
+    assert events[0] == ("claim", first_epoch)
+    assert ("reset", first_epoch + 1) in events
+    assert ("claim", first_epoch + 2) in events
+    assert "retire" in [e for e, _ in events]
+    assert events.index(("reset", first_epoch + 1)) < events.index(("claim", first_epoch + 2))

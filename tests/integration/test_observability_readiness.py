@@ -1,0 +1,123 @@
+"""Readiness from a real worker: false before its assignment is claimed, false during a forced
+rebalance, true after; health stays true throughout.
+
+The claim is held back deterministically with a real PostgreSQL lock on the fence table
+(``LOCK TABLE ... IN SHARE ROW EXCLUSIVE MODE`` blocks the claim's upsert, not reads), so
+the assign callback is provably in progress while ``/readyz`` is probed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import asyncpg
+import pytest
+
+from ops.stack_config import ServiceSettings
+from tests.integration.observability_support import (
+    free_port,
+    http_get,
+    readyz,
+    start_worker,
+    wait_for,
+)
+from tests.integration.workers import create_topic, fresh_schema, unique
+
+pytestmark = pytest.mark.integration
+
+HOLD_S = 1.5  # well inside the lifecycle's 20 s budget
+
+
+class TableLock:
+    """A transaction holding SHARE ROW EXCLUSIVE on the fence table, on its own loop."""
+
+    def __init__(self, dsn: str, schema: str) -> None:
+        self._dsn, self._schema = dsn, schema
+        self._loop = asyncio.new_event_loop()
+        self._conn: Any = None
+        self._tx: Any = None
+
+    def __enter__(self) -> TableLock:
+        self._loop.run_until_complete(self._take())
+        return self
+
+    async def _take(self) -> None:
+        self._conn = await asyncpg.connect(self._dsn)
+        self._tx = self._conn.transaction()
+        await self._tx.start()
+        await self._conn.execute(
+            f'LOCK TABLE "{self._schema}".partitions IN SHARE ROW EXCLUSIVE MODE')
+
+    def __exit__(self, *exc: object) -> None:
+        async def release() -> None:
+            await self._tx.rollback()
+            await self._conn.close()
+        self._loop.run_until_complete(release())
+        self._loop.close()
+
+
+def _not_ready_for(base: str, seconds: float, phases: set[str]) -> list[str]:
+    """Probe /readyz for ``seconds``; every answer must be 503 in one of ``phases``."""
+    seen: list[str] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        got = readyz(base)
+        if got is not None:
+            code, body = got
+            assert code == 503 and body["ready"] is False, body
+            assert body["phase"] in phases, body
+            seen.append(body["phase"])
+        time.sleep(0.05)
+    return seen
+
+
+def test_readiness_before_assignment_during_rebalance_and_after(
+        services: ServiceSettings) -> None:
+    topic, group = unique("obs-ready"), unique("g-obs-ready")
+    schema = asyncio.run(fresh_schema(services.dsn))
+    create_topic(services.kafka_bootstrap, topic, 2)
+    port_a, port_b = free_port(), free_port()
+    a_url, b_url = f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}"
+    workers = []
+    try:
+        with TableLock(services.dsn, schema):
+            workers.append(start_worker(topic=topic, group=group, schema=schema,
+                                        http_port=port_a, name="a"))
+            first = wait_for(lambda: readyz(a_url), timeout_s=60, what="worker a's port")
+            assert first[0] == 503 and first[1]["phase"] in ("starting", "waiting",
+                                                              "rebalancing")
+            wait_for(lambda: (r := readyz(a_url)) and r[1]["phase"] == "rebalancing",
+                     timeout_s=30, what="a's assignment in progress (claim blocked)")
+            seen = _not_ready_for(a_url, HOLD_S, {"rebalancing"})
+            assert seen, "no probe answered while the claim was held"
+            health = http_get(a_url + "/healthz")
+            assert health is not None and health[0] == 200
+        ready = wait_for(lambda: (r := readyz(a_url)) and r[0] == 200 and r, timeout_s=30,
+                         what="a ready after its claim")
+        assert ready[1]["assigned"] == [f"{topic}[0]", f"{topic}[1]"]
+
+        with TableLock(services.dsn, schema):  # forced rebalance: a second member joins
+            workers.append(start_worker(topic=topic, group=group, schema=schema,
+                                        http_port=port_b, name="b"))
+            wait_for(lambda: (r := readyz(a_url)) and r[0] == 503, timeout_s=30,
+                     what="a not ready once the rebalance starts")
+            wait_for(lambda: (r := readyz(a_url)) and r[1]["phase"] == "rebalancing"
+                     and len(r[1]["assigned"]) == 0, timeout_s=30,
+                     what="a revoked and waiting for its new claim")
+            _not_ready_for(a_url, HOLD_S, {"rebalancing"})
+        a_after = wait_for(lambda: (r := readyz(a_url)) and r[0] == 200 and r, timeout_s=30,
+                           what="a ready after the rebalance")
+        b_after = wait_for(lambda: (r := readyz(b_url)) and r[0] == 200 and r, timeout_s=30,
+                           what="b ready after the rebalance")
+        assert len(a_after[1]["assigned"]) == len(b_after[1]["assigned"]) == 1
+        assert set(a_after[1]["assigned"]) | set(b_after[1]["assigned"]) == {
+            f"{topic}[0]", f"{topic}[1]"}
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            assert w.wait(30) == 0, w.log()[-3000:]
+    finally:
+        for w in workers:
+            w.ensure_dead()
