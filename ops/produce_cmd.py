@@ -115,14 +115,18 @@ class _Tracing:
 
     def __init__(self, endpoint: str | None) -> None:
         resource = Resource.create({"service.name": SERVICE_NAME})
-        self.silent_provider = TracerProvider(resource=resource, sampler=ALWAYS_OFF)
+        self.silent_provider = TracerProvider(
+            resource=resource, sampler=ALWAYS_OFF, shutdown_on_exit=False
+        )
         self.silent = self.silent_provider.get_tracer(SERVICE_NAME)
         self.provider: TracerProvider | None = None
         self.exported = self.silent
         if endpoint:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-            self.provider = TracerProvider(resource=resource, sampler=ALWAYS_ON)
+            self.provider = TracerProvider(
+                resource=resource, sampler=ALWAYS_ON, shutdown_on_exit=False
+            )
             exporter = OTLPSpanExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"))
             self.provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=8192))
             self.exported = self.provider.get_tracer(SERVICE_NAME)
@@ -239,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     elapsed_s = time.perf_counter() - started
     flushed = tracing.close(timeout_s=10.0)
     spans = "not exported" if opts.otlp_endpoint is None else (
-        f"every {opts.span_every}th exported" + ("" if flushed else " (flush timed out)"))
+        f"1 in {opts.span_every} exported" + ("" if flushed else " (flush timed out)"))
     if failed:
         print(f"fencectl produce: {failed} of {opts.count} records not delivered to "
               f"{opts.topic}", file=sys.stderr)
