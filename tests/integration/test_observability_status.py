@@ -1,0 +1,134 @@
+"""``fencectl status --json`` with one live member and one SIGKILLed member.
+
+The killed member's heartbeat goes stale (bound: 3 x its 1 s interval) well before its
+12 s Kafka session expires, so for a while its partition is still fenced to it: status must
+show it *unavailable* (state null, last observation in its own field) and the partition's
+lag growing by exactly the records produced since. After the session expires the live
+member claims the partition: a new epoch, its lifetime as owner, lag 0. A member that
+stopped cleanly is *observed* with state ``stopped``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from fencing.reference import generate
+from ops.stack_config import ServiceSettings
+from tests.integration.observability_support import (
+    free_port,
+    readyz,
+    run_fencectl,
+    start_worker,
+    wait_for,
+)
+from tests.integration.workers import create_topic, fresh_schema, produce, unique
+
+pytestmark = pytest.mark.integration
+
+
+def _status(group: str, schema: str) -> dict[str, Any]:
+    got = run_fencectl("status", "--json", "--group", group, "--schema", schema)
+    assert got.returncode == 0, got.stderr
+    return dict(json.loads(got.stdout))
+
+
+def _member(status: dict[str, Any], pid: int) -> dict[str, Any] | None:
+    return next((m for m in status["members"] if m["pid"] == pid), None)
+
+
+def _part(status: dict[str, Any], partition: int) -> dict[str, Any]:
+    return next(p for p in status["partitions"] if p["partition"] == partition)
+
+
+def test_live_and_killed_members(services: ServiceSettings) -> None:
+    topic, group = unique("obs-status"), unique("g-obs-status")
+    schema = asyncio.run(fresh_schema(services.dsn))
+    create_topic(services.kafka_bootstrap, topic, 2)
+    first = generate(11, count=20, partitions=2, klass="valid", topic=topic)
+    later = generate(12, count=20, partitions=2, klass="valid", topic=topic)
+    produce(services.kafka_bootstrap, first)
+    ends = Counter(r.partition for r in first)
+    port_a, port_b = free_port(), free_port()
+    a = start_worker(topic=topic, group=group, schema=schema, http_port=port_a, name="a")
+    b = None
+    try:
+        wait_for(lambda: (r := readyz(f"http://127.0.0.1:{port_a}")) and r[0] == 200,
+                 timeout_s=60, what="a ready")
+        b = start_worker(topic=topic, group=group, schema=schema, http_port=port_b, name="b",
+                         extra=["-X", "session.timeout.ms=12000"])
+        b_ready = wait_for(lambda: (r := readyz(f"http://127.0.0.1:{port_b}")) and r[0] == 200
+                           and r[1]["assigned"] and r, timeout_s=60, what="b ready")
+        (b_part_name,) = b_ready[1]["assigned"]
+        pb = int(b_part_name.rsplit("[", 1)[1].rstrip("]"))
+        pa = 1 - pb
+        settled = wait_for(lambda: (s := _status(group, schema)) and all(
+            p["frontier"] == ends[p["partition"]] for p in s["partitions"]) and _member(
+            s, b.pid) and _member(s, a.pid) and s, timeout_s=60, what="first records done")
+        b_member = _member(settled, b.pid)
+        a_member = _member(settled, a.pid)
+        assert b_member is not None and a_member is not None
+        assert (b_member["availability"], b_member["state"]) == ("observed", "running")
+        b_epoch = _part(settled, pb)["epoch"]
+        assert _part(settled, pb)["owner"] == b_member["lifetime"]
+
+        b.kill()
+        assert b.wait(10) == -9
+        produce(services.kafka_bootstrap, later)
+        grown = Counter(r.partition for r in later)
+
+        def stale_view() -> dict[str, Any] | None:
+            s = _status(group, schema)
+            m = _member(s, b.pid) if b is not None else None
+            if m is None or m["availability"] != "unavailable" or _part(s, pa)["lag"] != 0:
+                return None
+            return s
+
+        stale = wait_for(stale_view, timeout_s=30, what="b unavailable, a caught up")
+        killed, live = _member(stale, b.pid), _member(stale, a.pid)
+        assert killed is not None and live is not None
+        assert killed["state"] is None
+        assert killed["last_observed"]["state"] == "running"
+        datetime.fromisoformat(killed["last_observed"]["at"])
+        assert killed["last_seen_age_s"] > killed["unavailable_after_s"] == 3.0
+        assert (live["availability"], live["state"]) == ("observed", "running")
+        stuck = _part(stale, pb)
+        assert stuck["owner"] == killed["lifetime"] and stuck["epoch"] == b_epoch
+        assert stuck["owner_availability"] == "unavailable" and stuck["owner_state"] is None
+        assert stuck["frontier"] == ends[pb]
+        assert stuck["high_watermark"] == ends[pb] + grown[pb]
+        assert stuck["lag"] == grown[pb]
+        assert stale["kafka"]["answered"] is True
+
+        text = run_fencectl("status", "--group", group, "--schema", schema)
+        assert text.returncode == 0 and "unavailable" in text.stdout
+        assert f"running at {killed['last_observed']['at']}" in text.stdout
+
+        def taken_over() -> dict[str, Any] | None:
+            s = _status(group, schema)
+            p = _part(s, pb)
+            return s if p["owner"] == live["lifetime"] and p["lag"] == 0 else None
+
+        after = wait_for(taken_over, timeout_s=60, what="a claims b's partition")
+        moved = _part(after, pb)
+        assert moved["epoch"] == b_epoch + 1
+        assert moved["frontier"] == moved["high_watermark"] == ends[pb] + grown[pb]
+        assert (moved["owner_availability"], moved["owner_state"]) == ("observed", "running")
+        assert _member(after, b.pid)["availability"] == "unavailable"  # type: ignore[index]
+
+        a.terminate()
+        assert a.wait(30) == 0, a.log()[-3000:]
+        final = _status(group, schema)
+        stopped = _member(final, a.pid)
+        assert stopped is not None
+        assert (stopped["availability"], stopped["state"]) == ("observed", "stopped")
+        assert stopped["last_observed"] is None
+    finally:
+        a.ensure_dead()
+        if b is not None:
+            b.ensure_dead()
