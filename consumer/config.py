@@ -98,6 +98,9 @@ class WorkerConfig:
     """Longest single consume() wait on the Kafka thread (default 50 ms)."""
     allow_retention_gap: bool = False
     """Skip a retention gap (journaled) instead of refusing the partition."""
+    db_idle_in_transaction_timeout_s: float = 30.0
+    """PostgreSQL ends a worker session idle inside a transaction this long (a stopped or hung
+    zombie would otherwise hold its partition row lock and block the next owner's claim)."""
     restart_lifetimes: int = 0
     """Fresh lifetimes to start after a retirement before exiting 3 (default 0)."""
     x_options: Mapping[str, str] = field(default_factory=dict)

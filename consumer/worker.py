@@ -8,6 +8,9 @@ Rules
 - One runner task per owned partition takes batches from its buffer and submits them with
   ``lifecycle.process``; at most ``db_concurrency`` batches are in flight across partitions.
 - After each commit the frontier is queued as an asynchronous Kafka commit (advisory).
+- A fenced batch means this process was a zombie (its partition was lost and a newer owner
+  committed): nothing of it applied, and the lifetime ends with exit 3 even though the
+  lifecycle would allow rejoining -- a supervisor (or ``--restart-lifetimes``) starts fresh.
 - A failure ends the lifetime with ``exit_code_for(exc)``: stop fetching, leave the group
   (``Consumer.close()`` on the Kafka thread, outside any callback), stop the lifecycle.
   A retired lifetime is never used again; ``restart_lifetimes`` starts fresh ones.
@@ -337,8 +340,12 @@ class Worker:
                     raise
                 except BaseException as exc:
                     part.inflight = None
-                    if not (part.closing and isinstance(exc, Fenced) and self._live()):
-                        self._fail(exc)  # a closing partition's late fence retires nobody
+                    if part.closing and isinstance(exc, Fenced):
+                        # Lost meanwhile and a newer owner committed: this process was a
+                        # zombie. Nothing of the batch applied; the lifetime ends (exit 3).
+                        log.warning("batch %s not applied: fenced after the partition was lost "
+                                    "(%s)", in_flight_of(batch).describe(), exc)
+                    self._fail(exc)
                     return
                 part.inflight = None
             assert self._kafka is not None

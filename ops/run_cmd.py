@@ -67,6 +67,8 @@ def register(sub: Any) -> None:
     p.add_argument("--auto-offset-reset", choices=["earliest", "latest"], default="earliest")
     p.add_argument("--allow-retention-gap", action="store_true",
                    help="skip (and journal) records deleted before processing")
+    p.add_argument("--db-idle-in-transaction-timeout-s", type=float, default=30.0,
+                   help="PostgreSQL idle_in_transaction_session_timeout of worker sessions")
     p.add_argument("--restart-lifetimes", type=int, default=0,
                    help="start up to N fresh lifetimes after a retirement before exiting 3")
     p.add_argument("--log-level", default=os.environ.get("FENCE_LOG_LEVEL", "INFO"))
@@ -86,7 +88,9 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
         batch_max_records=args.batch_max_records, batch_max_bytes=args.batch_max_bytes,
         queue_max_batches=args.queue_max_batches, db_concurrency=args.db_concurrency,
         shutdown_timeout_s=args.shutdown_timeout_s, allow_retention_gap=args.allow_retention_gap,
-        restart_lifetimes=args.restart_lifetimes, x_options=parse_x_options(args.x))
+        restart_lifetimes=args.restart_lifetimes,
+        db_idle_in_transaction_timeout_s=args.db_idle_in_transaction_timeout_s,
+        x_options=parse_x_options(args.x))
     cfg.check()
     return cfg
 
@@ -119,7 +123,11 @@ async def _open_store(cfg: WorkerConfig) -> Any:
 
     try:
         return await PgFenceStore.connect(cfg.dsn, group_id=cfg.group_id, schema=cfg.schema,
-                                          pool_min=1, pool_max=cfg.db_concurrency + 1)
+                                          pool_min=1, pool_max=cfg.db_concurrency + 1,
+                                          server_settings={
+                                              "idle_in_transaction_session_timeout": str(int(
+                                                  cfg.db_idle_in_transaction_timeout_s * 1000)),
+                                              "application_name": "fenceworker"})
     except SchemaMismatch as exc:
         raise ConfigError(f"{exc}; the worker never migrates: run `fencectl migrate "
                           f"--schema {cfg.schema}`") from exc
