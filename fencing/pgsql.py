@@ -6,10 +6,13 @@ Rules
 - ``claim``, ``observe``, ``validate`` and ``journal`` take arrays (unnest): one round trip
   for a whole assignment. ``claim`` creates missing rows at epoch 1 (= 0 + 1), raises
   existing epochs by one, sets the owner, and journals every claim in the same statement.
-- ``lock_advance`` is the fence: it takes the partition row lock, requires epoch and
-  frontier, and moves the frontier to the batch end, all in the transaction's first
-  statement, so a concurrent claim waits for COMMIT (or ROLLBACK) and then sees its
-  result. It returns no row when the token no longer matches.
+- ``begin_fence`` is the fence: ``BEGIN`` and one UPDATE in a single simple-protocol
+  message (one round trip): it takes the partition row lock, requires epoch and frontier,
+  and moves the frontier to the batch end as the transaction's first statement, so a
+  concurrent claim waits for COMMIT (or ROLLBACK) and then sees its result. Its status is
+  ``UPDATE 0`` when the token no longer matches. The simple protocol takes no parameters:
+  the message carries only integers (row id, epoch, frontiers) formatted with ``:d`` from
+  ``int`` values, never text, so nothing can be injected.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ __all__ = ["Statements"]
 class Statements:
     claim: str
     observe: str
-    lock_advance: str
+    begin_fence: str
+    row_id: str
     read_one: str
     quarantine: str
     skip: str
@@ -47,20 +51,21 @@ WITH req AS (
     ON CONFLICT (group_id, topic, partition) DO UPDATE
         SET epoch = p.epoch + 1, owner = EXCLUDED.owner,
             topic_id = coalesce(p.topic_id, EXCLUDED.topic_id), updated_at = now()
-    RETURNING p.topic, p.partition, p.epoch, p.frontier
+    RETURNING p.topic, p.partition, p.epoch, p.frontier, p.id
 ), j AS (
     INSERT INTO {s}.journal (group_id, topic, partition, event, epoch, lifetime, detail)
     SELECT $1, topic, partition, 'claim', epoch, $6, 'frontier=' || frontier FROM up
 )
-SELECT topic, partition, epoch, frontier FROM up""",
+SELECT topic, partition, epoch, frontier, id FROM up""",
             observe=f"""
-SELECT p.topic, p.partition, p.epoch, p.frontier, p.topic_id
+SELECT p.topic, p.partition, p.epoch, p.frontier, p.topic_id, p.id
 FROM unnest($2::text[], $3::int[]) AS r(topic, partition)
 JOIN {s}.partitions p ON p.group_id = $1 AND p.topic = r.topic AND p.partition = r.partition""",
-            lock_advance=f"""
-UPDATE {s}.partitions SET frontier = $6, updated_at = now()
-WHERE group_id = $1 AND topic = $2 AND partition = $3 AND epoch = $4 AND frontier = $5
-RETURNING frontier""",
+            begin_fence=(
+                f"BEGIN; UPDATE {s}.partitions SET frontier = {{end:d}}, updated_at = now()"
+                " WHERE id = {row_id:d} AND epoch = {epoch:d} AND frontier = {frontier:d}"),
+            row_id=f"""
+SELECT id FROM {s}.partitions WHERE group_id = $1 AND topic = $2 AND partition = $3""",
             read_one=f"""
 SELECT epoch, frontier FROM {s}.partitions
 WHERE group_id = $1 AND topic = $2 AND partition = $3""",

@@ -5,10 +5,11 @@ Rules
   (``SchemaMismatch`` names both) before any fence call is possible.
 - ``validate``/``observe`` are one read each for all partitions; ``claim`` is one
   autocommit statement for the whole assignment (rows, epochs and journal together).
-- ``process`` is one transaction on one pooled connection: BEGIN; lock the row, require
-  the token and move the frontier to the batch end (one statement); the handler's
-  statements; one quarantine insert for all rejects; COMMIT. The store adds one round
-  trip (the fence statement) to the handler's own BEGIN/COMMIT.
+- ``process`` is one transaction on one pooled connection: BEGIN together with the fence
+  statement (lock the row, require the token, move the frontier to the batch end) in one
+  round trip; the handler's statements; one quarantine insert for all rejects; COMMIT.
+  Without rejects it costs the same round trips as an unfenced BEGIN/handler/COMMIT.
+  (The row id is learned from claim/observe, else read once per partition.)
 - Errors are translated by ``fencing.classify``; no asyncpg or OS error leaves this module.
   ``Fenced`` means nothing of the call was applied. ``CancelledError`` propagates
   unchanged (with a note when COMMIT was in flight) and the connection is discarded.
@@ -41,12 +42,12 @@ from fencing.types import (
     Validation,
 )
 
-__all__ = ["PgFenceStore", "decide_validation"]
+__all__ = ["PgFenceStore", "decide_validation", "light_reset"]
 
 _UNKNOWN_NOTE = "fence: COMMIT was in flight when cancelled: outcome unknown (re-read to resolve)"
 
 
-async def _light_reset(conn: Any) -> None:
+async def light_reset(conn: Any) -> None:
     """Pool reset: roll back a leftover transaction; the store keeps no other session state."""
     if conn.is_in_transaction():
         await conn.execute("ROLLBACK")
@@ -76,8 +77,9 @@ def _batch_end(tp: TopicPartition, token: Token, records: Sequence[SourceRecord]
     if not records:
         raise ValueError(f"process {tp}: empty batch")
     prev = token.frontier - 1
-    for r in records:
-        if r.tp != tp or r.offset <= prev:
+    topic, partition = tp.topic, tp.partition
+    for r in records:  # hot path: no TopicPartition per record
+        if r.offset <= prev or r.partition != partition or r.topic != topic:
             raise ValueError(f"process {tp}: record {r.tp}@{r.offset} out of order or below "
                              f"the frontier {token.frontier}")
         prev = r.offset
@@ -97,6 +99,7 @@ class PgFenceStore:
         self.schema = schema
         self._pool = pool
         self._sql = Statements.for_schema(schema)
+        self._ids: dict[TopicPartition, int] = {}  # partition row ids (never reused)
 
     @classmethod
     async def connect(
@@ -114,7 +117,7 @@ class PgFenceStore:
         try:
             pool = await asyncpg.create_pool(
                 dsn, min_size=pool_min, max_size=pool_max, command_timeout=command_timeout_s,
-                reset=_light_reset, **connect_kwargs)
+                reset=light_reset, **connect_kwargs)
         except BaseException as exc:
             raise translate(exc, Phase.READ, "connect") from exc
         try:
@@ -160,6 +163,7 @@ class PgFenceStore:
 
     async def observe(self, tps: Sequence[TopicPartition]) -> Mapping[TopicPartition, Token | None]:
         found = await self._rows(tps, "observe")
+        self._ids.update((tp, r["id"]) for tp, r in found.items())
         return {tp: (None if tp not in found else Token(found[tp]["epoch"], found[tp]["frontier"]))
                 for tp in tps}
 
@@ -175,8 +179,12 @@ class PgFenceStore:
             Phase.IN_FLIGHT, f"claim {lifetime}", self._sql.claim, self.group_id,
             [c.tp.topic for c in claims], [c.tp.partition for c in claims],
             [c.initial_frontier for c in claims], [c.topic_id for c in claims], lifetime)
-        return {TopicPartition(r["topic"], r["partition"]): Token(r["epoch"], r["frontier"])
-                for r in rows}
+        out: dict[TopicPartition, Token] = {}
+        for r in rows:
+            tp = TopicPartition(r["topic"], r["partition"])
+            self._ids[tp] = r["id"]
+            out[tp] = Token(r["epoch"], r["frontier"])
+        return out
 
     async def process(
         self,
@@ -190,16 +198,15 @@ class PgFenceStore:
         what = f"process {tp} epoch={token.epoch} frontier={token.frontier}"
         try:
             async with self._pool.acquire() as conn:
-                tx = conn.transaction()
-                await tx.start()
+                row_id = await self._row_id(conn, tp, token)
                 try:
-                    await self._apply(conn, tp, token, end, records, handler)
+                    await self._apply(conn, tp, token, end, row_id, records, handler)
                 except BaseException as exc:
-                    await _abandon(conn, tx, exc)
+                    await _abandon(conn, exc)
                     raise
                 phase = Phase.IN_FLIGHT
                 try:
-                    await tx.commit()
+                    await conn.execute("COMMIT")
                 except BaseException as exc:
                     if isinstance(exc, asyncio.CancelledError):
                         exc.add_note(_UNKNOWN_NOTE)
@@ -212,11 +219,23 @@ class PgFenceStore:
             raise err from exc
         return Token(token.epoch, end)
 
-    async def _apply(self, conn: Any, tp: TopicPartition, token: Token, end: int,
+    async def _row_id(self, conn: Any, tp: TopicPartition, token: Token) -> int:
+        row_id = self._ids.get(tp)
+        if row_id is None:
+            row_id = await conn.fetchval(self._sql.row_id, self.group_id, tp.topic, tp.partition)
+            if row_id is None:
+                raise Fenced(f"process {tp}: token epoch={token.epoch} frontier={token.frontier}"
+                             " but the partition has no fence row")
+            self._ids[tp] = row_id
+        return int(row_id)
+
+    async def _apply(self, conn: Any, tp: TopicPartition, token: Token, end: int, row_id: int,
                      records: Sequence[SourceRecord], handler: HandlerFn) -> None:
-        key = (self.group_id, tp.topic, tp.partition)
-        moved = await conn.fetchval(self._sql.lock_advance, *key, token.epoch, token.frontier, end)
-        if moved is None:
+        status = await conn.execute(self._sql.begin_fence.format(
+            end=int(end), row_id=int(row_id), epoch=int(token.epoch),
+            frontier=int(token.frontier)))
+        if status != "UPDATE 1":
+            key = (self.group_id, tp.topic, tp.partition)
             now = await conn.fetchrow(self._sql.read_one, *key)
             held = "no row" if now is None else f"epoch={now['epoch']} frontier={now['frontier']}"
             raise Fenced(f"process {tp}: token epoch={token.epoch} frontier={token.frontier} "
@@ -225,7 +244,7 @@ class PgFenceStore:
         rejected = [(r, v) for r, v in zip(records, verdicts, strict=True) if isinstance(v, Reject)]
         if rejected:
             await conn.execute(
-                self._sql.quarantine, *key, token.epoch,
+                self._sql.quarantine, self.group_id, tp.topic, tp.partition, token.epoch,
                 [r.offset for r, _ in rejected], [r.key for r, _ in rejected],
                 [r.value for r, _ in rejected], [_headers_json(r.headers) for r, _ in rejected],
                 [v.reason for _, v in rejected])
@@ -273,13 +292,14 @@ class PgFenceStore:
                           json.dumps(dict(detail or {})))
 
 
-async def _abandon(conn: Any, tx: Any, exc: BaseException) -> None:
+async def _abandon(conn: Any, exc: BaseException) -> None:
     """End a transaction that failed before COMMIT: roll back, or drop the connection."""
     if isinstance(exc, asyncio.CancelledError) or (is_foreign(exc) and not _healthy(exc)):
         _discard(conn)  # the server rolls back when the session ends
         return
     try:
-        await asyncio.wait_for(tx.rollback(), timeout=5.0)
+        if conn.is_in_transaction():
+            await asyncio.wait_for(conn.execute("ROLLBACK"), timeout=5.0)
     except Exception:
         _discard(conn)
 

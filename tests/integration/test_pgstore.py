@@ -13,6 +13,7 @@ import pytest
 
 from fencing.errors import Fenced, RecreatedTopic, RetentionGap, SchemaMismatch
 from fencing.pgstore import PgFenceStore
+from fencing.schema import SCHEMA_VERSION
 from fencing.types import (
     ClaimRequest,
     SourceCheck,
@@ -129,6 +130,7 @@ async def test_process_advances_frontier_past_gaps_and_quarantines(
                                 f' FROM "{fence_schema}".quarantine')
     finally:
         await conn.close()
+    assert q is not None
     assert (q["offset"], q["key"], q["value"], q["reason"], q["epoch"]) == (
         12, b"k12", b"bad-12", "value starts with bad", 1)
     assert q["headers"] == '[["h", "dg=="]]'
@@ -228,17 +230,20 @@ async def test_skip_journal_and_heartbeat(pg_store: PgFenceStore, pg_dsn: str,
             await conn.execute(f'DELETE FROM "{fence_schema}".journal')
     finally:
         await conn.close()
+    assert m is not None
     assert (m["member_id"], m["state"], m["ok"]) == ("m-1", "stopping", True)
     assert m["detail"] == '{"partitions": ["orders[0]"]}'
 
 
 async def test_store_refuses_unknown_schema_version(pg_dsn: str, fence_schema: str) -> None:
-    with pytest.raises(SchemaMismatch, match="found no fence schema, this build needs version 1"):
+    with pytest.raises(SchemaMismatch,
+                       match=f"found no fence schema, this build needs version {SCHEMA_VERSION}"):
         await PgFenceStore.connect(pg_dsn, group_id="g", schema=f"nope_{uuid.uuid4().hex[:6]}")
     conn = await asyncpg.connect(pg_dsn)
     try:
         await conn.execute(f'INSERT INTO "{fence_schema}".schema_version VALUES (99, $1)', "x")
     finally:
         await conn.close()
-    with pytest.raises(SchemaMismatch, match="found version 99, this build needs version 1"):
+    with pytest.raises(SchemaMismatch,
+                       match=f"found version 99, this build needs version {SCHEMA_VERSION}"):
         await PgFenceStore.connect(pg_dsn, group_id="g", schema=fence_schema)

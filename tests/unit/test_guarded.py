@@ -37,7 +37,7 @@ class FakeStore:
 
     async def process(self, tp: TopicPartition, token: Token, records: Sequence[SourceRecord],
                       handler: Any) -> Token:
-        return await self._next("process")  # type: ignore[no-any-return]
+        return await self._next("process")  # type: ignore[no-any-return,unused-ignore]
 
     async def claim(self, claims: Sequence[ClaimRequest], *,
                     lifetime: str) -> Mapping[TopicPartition, Token]:

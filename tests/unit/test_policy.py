@@ -39,7 +39,8 @@ def test_constants() -> None:
 
 
 async def test_success_first_call_no_wait() -> None:
-    s, waits = Script(), []
+    s = Script()
+    waits: list[float] = []
     assert await with_policy(s, wait=waits_into(s, waits)) == "ok"
     assert s.calls == 1 and waits == []
 
@@ -47,7 +48,8 @@ async def test_success_first_call_no_wait() -> None:
 @pytest.mark.parametrize("error", [NotCommitted("x"), ReadFailed("x")])
 async def test_retryable_three_calls_then_last_error(error: Exception) -> None:
     last = type(error)("last")
-    s, waits = Script(error, error, last, error), []
+    s = Script(error, error, last, error)
+    waits: list[float] = []
     with pytest.raises(type(error)) as info:
         await with_policy(s, wait=waits_into(s, waits))
     assert info.value is last
@@ -56,21 +58,24 @@ async def test_retryable_three_calls_then_last_error(error: Exception) -> None:
 
 
 async def test_retry_then_success() -> None:
-    s, waits = Script(NotCommitted("a"), ReadFailed("b")), []
+    s = Script(NotCommitted("a"), ReadFailed("b"))
+    waits: list[float] = []
     assert await with_policy(s, wait=waits_into(s, waits)) == "ok"
     assert s.calls == 3 and waits == [0.1, 0.2]
 
 
 @pytest.mark.parametrize("error", [OutcomeUnknown("u"), Fenced("f"), ValueError("bug")])
 async def test_non_retryable_propagates_at_once(error: Exception) -> None:
-    s, waits = Script(error), []
+    s = Script(error)
+    waits: list[float] = []
     with pytest.raises(type(error)):
         await with_policy(s, wait=waits_into(s, waits))
     assert s.calls == 1 and waits == []
 
 
 async def test_check_live_runs_before_every_call_after_each_wait() -> None:
-    s, waits = Script(NotCommitted("a"), NotCommitted("b")), []
+    s = Script(NotCommitted("a"), NotCommitted("b"))
+    waits: list[float] = []
     checks: list[int] = []
 
     def check_live() -> None:
@@ -82,7 +87,8 @@ async def test_check_live_runs_before_every_call_after_each_wait() -> None:
 
 
 async def test_cancellation_seen_after_wait_stops_before_next_call() -> None:
-    s, waits = Script(NotCommitted("a"), NotCommitted("b")), []
+    s = Script(NotCommitted("a"), NotCommitted("b"))
+    waits: list[float] = []
     live = {"ok": True}
 
     async def wait(seconds: float) -> None:
@@ -99,7 +105,8 @@ async def test_cancellation_seen_after_wait_stops_before_next_call() -> None:
 
 
 async def test_on_retry_reports_error_and_wait() -> None:
-    s, waits = Script(NotCommitted("a")), []
+    s = Script(NotCommitted("a"))
+    waits: list[float] = []
     seen: list[tuple[str, float]] = []
     await with_policy(s, wait=waits_into(s, waits),
                       on_retry=lambda exc, w: seen.append((str(exc), w)))
