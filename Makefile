@@ -58,5 +58,13 @@ lint: setup
 	$(BIN)/ruff check consumer fencing ops tests
 	$(BIN)/mypy
 
+# fenced vs unfenced batch commits (uses FENCE_DSN, else starts the stack's PostgreSQL)
+bench-store: setup
+	$(BIN)/python -m ops.bench_store
+
+# apply the fence schema migrations to FENCE_DSN (FENCE_SCHEMA, default fence)
+migrate: setup
+	$(BIN)/fencectl migrate
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -235,6 +235,7 @@ class PgFenceStore:
             end=int(end), row_id=int(row_id), epoch=int(token.epoch),
             frontier=int(token.frontier)))
         if status != "UPDATE 1":
+            self._ids.pop(tp, None)  # a reset may have recreated the row: look it up again
             key = (self.group_id, tp.topic, tp.partition)
             now = await conn.fetchrow(self._sql.read_one, *key)
             held = "no row" if now is None else f"epoch={now['epoch']} frontier={now['frontier']}"
