@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from confluent_kafka import TopicPartition as KafkaTP
@@ -20,7 +22,15 @@ from confluent_kafka.admin import AdminClient
 from consumer.source import KafkaSource
 from fencing.errors import Fenced
 from fencing.pgstore import PgFenceStore
-from fencing.types import ClaimRequest, SourceCheck, SourceRecord, Token, TopicPartition
+from fencing.types import (
+    ACCEPT,
+    ClaimRequest,
+    SourceCheck,
+    SourceRecord,
+    Token,
+    TopicPartition,
+    Verdict,
+)
 from ops.stack_config import ServiceSettings
 from tests.integration.observability_support import run_fencectl, wait_for
 from tests.integration.workers import (
@@ -53,7 +63,7 @@ async def _row(dsn: str, schema: str, group: str, tp: TopicPartition) -> Token |
         await store.close()
 
 
-def _reset(*args: str) -> tuple[int, dict[str, object] | str]:
+def _reset(*args: str) -> tuple[int, Any]:
     got = run_fencectl("reset", *args, "--json")
     return got.returncode, (json.loads(got.stdout) if got.stdout.strip() else got.stderr)
 
@@ -117,10 +127,8 @@ def test_accept_gap_and_frontier_refusals(services: ServiceSettings) -> None:
     assert asyncio.run(validates())
 
 
-async def _accept_all(records: object) -> list[object]:
-    from fencing.types import ACCEPT
-
-    return [ACCEPT for _ in records]  # type: ignore[attr-defined]
+async def _accept_all(records: Sequence[SourceRecord]) -> list[Verdict]:
+    return [ACCEPT for _ in records]
 
 
 def test_adopt_recreated_topic(services: ServiceSettings) -> None:
@@ -139,7 +147,7 @@ def test_adopt_recreated_topic(services: ServiceSettings) -> None:
 
     code, done = _reset("adopt-topic", *common, "--frontier", "earliest", "--yes-i-understand")
     assert code == 0 and isinstance(done, dict), done
-    (plan,) = done["plans"]  # type: ignore[misc]
+    (plan,) = done["plans"]
     assert plan["topic_id"] == [old_id, new_id]
     assert asyncio.run(_row(services.dsn, schema, group, tp)) == Token(old.epoch + 1, 0)
     events = [r["event"] for r in asyncio.run(journal_rows(services.dsn, schema, group, topic))]

@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -114,7 +116,7 @@ def test_span_tree_of_one_record(services: ServiceSettings) -> None:
     assert any(s.name == "fence.shutdown" and s.tags.get("fence.exit_code") == 0 for s in spans)
 
 
-async def _wait_async(pred, *, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
+async def _wait_async(pred: Callable[[], Any], *, timeout_s: float, what: str) -> Any:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         got = await asyncio.to_thread(pred)

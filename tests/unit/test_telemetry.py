@@ -113,7 +113,8 @@ def test_w3c_context_round_trips_through_record_headers() -> None:
 def test_links_are_distinct_valid_contexts_in_order() -> None:
     a = trace.SpanContext(0x1, 0x11, True, trace.TraceFlags(1))
     b = trace.SpanContext(0x2, 0x22, True, trace.TraceFlags(1))
-    records = [_headers_for(a), [("k", None)], _headers_for(b), _headers_for(a), []]
+    none: list[tuple[str, bytes | None]] = [("k", None)]
+    records = [_headers_for(a), none, _headers_for(b), _headers_for(a), []]
     links = links_from_headers(records, attributes={"messaging.kafka.offset": 1})
     assert [(lk.context.trace_id, lk.context.span_id) for lk in links] == [(0x1, 0x11), (0x2, 0x22)]
     assert links[0].attributes == {"messaging.kafka.offset": 1}
