@@ -3,7 +3,9 @@
 Rules (DESIGN "Lifecycle"; the decisions live in ``consumer.decisions``)
 - ``assign``/``seek``/``revoke`` run under the assignment mutex. ``process`` takes the
   mutex only to read the token and take the partition's guard; its I/O runs under the
-  guard alone, so partitions proceed concurrently and ``revoke`` waits for the guard.
+  guard alone, so partitions proceed concurrently. ``revoke``, ``seek`` and ``assign`` wait
+  (holding the mutex) for the guards of their partitions, so a lifetime never fences or
+  misreads its own in-flight batch.
 - Every guarded call runs in its own task with a budget (``budget_s``) that starts before
   the mutex wait, measured by the injected clock (and bounded in real time by
   ``asyncio.timeout``). The three-call policy uses the injected ``wait``.
@@ -14,7 +16,10 @@ Rules (DESIGN "Lifecycle"; the decisions live in ``consumer.decisions``)
   I/O), then one best-effort ``retire`` journal row is written, then the state becomes
   RETIRED. That journal row is the last write of a lifetime; it never touches epochs,
   frontiers or effects. Budget exhaustion retires without journaling.
-- Callers only see errors of ``fencing.errors``: ``Retired``, ``Fenced``, ``SourceRefused``.
+- Cancelling the caller of a guarded call (not ``stop``) retires the lifetime, without
+  journaling: the interrupted I/O left an unknown outcome.
+- Callers only see errors of ``fencing.errors``: ``Retired``, ``Fenced``, ``SourceRefused``
+  (and ``ValueError`` for a malformed batch, before any I/O).
   ``seek``/``process`` of a partition without a token raise ``Fenced`` without I/O and
   without retiring (a late call after ``revoke``/``lost``).
 """
@@ -176,6 +181,14 @@ class Lifecycle:
             self.retired_reason = reason
         self._tokens.clear()
 
+    async def _settle(self, tps: Sequence[TopicPartition]) -> None:
+        """Wait (holding the mutex, so nothing new starts) for in-flight process calls."""
+        for tp in sorted(set(tps)):
+            guard = self._guards.get(tp)
+            if guard is not None and guard.locked():
+                async with guard:
+                    pass
+
     # -- assign --------------------------------------------------------------------------
     async def assign(self, checks: Sequence[SourceCheck]) -> Mapping[TopicPartition, Token]:
         """Validate, claim (one call for all partitions), retain compatible tokens."""
@@ -211,6 +224,7 @@ class Lifecycle:
                 refusal = validations[c.tp].refusal
                 if refusal is not None:
                     raise refusal
+            await self._settle(tps)  # never fence our own in-flight batch with a new epoch
             claims = [ClaimRequest(c.tp, d.initial_frontier(c.facts, self._reset),
                                    c.facts.topic_id) for c in checks]
             with span("fence.claim", self, None, {"fence.partitions": len(tps)}):
@@ -253,6 +267,10 @@ class Lifecycle:
                 retained = self._tokens.get(tp)
                 if retained is None:
                     raise Fenced(f"seek {tp}: token dropped while waiting for the mutex")
+                await self._settle([tp])
+                retained = self._tokens.get(tp)
+                if retained is None:
+                    raise Fenced(f"seek {tp}: token dropped while waiting for in-flight work")
                 with span("fence.seek", self, tp, {"fence.epoch": retained.epoch}) as sp:
                     with span("fence.observe", self, tp):
                         observed = (await guarded_observe(

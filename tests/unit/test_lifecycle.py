@@ -291,3 +291,33 @@ async def test_spans_carry_messaging_and_fence_attributes(
     assert spans["fence.assign"].attributes["fence.epoch"] == 1  # type: ignore[index]
     assert spans["fence.claim"].parent.span_id == (  # type: ignore[union-attr]
         spans["fence.assign"].context.span_id)
+
+
+async def test_seek_and_assign_wait_for_in_flight_work_instead_of_self_fencing(
+        store: MemoryFenceStore, clock: Clock) -> None:
+    lc = make(store, clock)
+    await lc.assign([check()])
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(conn: Any, records: Sequence[SourceRecord]) -> list[Any]:
+        entered.set()
+        await release.wait()
+        return await accept(conn, records)
+
+    p0 = asyncio.ensure_future(lc.process(TP, recs(TP, 0, 1), slow))
+    await entered.wait()
+    seek = asyncio.ensure_future(lc.seek(TP))
+    await asyncio.sleep(0.01)
+    assert not seek.done()
+    release.set()
+    assert await p0 == Token(1, 2)
+    assert await seek == 2 and lc.state is LifetimeState.LIVE
+    entered.clear()
+    release.clear()
+    p1 = asyncio.ensure_future(lc.process(TP, recs(TP, 2), slow))
+    await entered.wait()
+    again = asyncio.ensure_future(lc.assign([check()]))
+    await asyncio.sleep(0.01)
+    release.set()
+    assert await p1 == Token(1, 3)  # not fenced by its own re-claim
+    assert (await again)[TP] == Token(2, 3)
