@@ -33,7 +33,6 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from fencing.reference.generate import CLASSES, GeneratedRecord, generate
 
@@ -194,7 +193,6 @@ def produce(opts: ProduceOptions, records: Sequence[GeneratedRecord], tracing: _
             span.end()
         return cb
 
-    inject = TraceContextTextMapPropagator().inject
     attrs = {"messaging.system": "kafka", "messaging.destination.name": opts.topic,
              "messaging.operation.type": "send", "messaging.operation.name": "send"}
     name = f"send {opts.topic}"
@@ -204,8 +202,10 @@ def produce(opts: ProduceOptions, records: Sequence[GeneratedRecord], tracing: _
         span = tracer.start_span(name, kind=trace.SpanKind.PRODUCER, attributes=attrs)
         if sampled:
             span.set_attribute("messaging.destination.partition.id", str(rec.partition))
-        headers: dict[str, str | bytes | None] = {}
-        inject(headers, context=trace.set_span_in_context(span))
+        ctx = span.get_span_context()  # W3C traceparent, as TraceContextTextMapPropagator writes it
+        headers: dict[str, str | bytes | None] = {
+            "traceparent": f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
+        }
         cb = delivered_span(span) if sampled else delivered
         while True:
             try:

@@ -57,10 +57,10 @@ def to_source_records(records: Sequence[GeneratedRecord]) -> list[SourceRecord]:
 
 
 def _value(kind: str, rev: int, body: str | None = None) -> bytes:
-    obj: dict[str, object] = {"kind": kind, "rev": rev}
-    if body is not None:
-        obj["body"] = body
-    return json.dumps(obj, separators=(",", ":")).encode()
+    """Compact JSON, byte-identical to ``json.dumps(obj, separators=(",", ":"))``."""
+    if body is None:
+        return f'{{"kind":"{kind}","rev":{rev}}}'.encode()
+    return f'{{"kind":"{kind}","rev":{rev},"body":{json.dumps(body)}}}'.encode()
 
 
 class _Ledger:
