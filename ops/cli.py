@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ops.produce_cmd",
     "ops.status_cmd",
     "ops.reset_cmd",
+    "ops.trace_cmd",
     "ops.sim_cmd",
 )
 

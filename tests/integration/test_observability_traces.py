@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -114,6 +115,17 @@ def test_span_tree_of_one_record(services: ServiceSettings) -> None:
                and s.tags["messaging.destination.partition.id"] == str(partition)]
     assert seek.tags["fence.epoch"] == epoch and seek.tags["fence.frontier"] == 0
     assert any(s.name == "fence.shutdown" and s.tags.get("fence.exit_code") == 0 for s in spans)
+
+    found = run_fencectl("trace", "--topic", topic, "--partition", str(partition), "--offset",
+                         str(offset), "--service", service, "--lookback", "1h", "--json",
+                         env={"JAEGER_QUERY_URL": services.jaeger_query_url})
+    assert found.returncode == 0, found.stderr
+    (batch,) = json.loads(found.stdout)
+    assert (batch["trace_id"].rjust(32, "0"), batch["span_id"].rjust(16, "0")) == \
+        (process.trace_id, process.span_id)
+    assert {"trace_id": producer_trace, "span_id": producer_span} in [
+        {k: v.rjust(32 if k == "trace_id" else 16, "0") for k, v in link.items()}
+        for link in batch["producer_links"]]
 
 
 async def _wait_async(pred: Callable[[], Any], *, timeout_s: float, what: str) -> Any:

@@ -1,0 +1,124 @@
+"""``fencectl trace``: find the batch (``fence.process`` span) that processed one record.
+
+  fencectl trace --topic T --partition P --offset O [--group G] [--service fenceworker]
+
+Queries Jaeger's HTTP API (``JAEGER_QUERY_URL``; the same API the UI uses):
+``/api/traces?service=S&operation=fence.process&tags={"messaging.destination.partition.id":
+"P", "messaging.destination.name": "T"}&lookback=...`` and keeps the spans whose
+``fence.first_offset <= O <= fence.last_offset``. Prints trace id, UI path, epoch, outcome,
+lifetime, the batch's offsets, any ``fence.resolve`` child and the producer spans linked.
+A record processed twice (a fenced batch, then its successor) shows every attempt.
+Exit codes: 0 found, 1 not found or Jaeger failed, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["batches_for_record", "register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+    p = sub.add_parser("trace", help="find the batch span that processed a record (Jaeger)")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--partition", type=int, required=True)
+    p.add_argument("--offset", type=int, required=True)
+    p.add_argument("--group", default=None, help="only this consumer group")
+    p.add_argument("--service", default=os.environ.get("OTEL_SERVICE_NAME", "fenceworker"),
+                   help="the worker's service name (default $OTEL_SERVICE_NAME or fenceworker)")
+    p.add_argument("--lookback", default="24h", help="Jaeger lookback, e.g. 1h, 2d (default 24h)")
+    p.add_argument("--limit", type=int, default=1500, help="traces to scan (default 1500)")
+    p.add_argument("--jaeger-url", default=os.environ.get("JAEGER_QUERY_URL"),
+                   help="Jaeger query base URL (default $JAEGER_QUERY_URL)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_main)
+
+
+def _tags(span: Mapping[str, Any]) -> dict[str, Any]:
+    return {t["key"]: t["value"] for t in span.get("tags", [])}
+
+
+def batches_for_record(traces: Sequence[Mapping[str, Any]], *, topic: str, partition: int,
+                       offset: int, group: str | None = None) -> list[dict[str, Any]]:
+    """Pure: the ``fence.process`` spans of ``traces`` whose offset range holds ``offset``."""
+    found: list[dict[str, Any]] = []
+    for tr in traces:
+        spans = list(tr.get("spans", []))
+        for s in spans:
+            tags = _tags(s)
+            if s.get("operationName") != "fence.process" \
+                    or tags.get("messaging.destination.name") != topic \
+                    or str(tags.get("messaging.destination.partition.id")) != str(partition) \
+                    or (group is not None and tags.get("messaging.consumer.group.name") != group):
+                continue
+            first, last = tags.get("fence.first_offset"), tags.get("fence.last_offset")
+            if not (isinstance(first, int) and isinstance(last, int) and first <= offset <= last):
+                continue
+            children = [c for c in spans if any(r.get("refType") == "CHILD_OF" and
+                                                 r.get("spanID") == s["spanID"]
+                                                 for r in c.get("references", []))]
+            found.append({
+                "trace_id": s["traceID"], "span_id": s["spanID"],
+                "ui_path": f"/trace/{s['traceID']}",
+                "group": tags.get("messaging.consumer.group.name"),
+                "lifetime": tags.get("fence.lifetime"), "epoch": tags.get("fence.epoch"),
+                "outcome": tags.get("fence.outcome"), "first_offset": first,
+                "last_offset": last, "frontier_after": tags.get("fence.frontier"),
+                "start_us": s.get("startTime"),
+                "resolutions": [_tags(c).get("fence.outcome") for c in children
+                                if c.get("operationName") == "fence.resolve"],
+                "producer_links": [{"trace_id": r["traceID"], "span_id": r["spanID"]}
+                                   for r in s.get("references", [])
+                                   if r.get("refType") == "FOLLOWS_FROM"],
+            })
+    found.sort(key=lambda b: b["start_us"] or 0)
+    return found
+
+
+def _query(base: str, args: argparse.Namespace) -> list[Mapping[str, Any]]:
+    tags = {"messaging.destination.name": args.topic,
+            "messaging.destination.partition.id": str(args.partition)}
+    if args.group:
+        tags["messaging.consumer.group.name"] = args.group
+    query = urllib.parse.urlencode({
+        "service": args.service, "operation": "fence.process", "tags": json.dumps(tags),
+        "lookback": args.lookback, "limit": str(args.limit)})
+    with urllib.request.urlopen(f"{base.rstrip('/')}/api/traces?{query}", timeout=30) as resp:
+        body = json.loads(resp.read())
+    return list(body.get("data") or [])
+
+
+def _main(args: argparse.Namespace) -> int:
+    if not args.jaeger_url:
+        print("fencectl trace: JAEGER_QUERY_URL is not set (or pass --jaeger-url)",
+              file=sys.stderr)
+        return 2
+    try:
+        traces = _query(args.jaeger_url, args)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"fencectl trace: Jaeger query failed: {exc}", file=sys.stderr)
+        return 1
+    found = batches_for_record(traces, topic=args.topic, partition=args.partition,
+                               offset=args.offset, group=args.group)
+    if args.json:
+        print(json.dumps(found, indent=2))
+    else:
+        for b in found:
+            print(f"trace {b['trace_id']} ({args.jaeger_url.rstrip('/')}{b['ui_path']}) "
+                  f"group={b['group']} lifetime={b['lifetime']} epoch={b['epoch']} "
+                  f"outcome={b['outcome']} offsets={b['first_offset']}..{b['last_offset']}"
+                  + (f" resolved={','.join(map(str, b['resolutions']))}"
+                     if b["resolutions"] else "")
+                  + f" producer_links={len(b['producer_links'])}")
+        if not found:
+            print(f"no fence.process span of {args.service} covers {args.topic}"
+                  f"[{args.partition}]@{args.offset} within {args.lookback}", file=sys.stderr)
+    return 0 if found else 1
