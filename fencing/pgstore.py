@@ -142,6 +142,8 @@ class PgFenceStore:
                 step = phase
                 return list(await conn.fetch(sql, *args))
         except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and step is Phase.IN_FLIGHT:
+                exc.add_note(_UNKNOWN_NOTE.replace("COMMIT", what))
             err = translate(exc, step, what)
             if err is exc:
                 raise

@@ -245,3 +245,17 @@ async def test_server_gone_three_calls_then_typed_error_then_recovery(
     assert new == Token(1, 3) and rec.waits == [] and counting.calls["process"] == 4
     observed: Mapping[TopicPartition, Token | None] = await direct.observe([TP])
     assert observed == {TP: Token(1, 3)}
+
+
+async def test_claim_cancelled_in_flight_propagates_then_resolves_by_observe(
+        stores: tuple[PgFenceStore, PgFenceStore], proxy: PgProxy, fence_schema: str) -> None:
+    direct, proxied = stores
+    rule = proxy.add_rule(f'INSERT INTO "{fence_schema}".partitions', Action.HOLD_REPLY)
+    task = asyncio.ensure_future(proxied.claim([ClaimRequest(TP, 0)], lifetime="L1"))
+    await asyncio.wait_for(rule.fired.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError) as info:
+        await task
+    assert any("outcome unknown" in n for n in getattr(info.value, "__notes__", []))
+    proxy.release()
+    assert await direct.observe([TP]) == {TP: Token(1, 0)}  # it had committed
