@@ -6,6 +6,8 @@ Rules
 - Pure in (seed, class, steps): the same arguments give the same trace.
 - Offsets have gaps (compaction, transaction markers): a record may follow its
   predecessor by 1 to 3 offsets.
+- The call budget is the production 20 s, or 400 ms in one run of four so that logical
+  delays and retry waits can exhaust it.
 - Faults are attached to assign, seek and process steps with legal choices only;
   interleaves reserve fresh replacement ids.
 """
@@ -151,7 +153,8 @@ def make_trace(seed: int, *, klass: str = "valid", steps: int = DEFAULT_STEPS,
     rng = random.Random(f"worker-schedule-v1/{seed}/{klass}")
     partitions = rng.choice((1, 2, 2, 3))
     config = SimConfig(klass=klass, steps=steps, topic="sim", partitions=partitions,
-                       group_id="sim", batch_max=rng.randint(1, 4), budget_ms=20_000,
+                       group_id="sim", batch_max=rng.randint(1, 4),
+                       budget_ms=rng.choice((20_000, 20_000, 20_000, 400)),
                        low_watermarks_before_drain=(0,) * partitions,
                        allow_retention_gap=False)
     records = _records(rng, seed, klass, partitions, config.topic)
