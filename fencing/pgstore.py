@@ -140,7 +140,13 @@ class PgFenceStore:
         try:
             async with self._pool.acquire() as conn:
                 step = phase
-                return list(await conn.fetch(sql, *args))
+                try:
+                    return list(await conn.fetch(sql, *args))
+                except BaseException as exc:
+                    if isinstance(exc, asyncio.CancelledError) or (
+                            is_foreign(exc) and not _healthy(exc)):
+                        _discard(conn)  # never wait for a cancelled or lost statement's reply
+                    raise
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError) and step is Phase.IN_FLIGHT:
                 exc.add_note(_UNKNOWN_NOTE.replace("COMMIT", what))
