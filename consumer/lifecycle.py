@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Link
@@ -38,7 +38,8 @@ from consumer import decisions as d
 from consumer.decisions import LifetimeState
 from consumer.instruments import Instruments
 from consumer.lifecycle_spans import span
-from fencing.errors import Fenced, FenceError, Retired
+from consumer.lifetime_frame import LifetimeFrame
+from fencing.errors import Fenced, FenceError
 from fencing.guarded import guarded_claim, guarded_observe, guarded_process, guarded_skip
 from fencing.policy import with_policy
 from fencing.store import FenceStore, HandlerFn
@@ -46,10 +47,7 @@ from fencing.types import ClaimRequest, SourceCheck, SourceRecord, Token, TopicP
 
 __all__ = ["Lifecycle", "LifetimeState"]
 
-T = TypeVar("T")
-
-
-class Lifecycle:
+class Lifecycle(LifetimeFrame):
     """One worker lifetime over ``store``; see the module Rules."""
 
     def __init__(
@@ -97,19 +95,6 @@ class Lifecycle:
             hooks["on_resolve"] = self._metrics.unknown_outcome
         return hooks
 
-    def _check_live(self) -> None:
-        if self.state is not LifetimeState.LIVE or not self._gate_open:
-            raise Retired(f"lifetime {self.lifetime_id} is {self.state.value}"
-                          f" ({self.retired_reason or 'retiring'})")
-
-    def _live_until(self, deadline_s: float) -> Callable[[], None]:
-        def check() -> None:
-            self._check_live()
-            if d.deadline_passed(self._clock(), deadline_s):
-                raise d.BudgetExceeded(f"lifetime {self.lifetime_id}: budget of "
-                                       f"{self._budget_s} s used up")
-        return check
-
     def stop(self) -> None:
         """Cancel without the mutex and without I/O; the lifetime never resumes."""
         if self.state is LifetimeState.LIVE:
@@ -125,61 +110,6 @@ class Lifecycle:
         self._check_live()
         for tp in tps:
             self._tokens.pop(tp, None)
-
-    # -- the guarded-call frame --------------------------------------------------------
-    async def _guarded(self, body: Callable[[float], Awaitable[T]]) -> T:
-        self._check_live()
-        deadline_s = self._clock() + self._budget_s
-        task: asyncio.Task[T] = asyncio.create_task(self._bounded(body, deadline_s))
-        self._tasks.add(task)
-        try:
-            return await task
-        except asyncio.CancelledError:
-            me = asyncio.current_task()
-            if task.cancelled() and (me is None or me.cancelling() == 0):
-                raise Retired(f"lifetime {self.lifetime_id} stopped during the call") from None
-            await asyncio.shield(self._retire("cancelled by the caller", journal=False))
-            raise
-        finally:
-            self._tasks.discard(task)
-
-    async def _bounded(self, body: Callable[[float], Awaitable[T]], deadline_s: float) -> T:
-        try:
-            async with asyncio.timeout(max(0.0, deadline_s - self._clock())):
-                return await body(deadline_s)
-        except TimeoutError as exc:
-            await self._retire(f"budget of {self._budget_s} s used up", journal=False)
-            raise Retired(f"lifetime {self.lifetime_id}: budget used up") from exc
-
-    async def _fail(self, exc: BaseException) -> BaseException:
-        """Retire for ``exc`` (caller holds the mutex or guard); return what to raise."""
-        action = d.classify_failure(exc)
-        if action is d.FailureAction.PASS_THROUGH:
-            return exc
-        await self._retire(f"{type(exc).__name__}: {exc}",
-                           journal=not isinstance(exc, d.BudgetExceeded))
-        if action is d.FailureAction.RAISE_AS_IS:
-            return exc
-        retired = Retired(f"lifetime {self.lifetime_id} retired: {self.retired_reason}")
-        retired.__cause__ = exc
-        return retired
-
-    async def _retire(self, reason: str, *, journal: bool) -> None:
-        if self.state is not LifetimeState.LIVE:
-            return
-        first = self._gate_open
-        self._gate_open = False
-        held = sorted(self._tokens)
-        if journal and first and held:
-            try:
-                await self._store.journal(held, lifetime=self.lifetime_id, event="retire",
-                                          detail=reason[:500])
-            except FenceError:
-                pass  # best effort: the journal decides nothing
-        if self.state is LifetimeState.LIVE:
-            self.state = d.transition(self.state, LifetimeState.RETIRED)
-            self.retired_reason = reason
-        self._tokens.clear()
 
     async def _settle(self, tps: Sequence[TopicPartition]) -> None:
         """Wait (holding the mutex, so nothing new starts) for in-flight process calls."""
