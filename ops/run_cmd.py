@@ -154,11 +154,15 @@ async def _ensure_handler_tables(cfg: WorkerConfig) -> None:
     ensure = getattr(module, "ensure_tables", None)
     if ensure is None:
         return
-    conn = await asyncpg.connect(cfg.dsn)
     try:
-        await ensure(conn, cfg.schema)
-    finally:
-        await conn.close()
+        conn = await asyncpg.connect(cfg.dsn)
+        try:
+            await ensure(conn, cfg.schema)
+        finally:
+            await conn.close()
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise ConfigError(f"FENCE_DSN: creating the handler's tables failed: "
+                          f"{redact(str(exc), dsn=cfg.dsn)}") from None
 
 
 async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> ExitCode:
