@@ -114,7 +114,7 @@ def load_handler(spec: str) -> HandlerFn:
         declaration_of(fn)
     except HandlerDeclarationError as exc:
         raise ConfigError(f"--handler {spec!r}: {exc}") from exc
-    return fn  # type: ignore[no-any-return]
+    return fn  # type: ignore[no-any-return,unused-ignore]
 
 
 def check_verdicts(verdicts: Sequence[Verdict], count: int) -> Sequence[Verdict]:
