@@ -100,6 +100,7 @@ class WorkerObserver:
         self._lifetime: str | None = None
         self._shutdown_span: trace.Span | None = None
         self._closed = asyncio.Event()
+        self._wake = asyncio.Event()
 
     # ---- events ------------------------------------------------------------------------------
 
@@ -191,6 +192,7 @@ class WorkerObserver:
             state = self.readiness.state
             self._member.set_state(state_for_phase(state.phase),
                                    partitions=sorted(str(tp) for tp in state.assigned))
+            self._wake.set()  # a changed state is written within min_gap_s, not a beat later
 
     @property
     def member(self) -> MemberHeartbeat | None:
@@ -201,12 +203,15 @@ class WorkerObserver:
     async def run(self) -> None:
         """Beat, heartbeat and sample lag until ``close``."""
         while not self._closed.is_set():
+            self._wake.clear()
             self.loop_heartbeat.beat()
+            timeout_s = self._beat_s
             if self._member is not None:
                 await self._member.tick()
+                timeout_s = min(timeout_s, max(self._member.delay_s(), 0.01))
             await self._sample_lag()
             try:
-                await asyncio.wait_for(self._closed.wait(), timeout=self._beat_s)
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout_s)
             except TimeoutError:
                 pass
 
@@ -235,6 +240,7 @@ class WorkerObserver:
     async def close(self, *, timeout_s: float = 3.0) -> None:
         """Stop ``run``, write the final member rows (bounded), mark the loop stopped."""
         self._closed.set()
+        self._wake.set()
         self._end_member(failed=self.readiness.state.phase is Phase.RETIRED)
         if self._final_writes:
             await asyncio.wait(list(self._final_writes), timeout=timeout_s)

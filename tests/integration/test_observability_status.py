@@ -67,9 +67,13 @@ def test_live_and_killed_members(services: ServiceSettings) -> None:
         (b_part_name,) = b_ready[1]["assigned"]
         pb = int(b_part_name.rsplit("[", 1)[1].rstrip("]"))
         pa = 1 - pb
+        def running(s: dict[str, Any], pid: int) -> bool:
+            m = _member(s, pid)
+            return m is not None and m["state"] == "running"
+
         settled = wait_for(lambda: (s := _status(group, schema)) and all(
-            p["frontier"] == ends[p["partition"]] for p in s["partitions"]) and _member(
-            s, b.pid) and _member(s, a.pid) and s, timeout_s=60, what="first records done")
+            p["frontier"] == ends[p["partition"]] for p in s["partitions"]) and running(
+            s, b.pid) and running(s, a.pid) and s, timeout_s=60, what="first records done")
         b_member = _member(settled, b.pid)
         a_member = _member(settled, a.pid)
         assert b_member is not None and a_member is not None
@@ -112,7 +116,8 @@ def test_live_and_killed_members(services: ServiceSettings) -> None:
         def taken_over() -> dict[str, Any] | None:
             s = _status(group, schema)
             p = _part(s, pb)
-            return s if p["owner"] == live["lifetime"] and p["lag"] == 0 else None
+            return s if p["owner"] == live["lifetime"] and p["lag"] == 0 \
+                and p["owner_state"] == "running" else None  # rows lag states by <= 0.5 s
 
         after = wait_for(taken_over, timeout_s=60, what="a claims b's partition")
         moved = _part(after, pb)
