@@ -20,7 +20,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient
 
 from consumer.source import KafkaSource
-from fencing.errors import Fenced
+from fencing.errors import Fenced, FenceError
 from fencing.pgstore import PgFenceStore
 from fencing.types import (
     ACCEPT,
@@ -141,8 +141,14 @@ def test_adopt_recreated_topic(services: ServiceSettings) -> None:
     old = asyncio.run(_claim(services.dsn, schema, group, tp, old_id))
     delete_topic(services.kafka_bootstrap, topic)
     create_topic(services.kafka_bootstrap, topic, 1)
-    new_id = wait_for(lambda: (i := source.facts([tp])[tp].topic_id) != old_id and i,
-                      timeout_s=30, what="the recreated topic's id")
+    def recreated_id() -> str | None:
+        try:
+            tid = source.facts([tp])[tp].topic_id
+        except FenceError:  # metadata of the new topic not served yet
+            return None
+        return tid if tid != old_id else None
+
+    new_id = wait_for(recreated_id, timeout_s=30, what="the recreated topic's id")
     common = ("--group", group, "--topic", topic, "--schema", schema)
 
     code, done = _reset("adopt-topic", *common, "--frontier", "earliest", "--yes-i-understand")
