@@ -259,3 +259,25 @@ async def test_claim_cancelled_in_flight_propagates_then_resolves_by_observe(
     assert any("outcome unknown" in n for n in getattr(info.value, "__notes__", []))
     proxy.release()
     assert await direct.observe([TP]) == {TP: Token(1, 0)}  # it had committed
+
+
+async def test_session_ended_before_commit_is_not_committed(
+        stores: tuple[PgFenceStore, PgFenceStore], fence_schema: str, pg_dsn: str) -> None:
+    """The server ends the session mid-transaction (idle-in-transaction timeout): asyncpg
+    refuses COMMIT with InterfaceError before writing it; proven not committed."""
+    direct = stores[0]
+    inner = effect_handler(fence_schema)
+
+    async def dawdle(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
+        verdicts = await inner(conn, records)
+        await conn.execute("SET LOCAL idle_in_transaction_session_timeout = '50ms'")
+        await asyncio.sleep(0.5)
+        return verdicts
+
+    token = (await direct.claim([ClaimRequest(TP, 0)], lifetime="L1"))[TP]
+    with pytest.raises(NotCommitted) as info:
+        await direct.process(TP, token, make_records(TP, range(3)), dawdle)
+    assert isinstance(info.value.__cause__, asyncpg.InterfaceError)
+    assert await direct.observe([TP]) == {TP: Token(1, 0)}
+    assert (await count_effects(pg_dsn, fence_schema))["effects"] == 0
+    assert await direct.process(TP, token, make_records(TP, range(3)), inner) == Token(1, 3)
