@@ -11,8 +11,10 @@ tests/integration/test_lost_commit.py and tests/unit/test_classify.py)
   * a server error reply (``PostgresError`` with a SQLSTATE outside classes 08 and 57P):
     the server rolled back, e.g. 40001 serialization failure, 40P01 deadlock,
     23xxx deferred constraint -> ``NotCommitted``;
-  * ``InterfaceError`` ("connection is closed", "another operation is in progress"):
-    asyncpg raises it before writing the message -> ``NotCommitted``;
+  * ``InterfaceError`` ("connection is closed", "another operation is in progress", or
+    "released back to the pool" when the server ended the session mid-transaction):
+    asyncpg raises it before writing the message -> ``NotCommitted`` (verified with an
+    idle-in-transaction timeout: nothing committed);
   * connection errors (SQLSTATE class 08, incl. asyncpg's ``ConnectionDoesNotExistError``
     "connection was closed in the middle of operation"), operator intervention (57P01-03),
     ``OSError``, ``TimeoutError``, protocol errors -> ``OutcomeUnknown``. Verified: a cut
