@@ -101,6 +101,7 @@ class KafkaThread:
         self._close = threading.Event()
         self._closed: Future[None] = Future()
         self._assigned: set[TopicPartition] = set()
+        self.member_id: str | None = None  # the group member id, read at each assignment
         self._thread = threading.Thread(target=self._main, name="kafka-consumer", daemon=True)
 
     # ---- called from the loop (thread-safe, non-blocking) ----------------------------------
@@ -223,6 +224,7 @@ class KafkaThread:
     # ---- rebalance callbacks (on this thread, inside consume()/close()) ---------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[KafkaTP]) -> None:
+        self.member_id = consumer.memberid()
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
         positions = None if self._stop_fetching.is_set() else self._rb.assigned(tps)
         if positions is None:

@@ -101,6 +101,11 @@ class Worker:
             self._event("stopping")
         self._stop_requested.set()
 
+    @property
+    def member_id(self) -> str | None:
+        """The current lifetime's Kafka group member id (None before its first assignment)."""
+        return getattr(self._kafka, "member_id", None)
+
     def owned(self) -> list[str]:
         """Partitions this lifetime currently processes (for the member heartbeat)."""
         return [str(tp) for tp in sorted(self._parts)]

@@ -6,7 +6,8 @@ HTTP port (``/metrics``, ``/healthz``, ``/readyz``). ``fencectl run`` passes
 ``instruments`` to each ``Lifecycle`` and ``on_event`` to the ``Worker``.
 
 Flags: ``--http-port`` (default ``$FENCE_HTTP_PORT``; unset: no HTTP server; 0: any free
-port, logged), ``--http-host`` (default 127.0.0.1), ``--heartbeat-interval-s`` (default 5;
+port, logged), ``--http-host`` (default ``$FENCE_HTTP_HOST`` or 127.0.0.1),
+``--heartbeat-interval-s`` (default 5;
 a member is shown unavailable after 3 intervals without a heartbeat).
 """
 
@@ -17,7 +18,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,8 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=int(env_port) if env_port else None,
                         help="serve /metrics /healthz /readyz on this port (default "
                              "$FENCE_HTTP_PORT; unset: off; 0: any free port)")
-    parser.add_argument("--http-host", default="127.0.0.1",
-                        help="interface for the HTTP port (default 127.0.0.1)")
+    parser.add_argument("--http-host", default=os.environ.get("FENCE_HTTP_HOST", "127.0.0.1"),
+                        help="interface for the HTTP port (default $FENCE_HTTP_HOST or "
+                             "127.0.0.1; 0.0.0.0 inside a container)")
     parser.add_argument("--heartbeat-interval-s", type=float, default=5.0,
                         help="member heartbeat interval, seconds (default 5)")
 
@@ -85,7 +87,6 @@ class WorkerObservability:
         cooperative: bool,
         lag_facts: LagFacts | None = None,
         observe: Observe | None = None,
-        member_id: Any = None,
         group_id: str = "",
     ) -> None:
         self.options = options
@@ -93,12 +94,14 @@ class WorkerObservability:
         self.instruments = Instruments(telemetry.meter())
         self.readiness = ReadinessHolder()
         self.loop_heartbeat = LoopHeartbeat(clock=time.monotonic, bound_s=options.health_bound_s)
+        # the Kafka group member id for member rows (set once the worker exists)
+        self.member_id_source: Callable[[], str | None] = lambda: None
 
         def member(lifetime: str) -> MemberHeartbeat:
             return MemberHeartbeat(
                 store=store, identity=MemberIdentity.of_this_process(lifetime),
                 clock=time.monotonic, interval_s=options.heartbeat_interval_s,
-                member_id=member_id or (lambda: None))
+                member_id=lambda: self.member_id_source())
 
         self.observer = WorkerObserver(
             instruments=self.instruments, readiness=self.readiness,

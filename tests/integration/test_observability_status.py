@@ -101,6 +101,8 @@ def test_live_and_killed_members(services: ServiceSettings) -> None:
         datetime.fromisoformat(killed["last_observed"]["at"])
         assert killed["last_seen_age_s"] > killed["unavailable_after_s"] == 3.0
         assert (live["availability"], live["state"]) == ("observed", "running")
+        assert live["member_id"] and killed["member_id"] and live["member_id"] != \
+            killed["member_id"]  # Kafka group member ids (consumer.memberid())
         stuck = _part(stale, pb)
         assert stuck["owner"] == killed["lifetime"] and stuck["epoch"] == b_epoch
         assert stuck["owner_availability"] == "unavailable" and stuck["owner_state"] is None
