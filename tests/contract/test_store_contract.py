@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -184,3 +185,25 @@ async def test_validate(h: Harness) -> None:
                                               allow_retention_gap=True)])
     assert res[TP].ok and res[TP].gap_skipped_to == 6
     assert await h.store.observe([TP]) == {TP: Token(1, 5)}  # validate is read-only
+
+
+async def test_claim_waits_for_in_flight_process_then_sees_its_frontier(h: Harness) -> None:
+    token = (await h.store.claim([ClaimRequest(TP, 0)], lifetime="A"))[TP]
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
+        verdicts = await h.handle(conn, records)
+        entered.set()
+        await release.wait()
+        return verdicts
+
+    proc = asyncio.ensure_future(h.store.process(TP, token, make_records(TP, range(4)), slow))
+    await entered.wait()
+    claim = asyncio.ensure_future(h.store.claim([ClaimRequest(TP, 0)], lifetime="B"))
+    for _ in range(20):  # give the claim every chance to overtake the held row lock
+        await asyncio.sleep(0.01)
+    assert not claim.done()
+    release.set()
+    assert await proc == Token(1, 4)
+    assert (await claim)[TP] == Token(2, 4)
+    assert len(await h.effects()) == 4
