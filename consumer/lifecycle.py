@@ -275,7 +275,8 @@ class Lifecycle(LifetimeFrame):
         attrs = {"messaging.kafka.offset": batch[0].offset,
                  "fence.first_offset": batch[0].offset, "fence.last_offset": batch[-1].offset,
                  "fence.epoch": token.epoch, "fence.frontier": token.frontier,
-                 "messaging.batch.message_count": len(batch)}
+                 "messaging.batch.message_count": len(batch),
+                 "messaging.operation.type": "process", "messaging.operation.name": "process"}
         m, started_s = self._metrics, self._clock()
         with span("fence.process", self, tp, attrs, links=links, context=context) as sp:
             try:

@@ -96,6 +96,7 @@ def test_span_tree_of_one_record(services: ServiceSettings) -> None:
     assert tags["messaging.system"] == "kafka"
     assert tags["messaging.destination.name"] == topic
     assert tags["messaging.consumer.group.name"] == group
+    assert tags["messaging.operation.type"] == "process"
     assert tags["fence.epoch"] == epoch == 1
     assert tags["fence.outcome"] == "ok"
     assert tags["fence.frontier"] == tags["fence.last_offset"] + 1
