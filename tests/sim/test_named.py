@@ -213,3 +213,12 @@ def test_late_seek_after_revoke_is_fenced_without_io_or_retirement() -> None:
     assert attempts(report)[5]["result"] == "unseeked"  # revoke cleared the cursor
     assert sim.lifecycles[1].state is LifetimeState.LIVE
     assert [j.event for j in sim.store.journal_rows] == ["claim", "release"]
+
+
+def test_the_simulator_drives_the_production_lifecycle() -> None:
+    import consumer.lifecycle
+    from fencing.memstore import MemoryFenceStore
+
+    _report, sim = run(make(puts(0, [0]), [*head(), step("process", 1, 0)]))
+    assert type(sim.lifecycles[1]) is consumer.lifecycle.Lifecycle
+    assert type(sim.store) is MemoryFenceStore

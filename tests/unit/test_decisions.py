@@ -90,3 +90,12 @@ def test_failure_classification(exc: BaseException, action: FailureAction) -> No
 def test_deadline_is_inclusive() -> None:
     assert not d.deadline_passed(19.999, 20.0)
     assert d.deadline_passed(20.0, 20.0)
+
+
+def test_package_exports() -> None:
+    import consumer
+    import ops.sim
+
+    for module in (consumer, d, ops.sim):
+        assert all(hasattr(module, name) for name in module.__all__), module
+    assert {"Lifecycle", "LifetimeState"} <= set(consumer.__all__)
