@@ -2,7 +2,8 @@
 
 Rules
 - The failure is a string from a deterministic predicate over a trace (for the corpus:
-  ``failure_of(run_trace(trace))``); ``None`` means "passes".
+  ``failure_of(run_trace(trace))``: status and first violation, numbers masked);
+  ``None`` means "passes".
 - Steps are deleted one at a time (last first), then fault selectors one at a time; a
   deletion is kept only if the result still parses (so lifetime dependencies hold:
   a start, or the fault that reserves a replacement, cannot go while a later step uses
@@ -27,14 +28,17 @@ __all__ = ["Predicate", "artifact_dir", "failure_of", "reduce_trace", "save_fail
 
 Predicate = Callable[[Trace], str | None]
 _PLACE = re.compile(r"^[^:]*: ")
+_NUMBER = re.compile(r"\d+")
 
 
 def failure_of(report: Mapping[str, Any]) -> str | None:
-    """The failure string of a report: status and first violation without its place."""
+    """The failure string of a report: status and first violation, without its place and
+    with every number written ``N`` (deleting a step renumbers attempts, epochs and
+    offsets; the kind of failure stays)."""
     if report["status"] == "PASS":
         return None
     first = (report["violations"] or report["diagnostics"] or [""])[0]
-    return f"{report['status']}: {_PLACE.sub('', first, count=1)}"
+    return f"{report['status']}: {_NUMBER.sub('N', _PLACE.sub('', first, count=1))}"
 
 
 def _valid(trace: Trace) -> Trace | None:

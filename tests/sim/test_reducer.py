@@ -55,7 +55,7 @@ def test_reducer_refuses_a_passing_trace() -> None:
 
 
 def test_failure_string_drops_the_place() -> None:
-    report = {"status": "ERROR", "violations": ["attempt 7 end: stale token committed: x"],
-              "diagnostics": []}
-    assert failure_of(report) == "ERROR: stale token committed: x"
+    report = {"status": "ERROR", "violations": ["attempt 7 end: stale token committed: x at "
+                                                "epoch 12"], "diagnostics": []}
+    assert failure_of(report) == "ERROR: stale token committed: x at epoch N"
     assert failure_of({"status": "PASS", "violations": [], "diagnostics": []}) is None
