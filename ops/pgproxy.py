@@ -22,6 +22,7 @@ Rules
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import struct
@@ -89,6 +90,8 @@ class PgProxy:
         self.port = listen_port
         self.rules: list[Rule] = []
         self.connections_total = 0
+        # client messages by type after startup; ``round_trips()`` counts Query + Sync
+        self.client_messages: collections.Counter[str] = collections.Counter()
         self._server: asyncio.Server | None = None
         self._conns: set[_Conn] = set()
         self._release = asyncio.Event()
@@ -114,6 +117,10 @@ class PgProxy:
         rule = Rule(needle, action, times)
         self.rules.append(rule)
         return rule
+
+    def round_trips(self) -> int:
+        """Client round trips so far: each simple Query and each extended-protocol Sync."""
+        return self.client_messages["Q"] + self.client_messages["S"]
 
     def clear_rules(self) -> None:
         self.rules.clear()
@@ -178,6 +185,7 @@ class PgProxy:
             while True:
                 head = await cr.readexactly(5)
                 body = await cr.readexactly(struct.unpack("!i", head[1:])[0] - 4)
+                self.client_messages[head[:1].decode("latin-1")] += 1
                 rule = self._rule_for(conn, head[:1], body)
                 if rule is not None:
                     rule.count += 1

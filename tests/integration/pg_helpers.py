@@ -10,6 +10,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -30,12 +31,22 @@ __all__ = [
 ]
 
 
+class Dsn(str):
+    """A DSN whose repr hides the password (pytest prints fixture values on failure)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        parts = urlsplit(self)
+        if parts.password is None:
+            return super().__repr__()
+        return repr(self.replace(f":{parts.password}@", ":***@", 1))
+
+
 @pytest.fixture(scope="session")
 def pg_dsn(request: pytest.FixtureRequest) -> str:
-    dsn = os.environ.get("FENCE_DSN")
-    if dsn:
-        return dsn
-    return str(request.getfixturevalue("services").dsn)
+    dsn = os.environ.get("FENCE_DSN") or str(request.getfixturevalue("services").dsn)
+    return Dsn(dsn)
 
 
 async def create_fence_schema(dsn: str) -> str:

@@ -1,0 +1,78 @@
+"""Round trips per store call, counted on the wire by ops.pgproxy (real PostgreSQL)."""
+# ruff: noqa: F811  (pytest fixtures imported from pg_helpers are redefined as parameters)
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from fencing.pgstore import PgFenceStore
+from fencing.types import (
+    ClaimRequest,
+    SourceCheck,
+    SourceFacts,
+    SourceRecord,
+    Token,
+    TopicPartition,
+    Verdict,
+)
+from ops.pgproxy import PgProxy
+from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
+    effect_handler,
+    fence_schema,
+    make_records,
+    pg_dsn,
+)
+
+pytestmark = pytest.mark.integration
+
+
+async def test_assignment_calls_take_one_round_trip_and_process_adds_none(
+        pg_dsn: str, fence_schema: str) -> None:
+    parts = urlsplit(pg_dsn)
+    tps = [TopicPartition("rt", p) for p in range(8)]
+    async with PgProxy(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
+        store = await PgFenceStore.connect(proxy.dsn(pg_dsn), group_id=f"g-{uuid.uuid4().hex}",
+                                           schema=fence_schema, pool_min=1, pool_max=1)
+        try:
+            claims = [ClaimRequest(tp, 0, "tid") for tp in tps]
+            checks = [SourceCheck(tp, SourceFacts("tid", 0, 10)) for tp in tps]
+            await store.claim(claims, lifetime="warm")  # first use prepares the statements
+            await store.observe(tps)
+
+            async def trips(coro: Any) -> int:
+                before = proxy.round_trips()
+                await coro
+                return proxy.round_trips() - before
+
+            assert await trips(store.claim(claims, lifetime="L")) == 1
+            assert await trips(store.observe(tps)) == 1
+            assert await trips(store.validate(checks)) == 1
+            handler_trips = 0
+            inner = effect_handler(fence_schema)
+
+            async def counting(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
+                nonlocal handler_trips
+                before = proxy.round_trips()
+                verdicts = await inner(conn, records)
+                handler_trips += proxy.round_trips() - before
+                return verdicts
+
+            tp = tps[0]
+            token = Token(2, 0)  # warm up (prepare) the handler's and the quarantine statements
+            token = await store.process(tp, token, make_records(tp, range(100), bad=[5]),
+                                        counting)
+            handler_trips = 0
+            n = await trips(store.process(tp, token, make_records(tp, range(100, 200)), counting))
+            assert handler_trips >= 1
+            assert n == handler_trips + 2  # BEGIN+fence, handler, COMMIT: like BEGIN/COMMIT
+            handler_trips = 0
+            n = await trips(store.process(tp, Token(2, 200),
+                                          make_records(tp, range(200, 300), bad=[250]), counting))
+            assert n == handler_trips + 3  # plus one quarantine insert for all rejects
+        finally:
+            await store.close()
