@@ -287,7 +287,8 @@ async def test_spans_carry_messaging_and_fence_attributes(
         "fence.lifetime": "L1", "messaging.destination.name": "t",
         "messaging.destination.partition.id": "0", "messaging.kafka.offset": 0,
         "fence.first_offset": 0, "fence.last_offset": 3, "fence.epoch": 1,
-        "fence.frontier": 4, "messaging.batch.message_count": 2, "fence.outcome": "ok"}
+        "fence.frontier": 4, "messaging.batch.message_count": 2, "fence.outcome": "ok",
+        "messaging.operation.name": "process", "messaging.operation.type": "process"}
     assert spans["fence.assign"].attributes["fence.epoch"] == 1  # type: ignore[index]
     assert spans["fence.claim"].parent.span_id == (  # type: ignore[union-attr]
         spans["fence.assign"].context.span_id)
