@@ -62,6 +62,14 @@ lint: setup
 bench-store: setup
 	$(BIN)/python -m ops.bench_store
 
+# worker benchmark: raw / unfenced / fenceworker / batch-1, rebalance times -> artifacts/bench/worker.json
+bench: stack-up
+	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench
+
+# the README's "run it": stack, migrate, topic, produce, two workers, one leaves, status, traces
+demo: stack-up
+	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.demo
+
 # apply the fence schema migrations to FENCE_DSN (FENCE_SCHEMA, default fence)
 migrate: setup
 	$(BIN)/fencectl migrate
