@@ -85,7 +85,7 @@ def main() -> int:
     workers: list[subprocess.Popen[bytes]] = []
     try:
         for name in ("worker-1", "worker-2"):
-            log = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+            log = open(logs / f"{name}.log", "wb")
             workers.append(subprocess.Popen(
                 [PY, "-m", "ops.cli", "run", "--topic", topic, "--group", group,
                  "--schema", schema, "--batch-max-records", "50", "--log-level", "INFO"],
