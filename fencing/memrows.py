@@ -8,7 +8,9 @@ from typing import Any
 
 from fencing.types import TopicPartition
 
-__all__ = ["JournalRow", "MemoryTx", "QuarantineRow", "Row", "StoreEvent", "WriteRecord"]
+__all__ = [
+    "JournalRow", "MemberRow", "MemoryTx", "QuarantineRow", "Row", "StoreEvent", "WriteRecord",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,3 +86,16 @@ class MemoryTx:
         if name not in self._changed:
             self._changed[name] = dict(self._base.get(name, {}))
         return self._changed[name]
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRow:
+    """One worker lifetime as ``heartbeat`` last saw it (``last_seen_s`` by the store clock)."""
+
+    lifetime: str
+    member_id: str | None
+    host: str
+    pid: int
+    state: str
+    detail: Mapping[str, Any]
+    last_seen_s: float

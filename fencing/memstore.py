@@ -37,7 +37,15 @@ from fencing.errors import (
 )
 from fencing.handler import check_verdicts
 from fencing.memfaults import Fault, FaultOutcome, InterleavePoint, Operation
-from fencing.memrows import JournalRow, MemoryTx, QuarantineRow, Row, StoreEvent, WriteRecord
+from fencing.memrows import (
+    JournalRow,
+    MemberRow,
+    MemoryTx,
+    QuarantineRow,
+    Row,
+    StoreEvent,
+    WriteRecord,
+)
 from fencing.store import JOURNAL_EVENTS, HandlerFn
 from fencing.types import (
     ClaimRequest,
@@ -51,6 +59,7 @@ from fencing.types import (
 
 __all__ = [
     "JournalRow",
+    "MemberRow",
     "MemoryFenceStore",
     "MemoryTx",
     "QuarantineRow",
@@ -93,7 +102,7 @@ class MemoryFenceStore:
         self.rows: dict[TopicPartition, Row] = {}
         self.journal_rows: list[JournalRow] = []
         self.quarantine: list[QuarantineRow] = []
-        self.members: dict[str, str] = {}
+        self.members: dict[str, MemberRow] = {}
         self.writes: list[WriteRecord] = []
         self.events: list[StoreEvent] = []
         self._tables: dict[str, dict[Any, Any]] = {}
@@ -395,6 +404,13 @@ class MemoryFenceStore:
             self.journal_rows.append(JournalRow(tp, lifetime, event, epoch, detail, now))
             self._write("journal", tp, lifetime, epoch, self._frames[-1].label)
 
+
+    async def heartbeat(self, *, lifetime: str, member_id: str | None, host: str, pid: int,
+                        state: str, detail: Mapping[str, Any] | None = None) -> None:
+        """Upsert this lifetime's member row with ``last_seen_s`` := now (status only)."""
+        await asyncio.sleep(0)
+        self.members[lifetime] = MemberRow(lifetime, member_id, host, pid, state,
+                                           dict(detail or {}), self._clock())
 
 def _name(exc: BaseException) -> str:
     names: dict[type[BaseException], str] = {

@@ -278,3 +278,16 @@ async def test_journal_rejects_unknown_events_and_logs_writes() -> None:
     assert [(w.kind, w.lifetime, w.epoch) for w in store.writes] == [("journal", "L", 3)]
     with pytest.raises(ValueError):
         await store.journal([TP], lifetime="L", event="nonsense")
+
+
+async def test_heartbeat_upserts_the_member_row() -> None:
+    now = [1.0]
+    store = MemoryFenceStore("g", clock=lambda: now[0])
+    await store.heartbeat(lifetime="L", member_id=None, host="h", pid=7, state="live")
+    now[0] = 2.5
+    await store.heartbeat(lifetime="L", member_id="m", host="h", pid=7, state="stopped",
+                          detail={"reason": "sigterm"})
+    row = store.members["L"]
+    assert (row.member_id, row.state, row.detail, row.last_seen_s) == (
+        "m", "stopped", {"reason": "sigterm"}, 2.5)
+    assert store.writes == []  # status only: not a fenced write
