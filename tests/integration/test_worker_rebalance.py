@@ -56,7 +56,8 @@ async def _journal_shows_every_claim(dsn: str, schema: str, group: str, topic: s
     rows = await durable_rows(dsn, schema, group, topic)
     journal = await journal_rows(dsn, schema, group, topic)
     for p, (epoch, _f) in rows.items():
-        claims = sorted(j["epoch"] for j in journal if j["partition"] == p and j["event"] == "claim")
+        claims = sorted(j["epoch"] for j in journal
+                        if j["partition"] == p and j["event"] == "claim")
         assert claims == list(range(1, epoch + 1)), (p, epoch, claims)
 
 
