@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--kafka-timeout-s", type=float, default=5.0,
                    help="bound for each Kafka request, seconds (default 5)")
     p.add_argument("--members-since-s", type=float, default=3600.0,
-                   help="show members seen within this many seconds (default 3600)")
+                   help="show members seen within this many seconds, and every partition "
+                        "owner (default 3600)")
     p.add_argument("--default-bound-s", type=float, default=DEFAULT_BOUND_S,
                    help="unavailability bound for rows that store none, seconds (default 15)")
     p.add_argument("--history", action="store_true",
@@ -71,7 +72,8 @@ async def read_rows(
             f"SELECT lifetime_id, group_id, member_id, host, pid, state, started_at,"
             f" last_seen, detail::text AS detail FROM {q}.members"
             f" WHERE ($1::text IS NULL OR group_id = $1)"
-            f" AND last_seen >= now() - make_interval(secs => $2)"
+            f" AND (last_seen >= now() - make_interval(secs => $2) OR lifetime_id IN"
+            f" (SELECT owner FROM {q}.partitions WHERE $1::text IS NULL OR group_id = $1))"
             f" ORDER BY group_id, started_at, lifetime_id", group, members_since_s)
     parts = [PartitionRow(r["group_id"], r["topic"], r["partition"], r["epoch"], r["frontier"],
                           r["owner"], r["topic_id"], r["updated_at"]) for r in prow]
