@@ -1,0 +1,216 @@
+"""The worker's loop side with the in-memory store and a fake Kafka thread (no services).
+
+The fake plays librdkafka's part from its own thread: it calls the blocking rebalance
+callbacks and delivers records, and records the commands the worker sends back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from consumer.config import WorkerConfig
+from consumer.exits import ExitCode
+from consumer.lifecycle import Lifecycle
+from consumer.worker import Worker
+from fencing.memstore import MemoryFenceStore
+from fencing.types import ACCEPT, SourceFacts, SourceRecord, TopicPartition, Verdict
+
+TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)
+
+
+class FakeKafka:
+    def __init__(self, rb: Any) -> None:
+        self.rb = rb
+        self.commands: list[tuple[str, TopicPartition, int]] = []
+        self.closed: Future[None] = Future()
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        pass
+
+    def pause(self, tp: TopicPartition) -> None:
+        with self.lock:
+            self.commands.append(("pause", tp, -1))
+
+    def resume(self, tp: TopicPartition) -> None:
+        with self.lock:
+            self.commands.append(("resume", tp, -1))
+
+    def commit(self, tp: TopicPartition, frontier: int) -> None:
+        with self.lock:
+            self.commands.append(("commit", tp, frontier))
+
+    def stop_fetching(self) -> None:
+        pass
+
+    def close(self) -> Future[None]:
+        if not self.closed.done():
+            self.closed.set_result(None)
+        return self.closed
+
+    def committed(self, tp: TopicPartition) -> int:
+        with self.lock:
+            return max([f for c, t, f in self.commands if c == "commit" and t == tp],
+                       default=-1)
+
+    def deliver(self, records: list[SourceRecord]) -> None:
+        done = threading.Event()
+        self.rb.deliver(records, done.set)
+        assert done.wait(10)
+
+
+class Facts:
+    def facts(self, tps: list[TopicPartition]) -> dict[TopicPartition, SourceFacts]:
+        return {tp: SourceFacts("tid", 0, 10_000) for tp in tps}
+
+
+def records(tp: TopicPartition, start: int, count: int) -> list[SourceRecord]:
+    return [SourceRecord(tp.topic, tp.partition, o, b"k", b"v" * 10)
+            for o in range(start, start + count)]
+
+
+async def accept_all(conn: Any, recs: Sequence[SourceRecord]) -> list[Verdict]:
+    return [ACCEPT] * len(recs)
+
+
+def make(handler: Callable[..., Any] = accept_all, **cfg: Any) -> tuple[
+        Worker, MemoryFenceStore, list[FakeKafka]]:
+    store = MemoryFenceStore("g")
+    config = WorkerConfig(topic="t", group_id="g", bootstrap_servers="x", dsn="x",
+                          **{"batch_max_records": 50, "shutdown_timeout_s": 1.0, **cfg})
+    fakes: list[FakeKafka] = []
+
+    def kafka(rb: Any) -> FakeKafka:
+        fakes.append(FakeKafka(rb))
+        return fakes[-1]
+
+    worker = Worker(config=config, handler=handler, source=Facts(), kafka_factory=kafka,
+                    lifecycle_factory=lambda lid: Lifecycle(
+                        store=store, lifetime_id=lid, clock=time.monotonic,
+                        wait=asyncio.sleep, budget_s=5.0))
+    return worker, store, fakes
+
+
+async def until(pred: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def test_assign_positions_from_store_and_commits_after_each_batch() -> None:
+    worker, store, fakes = make()
+    run = asyncio.create_task(worker.run())
+    await until(lambda: bool(fakes))
+    kafka = fakes[0]
+    positions = await asyncio.to_thread(worker.assigned, [TP0, TP1])
+    assert positions == {TP0: 0, TP1: 0}
+    await asyncio.to_thread(kafka.deliver, records(TP0, 0, 120) + records(TP1, 0, 30))
+    await until(lambda: kafka.committed(TP0) == 120 and kafka.committed(TP1) == 30)
+    assert store.token_of(TP0).frontier == 120  # type: ignore[union-attr]
+    # every commit is a batch end: batches of at most 50
+    assert [f for c, t, f in kafka.commands if c == "commit" and t == TP0] == [50, 100, 120]
+    worker.request_stop()
+    assert await run is ExitCode.OK
+
+
+async def test_stale_records_are_dropped_after_positioning() -> None:
+    worker, store, fakes = make()
+    run = asyncio.create_task(worker.run())
+    await until(lambda: bool(fakes))
+    await asyncio.to_thread(worker.assigned, [TP0])
+    await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 10))
+    await until(lambda: fakes[0].committed(TP0) == 10)
+    await asyncio.to_thread(fakes[0].deliver, records(TP0, 5, 10))  # 5..9 already delivered
+    await until(lambda: fakes[0].committed(TP0) == 15)
+    worker.request_stop()
+    assert await run is ExitCode.OK
+
+
+async def test_revoke_returns_only_after_the_in_flight_batch() -> None:
+    release = asyncio.Event()
+    order: list[str] = []
+
+    async def slow(conn: Any, recs: Sequence[SourceRecord]) -> list[Verdict]:
+        order.append("batch-start")
+        await release.wait()
+        order.append("batch-end")
+        return [ACCEPT] * len(recs)
+
+    worker, store, fakes = make(slow)
+    run = asyncio.create_task(worker.run())
+    await until(lambda: bool(fakes))
+    await asyncio.to_thread(worker.assigned, [TP0])
+    await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 10))
+    await until(lambda: order == ["batch-start"])
+    revoking = asyncio.create_task(asyncio.to_thread(worker.revoked, [TP0]))
+    await asyncio.sleep(0.2)
+    assert not revoking.done()
+    release.set()
+    await revoking
+    order.append("revoked")
+    assert order == ["batch-start", "batch-end", "revoked"]
+    assert store.token_of(TP0).frontier == 10  # type: ignore[union-attr]
+    assert [r.event for r in store.journal_rows][-1] == "release"
+    worker.request_stop()
+    assert await run is ExitCode.OK
+
+
+async def test_full_partition_is_paused_then_resumed() -> None:
+    gate = asyncio.Event()
+
+    async def gated(conn: Any, recs: Sequence[SourceRecord]) -> list[Verdict]:
+        await gate.wait()
+        return [ACCEPT] * len(recs)
+
+    worker, _store, fakes = make(gated, batch_max_records=10, queue_max_batches=2)
+    run = asyncio.create_task(worker.run())
+    await until(lambda: bool(fakes))
+    await asyncio.to_thread(worker.assigned, [TP0])
+    await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 40))
+    await until(lambda: ("pause", TP0, -1) in fakes[0].commands)
+    gate.set()
+    await until(lambda: ("resume", TP0, -1) in fakes[0].commands)
+    await until(lambda: fakes[0].committed(TP0) == 40)
+    worker.request_stop()
+    assert await run is ExitCode.OK
+
+
+async def test_shutdown_past_bound_reports_in_flight_and_exits_6(caplog: Any) -> None:
+    async def stuck(conn: Any, recs: Sequence[SourceRecord]) -> list[Verdict]:
+        await asyncio.Event().wait()
+        return []
+
+    worker, store, fakes = make(stuck, shutdown_timeout_s=0.3)
+    run = asyncio.create_task(worker.run())
+    await until(lambda: bool(fakes))
+    await asyncio.to_thread(worker.assigned, [TP1])
+    await asyncio.to_thread(fakes[0].deliver, records(TP1, 0, 7))
+    await until(lambda: bool(worker.in_flight))
+    worker.request_stop()
+    assert await run is ExitCode.SHUTDOWN_TIMEOUT
+    assert "t[1] offsets 0..6 (7 records)" in caplog.text
+    assert store.token_of(TP1).frontier == 0  # type: ignore[union-attr]
+
+
+async def test_refused_source_ends_with_exit_4() -> None:
+    worker, store, fakes = make()
+    run = asyncio.create_task(worker.run())
+    await until(lambda: bool(fakes))
+    assert await asyncio.to_thread(worker.assigned, [TP0]) == {TP0: 0}
+    await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 5))
+    await until(lambda: fakes[0].committed(TP0) == 5)
+    await asyncio.to_thread(worker.revoked, [TP0])
+
+    class Recreated(Facts):
+        def facts(self, tps: list[TopicPartition]) -> dict[TopicPartition, SourceFacts]:
+            return {tp: SourceFacts("other-id", 0, 100) for tp in tps}
+
+    worker._source = Recreated()
+    assert await asyncio.to_thread(worker.assigned, [TP0]) is None  # held paused, not claimed
+    assert await run is ExitCode.SOURCE_REFUSED
