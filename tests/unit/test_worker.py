@@ -120,7 +120,7 @@ async def test_assign_positions_from_store_and_commits_after_each_batch() -> Non
 
 
 async def test_stale_records_are_dropped_after_positioning() -> None:
-    worker, store, fakes = make()
+    worker, _store, fakes = make()
     run = asyncio.create_task(worker.run())
     await until(lambda: bool(fakes))
     await asyncio.to_thread(worker.assigned, [TP0])
@@ -199,7 +199,7 @@ async def test_shutdown_past_bound_reports_in_flight_and_exits_6(caplog: Any) ->
 
 
 async def test_refused_source_ends_with_exit_4() -> None:
-    worker, store, fakes = make()
+    worker, _store, fakes = make()
     run = asyncio.create_task(worker.run())
     await until(lambda: bool(fakes))
     assert await asyncio.to_thread(worker.assigned, [TP0]) == {TP0: 0}
