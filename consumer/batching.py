@@ -34,9 +34,11 @@ class Flow(enum.Enum):
 
 def record_size(rec: SourceRecord) -> int:
     """Bytes a record counts for in batch and queue bounds: key + value + header values."""
-    size = len(rec.key or b"") + len(rec.value or b"")
-    for name, value in rec.headers:
-        size += len(name) + len(value or b"")
+    key, value, headers = rec.key, rec.value, rec.headers
+    size = (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
+    if headers:
+        for name, hv in headers:
+            size += len(name) + (len(hv) if hv is not None else 0)
     return size
 
 

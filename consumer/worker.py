@@ -75,8 +75,10 @@ class Worker:
     def __init__(self, *, config: WorkerConfig, handler: HandlerFn,
                  lifecycle_factory: Callable[[str], Any],
                  kafka_factory: Callable[[Any], KafkaPort], source: FactsPort,
-                 on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+                 on_event: Callable[[str, dict[str, Any]], None] | None = None,
+                 trace_links: bool = True) -> None:
         self._cfg = config
+        self._trace_links = trace_links  # producer-span links cost a header parse per record
         self._handler = handler
         self._lifecycle_factory = lifecycle_factory
         self._kafka_factory = kafka_factory
@@ -338,8 +340,8 @@ class Worker:
                 self._apply_flow(part)
                 part.inflight = in_flight_of(batch)
                 try:
-                    token = await self._lc.process(part.tp, batch, self._handler,
-                                                   links=links_for_records(batch))
+                    links = links_for_records(batch) if self._trace_links else ()
+                    token = await self._lc.process(part.tp, batch, self._handler, links=links)
                 except asyncio.CancelledError:
                     part.inflight = None
                     raise

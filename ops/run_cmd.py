@@ -200,7 +200,7 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
             kafka_factory=lambda rb: KafkaThread(
                 settings=settings, topic=cfg.topic, cooperative=cfg.cooperative,
                 rebalancer=rb, poll_timeout_s=cfg.poll_timeout_s),
-            on_event=obs.on_event)
+            on_event=obs.on_event, trace_links=telemetry.exporting)
         obs.member_id_source = lambda: worker.member_id
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
