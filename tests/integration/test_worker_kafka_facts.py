@@ -164,3 +164,43 @@ def test_pause_resume_loses_and_repeats_nothing(services) -> None:
         t.close().result(timeout=30)
     offsets = [r.offset for r in a.records]
     assert offsets == list(range(3000))
+
+
+class Stalling(Recorder):
+    """Blocks the consumer thread in its first delivery for longer than max.poll.interval.ms."""
+
+    def __init__(self, *args: object, stall_s: float) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.stall_s = stall_s
+
+    def deliver(self, records: list[SourceRecord], release: Callable[[], None]) -> None:
+        if self.stall_s:
+            stall, self.stall_s = self.stall_s, 0.0
+            time.sleep(stall)
+        super().deliver(records, release)
+
+
+@pytest.mark.parametrize("setup", GROUP_SETUPS, ids=lambda s: s.name)
+def test_missed_poll_interval_calls_on_lost_then_rejoins(services, setup: GroupSetup) -> None:
+    """Exceeding max.poll.interval.ms: librdkafka reports the assignment lost (``on_lost``,
+    not ``on_revoke``) from the next consume(), then rejoins and assigns again."""
+    bootstrap = services.kafka_bootstrap
+    topic, group = unique("lostcb"), unique("glostcb")
+    create_topic(bootstrap, topic, 2)
+    recs, _ = generated(topic, count=200, partitions=2)
+    produce(bootstrap, recs)
+    settings, coop = settings_for(setup, bootstrap, group)
+    settings["max.poll.interval.ms"] = "2500"
+    log: list[tuple[str, str, object]] = []
+    a = Stalling("a", log, 0, stall_s=5.0)
+    t = KafkaThread(settings=settings, topic=topic, cooperative=coop, rebalancer=a)
+    t.start()
+    try:
+        wait_until(lambda: [e for e in log if e[1] == "lost"], timeout_s=30, what="on_lost")
+        wait_until(lambda: [e for e in log[[e[1] for e in log].index("lost"):]
+                            if e[1] == "assign" and e[2]], timeout_s=30, what="re-assign")
+    finally:
+        t.close().result(timeout=30)
+    kinds = [e[1] for e in log if e[1] in ("assign", "lost", "revoke-done")]
+    assert kinds.index("lost") > kinds.index("assign")
+    assert "revoke-done" not in kinds[:kinds.index("lost")], kinds
