@@ -319,11 +319,8 @@ class Lifecycle(LifetimeFrame):
         with span("fence.revoke", self, tps[0] if len(tps) == 1 else None,
                   {"fence.partitions": len(tps)}):
             released: dict[TopicPartition, Token] = {}
+            await self._settle(tps)  # in-flight batches of these partitions end first
             for tp in sorted(set(tps)):
-                guard = self._guards.get(tp)
-                if guard is not None:
-                    async with guard:
-                        pass
                 token = self._tokens.pop(tp, None)
                 if token is not None:
                     released[tp] = token
