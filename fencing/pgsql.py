@@ -12,7 +12,9 @@ Rules
   concurrent claim waits for COMMIT (or ROLLBACK) and then sees its result. Its status is
   ``UPDATE 0`` when the token no longer matches. The simple protocol takes no parameters:
   the message carries only integers (row id, epoch, frontiers) formatted with ``:d`` from
-  ``int`` values, never text, so nothing can be injected.
+  ``int`` values, never text, so nothing can be injected. Connections of the store's own
+  pool run ``prepare_fence`` once, so the message is ``BEGIN; EXECUTE fence_advance(...)``
+  (no parse or plan per batch).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from dataclasses import dataclass
 
 from fencing.schema import quote_schema
 
-__all__ = ["Statements"]
+__all__ = ["FENCE_STATEMENT", "Statements"]
+
+#: name of the per-session prepared fence statement (see ``prepare_fence``)
+FENCE_STATEMENT = "fence_advance"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +34,8 @@ class Statements:
     claim: str
     observe: str
     begin_fence: str
+    prepare_fence: str
+    begin_fence_prepared: str
     row_id: str
     read_one: str
     quarantine: str
@@ -64,6 +71,13 @@ JOIN {s}.partitions p ON p.group_id = $1 AND p.topic = r.topic AND p.partition =
             begin_fence=(
                 f"BEGIN; UPDATE {s}.partitions SET frontier = {{end:d}}, updated_at = now()"
                 " WHERE id = {row_id:d} AND epoch = {epoch:d} AND frontier = {frontier:d}"),
+            prepare_fence=(
+                f"PREPARE {FENCE_STATEMENT} (bigint, bigint, bigint, bigint) AS UPDATE"
+                f" {s}.partitions SET frontier = $1, updated_at = now()"
+                " WHERE id = $2 AND epoch = $3 AND frontier = $4"),
+            begin_fence_prepared=(
+                f"BEGIN; EXECUTE {FENCE_STATEMENT}({{end:d}}, {{row_id:d}}, {{epoch:d}},"
+                " {frontier:d})"),
             row_id=f"""
 SELECT id FROM {s}.partitions WHERE group_id = $1 AND topic = $2 AND partition = $3""",
             read_one=f"""

@@ -94,11 +94,15 @@ def _headers_json(headers: Sequence[tuple[str, bytes | None]]) -> str:
 class PgFenceStore:
     """Fence store over an asyncpg pool for one consumer group in one schema."""
 
-    def __init__(self, pool: Any, *, group_id: str, schema: str = DEFAULT_SCHEMA) -> None:
+    def __init__(self, pool: Any, *, group_id: str, schema: str = DEFAULT_SCHEMA,
+                 fence_prepared: bool = False) -> None:
+        """``fence_prepared``: every pool connection ran ``Statements.prepare_fence``."""
         self.group_id = group_id
         self.schema = schema
         self._pool = pool
         self._sql = Statements.for_schema(schema)
+        self._begin_fence = (self._sql.begin_fence_prepared if fence_prepared
+                             else self._sql.begin_fence)
         self._ids: dict[TopicPartition, int] = {}  # partition row ids (never reused)
 
     @classmethod
@@ -113,23 +117,33 @@ class PgFenceStore:
         command_timeout_s: float = 10.0,
         **connect_kwargs: Any,
     ) -> PgFenceStore:
-        """Open a pool, check the schema version; raises ``SchemaMismatch``/``StoreUnavailable``."""
+        """Check the schema version, then open a pool; raises ``SchemaMismatch``/``ReadFailed``."""
         try:
-            pool = await asyncpg.create_pool(
-                dsn, min_size=pool_min, max_size=pool_max, command_timeout=command_timeout_s,
-                reset=light_reset, **connect_kwargs)
-        except BaseException as exc:
-            raise translate(exc, Phase.READ, "connect") from exc
-        try:
-            async with pool.acquire() as conn:
+            conn = await asyncpg.connect(dsn, command_timeout=command_timeout_s, **connect_kwargs)
+            try:
                 await check_version(conn, schema)
+            finally:
+                await conn.close()
         except BaseException as exc:
-            await pool.close()
             err = translate(exc, Phase.READ, "schema check")
             if err is exc:
                 raise
             raise err from exc
-        return cls(pool, group_id=group_id, schema=schema)
+        prepare = Statements.for_schema(schema).prepare_fence
+
+        async def init(conn: Any) -> None:
+            await conn.execute(prepare)
+
+        try:
+            pool = await asyncpg.create_pool(
+                dsn, min_size=pool_min, max_size=pool_max, command_timeout=command_timeout_s,
+                reset=light_reset, init=init, **connect_kwargs)
+        except BaseException as exc:
+            err = translate(exc, Phase.READ, "connect")
+            if err is exc:
+                raise
+            raise err from exc
+        return cls(pool, group_id=group_id, schema=schema, fence_prepared=True)
 
     async def close(self) -> None:
         await self._pool.close()
@@ -239,7 +253,7 @@ class PgFenceStore:
 
     async def _apply(self, conn: Any, tp: TopicPartition, token: Token, end: int, row_id: int,
                      records: Sequence[SourceRecord], handler: HandlerFn) -> None:
-        status = await conn.execute(self._sql.begin_fence.format(
+        status = await conn.execute(self._begin_fence.format(
             end=int(end), row_id=int(row_id), epoch=int(token.epoch),
             frontier=int(token.frontier)))
         if status != "UPDATE 1":
