@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from fencing.errors import Fenced, RecreatedTopic, RetentionGap
+from fencing.errors import Fenced, HandlerDeclarationError, RecreatedTopic, RetentionGap
 from fencing.memstore import MemoryFenceStore, MemoryTx
 from fencing.pgstore import PgFenceStore
 from fencing.store import FenceStore
@@ -207,3 +207,21 @@ async def test_claim_waits_for_in_flight_process_then_sees_its_frontier(h: Harne
     assert await proc == Token(1, 4)
     assert (await claim)[TP] == Token(2, 4)
     assert len(await h.effects()) == 4
+
+
+@pytest.mark.parametrize("failure", ["raises", "wrong-count"])
+async def test_handler_failure_rolls_back_everything(h: Harness, failure: str) -> None:
+    token = (await h.store.claim([ClaimRequest(TP, 0)], lifetime="A"))[TP]
+
+    async def broken(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
+        verdicts = await h.handle(conn, records)  # effects and a reject are written first
+        if failure == "raises":
+            raise RuntimeError("handler bug")
+        return verdicts[:-1]
+
+    expected = RuntimeError if failure == "raises" else HandlerDeclarationError
+    with pytest.raises(expected):
+        await h.store.process(TP, token, make_records(TP, range(3), bad=[0]), broken)
+    assert await h.effects() == [] and await h.quarantine() == []
+    assert await h.store.observe([TP]) == {TP: Token(1, 0)}
+    assert await h.store.process(TP, token, make_records(TP, range(3)), h.handle) == Token(1, 3)
