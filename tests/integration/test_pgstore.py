@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from fencing.errors import Fenced, RecreatedTopic, RetentionGap, SchemaMismatch
+from fencing.errors import Fenced, NotCommitted, RecreatedTopic, RetentionGap, SchemaMismatch
 from fencing.pgstore import PgFenceStore
 from fencing.schema import SCHEMA_VERSION
 from fencing.types import (
@@ -247,3 +247,43 @@ async def test_store_refuses_unknown_schema_version(pg_dsn: str, fence_schema: s
     with pytest.raises(SchemaMismatch,
                        match=f"found version 99, this build needs version {SCHEMA_VERSION}"):
         await PgFenceStore.connect(pg_dsn, group_id="g", schema=fence_schema)
+
+
+async def test_deadlock_in_handler_is_not_committed_and_retry_succeeds(
+        pg_store: PgFenceStore, pg_dsn: str, fence_schema: str) -> None:
+    tp_a, tp_b = TopicPartition("dl", 0), TopicPartition("dl", 1)
+    tokens = await pg_store.claim([ClaimRequest(tp_a, 0), ClaimRequest(tp_b, 0)], lifetime="L")
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute(f'CREATE TABLE "{fence_schema}".res (k int PRIMARY KEY, n int)'
+                           f'; INSERT INTO "{fence_schema}".res VALUES (1, 0), (2, 0)')
+    finally:
+        await conn.close()
+    first_locked = {1: asyncio.Event(), 2: asyncio.Event()}
+    crossing = True
+
+    def locker(mine: int, other: int) -> Any:
+        async def handle(c: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
+            sql = f'UPDATE "{fence_schema}".res SET n = n + 1 WHERE k = $1'
+            await c.execute(sql, mine)
+            if crossing:
+                first_locked[mine].set()
+                await first_locked[other].wait()  # both hold one row: lock the other's
+            await c.execute(sql, other)
+            return await effect_handler(fence_schema)(c, records)
+        return handle
+
+    results = await asyncio.gather(
+        pg_store.process(tp_a, tokens[tp_a], make_records(tp_a, [0]), locker(1, 2)),
+        pg_store.process(tp_b, tokens[tp_b], make_records(tp_b, [0]), locker(2, 1)),
+        return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    assert len(failed) == 1 and isinstance(failed[0], NotCommitted)
+    assert isinstance(failed[0].__cause__, asyncpg.DeadlockDetectedError)
+    loser = tp_a if isinstance(results[0], BaseException) else tp_b
+    assert (await pg_store.observe([loser]))[loser] == Token(1, 0)  # rolled back
+    crossing = False
+    mine, other = (1, 2) if loser == tp_a else (2, 1)
+    assert await pg_store.process(loser, tokens[loser], make_records(loser, [0]),
+                                  locker(mine, other)) == Token(1, 1)
+    assert (await count_effects(pg_dsn, fence_schema))["effects"] == 2
