@@ -65,8 +65,8 @@ def _wait4(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[int, int]:
             return proc.returncode, usage.ru_maxrss
         time.sleep(0.05)
     proc.kill()
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    raise RuntimeError(f"{proc.args} did not finish within {timeout_s} s")
+    os.wait4(proc.pid, 0)
+    raise RuntimeError(f"{proc.args!r} did not finish within {timeout_s} s")
 
 
 def produce(topic: str, count: int, partitions: int, seed: int) -> None:

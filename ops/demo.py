@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
@@ -56,7 +57,7 @@ async def _journal(dsn: str, schema: str, group: str) -> list[asyncpg.Record]:
         await conn.close()
 
 
-def _wait(pred, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def _wait(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not pred():
         if time.monotonic() > deadline:
