@@ -57,7 +57,8 @@ def register(sub: Any) -> None:
                    "or fence)")
     p.add_argument("--batch-max-records", type=int, default=500)
     p.add_argument("--batch-max-bytes", type=int, default=1 << 20)
-    p.add_argument("--queue-max-batches", type=int, default=4)
+    p.add_argument("--queue-max-batches", type=int, default=16,
+                   help="pause a partition once this many batches wait locally")
     p.add_argument("--db-concurrency", type=int, default=4)
     p.add_argument("--shutdown-timeout-s", type=float, default=15.0)
     p.add_argument("--group-protocol", choices=[g.value for g in GroupProtocol],
