@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -135,13 +136,19 @@ def _wait_kafka(bootstrap: str, *, timeout_s: float) -> None:
         pytest.fail(f"Kafka container {bootstrap} did not answer within {timeout_s:.0f} s: {exc}")
 
 
+def _progress(line: str) -> None:
+    """Stack progress straight to the terminal (past pytest's capture): a first run
+    builds Jaeger for minutes and should not look hung."""
+    print(f"\n[fencectl stack] {line}", file=sys.__stderr__, flush=True)
+
+
 @contextmanager
 def _local_stack() -> Iterator[ServiceSettings]:
     """The local stack of ``fencectl stack``; stops at exit only what it started."""
     from ops import stack
 
     try:
-        report = stack.up()
+        report = stack.up(out=_progress)
         settings = ServiceSettings.from_env(stack.env())
     except stack.StackError as exc:
         failure = f"could not start the local stack (fencectl stack up): {exc}"
@@ -154,7 +161,7 @@ def _local_stack() -> Iterator[ServiceSettings]:
         yield settings
     finally:
         if report.started and not os.environ.get("FENCE_KEEP_STACK"):
-            stack.down(services=report.started)
+            stack.down(services=report.started, out=_progress)
 
 
 @contextmanager
