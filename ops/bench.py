@@ -233,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, Any] = {}
     print("run a_raw ...", flush=True)
     runs["a_raw"] = run_baseline("raw", topic, a.count, dsn)
+    print("run a_raw_aioconsumer (AIOConsumer, for comparison) ...", flush=True)
+    runs["a_raw_aioconsumer"] = run_baseline("raw-aio", topic, a.count, dsn)
     # b and c alternate ``--repeat`` times on the same data (other load on the machine moves
     # single runs a lot); the reported run is the median by records/s, all are kept.
     tries: dict[str, list[dict[str, Any]]] = {"b_unfenced": [], "c_fenceworker": []}

@@ -1,6 +1,7 @@
 """Baseline consumers for ``ops.bench`` (each runs as its own process; prints one JSON line).
 
 - ``raw``: consume the topic to its end with no database (records/s of librdkafka + Python).
+- ``raw-aio``: the same through ``confluent_kafka.aio.AIOConsumer`` (for comparison only).
 - ``unfenced``: an ordinary at-least-once consumer: per consume() call, per partition, one
   PostgreSQL transaction running the same reference handler over the batch (partitions
   concurrently on a pool of ``--db-concurrency``), then an asynchronous Kafka offset commit.
@@ -48,6 +49,27 @@ def run_raw(bootstrap: str, group: str, topic: str, total: int) -> dict[str, Any
     return {"records": seen, "elapsed_s": elapsed}
 
 
+async def run_raw_aio(bootstrap: str, group: str, topic: str, total: int) -> dict[str, Any]:
+    """Raw consumption through ``confluent_kafka.aio.AIOConsumer`` (measured, not used)."""
+    from confluent_kafka.aio import AIOConsumer
+
+    c = AIOConsumer({"bootstrap.servers": bootstrap, "group.id": group,
+                     "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                     "queued.max.messages.kbytes": "4096"})
+    await c.subscribe([topic])
+    seen, t_first = 0, 0.0
+    while seen < total:
+        for m in await c.consume(1000, 0.5):
+            if m.error() is None:
+                if not seen:
+                    t_first = time.monotonic()
+                to_record(m)
+                seen += 1
+    elapsed = time.monotonic() - t_first
+    await c.close()
+    return {"records": seen, "elapsed_s": elapsed}
+
+
 async def run_unfenced(bootstrap: str, group: str, topic: str, total: int, dsn: str,
                        schema: str, batch_max: int, concurrency: int) -> dict[str, Any]:
     import asyncpg
@@ -89,7 +111,7 @@ async def run_unfenced(bootstrap: str, group: str, topic: str, total: int, dsn: 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ops.bench_baselines")
-    p.add_argument("mode", choices=["raw", "unfenced"])
+    p.add_argument("mode", choices=["raw", "raw-aio", "unfenced"])
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--group", required=True)
     p.add_argument("--topic", required=True)
@@ -100,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.mode == "raw":
         out = run_raw(a.bootstrap, a.group, a.topic, a.total)
+    elif a.mode == "raw-aio":
+        out = asyncio.run(run_raw_aio(a.bootstrap, a.group, a.topic, a.total))
     else:
         import os
 
