@@ -174,7 +174,7 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
     os.environ["FENCE_SCHEMA"] = cfg.schema  # the reference handler reads it at import
     handler = _schema_bound(load_handler(cfg.handler), cfg)
     source = KafkaSource(_admin_conf(cfg))
-    if not await asyncio.to_thread(source.list_topics_ok, 10.0):
+    if not await asyncio.to_thread(source.list_topics_ok, 5.0):
         raise ConfigError(f"KAFKA_BOOTSTRAP_SERVERS={cfg.bootstrap_servers}: Kafka unreachable "
                           "at start")
     try:
