@@ -214,3 +214,36 @@ async def test_refused_source_ends_with_exit_4() -> None:
     worker._source = Recreated()
     assert await asyncio.to_thread(worker.assigned, [TP0]) is None  # held paused, not claimed
     assert await run is ExitCode.SOURCE_REFUSED
+
+
+async def test_fenced_batch_retires_and_restart_lifetimes_starts_a_fresh_one() -> None:
+    from fencing.types import ClaimRequest
+
+    worker, store, fakes = make(restart_lifetimes=1)
+    run = asyncio.create_task(worker.run())
+    await until(lambda: bool(fakes))
+    await asyncio.to_thread(worker.assigned, [TP0])
+    # another member claims the partition behind this lifetime's back (a zombie's view)
+    await store.claim([ClaimRequest(TP0, 0, "tid")], lifetime="intruder")
+    await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 5))
+    await until(lambda: len(fakes) == 2)  # lifetime 1 retired: a fresh consumer and lifetime
+    assert fakes[0].closed.done() and len(worker.lifetimes) == 2
+    assert store.token_of(TP0).frontier == 0  # type: ignore[union-attr]  # nothing applied
+    assert await asyncio.to_thread(worker.assigned, [TP0]) == {TP0: 0}
+    await asyncio.to_thread(fakes[1].deliver, records(TP0, 0, 5))
+    await until(lambda: fakes[1].committed(TP0) == 5)
+    worker.request_stop()
+    assert await run is ExitCode.OK
+
+
+async def test_fenced_batch_without_restarts_exits_3() -> None:
+    from fencing.types import ClaimRequest
+
+    worker, store, fakes = make()
+    run = asyncio.create_task(worker.run())
+    await until(lambda: bool(fakes))
+    await asyncio.to_thread(worker.assigned, [TP0])
+    await store.claim([ClaimRequest(TP0, 0, "tid")], lifetime="intruder")
+    await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 5))
+    assert await run is ExitCode.RETIRED
+    assert store.token_of(TP0).frontier == 0  # type: ignore[union-attr]
