@@ -101,9 +101,10 @@ class WorkerConfig:
     """Longest single consume() wait on the Kafka thread (default 50 ms)."""
     allow_retention_gap: bool = False
     """Skip a retention gap (journaled) instead of refusing the partition."""
-    db_idle_in_transaction_timeout_s: float = 30.0
-    """PostgreSQL ends a worker session idle inside a transaction this long (a stopped or hung
-    zombie would otherwise hold its partition row lock and block the next owner's claim)."""
+    db_idle_in_transaction_timeout_s: float = 8.0
+    """PostgreSQL ends a worker session idle inside a transaction this long (default 8 s): a
+    stopped or hung zombie would otherwise hold its partition row lock and block the next
+    owner's claim past the 20 s budget."""
     restart_lifetimes: int = 0
     """Fresh lifetimes to start after a retirement before exiting 3 (default 0)."""
     x_options: Mapping[str, str] = field(default_factory=dict)
@@ -127,6 +128,8 @@ class WorkerConfig:
                 raise ConfigError(f"{name} must be >= 1 (got {value})")
         if self.shutdown_timeout_s <= 0:
             raise ConfigError(f"--shutdown-timeout-s must be > 0 (got {self.shutdown_timeout_s})")
+        if self.db_idle_in_transaction_timeout_s <= 0:
+            raise ConfigError("--db-idle-in-transaction-timeout-s must be > 0")
         if self.restart_lifetimes < 0:
             raise ConfigError("--restart-lifetimes must be >= 0")
         if self.auto_offset_reset not in ("earliest", "latest"):

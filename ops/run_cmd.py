@@ -68,7 +68,7 @@ def register(sub: Any) -> None:
     p.add_argument("--auto-offset-reset", choices=["earliest", "latest"], default="earliest")
     p.add_argument("--allow-retention-gap", action="store_true",
                    help="skip (and journal) records deleted before processing")
-    p.add_argument("--db-idle-in-transaction-timeout-s", type=float, default=30.0,
+    p.add_argument("--db-idle-in-transaction-timeout-s", type=float, default=8.0,
                    help="PostgreSQL idle_in_transaction_session_timeout of worker sessions")
     p.add_argument("--restart-lifetimes", type=int, default=0,
                    help="start up to N fresh lifetimes after a retirement before exiting 3")
