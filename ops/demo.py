@@ -25,7 +25,7 @@ import asyncpg
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-COUNT = 20_000
+COUNT = 60_000
 PARTITIONS = 6
 
 
@@ -89,16 +89,23 @@ def main() -> int:
             log = open(logs / f"{name}.log", "wb")
             workers.append(subprocess.Popen(
                 [PY, "-m", "ops.cli", "run", "--topic", topic, "--group", group,
-                 "--schema", schema, "--batch-max-records", "50", "--log-level", "INFO"],
+                 "--schema", schema, "--batch-max-records", "20", "--log-level", "INFO"],
                 env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
             _say(f"started {name} (pid {workers[-1].pid}, log artifacts/demo/{name}.log)")
         _wait(lambda: len({r["owner"] for r in asyncio.run(_rows(dsn, schema, group))}) == 2,
               60, "both workers owning partitions")
-        _say("both workers own partitions; stopping worker-1 with SIGTERM (rebalance)")
+        done = sum(r["frontier"] for r in asyncio.run(_rows(dsn, schema, group)))
+        _say(f"both workers own partitions ({done}/{COUNT} records processed); stopping "
+             "worker-1 with SIGTERM (it finishes its in-flight batches and leaves the group)")
         workers[0].send_signal(signal.SIGTERM)
         print(f"worker-1 exited with {workers[0].wait(60)}")
-        _wait(lambda: sum(r["frontier"] for r in asyncio.run(_rows(dsn, schema, group)))
-              >= COUNT, 120, "every record processed")
+
+        def finished() -> bool:
+            rows = asyncio.run(_rows(dsn, schema, group))
+            return (sum(r["frontier"] for r in rows) >= COUNT
+                    and len({r["owner"] for r in rows}) == 1)
+
+        _wait(finished, 180, "worker-2 owning every partition and every record processed")
         _say("every record processed; fencectl status:")
         subprocess.run([PY, "-m", "ops.cli", "status", "--group", group, "--schema", schema],
                        env=env, cwd=ROOT, check=False)
