@@ -24,8 +24,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from confluent_kafka import KafkaError
 
@@ -33,40 +32,16 @@ from consumer.adapter import call_on_loop
 from consumer.batching import Flow, InFlight, PartitionBuffer, in_flight_of
 from consumer.config import WorkerConfig
 from consumer.exits import ExitCode, exit_code_for
+from consumer.ports import FactsPort, KafkaPort, Partition
 from consumer.source import build_checks
 from consumer.tracecontext import links_for_records
 from fencing.errors import Fenced, FenceError, RetentionGap, Retired, SourceRefused
 from fencing.store import HandlerFn
-from fencing.types import SourceFacts, SourceRecord, TopicPartition
+from fencing.types import SourceRecord, TopicPartition
 
 __all__ = ["KafkaPort", "Worker"]
 
 log = logging.getLogger("fenceworker.worker")
-
-
-class KafkaPort(Protocol):
-    """What the worker needs of ``consumer.adapter.KafkaThread`` (a fake in unit tests)."""
-
-    def start(self) -> None: ...
-    def pause(self, tp: TopicPartition) -> None: ...
-    def resume(self, tp: TopicPartition) -> None: ...
-    def commit(self, tp: TopicPartition, frontier: int) -> None: ...
-    def stop_fetching(self) -> None: ...
-    def close(self) -> Any: ...  # a concurrent.futures.Future
-
-
-class FactsPort(Protocol):
-    def facts(self, tps: list[TopicPartition]) -> dict[TopicPartition, SourceFacts]: ...
-
-
-@dataclass(slots=True)
-class _Partition:
-    tp: TopicPartition
-    buffer: PartitionBuffer
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    closing: bool = False
-    inflight: InFlight | None = None
-    task: asyncio.Task[None] | None = None
 
 
 class Worker:
@@ -88,7 +63,7 @@ class Worker:
         self._stop_requested = asyncio.Event()
         self._failure: BaseException | None = None
         self._failed = asyncio.Event()
-        self._parts: dict[TopicPartition, _Partition] = {}
+        self._parts: dict[TopicPartition, Partition] = {}
         self._slots = asyncio.Semaphore(config.db_concurrency)
         self._stopping = False
         self._lc: Any = None
@@ -256,7 +231,7 @@ class Worker:
                                  max_bytes=cfg.batch_max_bytes,
                                  queue_max_records=cfg.queue_max_records,
                                  queue_max_bytes=cfg.queue_max_bytes)
-        part = _Partition(tp, buffer)
+        part = Partition(tp, buffer)
         part.task = asyncio.create_task(self._run_partition(part), name=f"partition {tp}")
         self._parts[tp] = part
 
@@ -306,7 +281,7 @@ class Worker:
         finally:
             release()
 
-    def _apply_flow(self, part: _Partition) -> None:
+    def _apply_flow(self, part: Partition) -> None:
         assert self._kafka is not None
         flow = part.buffer.flow()
         if flow is Flow.PAUSE:
@@ -327,7 +302,7 @@ class Worker:
 
     # ---- processing ---------------------------------------------------------------------------
 
-    async def _run_partition(self, part: _Partition) -> None:
+    async def _run_partition(self, part: Partition) -> None:
         while not part.closing and not self._stopping:
             if len(part.buffer) == 0:
                 part.wake.clear()
