@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -40,6 +41,7 @@ __all__ = ["config_from_args", "register"]
 
 log = logging.getLogger("fenceworker.run")
 
+_EARLY_STOP = threading.Event()
 _ADMIN_PREFIXES = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.")
 
 
@@ -100,6 +102,8 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s pid=%(process)d %(message)s")
     dsn = os.environ.get("FENCE_DSN", "")
+    for sig in (signal.SIGTERM, signal.SIGINT):  # a stop during start-up is honoured (exit 0)
+        signal.signal(sig, lambda _sig, _frame: _EARLY_STOP.set())
     try:
         cfg = config_from_args(args, os.environ)
         obs_options = obs_options_from_args(args)
@@ -206,6 +210,8 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.request_stop)
+        if _EARLY_STOP.is_set():
+            worker.request_stop()
         try:
             obs.start()
         except OSError as exc:

@@ -131,6 +131,7 @@ def test_crash_and_restart_exactly_once(services, setup: GroupSetup) -> None:
             w.kill()
             w.wait(10)
         assert w is not None
+        wait_until(lambda: "assigned {" in w.log(), timeout_s=30, what="final worker assigned")
         wait_until(lambda: _progress(dsn, schema, group, topic) >= len(source), timeout_s=120,
                    what="every record committed after the restarts")
         w.terminate()
