@@ -60,17 +60,16 @@ def test_lost_commit_replies_resolve_without_duplicates(services, setup: GroupSe
     bootstrap, dsn = services.kafka_bootstrap, services.dsn
     topic, group = unique("lost"), unique("glost")
     create_topic(bootstrap, topic, 3)
-    recs, source = generated(topic, count=6_000, partitions=3, klass="conflict", seed=13)
+    recs, source = generated(topic, count=10_000, partitions=3, klass="conflict", seed=13)
     produce(bootstrap, recs)
     schema = asyncio.run(fresh_schema(dsn))
     proxy = ProxyThread(dsn)
     w = WorkerProc(topic=topic, group=group, schema=schema, setup=setup, name="lost",
-                   extra=("--batch-max-records", "20", "--db-concurrency", "1"),
+                   extra=("--batch-max-records", "10", "--db-concurrency", "1"),
                    env={"FENCE_DSN": proxy.dsn})
     try:
-        wait_until(lambda: sum(f for _e, f in asyncio.run(
-            durable_rows(dsn, schema, group, topic)).values()) >= 100,
-            timeout_s=30, what="consumption under way")
+        # The worker's start-up (schema check, handler tables) is done once it is assigned.
+        wait_until(lambda: "assigned {" in w.log(), timeout_s=30, what="assignment")
         # One cut at a time: three cuts in a row of the same batch would exhaust the
         # three-call policy (and rightly end the lifetime).
         fired = []
