@@ -23,8 +23,8 @@ import socket
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
 
 import pytest
 
@@ -136,19 +136,25 @@ def _wait_kafka(bootstrap: str, *, timeout_s: float) -> None:
         pytest.fail(f"Kafka container {bootstrap} did not answer within {timeout_s:.0f} s: {exc}")
 
 
-def _progress(line: str) -> None:
-    """Stack progress straight to the terminal (past pytest's capture): a first run
+def _progress_printer(config: pytest.Config) -> Callable[[str], None]:
+    """Stack progress straight to the terminal, past pytest's capture: a first run
     builds Jaeger for minutes and should not look hung."""
-    print(f"\n[fencectl stack] {line}", file=sys.__stderr__, flush=True)
+    capman = config.pluginmanager.getplugin("capturemanager")
+
+    def show(line: str) -> None:
+        with capman.global_and_fixture_disabled() if capman else nullcontext():
+            print(f"[fencectl stack] {line}", file=sys.stderr, flush=True)
+
+    return show
 
 
 @contextmanager
-def _local_stack() -> Iterator[ServiceSettings]:
+def _local_stack(progress: Callable[[str], None]) -> Iterator[ServiceSettings]:
     """The local stack of ``fencectl stack``; stops at exit only what it started."""
     from ops import stack
 
     try:
-        report = stack.up(out=_progress)
+        report = stack.up(out=progress)
         settings = ServiceSettings.from_env(stack.env())
     except stack.StackError as exc:
         failure = f"could not start the local stack (fencectl stack up): {exc}"
@@ -161,7 +167,7 @@ def _local_stack() -> Iterator[ServiceSettings]:
         yield settings
     finally:
         if report.started and not os.environ.get("FENCE_KEEP_STACK"):
-            stack.down(services=report.started, out=_progress)
+            stack.down(services=report.started, out=progress)
 
 
 @contextmanager
@@ -179,13 +185,13 @@ def _exported(settings: ServiceSettings) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def services() -> Iterator[ServiceSettings]:
+def services(request: pytest.FixtureRequest) -> Iterator[ServiceSettings]:
     """Where Kafka, PostgreSQL and Jaeger are for this session (see the module docstring)."""
     with ExitStack() as stack:
         settings = ServiceSettings.from_env(os.environ)
         if settings is None and _docker_engine_answers():
             settings = stack.enter_context(_containers())
         if settings is None:
-            settings = stack.enter_context(_local_stack())
+            settings = stack.enter_context(_local_stack(_progress_printer(request.config)))
         stack.enter_context(_exported(settings))
         yield settings
