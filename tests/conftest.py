@@ -6,9 +6,10 @@ The ``services`` fixture yields one ``ServiceSettings``, chosen in this order:
    JAEGER_QUERY_URL set in the environment (an existing stack, e.g. ``compose/``
    or ``eval "$(fencectl stack env)"``);
 2. testcontainers when a Docker engine answers (Kafka, PostgreSQL, Jaeger);
-3. the local stack (``ops.stack``), started once for the session; if this session
-   started a service it stops that service at the end (set FENCE_KEEP_STACK=1 to
-   keep it), a service that was already running is left alone.
+3. the local stack (``ops.stack``), started once for the session. Services a test
+   session started stop when the last concurrent session ends (``ops.stack_lease``;
+   set FENCE_KEEP_STACK=1 to keep them); services that were already running, e.g.
+   from ``fencectl stack up``, are left alone.
 
 The chosen settings are exported into ``os.environ`` for the session, so worker
 subprocesses (``.venv/bin/fencectl run ...``) inherit them. A missing service
@@ -150,24 +151,33 @@ def _progress_printer(config: pytest.Config) -> Callable[[str], None]:
 
 @contextmanager
 def _local_stack(progress: Callable[[str], None]) -> Iterator[ServiceSettings]:
-    """The local stack of ``fencectl stack``; stops at exit only what it started."""
-    from ops import stack
+    """The local stack of ``fencectl stack``, held by a lease (``ops.stack_lease``):
+    services some test session started stop when the last session ends; services
+    that were already running are left alone."""
+    from ops import stack, stack_lease
+    from ops.stack_config import settings_from
 
+    settings: ServiceSettings | None = None
+    failure = ""
     try:
-        report = stack.up(out=progress)
-        settings = ServiceSettings.from_env(stack.env())
+        stack_settings = settings_from()
+        stack_lease.acquire(stack_settings)
     except stack.StackError as exc:
-        failure = f"could not start the local stack (fencectl stack up): {exc}"
-    else:
-        failure = ""
-    if failure:
-        pytest.fail(failure, pytrace=False)
-    assert settings is not None
+        pytest.fail(f"local stack misconfigured: {exc}", pytrace=False)
     try:
+        try:
+            report = stack.up(stack_settings, out=progress)
+            if not os.environ.get("FENCE_KEEP_STACK"):
+                stack_lease.record_started(stack_settings, report.started)
+            settings = ServiceSettings.from_env(stack.env(stack_settings))
+        except stack.StackError as exc:
+            failure = f"could not start the local stack (fencectl stack up): {exc}"
+        if failure:
+            pytest.fail(failure, pytrace=False)
+        assert settings is not None
         yield settings
     finally:
-        if report.started and not os.environ.get("FENCE_KEEP_STACK"):
-            stack.down(services=report.started, out=progress)
+        stack_lease.release(stack_settings, out=progress)
 
 
 @contextmanager
