@@ -28,15 +28,15 @@ class FenceError(Exception):
 
 
 class Fenced(FenceError):
-    """Ownership moved: another lifetime holds a newer epoch or moved the frontier (nobody's fault)."""
+    """Ownership moved: a newer epoch or another frontier is installed (nobody's fault)."""
 
 
 class StoreUnavailable(FenceError):
-    """The store could not be reached or answered with a transient error (the world's fault); retryable."""
+    """The store was unreachable or failed transiently (the world's fault); retryable."""
 
 
 class NotCommitted(StoreUnavailable):
-    """A mutation provably did not commit (failed before COMMIT was sent, or rolled back); safe to retry."""
+    """A mutation provably did not commit (before COMMIT, or rolled back); safe to retry."""
 
 
 class ReadFailed(StoreUnavailable):
@@ -44,31 +44,31 @@ class ReadFailed(StoreUnavailable):
 
 
 class OutcomeUnknown(FenceError):
-    """COMMIT (or a claim's single statement) may have reached the server and its reply was lost; resolve by observing."""
+    """COMMIT (or the claim) may have reached the server; its reply was lost (the world's fault)."""
 
 
 class Retired(FenceError):
-    """This lifetime was stopped or retired; it rejects every later call without I/O (the caller's misuse)."""
+    """This lifetime stopped or retired; every later call is refused without I/O (the caller's)."""
 
 
 class SourceRefused(FenceError):
-    """The Kafka source no longer matches the durable state; an operator must decide (see the runbook)."""
+    """Kafka no longer matches the durable state; an operator decides (see the runbook)."""
 
 
 class RecreatedTopic(SourceRefused):
-    """The topic's identity differs from the one recorded at first claim: it was deleted and recreated."""
+    """The topic's Kafka id differs from the one recorded: it was deleted and recreated."""
 
 
 class RetentionGap(SourceRefused):
-    """The durable frontier is below the partition's low watermark: records were deleted before processing."""
+    """The durable frontier is below the low watermark: records were deleted unprocessed."""
 
 
 class SchemaMismatch(FenceError):
-    """The database schema version is not the one this build knows (the operator's fault: run `fencectl migrate`)."""
+    """The schema version is not the one this build knows (the operator's: `fencectl migrate`)."""
 
 
 class HandlerDeclarationError(FenceError, ValueError):
-    """A handler's declared durability class and effect semantics are incoherent (the developer's fault)."""
+    """A handler's durability class and effect semantics are incoherent (the developer's)."""
 
 
 class ConfigError(FenceError, ValueError):

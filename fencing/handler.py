@@ -46,9 +46,13 @@ class Durability(enum.Enum):
 class Effects(enum.Enum):
     """Where the handler's effects land."""
 
-    TRANSACTIONAL = "transactional"  # only through the given connection, inside the fenced transaction
+    TRANSACTIONAL = (
+        "transactional"  # only through the given connection, inside the fenced transaction
+    )
     EXTERNAL_IDEMPOTENT = "external-idempotent"  # outside the transaction, safe to repeat
-    EXTERNAL_NON_IDEMPOTENT = "external-non-idempotent"  # outside the transaction, not safe to repeat
+    EXTERNAL_NON_IDEMPOTENT = (
+        "external-non-idempotent"  # outside the transaction, not safe to repeat
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,9 +24,17 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from fencing.types import ClaimRequest, SourceCheck, SourceRecord, Token, TopicPartition, Validation, Verdict
+from fencing.types import (
+    ClaimRequest,
+    SourceCheck,
+    SourceRecord,
+    Token,
+    TopicPartition,
+    Validation,
+    Verdict,
+)
 
-__all__ = ["FenceStore", "HandlerFn", "JOURNAL_EVENTS"]
+__all__ = ["JOURNAL_EVENTS", "FenceStore", "HandlerFn"]
 
 # An effect handler: given the transaction's connection (asyncpg Connection for the
 # PostgreSQL store, a MemoryTx for the in-memory store) and the batch, returns one
@@ -40,13 +48,17 @@ JOURNAL_EVENTS = ("claim", "fence", "retire", "release", "gap-skip", "reset", "a
 class FenceStore(Protocol):
     group_id: str
 
-    async def validate(self, checks: Sequence[SourceCheck]) -> Mapping[TopicPartition, Validation]: ...
+    async def validate(
+        self, checks: Sequence[SourceCheck]
+    ) -> Mapping[TopicPartition, Validation]: ...
 
     async def claim(
         self, claims: Sequence[ClaimRequest], *, lifetime: str
     ) -> Mapping[TopicPartition, Token]: ...
 
-    async def observe(self, tps: Sequence[TopicPartition]) -> Mapping[TopicPartition, Token | None]: ...
+    async def observe(
+        self, tps: Sequence[TopicPartition]
+    ) -> Mapping[TopicPartition, Token | None]: ...
 
     async def process(
         self,
@@ -56,7 +68,9 @@ class FenceStore(Protocol):
         handler: HandlerFn,
     ) -> Token: ...
 
-    async def skip(self, tp: TopicPartition, token: Token, *, to_offset: int, reason: str) -> Token: ...
+    async def skip(
+        self, tp: TopicPartition, token: Token, *, to_offset: int, reason: str
+    ) -> Token: ...
 
     async def journal(
         self,

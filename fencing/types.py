@@ -36,7 +36,7 @@ class TopicPartition:
 
 @dataclass(frozen=True, slots=True)
 class Token:
-    """A fencing token: the epoch this lifetime installed and the frontier (next offset) it expects."""
+    """A fencing token: the epoch this lifetime installed and the next offset it expects."""
 
     epoch: int
     frontier: int
@@ -66,7 +66,7 @@ class Accept:
 
 @dataclass(frozen=True, slots=True)
 class Reject:
-    """The record is quarantined with ``reason`` in the same transaction that advances the frontier."""
+    """Quarantine the record with ``reason`` in the transaction that advances the frontier."""
 
     reason: str
 
@@ -109,7 +109,7 @@ class Validation:
 
 @dataclass(frozen=True, slots=True)
 class ClaimRequest:
-    """Input of ``claim``: the partition, its frontier if the row is new, and the topic identity to record."""
+    """Input of ``claim``: the partition, its frontier if new, and the topic id to record."""
 
     tp: TopicPartition
     initial_frontier: int
