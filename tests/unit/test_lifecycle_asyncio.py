@@ -5,6 +5,7 @@ no later call writes."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
 
@@ -12,7 +13,7 @@ from consumer import Lifecycle, LifetimeState
 from fencing.errors import Retired
 from fencing.memfaults import InterleavePoint, Operation
 from fencing.memstore import MemoryFenceStore
-from fencing.types import SourceCheck, SourceFacts, SourceRecord, TopicPartition
+from fencing.types import SourceCheck, SourceFacts, SourceRecord, TopicPartition, Verdict
 
 TP = TopicPartition("t", 0)
 CHECK = SourceCheck(TP, SourceFacts("id", 0, 10))
@@ -50,7 +51,7 @@ async def _no_later_writes(lc: Lifecycle, store: MemoryFenceStore, release: asyn
     assert store.writes == writes
 
 
-async def _never(conn: object, records: object) -> list[object]:
+async def _never(conn: object, records: Sequence[SourceRecord]) -> list[Verdict]:
     raise AssertionError("a stopped lifetime ran the handler")
 
 
