@@ -7,6 +7,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str
 
 
 @pytest.fixture(scope="module")
-def target(services) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+def target(services: Any) -> tuple[str, str]:
     topic = unique("cfg")
     create_topic(services.kafka_bootstrap, topic, 1)
     return topic, asyncio.run(fresh_schema(services.dsn))

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions
@@ -111,7 +112,7 @@ def test_positions_callback_order_and_revoked_records(services, setup: GroupSetu
     try:
         wait_until(lambda: len({r.tp for r in a.records}) == 4, timeout_s=40,
                    what="member a consuming 4 partitions")
-        firsts = {}
+        firsts: dict[object, int] = {}
         for r in a.records:
             firsts.setdefault(r.tp, r.offset)
         assert set(firsts.values()) == {20}, firsts  # positioned by us, not by Kafka's 150
@@ -123,11 +124,12 @@ def test_positions_callback_order_and_revoked_records(services, setup: GroupSetu
             wait_until(lambda: b.owned and not (a.owned & b.owned), timeout_s=40,
                        what="member b owning partitions")
             moved = set(b.owned)
-            events = [(who, what, tps) for who, what, tps in log if what != "stray"]
+            events = [(who, what, set(cast(Iterable[Any], tps)))
+                      for who, what, tps in log if what != "stray"]
             b_assign = next(i for i, e in enumerate(events)
-                            if e[0] == "b" and e[1] == "assign" and set(e[2]) & moved)  # type: ignore[arg-type]
+                            if e[0] == "b" and e[1] == "assign" and e[2] & moved)
             a_revoke = [i for i, e in enumerate(events)
-                        if e[0] == "a" and e[1] == "revoke-done" and set(e[2]) & moved]  # type: ignore[arg-type]
+                        if e[0] == "a" and e[1] == "revoke-done" and e[2] & moved]
             assert a_revoke and a_revoke[0] < b_assign, events
             assert not [e for e in log if e[1] == "stray"], "record of an unowned partition"
         finally:

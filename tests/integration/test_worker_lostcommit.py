@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -41,7 +42,7 @@ class ProxyThread:
                                 .start())
         self.dsn = self.proxy.dsn(dsn)
 
-    def _call(self, coro):  # type: ignore[no-untyped-def]
+    def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
 
     def add_rule(self, needle: str, action: Action, times: int) -> Rule:
@@ -75,7 +76,8 @@ def test_lost_commit_replies_resolve_without_duplicates(services, setup: GroupSe
         fired = []
         for action in (Action.CUT_AFTER, Action.CUT_BEFORE) * 3:
             rule = proxy.add_rule("COMMIT", action, times=1)
-            wait_until(lambda rule=rule: rule.count >= 1, timeout_s=30, what=f"{action} fired")
+            wait_until(lambda rule=rule: rule.count >= 1,  # type: ignore[misc]
+                       timeout_s=30, what=f"{action} fired")
             fired.append(action)
         wait_until(lambda: sum(f for _e, f in asyncio.run(
             durable_rows(dsn, schema, group, topic)).values()) >= len(source),

@@ -126,7 +126,8 @@ def test_crash_and_restart_exactly_once(services, setup: GroupSetup) -> None:
                            name=f"r{round_}", extra=("--batch-max-records", "50"))
             if round_ == 3:
                 break
-            wait_until(lambda w=w: "assign {" in w.log(), timeout_s=30, what="assignment")
+            wait_until(lambda w=w: "assign {" in w.log(), timeout_s=30,  # type: ignore[misc]
+                       what="assignment")
             time.sleep(rng.uniform(0.05, 0.8))  # SIGKILL at a random point of processing
             w.kill()
             w.wait(10)
