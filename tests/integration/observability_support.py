@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,7 +20,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.workers import ROOT, GroupSetup, WorkerProc
+from tests.integration.workers import ROOT, GroupSetup, WorkerProc, wait_until
 
 __all__ = [
     "FAST_EAGER",
@@ -50,14 +49,7 @@ def free_port() -> int:
 def wait_for(pred: Callable[[], Any], *, timeout_s: float, what: str,
              interval_s: float = 0.1) -> Any:
     """Poll ``pred`` until truthy (returned) or fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
+    return wait_until(pred, timeout_s=timeout_s, what=what, interval_s=interval_s)
 
 
 def http_get(url: str, *, timeout_s: float = 5.0) -> tuple[int, str] | None:

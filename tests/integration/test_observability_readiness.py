@@ -1,9 +1,12 @@
 """Readiness from a real worker: false before its assignment is claimed, false during a forced
 rebalance, true after; health stays true throughout.
 
-The claim is held back deterministically with a real PostgreSQL lock on the fence table
-(``LOCK TABLE ... IN SHARE ROW EXCLUSIVE MODE`` blocks the claim's upsert, not reads), so
-the assign callback is provably in progress while ``/readyz`` is probed.
+The claim is held back deterministically with real PostgreSQL row locks: a transaction
+inserts (uncommitted) or locks ``FOR UPDATE`` the group's partition rows, so the claim's
+upsert waits on them while reads go on, and the assign callback is provably in progress
+while ``/readyz`` is probed. (A table-level lock would not do: the store prepares its fence
+UPDATE at connect, and preparing an UPDATE takes ROW EXCLUSIVE on the table, so a joining
+worker would block before its HTTP port opens.)
 """
 
 from __future__ import annotations
@@ -30,16 +33,22 @@ pytestmark = pytest.mark.integration
 HOLD_S = 1.5  # well inside the lifecycle's 20 s budget
 
 
-class TableLock:
-    """A transaction holding SHARE ROW EXCLUSIVE on the fence table, on its own loop."""
+class RowLock:
+    """A transaction holding the row locks of ``topic``'s partitions in ``group``, on its own loop.
 
-    def __init__(self, dsn: str, schema: str) -> None:
+    Rows that do not exist yet are inserted uncommitted (epoch 0, frontier 0) and vanish on
+    release; the claim's INSERT ... ON CONFLICT waits for this transaction either way.
+    """
+
+    def __init__(self, dsn: str, schema: str, *, group: str, topic: str,
+                 partitions: int) -> None:
         self._dsn, self._schema = dsn, schema
+        self._group, self._topic, self._partitions = group, topic, partitions
         self._loop = asyncio.new_event_loop()
         self._conn: Any = None
         self._tx: Any = None
 
-    def __enter__(self) -> TableLock:
+    def __enter__(self) -> RowLock:
         self._loop.run_until_complete(self._take())
         return self
 
@@ -47,8 +56,15 @@ class TableLock:
         self._conn = await asyncpg.connect(self._dsn)
         self._tx = self._conn.transaction()
         await self._tx.start()
+        parts = list(range(self._partitions))
         await self._conn.execute(
-            f'LOCK TABLE "{self._schema}".partitions IN SHARE ROW EXCLUSIVE MODE')
+            f'INSERT INTO "{self._schema}".partitions (group_id, topic, partition, epoch, frontier)'
+            " SELECT $1, $2, p, 0, 0 FROM unnest($3::int[]) AS p ON CONFLICT DO NOTHING",
+            self._group, self._topic, parts)
+        locked = await self._conn.fetch(
+            f'SELECT partition FROM "{self._schema}".partitions'
+            " WHERE group_id = $1 AND topic = $2 FOR UPDATE", self._group, self._topic)
+        assert sorted(r["partition"] for r in locked) == parts
 
     def __exit__(self, *exc: object) -> None:
         async def release() -> None:
@@ -82,7 +98,7 @@ def test_readiness_before_assignment_during_rebalance_and_after(
     a_url, b_url = f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}"
     workers = []
     try:
-        with TableLock(services.dsn, schema):
+        with RowLock(services.dsn, schema, group=group, topic=topic, partitions=2):
             workers.append(start_worker(topic=topic, group=group, schema=schema,
                                         http_port=port_a, name="a"))
             first = wait_for(lambda: readyz(a_url), timeout_s=60, what="worker a's port")
@@ -98,7 +114,8 @@ def test_readiness_before_assignment_during_rebalance_and_after(
                          what="a ready after its claim")
         assert ready[1]["assigned"] == [f"{topic}[0]", f"{topic}[1]"]
 
-        with TableLock(services.dsn, schema):  # forced rebalance: a second member joins
+        with RowLock(services.dsn, schema, group=group, topic=topic,
+                     partitions=2):  # forced rebalance: a second member joins
             workers.append(start_worker(topic=topic, group=group, schema=schema,
                                         http_port=port_b, name="b"))
             wait_for(lambda: (r := readyz(a_url)) and r[0] == 503, timeout_s=30,
