@@ -47,6 +47,15 @@ async def _rows(dsn: str, schema: str, group: str) -> list[asyncpg.Record]:
         await conn.close()
 
 
+async def _member_states(dsn: str, schema: str, group: str) -> list[str]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return [r["state"] for r in await conn.fetch(
+            f'SELECT state FROM "{schema}".members WHERE group_id = $1', group)]
+    finally:
+        await conn.close()
+
+
 async def _journal(dsn: str, schema: str, group: str) -> list[asyncpg.Record]:
     conn = await asyncpg.connect(dsn)
     try:
@@ -106,6 +115,9 @@ def main() -> int:
                     and len({r["owner"] for r in rows}) == 1)
 
         _wait(finished, 180, "worker-2 owning every partition and every record processed")
+        # the survivor reports `running` within its heartbeat bound once it is positioned
+        _wait(lambda: "running" in asyncio.run(_member_states(dsn, schema, group)), 15,
+              "worker-2 reporting itself running")
         _say("every record processed; fencectl status:")
         subprocess.run([PY, "-m", "ops.cli", "status", "--group", group, "--schema", schema],
                        env=env, cwd=ROOT, check=False)
