@@ -23,7 +23,7 @@ from typing import Any
 
 from fencing.errors import ConfigError, HandlerDeclarationError
 from fencing.store import HandlerFn
-from fencing.types import Accept, Reject, Verdict
+from fencing.types import ACCEPT, Accept, Reject, Verdict
 
 __all__ = [
     "Declaration",
@@ -74,6 +74,7 @@ class Declaration:
 
 
 _ATTR = "__fence_declaration__"
+_VERDICT_TYPES = (Accept, Reject)
 
 
 def handler(
@@ -123,7 +124,10 @@ def load_handler(spec: str) -> HandlerFn:
 
 def check_verdicts(verdicts: Sequence[Verdict], count: int) -> Sequence[Verdict]:
     """Return ``verdicts`` when it holds exactly ``count`` Accept/Reject values; raise otherwise."""
-    if len(verdicts) != count or not all(isinstance(v, Accept | Reject) for v in verdicts):
+    # hot path (every batch): the ACCEPT singleton short-circuits the type check
+    if len(verdicts) != count or not all(
+        v is ACCEPT or isinstance(v, _VERDICT_TYPES) for v in verdicts
+    ):
         raise HandlerDeclarationError(
             f"handler returned {len(verdicts)} verdicts for {count} records; "
             "expected one Accept or Reject per record"

@@ -33,6 +33,7 @@ from fencing.pgsql import Statements
 from fencing.schema import DEFAULT_SCHEMA, check_version
 from fencing.store import JOURNAL_EVENTS, HandlerFn
 from fencing.types import (
+    ACCEPT,
     ClaimRequest,
     Reject,
     SourceCheck,
@@ -264,7 +265,8 @@ class PgFenceStore:
             raise Fenced(f"process {tp}: token epoch={token.epoch} frontier={token.frontier} "
                          f"does not match the durable {held}")
         verdicts = check_verdicts(await handler(conn, records), len(records))
-        rejected = [(r, v) for r, v in zip(records, verdicts, strict=True) if isinstance(v, Reject)]
+        rejected = [(r, v) for r, v in zip(records, verdicts, strict=True)
+                    if v is not ACCEPT and isinstance(v, Reject)]
         if rejected:
             await conn.execute(
                 self._sql.quarantine, self.group_id, tp.topic, tp.partition, token.epoch,
