@@ -110,9 +110,9 @@ def seek_matches(retained: Token, observed: Token | None) -> bool:
 
 def check_batch(tp: TopicPartition, records: Sequence[SourceRecord]) -> None:
     """Raise ``ValueError`` (the caller's bug) unless ``records`` are of ``tp``, in order."""
-    last = -1
-    for rec in records:
-        if rec.tp != tp:
+    last, topic, partition = -1, tp.topic, tp.partition
+    for rec in records:  # per record on the hot path: no TopicPartition built
+        if rec.partition != partition or rec.topic != topic:
             raise ValueError(f"process {tp}: record of {rec.tp} in the batch")
         if rec.offset <= last:
             raise ValueError(f"process {tp}: offset {rec.offset} after {last} is out of order")
