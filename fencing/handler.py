@@ -7,8 +7,7 @@ Rules
 - Exactly-once effects exist only for ``transactional`` effects (written through the
   given connection). ``durable-critical`` with ``external-non-idempotent`` effects is
   incoherent (a replay after a lost COMMIT would repeat the external effect) and is
-  refused at start, as is ``best-effort`` with ``transactional`` effects that asks
-  to skip the fence.
+  refused at start.
 - A handler must return exactly one verdict per record; anything else raises
   ``HandlerDeclarationError`` inside the transaction, which then rolls back.
 """
