@@ -119,11 +119,10 @@ def check_batch(tp: TopicPartition, records: Sequence[SourceRecord]) -> None:
         last = rec.offset
 
 
-def submittable(
-    tp: TopicPartition, token: Token, records: Sequence[SourceRecord]
-) -> tuple[SourceRecord, ...]:
-    """The records to submit under ``token``: those at or above its frontier, in order."""
-    check_batch(tp, records)
+def submittable(token: Token, records: Sequence[SourceRecord]) -> tuple[SourceRecord, ...]:
+    """The records to submit under ``token``: those at or above its frontier, in order.
+
+    ``records`` already passed ``check_batch`` (the lifecycle checks once, before any I/O)."""
     return tuple(rec for rec in records if rec.offset >= token.frontier)
 
 

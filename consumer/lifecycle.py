@@ -269,7 +269,7 @@ class Lifecycle(LifetimeFrame):
                                live: Callable[[], None], links: Sequence[Link],
                                context: Context | None) -> Token:
         live()
-        batch = d.submittable(tp, token, records)
+        batch = d.submittable(token, records)
         if not batch:
             return token
         attrs = {"messaging.kafka.offset": batch[0].offset,

@@ -63,10 +63,10 @@ def _r(offset: int, partition: int = 0) -> SourceRecord:
 
 
 def test_submittable_drops_durable_records_and_refuses_bad_batches() -> None:
-    assert [r.offset for r in d.submittable(TP, Token(1, 5), [_r(3), _r(4), _r(7)])] == [7]
-    assert d.submittable(TP, Token(1, 9), [_r(3)]) == ()
+    assert [r.offset for r in d.submittable(Token(1, 5), [_r(3), _r(4), _r(7)])] == [7]
+    assert d.submittable(Token(1, 9), [_r(3)]) == ()
     with pytest.raises(ValueError, match="out of order"):
-        d.submittable(TP, Token(1, 0), [_r(4), _r(4)])
+        d.check_batch(TP, [_r(4), _r(4)])
     with pytest.raises(ValueError, match="record of t\\[1\\]"):
         d.check_batch(TP, [_r(4, partition=1)])
 
