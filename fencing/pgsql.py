@@ -4,8 +4,9 @@ Rules
 - Every statement names its tables schema-qualified, so a handler's own tables keep the
   connection's search_path.
 - ``claim``, ``observe`` (which ``validate`` also uses) and ``journal`` take arrays
-  (unnest): one round trip for a whole assignment. ``claim`` creates missing rows at epoch 1 (= 0 + 1), raises
-  existing epochs by one, sets the owner, and journals every claim in the same statement.
+  (unnest): one round trip for a whole assignment. ``claim`` creates missing rows at
+  epoch 1 (= 0 + 1), raises existing epochs by one, sets the owner, and journals every
+  claim in the same statement.
 - ``begin_fence`` is the fence: ``BEGIN`` and one UPDATE in a single simple-protocol
   message (one round trip): it takes the partition row lock, requires epoch and frontier,
   and moves the frontier to the batch end as the transaction's first statement, so a
