@@ -37,33 +37,27 @@ def _cli(*args: str, env: dict[str, str]) -> None:
     subprocess.run([PY, "-m", "ops.cli", *args], check=True, env=env, cwd=ROOT)
 
 
-async def _rows(dsn: str, schema: str, group: str) -> list[asyncpg.Record]:
+async def _fetch(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
     conn = await asyncpg.connect(dsn)
     try:
-        return list(await conn.fetch(
-            f'SELECT partition, owner, epoch, frontier FROM "{schema}".partitions '
-            "WHERE group_id = $1 ORDER BY partition", group))
+        return list(await conn.fetch(sql, *args))
     finally:
         await conn.close()
+
+
+async def _rows(dsn: str, schema: str, group: str) -> list[asyncpg.Record]:
+    return await _fetch(dsn, f'SELECT partition, owner, epoch, frontier FROM "{schema}".partitions '
+                        "WHERE group_id = $1 ORDER BY partition", group)
 
 
 async def _member_states(dsn: str, schema: str, group: str) -> list[str]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return [r["state"] for r in await conn.fetch(
-            f'SELECT state FROM "{schema}".members WHERE group_id = $1', group)]
-    finally:
-        await conn.close()
+    rows = await _fetch(dsn, f'SELECT state FROM "{schema}".members WHERE group_id = $1', group)
+    return [r["state"] for r in rows]
 
 
 async def _journal(dsn: str, schema: str, group: str) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return list(await conn.fetch(
-            f'SELECT at, partition, event, epoch, lifetime FROM "{schema}".journal '
-            "WHERE group_id = $1 ORDER BY id", group))
-    finally:
-        await conn.close()
+    return await _fetch(dsn, f'SELECT at, partition, event, epoch, lifetime FROM "{schema}"'
+                        ".journal WHERE group_id = $1 ORDER BY id", group)
 
 
 def _wait(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
