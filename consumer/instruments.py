@@ -23,7 +23,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from fencing.store import HandlerFn
-from fencing.types import Reject, SourceRecord, TopicPartition, Verdict
+from fencing.types import ACCEPT, Reject, SourceRecord, TopicPartition, Verdict
 
 __all__ = ["BATCH_BUCKETS_S", "REBALANCE_BUCKETS_S", "Instruments"]
 
@@ -90,9 +90,11 @@ class Instruments:
         async def counted(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
             verdicts = await handler(conn, records)
             if records:
+                # all-accepted batches (the common case) skip the per-verdict isinstance scan
+                rejects = 0 if verdicts.count(ACCEPT) == len(verdicts) else sum(
+                    isinstance(v, Reject) for v in verdicts)
                 with self._lock:
-                    self._last_rejects[records[0].tp] = sum(
-                        isinstance(v, Reject) for v in verdicts)
+                    self._last_rejects[records[0].tp] = rejects
             return verdicts
 
         return counted
