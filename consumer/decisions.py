@@ -24,10 +24,8 @@ from fencing.errors import (
     ConfigError,
     Fenced,
     FenceError,
-    OutcomeUnknown,
     Retired,
     SourceRefused,
-    StoreUnavailable,
 )
 from fencing.resolution import compatible_claim
 from fencing.types import SourceFacts, SourceRecord, Token, TopicPartition
@@ -138,9 +136,7 @@ def classify_failure(exc: BaseException) -> FailureAction:
         return FailureAction.PASS_THROUGH
     if isinstance(exc, Fenced | SourceRefused):
         return FailureAction.RAISE_AS_IS
-    if isinstance(exc, StoreUnavailable | OutcomeUnknown | BudgetExceeded):
-        return FailureAction.RAISE_RETIRED
-    return FailureAction.RAISE_RETIRED
+    return FailureAction.RAISE_RETIRED  # StoreUnavailable, OutcomeUnknown, budget, any other
 
 
 def deadline_passed(now_s: float, deadline_s: float) -> bool:
