@@ -22,6 +22,7 @@ from types import ModuleType
 from ops import stack_jaeger, stack_kafka, stack_postgres
 from ops.stack_config import (
     PORT_ENV,
+    SERVICE_PORTS,
     Service,
     StackError,
     StackSettings,
@@ -48,17 +49,6 @@ _MODULES: dict[Service, ModuleType] = {
     Service.POSTGRES: stack_postgres,
     Service.KAFKA: stack_kafka,
     Service.JAEGER: stack_jaeger,
-}
-_PORT_FIELDS: dict[Service, tuple[str, ...]] = {
-    Service.POSTGRES: ("postgres",),
-    Service.KAFKA: ("kafka", "kafka_controller"),
-    Service.JAEGER: (
-        "jaeger_query",
-        "otlp_grpc",
-        "otlp_http",
-        "jaeger_query_grpc",
-        "jaeger_health",
-    ),
 }
 #: seconds each service may take from start to its first healthy answer
 HEALTH_TIMEOUT_S: dict[Service, float] = {
@@ -124,7 +114,7 @@ def _first_time_note(settings: StackSettings, service: Service) -> str:
 
 
 def _ensure_ports_free(settings: StackSettings, service: Service) -> None:
-    for field in _PORT_FIELDS[service]:
+    for field in SERVICE_PORTS[service]:
         port = getattr(settings.ports, field)
         if not port_free(port):
             name = PORT_ENV[field][0]

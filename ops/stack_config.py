@@ -27,6 +27,7 @@ __all__ = [
     "KAFKA_VERSION",
     "PORT_ENV",
     "SERVICE_ENV",
+    "SERVICE_PORTS",
     "Service",
     "ServiceSettings",
     "StackError",
@@ -70,32 +71,31 @@ PORT_ENV: dict[str, tuple[str, int]] = {
 }
 
 
+#: service -> the ``StackPorts`` fields it listens on, the client-facing one first
+SERVICE_PORTS: dict[Service, tuple[str, ...]] = {
+    Service.POSTGRES: ("postgres",),
+    Service.KAFKA: ("kafka", "kafka_controller"),
+    Service.JAEGER: ("jaeger_query", "otlp_grpc", "otlp_http", "jaeger_query_grpc",
+                     "jaeger_health"),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class StackPorts:
-    """Loopback TCP ports of the stack (each overridable, see ``PORT_ENV``)."""
+    """Loopback TCP ports of the stack; defaults and overrides in ``PORT_ENV``."""
 
-    postgres: int = 55432
-    kafka: int = 19092
-    kafka_controller: int = 19093
-    otlp_grpc: int = 4317
-    otlp_http: int = 4318
-    jaeger_query: int = 16686
-    jaeger_query_grpc: int = 16685
-    jaeger_health: int = 13133
+    postgres: int
+    kafka: int
+    kafka_controller: int
+    otlp_grpc: int
+    otlp_http: int
+    jaeger_query: int
+    jaeger_query_grpc: int
+    jaeger_health: int
 
     def of(self, service: Service) -> tuple[int, ...]:
         """All ports ``service`` listens on, the client-facing one first."""
-        if service is Service.POSTGRES:
-            return (self.postgres,)
-        if service is Service.KAFKA:
-            return (self.kafka, self.kafka_controller)
-        return (
-            self.jaeger_query,
-            self.otlp_grpc,
-            self.otlp_http,
-            self.jaeger_query_grpc,
-            self.jaeger_health,
-        )
+        return tuple(getattr(self, field) for field in SERVICE_PORTS[service])
 
 
 @dataclass(frozen=True, slots=True)
