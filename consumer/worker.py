@@ -207,10 +207,11 @@ class Worker:
     # ---- loop side of the callbacks ------------------------------------------------------------
 
     async def _assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int] | None:
-        if self._stopping or not tps:
-            if not self._stopping:
-                self._event("assigned", partitions=[])
-            return None if self._stopping else {}
+        if self._stopping:
+            return None
+        if not tps:
+            self._event("assigned", partitions=[])
+            return {}
         self._event("assign", partitions=[str(tp) for tp in tps])
         facts = await asyncio.to_thread(self._source.facts, tps)
         checks = build_checks(facts, allow_retention_gap=self._cfg.allow_retention_gap)
