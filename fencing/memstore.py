@@ -32,8 +32,6 @@ from fencing.errors import (
     NotCommitted,
     OutcomeUnknown,
     ReadFailed,
-    RecreatedTopic,
-    RetentionGap,
 )
 from fencing.handler import check_verdicts
 from fencing.memfaults import Fault, FaultOutcome, InterleavePoint, Operation
@@ -46,6 +44,7 @@ from fencing.memrows import (
     StoreEvent,
     WriteRecord,
 )
+from fencing.resolution import batch_end, decide_validation
 from fencing.store import JOURNAL_EVENTS, HandlerFn
 from fencing.types import (
     ClaimRequest,
@@ -218,35 +217,8 @@ class MemoryFenceStore:
 
     def _validate_one(self, check: SourceCheck) -> Validation:
         row = self.rows.get(check.tp)
-        if row is None:
-            return Validation(check.tp)
-        durable = Token(row.epoch, row.frontier)
-        facts = check.facts
-        if (
-            row.topic_id is not None
-            and facts.topic_id is not None
-            and row.topic_id != facts.topic_id
-        ):
-            return Validation(
-                check.tp,
-                RecreatedTopic(
-                    f"{check.tp}: topic id {facts.topic_id} differs from the recorded "
-                    f"{row.topic_id}"
-                ),
-                durable,
-            )
-        if row.frontier < facts.low_watermark:
-            if check.allow_retention_gap:
-                return Validation(check.tp, None, durable, gap_skipped_to=facts.low_watermark)
-            return Validation(
-                check.tp,
-                RetentionGap(
-                    f"{check.tp}: durable frontier {row.frontier} is below the low watermark "
-                    f"{facts.low_watermark}"
-                ),
-                durable,
-            )
-        return Validation(check.tp, None, durable)
+        return decide_validation(
+            check, None if row is None else (row.epoch, row.frontier, row.topic_id))
 
     async def claim(
         self, claims: Sequence[ClaimRequest], *, lifetime: str
@@ -310,7 +282,7 @@ class MemoryFenceStore:
     async def process(
         self, tp: TopicPartition, token: Token, records: Sequence[SourceRecord], handler: HandlerFn
     ) -> Token:
-        _check_batch(tp, token, records)
+        end = batch_end(tp, token, records)
 
         async def effect(
             fault: Fault | None, label: str, state: dict[str, bool], call: int
@@ -327,7 +299,7 @@ class MemoryFenceStore:
                     raise OutcomeUnknown(
                         f"process {tp}: injected lost COMMIT, not applied (call {call})"
                     )
-                new = self._commit_process(tp, token, records, verdicts, tx, label)
+                new = self._commit_process(tp, token, end, records, verdicts, tx, label)
                 state["applied"] = True
             await self._point(Operation.PROCESS, call, "after", fault, label)
             if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_COMMITTED:
@@ -349,6 +321,7 @@ class MemoryFenceStore:
         self,
         tp: TopicPartition,
         token: Token,
+        end: int,
         records: Sequence[SourceRecord],
         verdicts: Sequence[Any],
         tx: MemoryTx,
@@ -361,10 +334,9 @@ class MemoryFenceStore:
                     QuarantineRow(tp, rec.offset, verdict.reason, token.epoch, rec.key, rec.value)
                 )
         self._tables.update(tx._changed)
-        frontier = records[-1].offset + 1
-        self.rows[tp] = replace(row, frontier=frontier, updated_s=self._clock())
+        self.rows[tp] = replace(row, frontier=end, updated_s=self._clock())
         self._write("process", tp, row.owner, token.epoch, label)
-        return Token(token.epoch, frontier)
+        return Token(token.epoch, end)
 
     async def skip(self, tp: TopicPartition, token: Token, *, to_offset: int, reason: str) -> Token:
         await asyncio.sleep(0)
@@ -421,16 +393,3 @@ def _name(exc: BaseException) -> str:
     return names.get(
         type(exc), "outcome-unknown" if isinstance(exc, OutcomeUnknown) else type(exc).__name__
     )
-
-
-def _check_batch(tp: TopicPartition, token: Token, records: Sequence[SourceRecord]) -> None:
-    if not records:
-        raise ValueError(f"process {tp}: empty batch")
-    last = token.frontier - 1
-    for rec in records:
-        if rec.tp != tp or rec.offset <= last:
-            raise ValueError(
-                f"process {tp}: record {rec.tp}@{rec.offset} is out of order or "
-                f"below the frontier {token.frontier}"
-            )
-        last = rec.offset

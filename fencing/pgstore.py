@@ -27,9 +27,10 @@ from typing import Any
 import asyncpg
 
 from fencing.classify import Phase, is_foreign, translate
-from fencing.errors import Fenced, RecreatedTopic, RetentionGap
+from fencing.errors import Fenced
 from fencing.handler import check_verdicts
 from fencing.pgsql import Statements
+from fencing.resolution import batch_end, decide_validation
 from fencing.schema import DEFAULT_SCHEMA, check_version
 from fencing.store import JOURNAL_EVENTS, HandlerFn
 from fencing.types import (
@@ -52,39 +53,6 @@ async def light_reset(conn: Any) -> None:
     """Pool reset: roll back a leftover transaction; the store keeps no other session state."""
     if conn.is_in_transaction():
         await conn.execute("ROLLBACK")
-
-
-def decide_validation(check: SourceCheck, row: tuple[int, int, str | None] | None) -> Validation:
-    """Pure: validate one partition from its durable row ``(epoch, frontier, topic_id)``."""
-    if row is None:
-        return Validation(check.tp)
-    epoch, frontier, topic_id = row
-    durable = Token(epoch, frontier)
-    facts = check.facts
-    if topic_id is not None and facts.topic_id is not None and topic_id != facts.topic_id:
-        return Validation(check.tp, RecreatedTopic(
-            f"{check.tp}: topic id is {facts.topic_id}, the fence recorded {topic_id}"), durable)
-    if frontier < facts.low_watermark:
-        if check.allow_retention_gap:
-            return Validation(check.tp, None, durable, gap_skipped_to=facts.low_watermark)
-        return Validation(check.tp, RetentionGap(
-            f"{check.tp}: durable frontier {frontier} is below the low watermark "
-            f"{facts.low_watermark}: {facts.low_watermark - frontier} records were deleted "
-            "unprocessed"), durable)
-    return Validation(check.tp, None, durable)
-
-
-def _batch_end(tp: TopicPartition, token: Token, records: Sequence[SourceRecord]) -> int:
-    if not records:
-        raise ValueError(f"process {tp}: empty batch")
-    prev = token.frontier - 1
-    topic, partition = tp.topic, tp.partition
-    for r in records:  # hot path: no TopicPartition per record
-        if r.offset <= prev or r.partition != partition or r.topic != topic:
-            raise ValueError(f"process {tp}: record {r.tp}@{r.offset} out of order or below "
-                             f"the frontier {token.frontier}")
-        prev = r.offset
-    return prev + 1
 
 
 def _headers_json(headers: Sequence[tuple[str, bytes | None]]) -> str:
@@ -216,7 +184,7 @@ class PgFenceStore:
         records: Sequence[SourceRecord],
         handler: HandlerFn,
     ) -> Token:
-        end = _batch_end(tp, token, records)
+        end = batch_end(tp, token, records)
         phase = Phase.BEFORE_COMMIT
         what = f"process {tp} epoch={token.epoch} frontier={token.frontier}"
         try:

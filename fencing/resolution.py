@@ -7,15 +7,19 @@ Rules
   anything else (other epoch, other frontier, no row) -> FENCED (the lifetime retires).
 - A claim's reply is compatible only when the epoch is positive and the frontier is
   not negative; reading an epoch never proves this caller installed it.
+- Both stores validate a partition (``decide_validation``) and a batch (``batch_end``)
+  with the same rules.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
-from fencing.types import Token
+from fencing.errors import RecreatedTopic, RetentionGap
+from fencing.types import SourceCheck, SourceRecord, Token, TopicPartition, Validation
 
-__all__ = ["Resolution", "compatible_claim", "resolve_process"]
+__all__ = ["Resolution", "batch_end", "compatible_claim", "decide_validation", "resolve_process"]
 
 
 class Resolution(enum.Enum):
@@ -42,3 +46,38 @@ def compatible_claim(claimed: Token, previous: Token | None) -> bool:
     if claimed.epoch < 1 or claimed.frontier < 0:
         return False
     return previous is None or claimed.epoch > previous.epoch
+
+
+def decide_validation(check: SourceCheck, row: tuple[int, int, str | None] | None) -> Validation:
+    """Validate one partition from its durable row ``(epoch, frontier, topic_id)``, or None."""
+    if row is None:
+        return Validation(check.tp)
+    epoch, frontier, topic_id = row
+    durable = Token(epoch, frontier)
+    facts = check.facts
+    if topic_id is not None and facts.topic_id is not None and topic_id != facts.topic_id:
+        return Validation(check.tp, RecreatedTopic(
+            f"{check.tp}: topic id is {facts.topic_id}, the fence recorded {topic_id}"), durable)
+    if frontier < facts.low_watermark:
+        if check.allow_retention_gap:
+            return Validation(check.tp, None, durable, gap_skipped_to=facts.low_watermark)
+        return Validation(check.tp, RetentionGap(
+            f"{check.tp}: durable frontier {frontier} is below the low watermark "
+            f"{facts.low_watermark}: {facts.low_watermark - frontier} records were deleted "
+            "unprocessed"), durable)
+    return Validation(check.tp, None, durable)
+
+
+def batch_end(tp: TopicPartition, token: Token, records: Sequence[SourceRecord]) -> int:
+    """The frontier after ``records``: last offset + 1. Raises ``ValueError`` for an empty
+    batch, a record of another partition, or offsets not strictly above the frontier."""
+    if not records:
+        raise ValueError(f"process {tp}: empty batch")
+    prev = token.frontier - 1
+    topic, partition = tp.topic, tp.partition
+    for r in records:  # hot path: no TopicPartition per record
+        if r.offset <= prev or r.partition != partition or r.topic != topic:
+            raise ValueError(f"process {tp}: record {r.tp}@{r.offset} out of order or below "
+                             f"the frontier {token.frontier}")
+        prev = r.offset
+    return prev + 1
