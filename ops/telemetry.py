@@ -7,7 +7,7 @@ Rules
   ``otlp`` / ``console`` / ``none``; when it is unset, ``otlp`` is chosen only if
   ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set. No exporter
   configured means spans are created and dropped: no export and no error.
-  ``OTEL_SDK_DISABLED=true`` turns everything off.
+  ``OTEL_SDK_DISABLED=true`` turns every span exporter off.
 - OTLP protocol: ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_PROTOCOL``,
   ``grpc`` (default; Jaeger's 4317) or ``http/protobuf`` (4318).
 - Spans go through a ``BatchSpanProcessor``; ``Telemetry.shutdown`` flushes it.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opentelemetry import metrics, trace
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -62,7 +62,7 @@ class TelemetryConfig:
     otlp_endpoint: str | None = None
     # "grpc" or "http/protobuf"
     otlp_protocol: str = "grpc"
-    # OTEL_SDK_DISABLED: no providers at all
+    # OTEL_SDK_DISABLED: no span exporter, whatever else is set (metrics stay local)
     disabled: bool = False
 
 
@@ -219,21 +219,14 @@ def setup_telemetry(
     """
     config = config_from_env(os.environ if env is None else env)
     if service_name:
-        config = TelemetryConfig(
-            service_name=service_name,
-            traces_exporters=config.traces_exporters,
-            otlp_endpoint=config.otlp_endpoint,
-            otlp_protocol=config.otlp_protocol,
-            disabled=config.disabled,
-        )
+        config = replace(config, service_name=service_name)
     attrs: dict[str, str | int] = {"service.name": config.service_name}
     attrs.update(resource_attributes or {})
     resource = Resource.create(attrs)
     tracer_provider = TracerProvider(resource=resource)
     exporters: list[SpanExporter] = list(span_exporters)
-    if not config.disabled:
-        for name in config.traces_exporters:
-            exporters.append(_otlp_exporter(config) if name == "otlp" else ConsoleSpanExporter())
+    for name in config.traces_exporters:  # empty when disabled
+        exporters.append(_otlp_exporter(config) if name == "otlp" else ConsoleSpanExporter())
     wrapped = [_OnceExporter(e) for e in exporters]
     for exporter in wrapped:
         tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
