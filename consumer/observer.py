@@ -120,14 +120,14 @@ class WorkerObserver:
             self._rebalance_started[name] = self._clock()
             self._apply(RebalanceStarted(name))
             if name == "lost":
-                self._rebalance_done("lost", "lost")
+                self._rebalance_done("lost")
                 self._apply(Revoked(_tps(attrs), settled=False))
                 self.instruments.clear_lag(_tps(attrs))
         elif name == "assigned":
-            self._rebalance_done("assign", "assign")
+            self._rebalance_done("assign")
             self._apply(Positioned(_tps(attrs)))
         elif name == "revoked":
-            self._rebalance_done("revoke", "revoke")
+            self._rebalance_done("revoke")
             self._apply(Revoked(_tps(attrs), settled=self._cooperative))
             self.instruments.clear_lag(_tps(attrs))
         elif name == "failed":
@@ -164,8 +164,8 @@ class WorkerObserver:
         except IllegalTransition as exc:
             log.debug("readiness: %s", exc)
 
-    def _rebalance_done(self, started_as: str, kind: str) -> None:
-        started = self._rebalance_started.pop(started_as, None)
+    def _rebalance_done(self, kind: str) -> None:
+        started = self._rebalance_started.pop(kind, None)
         if started is not None:
             self.instruments.rebalance(kind=kind, duration_s=max(0.0, self._clock() - started))
 
