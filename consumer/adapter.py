@@ -131,10 +131,6 @@ class KafkaThread:
         self._close.set()
         return self._closed
 
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
     # ---- the thread ------------------------------------------------------------------------
 
     def _main(self) -> None:
