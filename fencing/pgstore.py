@@ -186,7 +186,6 @@ class PgFenceStore:
     ) -> Token:
         end = batch_end(tp, token, records)
         phase = Phase.BEFORE_COMMIT
-        what = f"process {tp} epoch={token.epoch} frontier={token.frontier}"
         try:
             async with self._pool.acquire() as conn:
                 row_id = await self._row_id(conn, tp, token)
@@ -204,6 +203,7 @@ class PgFenceStore:
                     _discard(conn)
                     raise
         except BaseException as exc:
+            what = f"process {tp} epoch={token.epoch} frontier={token.frontier}"
             err = translate(exc, phase, what)
             if err is exc:
                 raise
