@@ -45,7 +45,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from fencing.types import SourceRecord, TopicPartition
 
-__all__ = ["KafkaThread", "Rebalancer", "to_record"]
+__all__ = ["KafkaThread", "Rebalancer", "call_on_loop", "to_record"]
 
 log = logging.getLogger("fenceworker.adapter")
 
@@ -267,6 +267,3 @@ def call_on_loop(loop: asyncio.AbstractEventLoop, coro: Any, *, timeout_s: float
     except FutureTimeout:
         fut.cancel()
         raise
-
-
-__all__ += ["call_on_loop"]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from fencing.types import SourceRecord
 
-__all__ = ["Flow", "InFlight", "PartitionBuffer", "record_size"]
+__all__ = ["Flow", "InFlight", "PartitionBuffer", "in_flight_of", "record_size"]
 
 
 class Flow(enum.Enum):
@@ -131,6 +131,3 @@ def in_flight_of(records: Sequence[SourceRecord]) -> InFlight:
     """The ``InFlight`` description of a non-empty batch."""
     first, last = records[0], records[-1]
     return InFlight(first.topic, first.partition, first.offset, last.offset, len(records))
-
-
-__all__ += ["in_flight_of"]
