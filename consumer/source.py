@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from confluent_kafka import KafkaException, TopicCollection
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
@@ -24,6 +24,10 @@ from fencing.errors import FenceError, SourceRefused
 from fencing.types import SourceCheck, SourceFacts, TopicPartition
 
 __all__ = ["KafkaSource", "SourceUnavailable", "build_checks"]
+
+
+_MISSING_CODES = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
+                            KafkaError.UNKNOWN_TOPIC_ID})
 
 
 class SourceUnavailable(FenceError):
@@ -98,13 +102,3 @@ class KafkaSource:
         except KafkaException:
             return False
         return True
-
-
-def _missing_codes() -> frozenset[int]:
-    from confluent_kafka import KafkaError
-
-    return frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
-                      KafkaError.UNKNOWN_TOPIC_ID})
-
-
-_MISSING_CODES = _missing_codes()
