@@ -49,6 +49,22 @@ def _span_context(headers: Headers) -> trace.SpanContext:
     return trace.get_current_span(context_from_headers(headers)).get_span_context()
 
 
+def _links(items: Iterable[tuple[Headers, Mapping[str, str | int]]],
+           limit: int) -> list[trace.Link]:
+    """One link per distinct valid span context of ``(headers, attributes)``, at most ``limit``."""
+    links: list[trace.Link] = []
+    seen: set[tuple[int, int]] = set()
+    for headers, attributes in items:
+        ctx = _span_context(headers)
+        if not ctx.is_valid or (ctx.trace_id, ctx.span_id) in seen:
+            continue
+        seen.add((ctx.trace_id, ctx.span_id))
+        links.append(trace.Link(ctx, dict(attributes)))
+        if len(links) >= limit:
+            break
+    return links
+
+
 def links_from_headers(
     records_headers: Iterable[Headers],
     *,
@@ -56,31 +72,11 @@ def links_from_headers(
     limit: int = 128,
 ) -> list[trace.Link]:
     """One link per distinct valid producer span context, in order, at most ``limit``."""
-    links: list[trace.Link] = []
-    seen: set[tuple[int, int]] = set()
-    for headers in records_headers:
-        ctx = _span_context(headers)
-        if not ctx.is_valid or (ctx.trace_id, ctx.span_id) in seen:
-            continue
-        seen.add((ctx.trace_id, ctx.span_id))
-        links.append(trace.Link(ctx, dict(attributes or {})))
-        if len(links) >= limit:
-            break
-    return links
+    attrs = attributes or {}
+    return _links(((headers, attrs) for headers in records_headers), limit)
 
 
 def links_for_records(records: Sequence[SourceRecord], *, limit: int = 128) -> list[trace.Link]:
     """Links from each record's headers to its producer span, with the record's offset."""
-    links: list[trace.Link] = []
-    seen: set[tuple[int, int]] = set()
-    for record in records:
-        if not record.headers:
-            continue
-        ctx = _span_context(record.headers)
-        if not ctx.is_valid or (ctx.trace_id, ctx.span_id) in seen:
-            continue
-        seen.add((ctx.trace_id, ctx.span_id))
-        links.append(trace.Link(ctx, {"messaging.kafka.offset": record.offset}))
-        if len(links) >= limit:
-            break
-    return links
+    return _links(((r.headers, {"messaging.kafka.offset": r.offset}) for r in records
+                   if r.headers), limit)
