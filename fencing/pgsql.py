@@ -37,7 +37,6 @@ class Statements:
     begin_fence: str
     prepare_fence: str
     begin_fence_prepared: str
-    row_id: str
     read_one: str
     quarantine: str
     skip: str
@@ -79,10 +78,8 @@ JOIN {s}.partitions p ON p.group_id = $1 AND p.topic = r.topic AND p.partition =
             begin_fence_prepared=(
                 f"BEGIN; EXECUTE {FENCE_STATEMENT}({{end:d}}, {{row_id:d}}, {{epoch:d}},"
                 " {frontier:d})"),
-            row_id=f"""
-SELECT id FROM {s}.partitions WHERE group_id = $1 AND topic = $2 AND partition = $3""",
             read_one=f"""
-SELECT epoch, frontier FROM {s}.partitions
+SELECT id, epoch, frontier FROM {s}.partitions
 WHERE group_id = $1 AND topic = $2 AND partition = $3""",
             quarantine=f"""
 INSERT INTO {s}.quarantine AS q

@@ -213,11 +213,11 @@ class PgFenceStore:
     async def _row_id(self, conn: Any, tp: TopicPartition, token: Token) -> int:
         row_id = self._ids.get(tp)
         if row_id is None:
-            row_id = await conn.fetchval(self._sql.row_id, self.group_id, tp.topic, tp.partition)
-            if row_id is None:
+            row = await conn.fetchrow(self._sql.read_one, self.group_id, tp.topic, tp.partition)
+            if row is None:
                 raise Fenced(f"process {tp}: token epoch={token.epoch} frontier={token.frontier}"
                              " but the partition has no fence row")
-            self._ids[tp] = row_id
+            row_id = self._ids[tp] = row["id"]
         return int(row_id)
 
     async def _apply(self, conn: Any, tp: TopicPartition, token: Token, end: int, row_id: int,
