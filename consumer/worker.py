@@ -179,13 +179,13 @@ class Worker:
     # ---- Rebalancer (called from the Kafka thread) ---------------------------------------------
 
     def assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int] | None:
-        return self._blocking(self._assigned(tps), "assign", default=None)
+        return self._blocking(self._assigned(tps), "assign")
 
     def revoked(self, tps: list[TopicPartition]) -> None:
-        self._blocking(self._revoked(tps), "revoke", default=None)
+        self._blocking(self._revoked(tps), "revoke")
 
     def lost(self, tps: list[TopicPartition]) -> None:
-        self._blocking(self._lost(tps), "lost", default=None)
+        self._blocking(self._lost(tps), "lost")
 
     def deliver(self, records: list[SourceRecord], release: Callable[[], None]) -> None:
         assert self._loop is not None
@@ -195,14 +195,15 @@ class Worker:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._on_kafka_error, err, tp)
 
-    def _blocking(self, coro: Any, what: str, *, default: Any) -> Any:
+    def _blocking(self, coro: Any, what: str) -> Any:
+        """Run ``coro`` on the loop and wait; a failure ends the lifetime and gives None."""
         assert self._loop is not None
         try:
             return call_on_loop(self._loop, coro, timeout_s=self._cfg.budget_s + 5)
         except BaseException as exc:  # a callback must never raise into librdkafka
             self._loop.call_soon_threadsafe(self._fail, exc)
             log.debug("%s callback failed: %r", what, exc)
-            return default
+            return None
 
     # ---- loop side of the callbacks ------------------------------------------------------------
 
