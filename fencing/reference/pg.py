@@ -17,13 +17,12 @@ Rules
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
-from fencing.errors import ConfigError
 from fencing.handler import handler
 from fencing.reference.domain import DocKey, DocState, batch_keys, decide_batch, parse_batch
+from fencing.schema import DEFAULT_SCHEMA, quote_schema
 from fencing.store import HandlerFn
 from fencing.types import SourceRecord, Verdict
 
@@ -36,23 +35,10 @@ __all__ = [
     "ref_handler",
 ]
 
-DEFAULT_SCHEMA = "fence"
-_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-
-
-def _checked(schema: str) -> str:
-    """``schema`` as a quoted SQL identifier; ``ConfigError`` unless it matches [a-z_][a-z0-9_]*."""
-    if not _SCHEMA_RE.match(schema):
-        raise ConfigError(
-            f"schema {schema!r}: expected a lower-case SQL identifier "
-            "([a-z_][a-z0-9_]*, at most 63 characters)"
-        )
-    return f'"{schema}"'
-
 
 def ddl(schema: str = DEFAULT_SCHEMA) -> str:
     """The idempotent DDL of the effect tables in ``schema`` (usable inside a migration)."""
-    s = _checked(schema)
+    s = quote_schema(schema)
     return f"""
 CREATE SCHEMA IF NOT EXISTS {s};
 CREATE TABLE IF NOT EXISTS {s}.ref_documents (
@@ -85,7 +71,7 @@ CREATE TABLE IF NOT EXISTS {s}.ref_outbox (
 def grant_sql(schema: str, role: str) -> list[str]:
     """Statements granting ``role`` what the handler needs on the effect tables and nothing
     more (no DDL, no DELETE). Run as the tables' owner after ``ensure_tables``."""
-    s = _checked(schema)
+    s = quote_schema(schema)
     r = '"' + role.replace('"', '""') + '"'
     return [
         f"GRANT USAGE ON SCHEMA {s} TO {r}",
@@ -97,8 +83,7 @@ def grant_sql(schema: str, role: str) -> list[str]:
 async def ensure_tables(conn: Any, schema: str = DEFAULT_SCHEMA) -> None:
     """Create the effect tables in ``schema`` if missing (one transaction, serialized).
     When both exist it only reads the catalog, so a role without DDL rights can call it."""
-    sql = ddl(schema)
-    s = _checked(schema)
+    s = quote_schema(schema)
     present = await conn.fetchval(
         "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL",
         f"{s}.ref_documents",
@@ -109,11 +94,11 @@ async def ensure_tables(conn: Any, schema: str = DEFAULT_SCHEMA) -> None:
     async with conn.transaction():
         lock_name = f"fenceworker.ref:{schema}"
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", lock_name)
-        await conn.execute(sql)
+        await conn.execute(ddl(schema))
 
 
 def _statements(schema: str) -> tuple[str, str]:
-    s = _checked(schema)
+    s = quote_schema(schema)
     # one index probe per document (LATERAL), whatever the table's statistics say; rows
     # are locked in the order of $2 (sorted doc ids), so concurrent batches cannot deadlock
     read = f"""

@@ -10,7 +10,7 @@ from typing import Any
 
 from fencing.reference.memory import read_tables
 from fencing.reference.oracle import Doc, Expected, OutboxRow
-from fencing.reference.pg import DEFAULT_SCHEMA, _checked
+from fencing.schema import DEFAULT_SCHEMA, quote_schema
 
 __all__ = ["memory_state", "memory_store_state", "pg_state"]
 
@@ -41,7 +41,7 @@ async def pg_state(
 ) -> Expected:
     """Committed effect rows of ``topic`` in ``schema``, with the quarantine rows of
     ``group_id`` from the fence's ``quarantine`` table (or ``quarantine`` when given)."""
-    s = _checked(schema)
+    s = quote_schema(schema)
     drows = await conn.fetch(
         f"SELECT doc_id, revision, body, withdrawn, src_partition, src_offset "
         f"FROM {s}.ref_documents WHERE topic = $1",
