@@ -315,23 +315,22 @@ class Worker:
                     return
                 batch = part.buffer.take_batch()
                 self._apply_flow(part)
-                part.inflight = in_flight_of(batch)
+                part.inflight = inflight = in_flight_of(batch)
                 try:
                     links = links_for_records(batch) if self._trace_links else ()
                     token = await self._lc.process(part.tp, batch, self._handler, links=links)
                 except asyncio.CancelledError:
-                    part.inflight = None
                     raise
                 except BaseException as exc:
-                    part.inflight = None
                     if part.closing and isinstance(exc, Fenced):
                         # Lost meanwhile and a newer owner committed: this process was a
                         # zombie. Nothing of the batch applied; the lifetime ends (exit 3).
                         log.warning("batch %s not applied: fenced after the partition was lost "
-                                    "(%s)", in_flight_of(batch).describe(), exc)
+                                    "(%s)", inflight.describe(), exc)
                     self._fail(exc)
                     return
-                part.inflight = None
+                finally:
+                    part.inflight = None
             assert self._kafka is not None
             self._kafka.commit(part.tp, token.frontier)
 
