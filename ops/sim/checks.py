@@ -11,17 +11,24 @@ Rules (each failed rule is one violation string naming the place it was seen)
   claim of its partition and that claim's lifetime.
 - A lifetime that was stopped or retired at an earlier check writes nothing but its
   ``retire`` journal row.
+- Tokens (checked after every attempt): a live lifetime's retained token is never ahead
+  of the durable one, nor at the same epoch with another frontier; a successful seek
+  returns the durable frontier under the durable token; a lifetime is never fenced under
+  the epoch it held.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from consumer.decisions import LifetimeState
+from consumer.lifecycle import Lifecycle
+from fencing.errors import Fenced
 from fencing.memstore import MemoryFenceStore
 from fencing.reference import oracle
 from fencing.reference.snapshot import memory_store_state
-from fencing.types import SourceRecord, TopicPartition
+from fencing.types import SourceRecord, Token, TopicPartition
 
 __all__ = ["Checker"]
 
@@ -50,7 +57,8 @@ class Checker:
                             if not (r.tp == tp and first <= r.offset < end))
         self._folds.clear()
 
-    def _fail(self, place: str, problem: str) -> None:
+    def fail(self, place: str, problem: str) -> None:
+        """Record one violation seen at ``place``."""
         if len(self.violations) < self._limit:
             self.violations.append(f"{place}: {problem}")
 
@@ -65,12 +73,12 @@ class Checker:
             expected = self._folds[key] = oracle.fold_prefix(self.source, frontiers)
         for problem in (*oracle.progress_problems(actual, frontiers),
                         *oracle.outbox_problems(actual), *oracle.diff(expected, actual)):
-            self._fail(place, problem)
+            self.fail(place, problem)
         for name, before, now in (("outbox", self._outbox, actual.outbox),
                                   ("quarantine", self._quarantine, actual.quarantine)):
             for k, v in before.items():
                 if now.get(k) != v:
-                    self._fail(place, f"committed {name} row {k} changed from {v} to "
+                    self.fail(place, f"committed {name} row {k} changed from {v} to "
                                       f"{now.get(k)}")
         self._outbox, self._quarantine = dict(actual.outbox), dict(actual.quarantine)
         self._check_writes(place)
@@ -79,14 +87,49 @@ class Checker:
         writes = self._store.writes
         for w in writes[self._writes_seen:]:
             if w.lifetime in self._dead and w.kind != "journal":
-                self._fail(place, f"lifetime {w.lifetime} wrote {w.kind} {w.tp} after it "
+                self.fail(place, f"lifetime {w.lifetime} wrote {w.kind} {w.tp} after it "
                                   "stopped or retired")
             if w.kind == "claim":
                 self._latest_claim[w.tp] = (w.epoch, w.lifetime)
             elif w.kind in ("process", "skip"):
                 latest = self._latest_claim.get(w.tp)
                 if latest != (w.epoch, w.lifetime):
-                    self._fail(place, f"stale token committed: {w.kind} {w.tp} by "
+                    self.fail(place, f"stale token committed: {w.kind} {w.tp} by "
                                       f"{w.lifetime} at epoch {w.epoch}, latest claim {latest}")
         self._writes_seen = len(writes)
         self._dead = set(self._dead_now())
+
+    def retained_tokens(self, place: str, lifecycles: Mapping[int, Lifecycle],
+                        tps: Sequence[TopicPartition]) -> None:
+        """Retained tokens never run ahead of or behind durable state under one epoch."""
+        for worker, lc in sorted(lifecycles.items()):
+            if lc.state is not LifetimeState.LIVE:
+                continue
+            for tp in tps:
+                token, durable = lc.token(tp), self._store.token_of(tp)
+                if token is None:
+                    continue
+                if durable is None or token.epoch > durable.epoch or (
+                        token.epoch == durable.epoch and token.frontier != durable.frontier):
+                    self.fail(place, f"lifetime {worker} retains {token} for partition "
+                                     f"{tp.partition}, durable {durable}")
+
+    def seek_position(self, place: str, worker: int, tp: TopicPartition,
+                      token: Token | None, cursor: int | None) -> None:
+        """A successful seek leaves the durable token and returns the durable frontier."""
+        durable = self._store.token_of(tp)
+        if durable is None or token != durable or cursor != durable.frontier:
+            self.fail(place, f"seek by lifetime {worker} returned {cursor} with token "
+                             f"{token}; durable {durable}")
+
+    def not_self_fenced(self, place: str, worker: int, tp: TopicPartition, held: Token,
+                        exc: BaseException) -> None:
+        """``Fenced`` (raised or chained) never comes while the durable epoch is ``held``'s."""
+        fenced = exc if isinstance(exc, Fenced) else exc.__cause__
+        if not isinstance(fenced, Fenced):
+            return
+        durable = self._store.token_of(tp)
+        if durable is not None and durable.epoch == held.epoch:
+            self.fail(place, f"lifetime {worker} was fenced under its own epoch "
+                             f"{held.epoch} on partition {tp.partition} (a mis-resolved "
+                             f"outcome): held {held}, durable {durable}")

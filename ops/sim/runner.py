@@ -25,10 +25,10 @@ from fencing.errors import Fenced, FenceError, Retired, SourceRefused
 from fencing.memfaults import InterleavePoint
 from fencing.memstore import MemoryFenceStore, StoreEvent
 from fencing.reference.memory import memory_ref_handler
-from fencing.types import SourceCheck, SourceFacts, SourceRecord, TopicPartition
+from fencing.types import SourceCheck, SourceFacts, SourceRecord, Token, TopicPartition
 from ops.sim.checks import Checker
 from ops.sim.report import build_report
-from ops.sim.trace import Step, Trace
+from ops.sim.trace import Step, Trace, fault_json
 
 __all__ = ["LogicalClock", "run_trace"]
 
@@ -172,19 +172,20 @@ class _Run:
         self.store.begin_attempt(f"{self.attempt_index}/{step.worker}", step.faults)
         attempt: dict[str, Any] = {
             "index": self.attempt_index, "actor": step.actor, "lifetime": step.worker,
-            "partition": step.partition, "choices": [_choice(f) for f in step.faults],
+            "partition": step.partition, "choices": [fault_json(f) for f in step.faults],
             "result": "ok", "error": None, "fair_recovery": fair, "interleaves": [],
             "replacements": [], "t_us": self.clock.now_us}
         self.attempts.append(attempt)
         first_event = len(self.events)
         lc = self.lifecycles.get(step.worker)
         held = None if lc is None or step.partition is None else lc.token(self.tp(step.partition))
+        failure: FenceError | None = None
         try:
             attempt["result"] = await self._act(step)
         except FenceError as exc:
             attempt["result"], attempt["error"] = _result(exc), _error_text(exc)
-            self._self_fence_check(step, held, exc)
-        self._token_check(step, attempt["result"])
+            failure = exc
+        self._token_checks(step, attempt["result"], held, failure)
         label = str(step.worker)
         attempt["selectors_used"] = sum(
             1 for e in self.events[first_event:]
@@ -194,39 +195,17 @@ class _Run:
         self.current = None
         return attempt
 
-    def _violation(self, problem: str) -> None:
-        self.checker._fail(f"attempt {self.attempt_index}", problem)
-
-    def _self_fence_check(self, step: Step, held: Any, exc: BaseException) -> None:
-        fenced = exc if isinstance(exc, Fenced) else exc.__cause__
-        if held is None or step.partition is None or not isinstance(fenced, Fenced):
-            return
-        durable = self.store.token_of(self.tp(step.partition))
-        if durable is not None and durable.epoch == held.epoch:
-            self._violation(f"lifetime {step.worker} was fenced under its own epoch "
-                            f"{held.epoch} on partition {step.partition} (a mis-resolved "
-                            f"outcome): held {held}, durable {durable}")
-
-    def _token_check(self, step: Step, result: str) -> None:
-        """Retained tokens never run ahead of or behind durable state under one epoch."""
-        for worker, lc in sorted(self.lifecycles.items()):
-            if lc.state is not LifetimeState.LIVE:
-                continue
-            for p in range(self.trace.config.partitions):
-                token, durable = lc.token(self.tp(p)), self.store.token_of(self.tp(p))
-                if token is None:
-                    continue
-                if durable is None or token.epoch > durable.epoch or (
-                        token.epoch == durable.epoch and token.frontier != durable.frontier):
-                    self._violation(f"lifetime {worker} retains {token} for partition {p}, "
-                                    f"durable {durable}")
-        if step.actor == "seek" and result == "ok" and step.partition is not None:
-            durable = self.store.token_of(self.tp(step.partition))
-            cursor = self.cursors.get((step.worker, step.partition))
-            token = self.lifecycles[step.worker].token(self.tp(step.partition))
-            if durable is None or token != durable or cursor != durable.frontier:
-                self._violation(f"seek by lifetime {step.worker} returned {cursor} with token "
-                                f"{token}; durable {durable}")
+    def _token_checks(self, step: Step, result: str, held: Token | None,
+                      exc: BaseException | None) -> None:
+        place, p = f"attempt {self.attempt_index}", step.partition
+        if exc is not None and held is not None and p is not None:
+            self.checker.not_self_fenced(place, step.worker, self.tp(p), held, exc)
+        self.checker.retained_tokens(place, self.lifecycles,
+                                     [self.tp(q) for q in range(self.trace.config.partitions)])
+        if step.actor == "seek" and result == "ok" and p is not None:
+            self.checker.seek_position(place, step.worker, self.tp(p),
+                                       self.lifecycles[step.worker].token(self.tp(p)),
+                                       self.cursors.get((step.worker, p)))
 
     async def _act(self, step: Step) -> str:
         worker, p = step.worker, step.partition
@@ -310,11 +289,6 @@ def _declared(trace: Trace) -> list[int]:
     return ids
 
 
-def _choice(f: Any) -> dict[str, Any]:
-    from ops.sim.trace import _fault_json
-    return _fault_json(f)
-
-
 async def _execute(trace: Trace, keep: list[_Run] | None = None) -> dict[str, Any]:
     run = _Run(trace)
     if keep is not None:
@@ -333,7 +307,7 @@ async def _execute(trace: Trace, keep: list[_Run] | None = None) -> dict[str, An
                          for p in range(trace.config.partitions)}
             for p in range(trace.config.partitions):
                 if (run.durable(p) or 0) < run.ends[p]:
-                    run.checker._fail("final", f"partition {p} ended at {run.durable(p)}, "
+                    run.checker.fail("final", f"partition {p} ended at {run.durable(p)}, "
                                                f"source ends at {run.ends[p]}")
             run.checker.check(f"final comparison at {sorted(frontiers.values())}")
     return build_report(trace, attempts=run.attempts, events=run.events,

@@ -37,6 +37,7 @@ __all__ = [
     "TraceError",
     "config_digest",
     "dumps",
+    "fault_json",
     "parse",
     "toolchain",
 ]
@@ -112,7 +113,8 @@ def _b64(raw: bytes | None) -> str | None:
     return None if raw is None else base64.b64encode(raw).decode("ascii")
 
 
-def _fault_json(f: Fault) -> dict[str, Any]:
+def fault_json(f: Fault) -> dict[str, Any]:
+    """One fault selector as it is written in a trace (and echoed in a report's choices)."""
     out: dict[str, Any] = {"operation": f.operation.value, "call": f.call,
                            "outcome": f.outcome.value}
     if f.delay_ms:
@@ -132,7 +134,7 @@ def _step_json(s: Step) -> dict[str, Any]:
     if s.partition is not None:
         out["partition"] = s.partition
     if s.faults:
-        out["faults"] = [_fault_json(f) for f in s.faults]
+        out["faults"] = [fault_json(f) for f in s.faults]
     return out
 
 
