@@ -31,6 +31,7 @@ from confluent_kafka import KafkaError
 from consumer.adapter import call_on_loop
 from consumer.batching import Flow, InFlight, PartitionBuffer, in_flight_of
 from consumer.config import WorkerConfig
+from consumer.decisions import LifetimeState
 from consumer.exits import ExitCode, exit_code_for
 from consumer.ports import FactsPort, KafkaPort, Partition
 from consumer.source import build_checks
@@ -335,7 +336,7 @@ class Worker:
             self._kafka.commit(part.tp, token.frontier)
 
     def _live(self) -> bool:
-        return getattr(self._lc.state, "name", "") == "LIVE"
+        return self._lc.state is LifetimeState.LIVE
 
     def _event(self, name: str, **attrs: Any) -> None:
         log.info("%s %s", name, attrs)
