@@ -63,6 +63,16 @@ async def _resolve_observe(
         raise Unresolved(f"{what}: outcome unknown and the re-read failed three times") from exc
 
 
+def _settle(resolution: Resolution, token: Token, end: int, observed: Token | None, *,
+            what: str) -> Token:
+    """The advanced token for COMMITTED; ``NotCommitted`` (retry) or ``Fenced`` otherwise."""
+    if resolution is Resolution.COMMITTED:
+        return Token(token.epoch, end)
+    if resolution is Resolution.NOT_COMMITTED:
+        raise NotCommitted(f"{what}: unknown outcome resolved as not committed")
+    raise Fenced(f"{what}: unknown outcome resolved to another owner ({observed})")
+
+
 async def guarded_process(
     store: FenceStore,
     tp: TopicPartition,
@@ -102,11 +112,7 @@ async def guarded_process(
             span.set_attribute("fence.outcome", resolution.value)
         if on_resolve is not None:
             on_resolve("process", resolution.value)
-        if resolution is Resolution.COMMITTED:
-            return Token(token.epoch, batch_end)
-        if resolution is Resolution.NOT_COMMITTED:
-            raise NotCommitted(f"process {tp}: unknown outcome resolved as not committed")
-        raise Fenced(f"process {tp}: unknown outcome resolved to another owner ({observed})")
+        return _settle(resolution, token, batch_end, observed, what=f"process {tp}")
 
     return await with_policy(one_call, wait=wait, check_live=check_live, on_retry=on_retry)
 
@@ -180,10 +186,6 @@ async def guarded_skip(
         observed = (await _resolve_observe(store, [tp], wait=wait, check_live=check_live,
                                            on_retry=on_retry, what=f"skip {tp}"))[tp]
         resolution = resolve_process(sent=token, batch_end=to_offset, observed=observed)
-        if resolution is Resolution.COMMITTED:
-            return Token(token.epoch, to_offset)
-        if resolution is Resolution.NOT_COMMITTED:
-            raise NotCommitted(f"skip {tp}: unknown outcome resolved as not committed")
-        raise Fenced(f"skip {tp}: unknown outcome resolved to another owner ({observed})")
+        return _settle(resolution, token, to_offset, observed, what=f"skip {tp}")
 
     return await with_policy(one_call, wait=wait, check_live=check_live, on_retry=on_retry)
