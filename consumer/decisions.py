@@ -37,6 +37,7 @@ __all__ = [
     "FailureAction",
     "IllegalTransition",
     "LifetimeState",
+    "check_auto_offset_reset",
     "check_batch",
     "classify_failure",
     "deadline_passed",
@@ -79,15 +80,18 @@ def transition(state: LifetimeState, to: LifetimeState) -> LifetimeState:
     return to
 
 
+def check_auto_offset_reset(auto_offset_reset: str) -> None:
+    """Raise ``ConfigError`` unless ``auto_offset_reset`` is one of ``AUTO_OFFSET_RESETS``."""
+    if auto_offset_reset not in AUTO_OFFSET_RESETS:
+        raise ConfigError(
+            f"auto_offset_reset {auto_offset_reset!r}: expected one of {AUTO_OFFSET_RESETS}"
+        )
+
+
 def initial_frontier(facts: SourceFacts, auto_offset_reset: str) -> int:
     """Frontier of a partition row created by the first claim."""
-    if auto_offset_reset == "earliest":
-        return facts.low_watermark
-    if auto_offset_reset == "latest":
-        return facts.high_watermark
-    raise ConfigError(
-        f"auto_offset_reset {auto_offset_reset!r}: expected one of {AUTO_OFFSET_RESETS}"
-    )
+    check_auto_offset_reset(auto_offset_reset)
+    return facts.low_watermark if auto_offset_reset == "earliest" else facts.high_watermark
 
 
 def newest(*tokens: Token | None) -> Token | None:

@@ -62,8 +62,7 @@ class Lifecycle(LifetimeFrame):
         allow_retention_gap: bool = False,
         instruments: Instruments | None = None,
     ) -> None:
-        if auto_offset_reset not in d.AUTO_OFFSET_RESETS:
-            d.initial_frontier(None, auto_offset_reset)  # type: ignore[arg-type]  # raises
+        d.check_auto_offset_reset(auto_offset_reset)
         self.lifetime_id = lifetime_id
         self.group_id = store.group_id
         self.state = LifetimeState.LIVE
