@@ -234,7 +234,7 @@ class KafkaThread:
             self._assigned.clear()
         self._assigned.update(tps)
         if positions is None and ktps:
-            consumer.pause([KafkaTP(tp.topic, tp.partition) for tp in tps])
+            consumer.pause(ktps)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[KafkaTP]) -> None:
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
