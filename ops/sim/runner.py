@@ -76,16 +76,13 @@ class _Run:
         self.events: list[dict[str, Any]] = []
         self.diagnostics: list[str] = []
         self.lows = [0] * cfg.partitions
-        self.ends = [0] * cfg.partitions
-        for r in trace.records:
-            self.ends[r.partition] = r.offset + 1
         self.by_partition: dict[int, list[SourceRecord]] = {p: [] for p in range(cfg.partitions)}
         for r in trace.records:
             self.by_partition[r.partition].append(r)
+        self.ends = [rs[-1].offset + 1 if rs else 0 for rs in self.by_partition.values()]
         self.checker = Checker(self.store, trace.records, dead=self._dead)
         self.attempt_index = -1
         self.current: Step | None = None
-        self.phase = "steps"
         self.excluded = 0
 
     # -- hooks ---------------------------------------------------------------------------
@@ -247,7 +244,6 @@ class _Run:
 
     async def drain(self) -> bool:
         """Fair recovery; returns False (BLOCKED) when the source cannot be finished."""
-        self.phase = "drain"
         cfg = self.trace.config
         for lc in self.lifecycles.values():
             lc.stop()
@@ -303,13 +299,12 @@ async def _execute(trace: Trace, keep: list[_Run] | None = None) -> dict[str, An
         drained = await run.drain()
         blocked = not drained
         if drained:
-            frontiers = {(trace.config.topic, p): run.durable(p) or 0
-                         for p in range(trace.config.partitions)}
-            for p in range(trace.config.partitions):
-                if (run.durable(p) or 0) < run.ends[p]:
-                    run.checker.fail("final", f"partition {p} ended at {run.durable(p)}, "
-                                               f"source ends at {run.ends[p]}")
-            run.checker.check(f"final comparison at {sorted(frontiers.values())}")
+            frontiers = [run.durable(p) for p in range(trace.config.partitions)]
+            for p, frontier in enumerate(frontiers):
+                if (frontier or 0) < run.ends[p]:
+                    run.checker.fail("final", f"partition {p} ended at {frontier}, "
+                                              f"source ends at {run.ends[p]}")
+            run.checker.check(f"final comparison at {sorted(f or 0 for f in frontiers)}")
     return build_report(trace, attempts=run.attempts, events=run.events,
                         violations=run.checker.violations, violations_before=violations_before,
                         complete_before=complete_before, boundary_before=boundary_before,
