@@ -16,6 +16,7 @@ from consumer import Lifecycle, LifetimeState
 from fencing.errors import ConfigError, Fenced, RetentionGap, Retired
 from fencing.memfaults import Fault, FaultOutcome, InterleavePoint, Operation
 from fencing.memstore import MemoryFenceStore
+from fencing.store import HandlerFn
 from fencing.types import ACCEPT, SourceCheck, SourceFacts, SourceRecord, Token, TopicPartition
 
 TP = TopicPartition("t", 0)
@@ -52,6 +53,18 @@ async def accept(conn: Any, records: Sequence[SourceRecord]) -> list[Any]:
 
 def make(store: MemoryFenceStore, clock: Clock, lifetime: str = "L1", **kw: Any) -> Lifecycle:
     return Lifecycle(store=store, lifetime_id=lifetime, clock=clock, wait=clock.wait, **kw)
+
+
+def held_accept() -> tuple[HandlerFn, asyncio.Event, asyncio.Event]:
+    """A handler that sets ``entered``, waits for ``release``, then accepts."""
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(conn: Any, records: Sequence[SourceRecord]) -> list[Any]:
+        entered.set()
+        await release.wait()
+        return await accept(conn, records)
+
+    return slow, entered, release
 
 
 @pytest.fixture
@@ -203,12 +216,7 @@ async def test_partitions_proceed_concurrently_and_revoke_waits_for_in_flight_wo
         store: MemoryFenceStore, clock: Clock) -> None:
     lc = make(store, clock)
     await lc.assign([check(TP), check(TP1)])
-    entered, release = asyncio.Event(), asyncio.Event()
-
-    async def slow(conn: Any, records: Sequence[SourceRecord]) -> list[Any]:
-        entered.set()
-        await release.wait()
-        return await accept(conn, records)
+    slow, entered, release = held_accept()
 
     p0 = asyncio.ensure_future(lc.process(TP, recs(TP, 0, 1), slow))
     await entered.wait()
@@ -226,12 +234,7 @@ async def test_lost_during_in_flight_process_never_reinstalls_the_token(
         store: MemoryFenceStore, clock: Clock) -> None:
     lc = make(store, clock)
     await lc.assign([check()])
-    entered, release = asyncio.Event(), asyncio.Event()
-
-    async def slow(conn: Any, records: Sequence[SourceRecord]) -> list[Any]:
-        entered.set()
-        await release.wait()
-        return await accept(conn, records)
+    slow, entered, release = held_accept()
 
     p0 = asyncio.ensure_future(lc.process(TP, recs(TP, 0), slow))
     await entered.wait()
@@ -298,12 +301,7 @@ async def test_seek_and_assign_wait_for_in_flight_work_instead_of_self_fencing(
         store: MemoryFenceStore, clock: Clock) -> None:
     lc = make(store, clock)
     await lc.assign([check()])
-    entered, release = asyncio.Event(), asyncio.Event()
-
-    async def slow(conn: Any, records: Sequence[SourceRecord]) -> list[Any]:
-        entered.set()
-        await release.wait()
-        return await accept(conn, records)
+    slow, entered, release = held_accept()
 
     p0 = asyncio.ensure_future(lc.process(TP, recs(TP, 0, 1), slow))
     await entered.wait()
