@@ -15,7 +15,8 @@ Rules
   overridden by a fault; every call logs the requested outcome, whether the effect was
   applied and what the caller observed, separately (``events``).
 - ``interleave_hook`` (if set) is awaited before and after the atomic effect of every
-  mutating call and before every read; cancellation is honoured at each of these points.
+  claim and process and before every read (``skip`` and ``journal`` have no hook);
+  cancellation is honoured at each of these points.
 - ``writes`` lists every durable write (claim, process, skip, journal) in order.
 """
 
