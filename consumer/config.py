@@ -96,7 +96,8 @@ class WorkerConfig:
     shutdown_timeout_s: float = 15.0
     """Bound for finishing in-flight batches after SIGTERM/SIGINT (default 15 s)."""
     budget_s: float = 20.0
-    """Lifecycle budget for one rebalance step (DESIGN: 20 s)."""
+    """Budget of every guarded lifecycle call (assign, seek, process, revoke), counted from
+    before the mutex wait; rebalance callbacks wait this plus a margin (DESIGN: 20 s)."""
     poll_timeout_s: float = 0.05
     """Longest single consume() wait on the Kafka thread (default 50 ms)."""
     allow_retention_gap: bool = False
