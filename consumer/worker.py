@@ -84,10 +84,6 @@ class Worker:
         """The current lifetime's Kafka group member id (None before its first assignment)."""
         return getattr(self._kafka, "member_id", None)
 
-    def owned(self) -> list[str]:
-        """Partitions this lifetime currently processes (for the member heartbeat)."""
-        return [str(tp) for tp in sorted(self._parts)]
-
     @property
     def in_flight(self) -> list[InFlight]:
         return [p.inflight for p in self._parts.values() if p.inflight is not None]
