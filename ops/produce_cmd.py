@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
 from fencing.reference.generate import CLASSES, GeneratedRecord, generate
+from ops.telemetry import run_bounded
 
 __all__ = [
     "ProduceOptions",
@@ -136,15 +136,12 @@ class _Tracing:
         if self.provider is None:
             return True
         provider = self.provider
-        done = threading.Event()
 
         def flush() -> None:
             provider.force_flush()
             provider.shutdown()
-            done.set()
 
-        threading.Thread(target=flush, name="otel-flush", daemon=True).start()
-        return done.wait(timeout_s)
+        return run_bounded(flush, timeout_s=timeout_s)
 
 
 def ensure_topic(admin: AdminClient, opts: ProduceOptions) -> str | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from opentelemetry import metrics, trace
@@ -43,6 +43,7 @@ __all__ = [
     "Telemetry",
     "TelemetryConfig",
     "config_from_env",
+    "run_bounded",
     "setup_telemetry",
 ]
 
@@ -122,6 +123,22 @@ def _otlp_exporter(config: TelemetryConfig) -> SpanExporter:
     return HttpExporter(endpoint=endpoint)
 
 
+def run_bounded(work: Callable[[], object], *, timeout_s: float) -> bool:
+    """Run ``work`` in a daemon thread; True when it finished within ``timeout_s``.
+
+    Past the bound the thread is abandoned, not killed (the SDK's flush and shutdown
+    ignore their own timeouts).
+    """
+    done = threading.Event()
+
+    def run() -> None:
+        work()
+        done.set()
+
+    threading.Thread(target=run, name="otel-flush", daemon=True).start()
+    return done.wait(timeout_s)
+
+
 class _OnceExporter(SpanExporter):
     """Delegates to ``inner``; ``shutdown`` runs once so ``Telemetry.shutdown`` can interrupt
     an exporter stuck in retries before the span processor's own (unbounded) shutdown."""
@@ -178,14 +195,7 @@ class Telemetry:
         The SDK's own flush ignores its timeout, so it runs in a daemon thread that is
         abandoned (not killed) when the bound passes.
         """
-        done = threading.Event()
-
-        def run() -> None:
-            self.tracer_provider.force_flush()
-            done.set()
-
-        threading.Thread(target=run, name="otel-flush", daemon=True).start()
-        return done.wait(timeout_s)
+        return run_bounded(self.tracer_provider.force_flush, timeout_s=timeout_s)
 
     def shutdown(self, *, timeout_s: float = 5.0) -> None:
         """Flush pending spans (bounded by ``timeout_s``), then stop the providers. Idempotent.
