@@ -28,6 +28,7 @@ from opentelemetry import trace
 
 from consumer.heartbeat import MemberHeartbeat, MemberState, state_for_phase
 from consumer.instruments import Instruments
+from consumer.lifecycle_spans import TRACER_NAME
 from consumer.readiness import (
     ChecksPassed,
     IllegalTransition,
@@ -44,7 +45,7 @@ from consumer.readiness import (
 )
 from fencing.types import SourceFacts, Token, TopicPartition
 
-_tracer = trace.get_tracer("fenceworker")
+_tracer = trace.get_tracer(TRACER_NAME)
 
 __all__ = ["WorkerObserver", "parse_tp"]
 
