@@ -77,14 +77,15 @@ async def current_version(conn: Any, schema: str) -> int | None:
     return int(await conn.fetchval(f"SELECT coalesce(max(version), 0) FROM {q}.schema_version"))
 
 
-async def check_version(conn: Any, schema: str, *, needed: int = SCHEMA_VERSION) -> None:
-    """Return when ``schema`` is at ``needed``; raise ``SchemaMismatch`` otherwise."""
+async def check_version(conn: Any, schema: str) -> None:
+    """Return when ``schema`` is at ``SCHEMA_VERSION``; raise ``SchemaMismatch`` otherwise."""
     found = await current_version(conn, schema)
-    if found != needed:
+    if found != SCHEMA_VERSION:
         shown = "no fence schema" if found is None else f"version {found}"
-        hint = "run `fencectl migrate`" if found is None or found < needed else "upgrade the worker"
+        hint = ("run `fencectl migrate`" if found is None or found < SCHEMA_VERSION
+                else "upgrade the worker")
         raise SchemaMismatch(
-            f"schema {schema!r}: found {shown}, this build needs version {needed} ({hint})"
+            f"schema {schema!r}: found {shown}, this build needs version {SCHEMA_VERSION} ({hint})"
         )
 
 
