@@ -1,4 +1,5 @@
-"""Pure decisions about tokens and unknown outcomes (DESIGN: "Resolving unknown outcomes").
+"""Pure decisions about tokens, unknown outcomes (DESIGN: "Resolving unknown outcomes"),
+source validation and batches; both stores use them.
 
 Rules
 - Unknown process commit, re-read ``observed``:
@@ -7,8 +8,11 @@ Rules
   anything else (other epoch, other frontier, no row) -> FENCED (the lifetime retires).
 - A claim's reply is compatible only when the epoch is positive and the frontier is
   not negative; reading an epoch never proves this caller installed it.
-- Both stores validate a partition (``decide_validation``) and a batch (``batch_end``)
-  with the same rules.
+- ``decide_validation``: no row -> ok; a recorded topic id other than Kafka's ->
+  ``RecreatedTopic``; a durable frontier below the low watermark -> ``RetentionGap``, or
+  ok with ``gap_skipped_to`` when the check allows it.
+- ``batch_end``: a batch is non-empty, of one partition, with offsets strictly increasing
+  from the frontier; its end is the last offset + 1.
 """
 
 from __future__ import annotations
