@@ -21,7 +21,7 @@ import enum
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -103,7 +103,7 @@ class MemberIdentity:
 
 
 class MemberHeartbeat:
-    """Writes this lifetime's member row when due; ``run()`` is the background task."""
+    """Writes this lifetime's member row when due; the caller's loop calls ``tick()``."""
 
     def __init__(
         self,
@@ -133,20 +133,17 @@ class MemberHeartbeat:
         self._last_write_s: float | None = None
         self._failed = False
         self._closed = False
-        self._changed = asyncio.Event()
-        self.writes = 0
 
     @property
     def state(self) -> MemberState:
         return self._wanted
 
     def set_state(self, state: MemberState, **detail: Any) -> None:
-        """Record the wanted state (and extra detail, e.g. ``reason``); wakes ``run``."""
+        """Record the wanted state (and extra detail, e.g. ``reason``) for the next write."""
         if self._closed:
             return
         self._wanted = state
         self._extra.update(detail)
-        self._changed.set()
 
     def delay_s(self) -> float:
         return heartbeat_delay_s(
@@ -175,22 +172,7 @@ class MemberHeartbeat:
             return False
         self._failed = False
         self._written = state
-        self.writes += 1
         return True
-
-    async def run(self, *, sleep: Callable[[float], Awaitable[None]] | None = None) -> None:
-        """Write whenever due until ``close``; wakes early on ``set_state``."""
-        while not self._closed:
-            self._changed.clear()
-            await self.tick()
-            delay = self.delay_s()
-            if sleep is not None:
-                await sleep(delay)
-                continue
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout=max(delay, 0.01))
-            except TimeoutError:
-                pass
 
     async def close(self, final: MemberState = MemberState.STOPPED, **detail: Any) -> None:
         """Write ``final`` once (bounded by ``final_timeout_s``); later calls do nothing."""
@@ -199,7 +181,6 @@ class MemberHeartbeat:
         self._extra.update(detail)
         self._wanted = final
         self._closed = True
-        self._changed.set()
         try:
             await asyncio.wait_for(self._write(final), timeout=self._final_timeout_s)
         except TimeoutError:
