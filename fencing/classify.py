@@ -25,6 +25,8 @@ tests/integration/test_lost_commit.py and tests/unit/test_classify.py)
   a note ("outcome unknown") and discards the connection; the cancelled lifetime stops and
   never writes again, and the next owner's claim fences whatever did commit.
 - Errors that are not foreign (``FenceError``, a handler's own exceptions) are not translated.
+- ``connection_suspect``: after a cancellation or a foreign error other than a server error
+  reply (SQLSTATE outside class 08) the store discards the connection instead of using it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import asyncpg
 
 from fencing.errors import FenceError, NotCommitted, OutcomeUnknown, ReadFailed
 
-__all__ = ["Phase", "classify", "is_foreign", "translate"]
+__all__ = ["Phase", "classify", "connection_suspect", "is_foreign", "translate"]
 
 
 class Phase(enum.Enum):
@@ -65,13 +67,28 @@ def is_foreign(exc: BaseException) -> bool:
     )
 
 
+def _sqlstate(exc: BaseException) -> str:
+    return str(getattr(exc, "sqlstate", "") or "")
+
+
 def _server_rolled_back(exc: BaseException) -> bool:
     if not isinstance(exc, asyncpg.PostgresError):
         return False
-    state = str(getattr(exc, "sqlstate", "") or "")
+    state = _sqlstate(exc)
     if not state or state.startswith("08") or state in _UNKNOWN_SQLSTATES:
         return False
     return True
+
+
+def connection_suspect(exc: BaseException) -> bool:
+    """True when ``exc`` may leave its connection unusable or a reply pending: a cancellation,
+    or a foreign error other than a server error reply outside SQLSTATE class 08."""
+    if isinstance(exc, asyncio.CancelledError):
+        return True
+    if not is_foreign(exc):
+        return False
+    state = _sqlstate(exc)
+    return not (isinstance(exc, asyncpg.PostgresError) and state and not state.startswith("08"))
 
 
 def classify(exc: BaseException, phase: Phase) -> type[FenceError] | None:

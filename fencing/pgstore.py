@@ -26,7 +26,7 @@ from typing import Any
 
 import asyncpg
 
-from fencing.classify import Phase, is_foreign, translate
+from fencing.classify import Phase, connection_suspect, translate
 from fencing.errors import Fenced
 from fencing.handler import check_verdicts
 from fencing.pgsql import Statements
@@ -126,8 +126,7 @@ class PgFenceStore:
                 try:
                     return list(await conn.fetch(sql, *args))
                 except BaseException as exc:
-                    if isinstance(exc, asyncio.CancelledError) or (
-                            is_foreign(exc) and not _healthy(exc)):
+                    if connection_suspect(exc):
                         _discard(conn)  # never wait for a cancelled or lost statement's reply
                     raise
         except BaseException as exc:
@@ -287,7 +286,7 @@ class PgFenceStore:
 
 async def _abandon(conn: Any, exc: BaseException) -> None:
     """End a transaction that failed before COMMIT: roll back, or drop the connection."""
-    if isinstance(exc, asyncio.CancelledError) or (is_foreign(exc) and not _healthy(exc)):
+    if connection_suspect(exc):
         _discard(conn)  # the server rolls back when the session ends
         return
     try:
@@ -302,7 +301,3 @@ def _discard(conn: Any) -> None:
     with contextlib.suppress(asyncpg.InterfaceError):
         conn.terminate()
 
-
-def _healthy(exc: BaseException) -> bool:
-    state = str(getattr(exc, "sqlstate", "") or "")
-    return isinstance(exc, asyncpg.PostgresError) and bool(state) and not state.startswith("08")

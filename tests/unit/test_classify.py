@@ -7,7 +7,7 @@ import asyncio
 import asyncpg
 import pytest
 
-from fencing.classify import Phase, classify, translate
+from fencing.classify import Phase, classify, connection_suspect, translate
 from fencing.errors import Fenced, NotCommitted, OutcomeUnknown, ReadFailed
 
 LOST = asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation")
@@ -54,3 +54,20 @@ def test_translate_names_operation_and_sqlstate() -> None:
     err = translate(SERIAL, Phase.IN_FLIGHT, "process t[0]")
     assert isinstance(err, NotCommitted)
     assert str(err).startswith("process t[0]: SerializationError [40001]")
+
+
+@pytest.mark.parametrize(("exc", "suspect"), [
+    (asyncio.CancelledError(), True),
+    (LOST, True),
+    (CLOSED, True),
+    (PROTOCOL, True),
+    (TimeoutError(), True),
+    (ConnectionResetError(), True),
+    (SERIAL, False),
+    (DEADLOCK, False),
+    (UNIQUE, False),
+    (Fenced("x"), False),
+    (ValueError("handler"), False),
+])
+def test_connection_suspect(exc: BaseException, suspect: bool) -> None:
+    assert connection_suspect(exc) is suspect
