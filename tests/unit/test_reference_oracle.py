@@ -35,6 +35,18 @@ class CowTx:
         return self.changed[name]
 
 
+async def apply_batch(tables: dict[str, dict[Any, Any]],
+                      quarantine: dict[tuple[str, int, int], str],
+                      batch: Sequence[SourceRecord]) -> None:
+    """Run the memory handler over ``batch`` and commit its tables and rejects (no fence)."""
+    tx = CowTx(tables)
+    verdicts = await memory_ref_handler(tx, batch)
+    tables.update(tx.changed)
+    for r, v in zip(batch, verdicts, strict=True):
+        if isinstance(v, Reject):
+            quarantine[(r.topic, r.partition, r.offset)] = v.reason
+
+
 def batches(records: Sequence[SourceRecord], rng: random.Random) -> list[list[SourceRecord]]:
     """Per-partition batches of varied sizes (1..200), partitions interleaved at random."""
     per: dict[int, list[SourceRecord]] = {}
@@ -70,12 +82,7 @@ async def test_memory_handler_equals_oracle(seed: int, klass: str) -> None:
     tables: dict[str, dict[Any, Any]] = {}
     quarantine: dict[tuple[str, int, int], str] = {}
     for batch in batches(src, random.Random(seed * 7919)):
-        tx = CowTx(tables)
-        verdicts = await memory_ref_handler(tx, batch)
-        tables.update(tx.changed)
-        for r, v in zip(batch, verdicts, strict=True):
-            if isinstance(v, Reject):
-                quarantine[(r.topic, r.partition, r.offset)] = v.reason
+        await apply_batch(tables, quarantine, batch)
     expected = fold(src)
     actual = memory_state(tables, quarantine)
     assert diff(expected, actual) == []
@@ -112,12 +119,7 @@ async def test_double_application_is_detected() -> None:
     tables: dict[str, dict[Any, Any]] = {}
     quarantine: dict[tuple[str, int, int], str] = {}
     for batch in (src[:50], src[50:], src[50:60]):
-        tx = CowTx(tables)
-        verdicts = await memory_ref_handler(tx, batch)
-        tables.update(tx.changed)
-        for r, v in zip(batch, verdicts, strict=True):
-            if isinstance(v, Reject):
-                quarantine[(r.topic, r.partition, r.offset)] = v.reason
+        await apply_batch(tables, quarantine, batch)
     problems = check(src, {("ledger", 0): len(src)}, memory_state(tables, quarantine))
     assert len([p for p in problems if p.startswith("quarantine[")]) == 10
 
