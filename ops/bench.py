@@ -28,7 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import asyncpg
+from ops.db import connection
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "artifacts" / "bench" / "worker.json"
@@ -80,23 +80,17 @@ async def _schema(dsn: str) -> str:
     from fencing.schema import migrate
 
     schema = _uid("bench")
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with connection(dsn) as conn:
         await migrate(conn, schema)
         await ensure_tables(conn, schema)
-    finally:
-        await conn.close()
     return schema
 
 
 async def _durable(dsn: str, schema: str, group: str) -> list[Any]:
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with connection(dsn) as conn:
         return list(await conn.fetch(
             f'SELECT partition, owner, frontier FROM "{schema}".partitions WHERE group_id = $1',
             group))
-    finally:
-        await conn.close()
 
 
 def run_baseline(mode: str, topic: str, total: int, dsn: str) -> dict[str, Any]:
@@ -125,8 +119,7 @@ def run_worker(topic: str, total: int, dsn: str, extra: list[str]) -> dict[str, 
                             env=_env(), cwd=ROOT)
 
     async def watch() -> tuple[int, float]:
-        conn = await asyncpg.connect(dsn)
-        try:
+        async with connection(dsn) as conn:
             deadline = time.monotonic() + 1800
             done = 0
             while done < total and time.monotonic() < deadline and proc.poll() is None:
@@ -139,8 +132,6 @@ def run_worker(topic: str, total: int, dsn: str, extra: list[str]) -> dict[str, 
                 f' WHERE group_id = $1) - (SELECT min(at) FROM "{schema}".journal'
                 " WHERE group_id = $1 AND event = 'claim'))", group)
             return done, float(span)
-        finally:
-            await conn.close()
 
     done, elapsed = asyncio.run(watch())
     proc.send_signal(signal.SIGTERM)

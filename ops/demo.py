@@ -23,6 +23,8 @@ from pathlib import Path
 
 import asyncpg
 
+from ops.db import connection
+
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 COUNT = 60_000
@@ -38,11 +40,8 @@ def _cli(*args: str, env: dict[str, str]) -> None:
 
 
 async def _fetch(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with connection(dsn) as conn:
         return list(await conn.fetch(sql, *args))
-    finally:
-        await conn.close()
 
 
 async def _rows(dsn: str, schema: str, group: str) -> list[asyncpg.Record]:

@@ -14,6 +14,7 @@ import sys
 
 from fencing.errors import ConfigError, SchemaMismatch
 from fencing.schema import DEFAULT_SCHEMA, SCHEMA_VERSION, grant_worker_sql, migrate, quote_schema
+from ops.db import connection, dsn_from_env
 
 __all__ = ["register", "run_migrate"]
 
@@ -29,25 +30,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
 
 async def run_migrate(dsn: str, *, schema: str, grant_role: str | None = None) -> list[int]:
     """Apply migrations (and grants); return the versions applied now."""
-    import asyncpg
-
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with connection(dsn) as conn:
         applied = await migrate(conn, schema)
         if grant_role is not None:
             async with conn.transaction():
                 for stmt in grant_worker_sql(schema, grant_role):
                     await conn.execute(stmt)
         return applied
-    finally:
-        await conn.close()
 
 
 def _main(args: argparse.Namespace) -> int:
-    dsn = os.environ.get("FENCE_DSN")
-    if not dsn:
-        print("fencectl migrate: FENCE_DSN is not set (eval \"$(fencectl stack env)\")",
-              file=sys.stderr)
+    dsn = dsn_from_env("fencectl migrate")
+    if dsn is None:
         return 2
     try:
         quote_schema(args.schema)

@@ -25,8 +25,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fencing.errors import ConfigError, SchemaMismatch
-from fencing.schema import DEFAULT_SCHEMA, check_version, quote_schema
+from fencing.schema import DEFAULT_SCHEMA, quote_schema
 from fencing.types import SourceFacts, TopicPartition
+from ops.db import connection, dsn_from_env
 from ops.reset_plan import Action, Current, Plan, ResetRefused, plan_reset
 
 __all__ = ["apply_reset", "operator_identity", "register"]
@@ -136,12 +137,8 @@ async def apply_reset(conn: Any, *, schema: str, group: str, plans: Sequence[Pla
 
 
 async def _run(dsn: str, args: argparse.Namespace) -> tuple[bool, list[Plan]]:
-    import asyncpg
-
     q = quote_schema(args.schema)
-    conn = await asyncpg.connect(dsn)
-    try:
-        await check_version(conn, args.schema)
+    async with connection(dsn, schema=args.schema) as conn:
         rows = await _rows(conn, q, args.group, args.topic, args.partition, lock=False)
         if not rows:
             raise ResetRefused(f"no fence rows for group {args.group!r} topic {args.topic!r}"
@@ -155,8 +152,6 @@ async def _run(dsn: str, args: argparse.Namespace) -> tuple[bool, list[Plan]]:
         applied = await apply_reset(conn, schema=args.schema, group=args.group, plans=plans,
                                     facts=facts, args=args, operator=operator_identity())
         return True, applied
-    finally:
-        await conn.close()
 
 
 def _print(applied: bool, plans: Sequence[Plan], as_json: bool) -> None:
@@ -173,9 +168,8 @@ def _print(applied: bool, plans: Sequence[Plan], as_json: bool) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    dsn = os.environ.get("FENCE_DSN")
-    if not dsn:
-        print("fencectl reset: FENCE_DSN is not set", file=sys.stderr)
+    dsn = dsn_from_env("fencectl reset")
+    if dsn is None:
         return 2
     try:
         quote_schema(args.schema)

@@ -33,6 +33,7 @@ from consumer.exits import ExitCode
 from consumer.source import KafkaSource, SourceUnavailable
 from consumer.worker import Worker
 from fencing.errors import ConfigError, SchemaMismatch, SourceRefused, StoreUnavailable
+from ops.db import connection
 from ops.observability import ObsOptions, WorkerObservability
 from ops.observability import add_arguments as add_obs_arguments
 from ops.observability import options_from_args as obs_options_from_args
@@ -160,11 +161,8 @@ async def _ensure_handler_tables(cfg: WorkerConfig) -> None:
     if ensure is None:
         return
     try:
-        conn = await asyncpg.connect(cfg.dsn)
-        try:
+        async with connection(cfg.dsn) as conn:
             await ensure(conn, cfg.schema)
-        finally:
-            await conn.close()
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise ConfigError(f"FENCE_DSN: creating the handler's tables failed: "
                           f"{redact(str(exc), dsn=cfg.dsn)}") from None

@@ -19,8 +19,9 @@ from datetime import datetime
 from typing import Any
 
 from fencing.errors import ConfigError, FenceError, SchemaMismatch, SourceRefused
-from fencing.schema import DEFAULT_SCHEMA, check_version, quote_schema
+from fencing.schema import DEFAULT_SCHEMA, quote_schema
 from fencing.types import SourceFacts, TopicPartition
+from ops.db import connection, dsn_from_env
 from ops.status_view import (
     DEFAULT_BOUND_S,
     MemberRow,
@@ -181,19 +182,13 @@ def _render_history(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 async def _collect(dsn: str, args: argparse.Namespace) -> dict[str, Any] | list[dict[str, Any]]:
-    import asyncpg
-
-    conn = await asyncpg.connect(dsn)
-    try:
-        await check_version(conn, args.schema)
+    async with connection(dsn, schema=args.schema) as conn:
         if args.history:
             tp = TopicPartition(args.topic, args.partition)
             return await read_history(conn, schema=args.schema, group=args.group, tp=tp,
                                       limit=args.limit)
         now, parts, members = await read_rows(conn, schema=args.schema, group=args.group,
                                               members_since_s=args.members_since_s)
-    finally:
-        await conn.close()
     tps = [TopicPartition(p.topic, p.partition) for p in parts]
     facts, notes = await asyncio.to_thread(kafka_facts, args.bootstrap_servers, tps,
                                            timeout_s=args.kafka_timeout_s)
@@ -202,10 +197,8 @@ async def _collect(dsn: str, args: argparse.Namespace) -> dict[str, Any] | list[
 
 
 def _main(args: argparse.Namespace) -> int:
-    dsn = os.environ.get("FENCE_DSN")
-    if not dsn:
-        print("fencectl status: FENCE_DSN is not set (eval \"$(fencectl stack env)\")",
-              file=sys.stderr)
+    dsn = dsn_from_env("fencectl status")
+    if dsn is None:
         return 2
     if args.history and (args.topic is None or args.partition is None):
         print("fencectl status --history needs --topic and --partition", file=sys.stderr)
