@@ -89,7 +89,6 @@ class PgProxy:
         self.host = listen_host
         self.port = listen_port
         self.rules: list[Rule] = []
-        self.connections_total = 0
         # client messages by type after startup; ``round_trips()`` counts Query + Sync
         self.client_messages: collections.Counter[str] = collections.Counter()
         self._server: asyncio.Server | None = None
@@ -122,9 +121,6 @@ class PgProxy:
         """Client round trips so far: each simple Query and each extended-protocol Sync."""
         return self.client_messages["Q"] + self.client_messages["S"]
 
-    def clear_rules(self) -> None:
-        self.rules.clear()
-
     def release(self) -> None:
         """Deliver held replies (and every later one) to the clients."""
         self._release.set()
@@ -151,7 +147,6 @@ class PgProxy:
         return None
 
     async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        self.connections_total += 1
         try:
             sr, sw = await asyncio.open_connection(*self.upstream)
         except OSError:
