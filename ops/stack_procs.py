@@ -4,7 +4,8 @@ Rules:
 - A service process is started in its own session (it outlives ``fencectl`` and
   pytest) with stdout/stderr appended to its log file.
 - A pid file is trusted only while that pid is alive *and* its command line
-  mentions the stack directory, so a recycled pid is never signalled.
+  contains the service's marker (its data directory or config file), so a recycled
+  pid is never signalled.
 - Stopping sends one signal, waits up to a bound, then SIGKILL; never by name.
 """
 
