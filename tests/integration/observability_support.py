@@ -28,9 +28,12 @@ __all__ = [
     "free_port",
     "http_get",
     "jaeger_spans",
+    "jaeger_trace",
     "metric",
+    "readyz",
     "run_fencectl",
     "start_worker",
+    "unique_service",
     "wait_for",
 ]
 
