@@ -186,7 +186,7 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
     except SourceUnavailable as exc:
         raise ConfigError(f"KAFKA_BOOTSTRAP_SERVERS: {exc}") from None
     store = await _open_store(cfg)
-    telemetry = setup_telemetry(service_name=os.environ.get("OTEL_SERVICE_NAME") or "fenceworker")
+    telemetry = setup_telemetry()  # OTEL_SERVICE_NAME, default fenceworker
     obs = WorkerObservability(options=obs_options or ObsOptions(), telemetry=telemetry,
                               store=store, cooperative=cfg.cooperative,
                               lag_facts=source.facts, observe=store.observe,
