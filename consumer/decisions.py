@@ -125,6 +125,8 @@ def submittable(token: Token, records: Sequence[SourceRecord]) -> tuple[SourceRe
     """The records to submit under ``token``: those at or above its frontier, in order.
 
     ``records`` already passed ``check_batch`` (the lifecycle checks once, before any I/O)."""
+    if not records or records[0].offset >= token.frontier:  # in order: nothing is durable
+        return tuple(records)
     return tuple(rec for rec in records if rec.offset >= token.frontier)
 
 
