@@ -12,7 +12,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,36 +119,36 @@ def generated(topic: str, *, count: int, partitions: int, seed: int = 7,
     return recs, to_source_records(recs)
 
 
-async def fresh_schema(dsn: str) -> str:
-    schema = unique("fw").lower()
+@asynccontextmanager
+async def _connected(dsn: str) -> AsyncIterator[asyncpg.Connection]:
     conn = await asyncpg.connect(dsn)
     try:
-        await migrate(conn, schema)
+        yield conn
     finally:
         await conn.close()
+
+
+async def fresh_schema(dsn: str) -> str:
+    schema = unique("fw").lower()
+    async with _connected(dsn) as conn:
+        await migrate(conn, schema)
     return schema
 
 
 async def durable_rows(dsn: str, schema: str, group: str, topic: str) -> dict[int, tuple[int, int]]:
     """partition -> (epoch, frontier) from the fence table."""
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with _connected(dsn) as conn:
         rows = await conn.fetch(
             f'SELECT partition, epoch, frontier FROM "{schema}".partitions '
             "WHERE group_id = $1 AND topic = $2", group, topic)
-    finally:
-        await conn.close()
     return {r["partition"]: (r["epoch"], r["frontier"]) for r in rows}
 
 
 async def journal_rows(dsn: str, schema: str, group: str, topic: str) -> list[dict[str, Any]]:
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with _connected(dsn) as conn:
         rows = await conn.fetch(
             f'SELECT partition, event, epoch, lifetime, detail FROM "{schema}".journal '
             "WHERE group_id = $1 AND topic = $2 ORDER BY id", group, topic)
-    finally:
-        await conn.close()
     return [dict(r) for r in rows]
 
 
@@ -157,11 +158,8 @@ async def exactly_once_problems(dsn: str, schema: str, group: str, topic: str,
     """Oracle check of committed effects against the source prefix below the frontiers."""
     rows = await durable_rows(dsn, schema, group, topic)
     frontiers = {(topic, p): f for p, (_e, f) in rows.items()}
-    conn = await asyncpg.connect(dsn)
-    try:
+    async with _connected(dsn) as conn:
         actual = await pg_state(conn, topic=topic, schema=schema, group_id=group)
-    finally:
-        await conn.close()
     problems = list(check(source, frontiers, actual))
     if require_complete:
         ends: dict[int, int] = {}
