@@ -28,6 +28,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from consumer.decisions import AUTO_OFFSET_RESETS
 from fencing.errors import ConfigError
 
 __all__ = [
@@ -133,7 +134,7 @@ class WorkerConfig:
             raise ConfigError("--db-idle-in-transaction-timeout-s must be > 0")
         if self.restart_lifetimes < 0:
             raise ConfigError("--restart-lifetimes must be >= 0")
-        if self.auto_offset_reset not in ("earliest", "latest"):
+        if self.auto_offset_reset not in AUTO_OFFSET_RESETS:
             raise ConfigError(f"--auto-offset-reset must be earliest or latest, "
                               f"not {self.auto_offset_reset!r}")
         if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", self.schema):
