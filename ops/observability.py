@@ -63,14 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> ObsOptions:
-    """Checked options; ``ConfigError`` names the bad flag."""
-    port = getattr(args, "http_port", None)
-    interval = float(getattr(args, "heartbeat_interval_s", 5.0))
+    """Checked options from ``args`` parsed with ``add_arguments``; ``ConfigError`` names
+    the bad flag."""
+    port, interval = args.http_port, float(args.heartbeat_interval_s)
     if port is not None and not 0 <= port <= 65535:
         raise ConfigError(f"--http-port {port}: use 0..65535")
     if not 0 < interval <= 300:
         raise ConfigError(f"--heartbeat-interval-s {interval}: use (0, 300]")
-    return ObsOptions(http_port=port, http_host=getattr(args, "http_host", "127.0.0.1"),
+    return ObsOptions(http_port=port, http_host=args.http_host,
                       heartbeat_interval_s=interval,
                       health_bound_s=max(15.0, 3 * interval))
 
