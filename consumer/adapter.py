@@ -27,6 +27,17 @@ Threading model (deliberate; see the README's worker section)
   lost assignment (session timeout, max.poll.interval exceeded) does local invalidation only.
 - Delivery to the loop is bounded: at most ``max_outstanding`` consume() results wait for
   the loop; then this thread only serves commands until the loop catches up.
+- Pause state is reconciled on every assignment: librdkafka keeps an application
+  ``pause()`` across unassign/assign of the same partition on the same handle (librdkafka
+  #1849, confluent-kafka-go #193; pinned by tests/integration/test_worker_liveness.py), so
+  every positioned partition is resumed right after it is assigned, and a pause or resume
+  queued for an earlier assignment of a partition (its *generation*) is dropped.
+- A failure never ends this thread silently: a consumer that cannot be built is reported as
+  ``ConfigError`` (the librdkafka message names the property), a failed
+  ``assign``/``incremental_assign`` inside the assignment callback as
+  ``KafkaClientFailed`` (the wrapper then does not assign by itself: it counts the failed
+  call as the callback's assignment, so nothing is positioned from Kafka's committed
+  offset), and anything else unexpected as itself; each through ``Rebalancer.failed``.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
+from fencing.errors import ConfigError, KafkaClientFailed
 from fencing.types import SourceRecord, TopicPartition
 
 __all__ = ["KafkaThread", "Rebalancer", "call_on_loop", "to_record"]
@@ -67,6 +79,9 @@ class Rebalancer(Protocol):
 
     def kafka_error(self, err: KafkaError, tp: TopicPartition | None) -> None:
         """Non-blocking: a consumer error (fatal or per partition)."""
+
+    def failed(self, exc: BaseException) -> None:
+        """Non-blocking: this thread cannot go on; the lifetime must end (see Rules)."""
 
 
 def to_record(msg: Any) -> SourceRecord:
@@ -101,6 +116,8 @@ class KafkaThread:
         self._close = threading.Event()
         self._closed: Future[None] = Future()
         self._assigned: set[TopicPartition] = set()
+        # assignment generation per partition: commands of an older one are dropped
+        self._generation: dict[TopicPartition, int] = {}
         self.member_id: str | None = None  # the group member id, read at each assignment
         self._thread = threading.Thread(target=self._main, name="kafka-consumer", daemon=True)
 
@@ -110,10 +127,14 @@ class KafkaThread:
         self._thread.start()
 
     def pause(self, tp: TopicPartition) -> None:
-        self._commands.put(lambda c: c.pause([KafkaTP(tp.topic, tp.partition)]))
+        """Pause ``tp`` in its current assignment (dropped once it was re-assigned)."""
+        gen = self._generation.get(tp, 0)
+        self._commands.put(lambda c: self._pause_if_current(c, tp, gen))
 
     def resume(self, tp: TopicPartition) -> None:
-        self._commands.put(lambda c: self._resume_if_fetching(c, tp))
+        """Resume ``tp`` in its current assignment unless shutting down."""
+        gen = self._generation.get(tp, 0)
+        self._commands.put(lambda c: self._resume_if_current(c, tp, gen))
 
     def commit(self, tp: TopicPartition, frontier: int) -> None:
         """Queue an asynchronous Kafka commit of ``frontier`` (advisory: lag tools only)."""
@@ -136,7 +157,12 @@ class KafkaThread:
     def _main(self) -> None:
         consumer: Consumer | None = None
         try:
-            consumer = Consumer(dict(self._settings))
+            try:
+                consumer = Consumer(dict(self._settings))
+            except (KafkaException, ValueError, TypeError) as exc:
+                raise ConfigError(f"librdkafka refused the consumer configuration: "
+                                  f"{_kafka_message(exc)} (fix the -X option or the flag "
+                                  "that sets it)") from exc
             consumer.subscribe([self._topic], on_assign=self._on_assign,
                                on_revoke=self._on_revoke, on_lost=self._on_lost)
             while not self._close.is_set():
@@ -152,9 +178,9 @@ class KafkaThread:
                 self._hand_over(msgs)
             self._drain(consumer)
         except BaseException as exc:  # report, never die silently
-            log.exception("kafka thread failed")
-            if not self._closed.done():
-                self._closed.set_exception(exc)
+            if not isinstance(exc, ConfigError):
+                log.exception("kafka thread failed")
+            self._rb.failed(exc)  # reported once; close() then just completes
         finally:
             if consumer is not None:
                 try:
@@ -213,8 +239,15 @@ class KafkaThread:
         if self._assigned:
             consumer.pause([KafkaTP(tp.topic, tp.partition) for tp in self._assigned])
 
-    def _resume_if_fetching(self, consumer: Consumer, tp: TopicPartition) -> None:
-        if not self._stop_fetching.is_set() and tp in self._assigned:
+    def _current(self, tp: TopicPartition, gen: int) -> bool:
+        return tp in self._assigned and self._generation.get(tp, 0) == gen
+
+    def _pause_if_current(self, consumer: Consumer, tp: TopicPartition, gen: int) -> None:
+        if self._current(tp, gen):
+            consumer.pause([KafkaTP(tp.topic, tp.partition)])
+
+    def _resume_if_current(self, consumer: Consumer, tp: TopicPartition, gen: int) -> None:
+        if not self._stop_fetching.is_set() and self._current(tp, gen):
             consumer.resume([KafkaTP(tp.topic, tp.partition)])
 
     # ---- rebalance callbacks (on this thread, inside consume()/close()) ---------------------
@@ -222,19 +255,40 @@ class KafkaThread:
     def _on_assign(self, consumer: Consumer, partitions: list[KafkaTP]) -> None:
         self.member_id = consumer.memberid()
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
+        for tp in tps:  # before the loop builds the new buffers: older commands are stale
+            self._generation[tp] = self._generation.get(tp, 0) + 1
         positions = None if self._stop_fetching.is_set() else self._rb.assigned(tps)
         if positions is None:
             ktps = [KafkaTP(tp.topic, tp.partition) for tp in tps]
         else:
             ktps = [KafkaTP(tp.topic, tp.partition, positions[tp]) for tp in tps]
+        try:
+            self._assign(consumer, ktps)
+        except (KafkaException, RuntimeError) as exc:
+            # The wrapper counted the failed call as our assignment: librdkafka positions
+            # nothing by itself. The claimed partitions are not fetched: fail-stop.
+            self._stop_fetching.set()
+            self._rb.failed(KafkaClientFailed(
+                f"{'incremental_assign' if self._cooperative else 'assign'} of "
+                f"{', '.join(str(tp) for tp in tps)} failed inside the assignment callback: "
+                f"{_kafka_message(exc)}"))
+            return
+        if not self._cooperative:
+            self._assigned.clear()
+        self._assigned.update(tps)
+        if not ktps:
+            return
+        if positions is None:
+            consumer.pause(ktps)
+        else:  # reconcile: an application pause survives unassign/assign (see Rules)
+            consumer.resume(ktps)
+
+    def _assign(self, consumer: Consumer, ktps: list[KafkaTP]) -> None:
+        """``incremental_assign`` or ``assign`` (a seam for the fail-stop test)."""
         if self._cooperative:
             consumer.incremental_assign(ktps)
         else:
             consumer.assign(ktps)
-            self._assigned.clear()
-        self._assigned.update(tps)
-        if positions is None and ktps:
-            consumer.pause(ktps)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[KafkaTP]) -> None:
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
@@ -257,6 +311,12 @@ class KafkaThread:
         else:
             consumer.unassign()
         self._assigned.difference_update(tps)
+
+
+def _kafka_message(exc: BaseException) -> str:
+    """The librdkafka error text of ``exc`` (``KafkaError.str()``), else ``str(exc)``."""
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return err.str() if isinstance(err, KafkaError) else str(exc)
 
 
 def call_on_loop(loop: asyncio.AbstractEventLoop, coro: Any, *, timeout_s: float) -> Any:

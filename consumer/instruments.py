@@ -77,6 +77,11 @@ class Instruments:
         m.create_observable_gauge(
             "fence.partition.lag", callbacks=[self._observe_lag], unit="{record}",
             description="Kafka high watermark minus the durable frontier, per owned partition")
+        self._stalled: frozenset[TopicPartition] = frozenset()
+        m.create_observable_gauge(
+            "fence.partitions.stalled", callbacks=[self._observe_stalled], unit="{partition}",
+            description="Owned partitions with lag and no fetch or commit progress for "
+                        "--stall-timeout-s")
 
     # batches -----------------------------------------------------------------------------
 
@@ -179,6 +184,15 @@ class Instruments:
         """A snapshot of the current lag values."""
         with self._lock:
             return dict(self._lag)
+
+    def set_stalled(self, tps: frozenset[TopicPartition]) -> None:
+        """The partitions currently stalled (``consumer.stall``)."""
+        with self._lock:
+            self._stalled = tps
+
+    def _observe_stalled(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            return [Observation(len(self._stalled))]
 
     def _observe_lag(self, _options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(v, _tp_attrs(tp)) for tp, v in sorted(self.lag().items())]

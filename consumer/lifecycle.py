@@ -14,8 +14,12 @@ Rules (DESIGN "Lifecycle"; the decisions live in ``consumer.decisions``)
 - A failure retires the lifetime while the mutex (or, for ``process``, the partition's
   guard) is still held: the gate closes first (every later call raises ``Retired`` without
   I/O), then one best-effort ``retire`` journal row is written, then the state becomes
-  RETIRED. That journal row is the last write of a lifetime; it never touches epochs,
-  frontiers or effects. Budget exhaustion retires without journaling.
+  RETIRED. Budget exhaustion retires without journaling.
+- Retirement is a write barrier: a batch of another partition whose handler returns after
+  the gate closed rolls back instead of committing (the gate is checked between the handler
+  and COMMIT); one whose COMMIT was already sent completes under its still-valid epoch. The
+  retire journal row waits (bounded by the budget) until those in-flight batches ended, so
+  it is the lifetime's last write; it never touches epochs, frontiers or effects.
 - Cancelling the caller of a guarded call (not ``stop``) retires the lifetime, without
   journaling: the interrupted I/O left an unknown outcome.
 - Callers only see errors of ``fencing.errors``: ``Retired``, ``Fenced``, ``SourceRefused``
@@ -43,7 +47,14 @@ from fencing.errors import Fenced, FenceError
 from fencing.guarded import guarded_claim, guarded_observe, guarded_process, guarded_skip
 from fencing.policy import with_policy
 from fencing.store import FenceStore, HandlerFn
-from fencing.types import ClaimRequest, SourceCheck, SourceRecord, Token, TopicPartition
+from fencing.types import (
+    ClaimRequest,
+    SourceCheck,
+    SourceRecord,
+    Token,
+    TopicPartition,
+    Verdict,
+)
 
 __all__ = ["Lifecycle", "LifetimeState"]
 
@@ -257,9 +268,9 @@ class Lifecycle(LifetimeFrame):
         except Fenced as exc:
             if token is None or self._tokens.get(tp) is not token:
                 raise  # no token (any more): a late call after revoke/lost, nothing to retire
-            raise await self._fail(exc)  # noqa: B904
+            raise await self._fail(exc, holding=tp)  # noqa: B904
         except Exception as exc:
-            raise await self._fail(exc)  # noqa: B904
+            raise await self._fail(exc, holding=tp)  # noqa: B904
         finally:
             guard.release()
 
@@ -277,11 +288,17 @@ class Lifecycle(LifetimeFrame):
                  "messaging.batch.message_count": len(batch),
                  "messaging.operation.type": "process", "messaging.operation.name": "process"}
         m, started_s = self._metrics, self._clock()
+        inner = handler if m is None else m.counting_handler(handler)
+
+        async def barrier(conn: Any, recs: Sequence[SourceRecord]) -> Sequence[Verdict]:
+            verdicts = await inner(conn, recs)
+            self._check_live()  # retired meanwhile: roll back instead of committing
+            return verdicts
+
         with span("fence.process", self, tp, attrs, links=links, context=context) as sp:
             try:
                 new = await guarded_process(
-                    self._store, tp, token, batch,
-                    handler if m is None else m.counting_handler(handler),
+                    self._store, tp, token, batch, barrier,
                     wait=self._wait, check_live=live, **self._hooks("process"))
             except BaseException as exc:
                 if m is not None:

@@ -36,6 +36,7 @@ class LifetimeFrame:
     _budget_s: float
     _tokens: dict[TopicPartition, Token]
     _tasks: set[asyncio.Task[object]]
+    _guards: dict[TopicPartition, asyncio.Lock]
     _gate_open: bool
 
     def _check_live(self) -> None:
@@ -75,26 +76,48 @@ class LifetimeFrame:
             await self._retire(f"budget of {self._budget_s} s used up", journal=False)
             raise Retired(f"lifetime {self.lifetime_id}: budget used up") from exc
 
-    async def _fail(self, exc: BaseException) -> BaseException:
-        """Retire for ``exc`` (caller holds the mutex or guard); return what to raise."""
+    async def _fail(self, exc: BaseException, *,
+                    holding: TopicPartition | None = None) -> BaseException:
+        """Retire for ``exc`` (caller holds the mutex, or the guard of ``holding``); return
+        what to raise."""
         action = d.classify_failure(exc)
         if action is d.FailureAction.PASS_THROUGH:
             return exc
         await self._retire(f"{type(exc).__name__}: {exc}",
-                           journal=not isinstance(exc, d.BudgetExceeded))
+                           journal=not isinstance(exc, d.BudgetExceeded), holding=holding)
         if action is d.FailureAction.RAISE_AS_IS:
             return exc
         retired = Retired(f"lifetime {self.lifetime_id} retired: {self.retired_reason}")
         retired.__cause__ = exc
         return retired
 
-    async def _retire(self, reason: str, *, journal: bool) -> None:
+    async def _settle_others(self, holding: TopicPartition | None) -> None:
+        """Wait, bounded by the budget, until no other partition's batch is in flight."""
+        others = [g for tp, g in self._guards.items() if tp != holding and g.locked()]
+        if not others:
+            return
+
+        async def settle() -> None:
+            for guard in others:
+                async with guard:
+                    pass
+
+        try:
+            await asyncio.wait_for(settle(), timeout=self._budget_s)
+        except TimeoutError:
+            pass  # each batch is bounded by its own budget; journaling is best effort
+
+    async def _retire(self, reason: str, *, journal: bool,
+                      holding: TopicPartition | None = None) -> None:
         if self.state is not LifetimeState.LIVE:
             return
         first = self._gate_open
         self._gate_open = False
+        if first:
+            self.retired_reason = reason  # the first cause, whoever finishes the retirement
         held = sorted(self._tokens)
         if journal and first and held:
+            await self._settle_others(holding)  # the retire row is the last write
             try:
                 await self._store.journal(held, lifetime=self.lifetime_id, event="retire",
                                           detail=reason[:500])
@@ -102,5 +125,5 @@ class LifetimeFrame:
                 pass  # best effort: the journal decides nothing
         if self.state is LifetimeState.LIVE:
             self.state = d.transition(self.state, LifetimeState.RETIRED)
-            self.retired_reason = reason
+            self.retired_reason = self.retired_reason or reason
         self._tokens.clear()

@@ -13,6 +13,11 @@ Rules
   samples lag every ``lag_interval_s`` (Kafka high watermark minus the durable frontier).
 - Each lifetime has its own member row; its final state is ``stopped`` after a clean end,
   ``retired`` after a failure.
+- Stalls: at each lag sample, the owned partitions' lag and last progress (``progress``,
+  the worker's fetch/commit times) go through ``consumer.stall.StallTracker``; a change of
+  the stalled set updates readiness (``/readyz`` names them), the
+  ``fence.partitions.stalled`` gauge and the member row (``detail.stalled``, shown by
+  ``fencectl status``), and each newly stalled partition is logged as a warning.
 - Spans: ``fence.shutdown`` runs from ``stopping`` to ``lifetime.end`` (exit code, what was
   still in flight past the bound); ``fence.retire`` marks a failure with its reason.
 """
@@ -41,8 +46,10 @@ from consumer.readiness import (
     Restarted,
     Retired,
     Revoked,
+    StallChanged,
     Stopping,
 )
+from consumer.stall import PartitionSample, StallTracker
 from fencing.types import SourceFacts, Token, TopicPartition
 
 _tracer = trace.get_tracer(TRACER_NAME)
@@ -53,6 +60,7 @@ log = logging.getLogger("fenceworker.observer")
 
 LagFacts = Callable[[list[TopicPartition]], Mapping[TopicPartition, SourceFacts]]
 Observe = Callable[[Sequence[TopicPartition]], Awaitable[Mapping[TopicPartition, Token | None]]]
+Progress = Callable[[], Mapping[TopicPartition, float]]
 
 
 def parse_tp(text: str) -> TopicPartition:
@@ -82,6 +90,7 @@ class WorkerObserver:
         beat_s: float = 1.0,
         lag_interval_s: float = 5.0,
         span_attrs: Mapping[str, str] | None = None,
+        stall_timeout_s: float = 30.0,
     ) -> None:
         self.instruments = instruments
         self.readiness = readiness
@@ -102,6 +111,9 @@ class WorkerObserver:
         self._shutdown_span: trace.Span | None = None
         self._closed = asyncio.Event()
         self._wake = asyncio.Event()
+        self._stalls = StallTracker(timeout_s=stall_timeout_s)
+        # the worker's last fetch/commit progress per owned partition (set once it exists)
+        self.progress: Progress | None = None
 
     # ---- events ------------------------------------------------------------------------------
 
@@ -189,10 +201,12 @@ class WorkerObserver:
         task.add_done_callback(self._final_writes.discard)
 
     def _sync_member_state(self) -> None:
+        self.instruments.set_stalled(self.readiness.state.stalled)
         if self._member is not None:
             state = self.readiness.state
             self._member.set_state(state_for_phase(state.phase),
-                                   partitions=sorted(str(tp) for tp in state.assigned))
+                                   partitions=sorted(str(tp) for tp in state.assigned),
+                                   stalled=sorted(str(tp) for tp in state.stalled))
             self._wake.set()  # a changed state is written within min_gap_s, not a beat later
 
     @property
@@ -207,9 +221,10 @@ class WorkerObserver:
             self._wake.clear()
             self.loop_heartbeat.beat()
             timeout_s = self._beat_s
-            if self._member is not None:
-                await self._member.tick()
-                timeout_s = min(timeout_s, max(self._member.delay_s(), 0.01))
+            member = self._member  # an event may end it while tick() awaits
+            if member is not None:
+                await member.tick()
+                timeout_s = min(timeout_s, max(member.delay_s(), 0.01))
             await self._sample_lag()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout_s)
@@ -232,11 +247,32 @@ class WorkerObserver:
         except Exception as exc:  # Kafka or PostgreSQL did not answer: keep the last values
             log.debug("lag sample failed: %s", exc)
             return
+        lags: dict[TopicPartition, int] = {}
         for tp in owned:
             token, fact = durable.get(tp), facts.get(tp)
             if token is not None and fact is not None and tp in self.readiness.state.assigned:
                 self.instruments.set_lag(tp, high_watermark=fact.high_watermark,
                                          frontier=token.frontier)
+                lags[tp] = max(0, fact.high_watermark - token.frontier)
+        self._check_stalls(lags)
+
+    def _check_stalls(self, lags: Mapping[TopicPartition, int]) -> None:
+        if self.progress is None:
+            return
+        progress, now = self.progress(), self._clock()
+        samples = {tp: PartitionSample(lag, progress[tp]) for tp, lag in lags.items()
+                   if tp in progress}
+        stalled = self._stalls.update(now, samples)
+        before = self.readiness.state.stalled
+        for tp in sorted(stalled - before):
+            log.warning("partition %s stalled: lag %d and no fetch or commit progress for "
+                        "%.0f s although owned and positioned (see /readyz, fencectl status)",
+                        tp, lags[tp], self._stalls.idle_s(now, tp, progress[tp]))
+        for tp in sorted(before - stalled):
+            log.info("partition %s is making progress again", tp)
+        if stalled != before:
+            self._apply(StallChanged(stalled))
+            self._sync_member_state()
 
     async def close(self, *, timeout_s: float = 3.0) -> None:
         """Stop ``run``, write the final member rows (bounded), mark the loop stopped."""

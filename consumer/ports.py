@@ -38,3 +38,4 @@ class Partition:
     closing: bool = False
     inflight: InFlight | None = None
     task: asyncio.Task[None] | None = None
+    progress_s: float = 0.0  # clock time of the last fetch into the buffer or commit

@@ -3,7 +3,10 @@
 Rules (readiness)
 - Ready only when: the startup checks passed (schema version), at least one assignment
   callback completed, no rebalance is in progress, every assigned partition is claimed
-  and positioned, and the process is neither retired nor stopping.
+  and positioned, no assigned partition is stalled (``consumer.stall``), and the process is
+  neither retired nor stopping.
+- ``StallChanged(tps)`` replaces the stalled set (kept within the assignment); it is legal
+  in every phase and changes nothing once retired or stopping.
 - ``RebalanceStarted`` begins a rebalance; ``Positioned(tps)`` ends it with ``tps`` claimed and
   positioned (added to the assignment); ``Revoked(tps)`` drops ``tps`` and ends the rebalance
   only when ``settled`` (incremental protocols; an eager revoke is always followed by an
@@ -40,6 +43,7 @@ __all__ = [
     "Restarted",
     "Retired",
     "Revoked",
+    "StallChanged",
     "Stopping",
     "step",
 ]
@@ -102,8 +106,16 @@ class Restarted:
     """A fresh lifetime replaces a retired one in the same process."""
 
 
+@dataclass(frozen=True, slots=True)
+class StallChanged:
+    """The set of stalled partitions changed (empty: none is stalled)."""
+
+    tps: frozenset[TopicPartition] = frozenset()
+
+
 ReadinessEvent = (
     ChecksPassed | RebalanceStarted | Positioned | Revoked | Retired | Stopping | Restarted
+    | StallChanged
 )
 
 
@@ -112,17 +124,23 @@ class ReadinessState:
     phase: Phase = Phase.STARTING
     assigned: frozenset[TopicPartition] = field(default_factory=frozenset)
     reason: str = ""
+    stalled: frozenset[TopicPartition] = field(default_factory=frozenset)
 
     @property
     def ready(self) -> bool:
-        return self.phase is Phase.READY
+        return self.phase is Phase.READY and not self.stalled
 
     def as_dict(self) -> dict[str, object]:
+        reason = self.reason
+        if self.stalled and not reason:
+            reason = ("stalled (lag and no fetch or commit progress): "
+                      + ", ".join(sorted(str(tp) for tp in self.stalled)))
         return {
             "ready": self.ready,
             "phase": self.phase.value,
             "assigned": sorted(str(tp) for tp in self.assigned),
-            "reason": self.reason,
+            "stalled": sorted(str(tp) for tp in self.stalled),
+            "reason": reason,
         }
 
 
@@ -134,12 +152,16 @@ def step(state: ReadinessState, event: ReadinessEvent) -> ReadinessState:
     """Pure transition; raises ``IllegalTransition`` for an event the phase does not allow."""
     phase = state.phase
     match event:
+        case StallChanged(tps=tps):
+            if phase in _TERMINAL:
+                return state
+            return replace(state, stalled=tps & state.assigned)
         case Stopping():
             if phase is Phase.RETIRED:
                 return state
-            return replace(state, phase=Phase.STOPPING, reason="stopping")
+            return replace(state, phase=Phase.STOPPING, reason="stopping", stalled=frozenset())
         case Retired(reason=reason):
-            return replace(state, phase=Phase.RETIRED, assigned=frozenset(),
+            return replace(state, phase=Phase.RETIRED, assigned=frozenset(), stalled=frozenset(),
                            reason=f"retired: {reason}" if reason else "retired")
         case ChecksPassed() if phase is Phase.STARTING:
             return replace(state, phase=Phase.WAITING, reason="waiting for an assignment")
@@ -151,9 +173,11 @@ def step(state: ReadinessState, event: ReadinessEvent) -> ReadinessState:
             return replace(state, phase=Phase.READY, assigned=state.assigned | tps, reason="")
         case Revoked(tps=tps, settled=settled) if phase in _LIVE:
             remaining = state.assigned - tps
+            stalled = state.stalled - tps
             if settled and phase is not Phase.WAITING:
-                return replace(state, phase=Phase.READY, assigned=remaining, reason="")
-            return replace(state, assigned=remaining)
+                return replace(state, phase=Phase.READY, assigned=remaining, reason="",
+                               stalled=stalled)
+            return replace(state, assigned=remaining, stalled=stalled)
     raise IllegalTransition(f"{type(event).__name__} in phase {phase.value}")
 
 

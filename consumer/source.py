@@ -20,18 +20,14 @@ from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from fencing.errors import FenceError, SourceRefused
+from fencing.errors import SourceRefused, SourceUnavailable
 from fencing.types import SourceCheck, SourceFacts, TopicPartition
 
-__all__ = ["KafkaSource", "SourceUnavailable", "build_checks"]
+__all__ = ["KafkaSource", "build_checks"]
 
 
 _MISSING_CODES = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
                             KafkaError.UNKNOWN_TOPIC_ID})
-
-
-class SourceUnavailable(FenceError):
-    """Kafka did not answer a metadata or offsets request (the world's fault); retry later."""
 
 
 def build_checks(facts: dict[TopicPartition, SourceFacts], *,

@@ -15,13 +15,23 @@ Rules
   (``Consumer.close()`` on the Kafka thread, outside any callback), stop the lifecycle.
   A retired lifetime is never used again; ``restart_lifetimes`` starts fresh ones.
 - Shutdown (``request_stop``): stop fetching, drop unstarted batches, wait for in-flight
-  ones up to ``shutdown_timeout_s``; past it, report them and end with code 6.
+  ones up to ``shutdown_timeout_s``; past it, report them and end with code 6. The bound is
+  final: code 6 wins over an earlier failure's code, the stuck work is cancelled and not
+  waited for again, and no fresh lifetime starts beside it (``abandoned``).
+- Callbacks carry their lifetime: each lifetime's Kafka thread reports to its own
+  ``LifetimeCallbacks``; a callback of an earlier lifetime's consumer is logged and ignored.
+- The Kafka thread never dies silently: ``failed`` ends the lifetime with the error's exit
+  code (2 for a consumer that cannot be built, 5 for a failed assign, 1 for anything else,
+  logged with its traceback).
+- Progress (records fetched into a partition's buffer, a batch committed) is timed per
+  partition on the injected clock; ``progress()`` feeds stall detection (``consumer.stall``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -52,8 +62,10 @@ class Worker:
                  lifecycle_factory: Callable[[str], Any],
                  kafka_factory: Callable[[Any], KafkaPort], source: FactsPort,
                  on_event: Callable[[str, dict[str, Any]], None] | None = None,
-                 trace_links: bool = True) -> None:
+                 trace_links: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._cfg = config
+        self._clock = clock
         self._trace_links = trace_links  # producer-span links cost a header parse per record
         self._handler = handler
         self._lifecycle_factory = lifecycle_factory
@@ -69,6 +81,8 @@ class Worker:
         self._stopping = False
         self._lc: Any = None
         self._kafka: KafkaPort | None = None
+        self._lifetime: str | None = None
+        self.abandoned = False  # in-flight work outlived the shutdown bound
         self.lifetimes: list[str] = []
 
     # ---- public ------------------------------------------------------------------------------
@@ -88,6 +102,10 @@ class Worker:
     def in_flight(self) -> list[InFlight]:
         return [p.inflight for p in self._parts.values() if p.inflight is not None]
 
+    def progress(self) -> dict[TopicPartition, float]:
+        """Per owned partition: the clock time of its last fetch or commit progress."""
+        return {tp: p.progress_s for tp, p in self._parts.items() if not p.closing}
+
     async def run(self) -> ExitCode:
         """Run lifetimes until a stop request or a failure not covered by restarts."""
         self._loop = asyncio.get_running_loop()
@@ -95,7 +113,7 @@ class Worker:
         while True:
             code = await self._run_lifetime()
             if code in (ExitCode.RETIRED, ExitCode.UNAVAILABLE) and restarts > 0 \
-                    and not self._stop_requested.is_set():
+                    and not self._stop_requested.is_set() and not self.abandoned:
                 restarts -= 1
                 log.warning("starting a fresh lifetime (%d restarts left)", restarts)
                 continue
@@ -109,7 +127,8 @@ class Worker:
         self._failure, self._stopping, self._parts = None, False, {}
         self._failed = asyncio.Event()
         self._lc = self._lifecycle_factory(lifetime_id)
-        self._kafka = self._kafka_factory(self)
+        self._lifetime = lifetime_id
+        self._kafka = self._kafka_factory(LifetimeCallbacks(self, lifetime_id))
         self._event("lifetime.start", lifetime=lifetime_id)
         self._kafka.start()
         waiters = [asyncio.ensure_future(self._stop_requested.wait()),
@@ -128,21 +147,22 @@ class Worker:
         for part in self._parts.values():
             part.buffer.clear()
             part.wake.set()
-        code = ExitCode.OK
-        if self._failure is not None:
-            code = exit_code_for(self._failure)
         tasks = [p.task for p in self._parts.values() if p.task is not None and not p.task.done()]
+        pending: set[asyncio.Task[None]] = set()
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=self._cfg.shutdown_timeout_s)
-            if pending:
-                stuck = self.in_flight
-                log.error("shutdown bound %.1fs exceeded; still in flight: %s",
-                          self._cfg.shutdown_timeout_s,
-                          "; ".join(i.describe() for i in stuck) or "(between batches)")
-                self._event("shutdown.timeout", in_flight=[i.describe() for i in stuck])
-                if code is ExitCode.OK:
-                    code = ExitCode.SHUTDOWN_TIMEOUT
-                await self._stop_lifecycle()  # cancel the stuck calls before leaving the group
+        # after the in-flight batches ended: their failures may name the root cause
+        code = ExitCode.OK if self._failure is None else exit_code_for(self._failure)
+        if pending:
+            stuck = self.in_flight
+            log.error("shutdown bound %.1fs exceeded (exit 6%s); still in flight: %s",
+                      self._cfg.shutdown_timeout_s,
+                      "" if code is ExitCode.OK else f" instead of {int(code)}",
+                      "; ".join(i.describe() for i in stuck) or "(between batches)")
+            self._event("shutdown.timeout", in_flight=[i.describe() for i in stuck])
+            code = ExitCode.SHUTDOWN_TIMEOUT  # final: work was abandoned
+            self.abandoned = True
+            await self._stop_lifecycle()  # cancel the stuck calls before leaving the group
         closed = self._kafka.close()  # on_revoke -> lifecycle.revoke (journals the release)
         try:
             await asyncio.wait_for(asyncio.wrap_future(closed), timeout=self._cfg.budget_s + 10)
@@ -161,14 +181,17 @@ class Worker:
             log.debug("lifecycle stop: %s", exc)
 
     def _fail(self, exc: BaseException) -> None:
-        """Record the failure that ends this lifetime; a root cause replaces a ``Retired``."""
+        """Record the failure that ends this lifetime; a failure with a cause replaces a bare
+        ``Retired`` (a refusal after the retirement began)."""
         first = self._failure is None
-        if first or (isinstance(self._failure, Retired) and not isinstance(exc, Retired)):
+        if first or (_bare(self._failure) and not _bare(exc)):
             self._failure = exc
         cause = exc.__cause__ or exc.__context__
+        code = exit_code_for(exc)
         log.error("lifetime %s (exit %d, %s): %s%s", "ends" if first else "also failed",
-                  exit_code_for(exc), type(exc).__name__, _advice(exc),
-                  f" [cause: {type(cause).__name__}: {cause}]" if cause is not None else "")
+                  code, type(exc).__name__, _advice(exc),
+                  f" [cause: {type(cause).__name__}: {cause}]" if cause is not None else "",
+                  exc_info=exc if code is ExitCode.INTERNAL else None)
         if first:
             self._event("failed", error=type(exc).__name__, exit_code=int(exit_code_for(exc)))
         self._failed.set()
@@ -192,6 +215,10 @@ class Worker:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._on_kafka_error, err, tp)
 
+    def failed(self, exc: BaseException) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._fail, exc)
+
     def _blocking(self, coro: Any, what: str) -> Any:
         """Run ``coro`` on the loop and wait; a failure ends the lifetime and gives None."""
         assert self._loop is not None
@@ -211,14 +238,17 @@ class Worker:
             self._event("assigned", partitions=[])
             return {}
         self._event("assign", partitions=[str(tp) for tp in tps])
+        lc = self._lc
         facts = await asyncio.to_thread(self._source.facts, tps)
         checks = build_checks(facts, allow_retention_gap=self._cfg.allow_retention_gap)
         try:
-            await self._lc.assign(checks)
-            positions = {tp: int(await self._lc.seek(tp)) for tp in tps}
+            await lc.assign(checks)
+            positions = {tp: int(await lc.seek(tp)) for tp in tps}
         except BaseException as exc:
             self._fail(exc)
             return None
+        if lc is not self._lc or self._stopping:
+            return None  # the lifetime ended meanwhile: hold the partitions paused
         for tp in tps:
             self._start_partition(tp, positions[tp])
         self._event("assigned", partitions=[str(tp) for tp in tps])
@@ -230,14 +260,14 @@ class Worker:
                                  max_bytes=cfg.batch_max_bytes,
                                  queue_max_records=cfg.queue_max_records,
                                  queue_max_bytes=cfg.queue_max_bytes)
-        part = Partition(tp, buffer)
+        part = Partition(tp, buffer, progress_s=self._clock())
         part.task = asyncio.create_task(self._run_partition(part), name=f"partition {tp}")
         self._parts[tp] = part
 
     async def _revoked(self, tps: list[TopicPartition]) -> None:
         self._event("revoke", partitions=[str(tp) for tp in tps])
         tasks = self._close_partitions(tps)
-        if tasks:
+        if tasks and not self.abandoned:  # abandoned work is not waited for twice
             await asyncio.wait(tasks, timeout=self._cfg.budget_s)
         if self._live():
             await self._lc.revoke(tps)
@@ -273,7 +303,8 @@ class Worker:
                     end += 1
                 part = self._parts.get(tp)
                 if part is not None and not part.closing and not self._stopping:
-                    part.buffer.add(records[start:end])
+                    if part.buffer.add(records[start:end]) < end - start:
+                        part.progress_s = self._clock()
                     self._apply_flow(part)
                     part.wake.set()
                 start = end
@@ -282,6 +313,8 @@ class Worker:
 
     def _apply_flow(self, part: Partition) -> None:
         assert self._kafka is not None
+        if part.closing or self._parts.get(part.tp) is not part:
+            return  # an older assignment of the partition: its flow state is gone
         flow = part.buffer.flow()
         if flow is Flow.PAUSE:
             self._kafka.pause(part.tp)
@@ -328,6 +361,7 @@ class Worker:
                     return
                 finally:
                     part.inflight = None
+            part.progress_s = self._clock()
             assert self._kafka is not None
             self._kafka.commit(part.tp, token.frontier)
 
@@ -337,6 +371,54 @@ class Worker:
     def _event(self, name: str, **attrs: Any) -> None:
         log.info("%s %s", name, attrs)
         self._on_event(name, attrs)
+
+
+class LifetimeCallbacks:
+    """The ``Rebalancer`` one lifetime's Kafka thread reports to: calls from a consumer of an
+    earlier lifetime (e.g. a late revoke from a close that timed out) are logged and ignored;
+    they never touch the current lifetime's tokens or partitions."""
+
+    def __init__(self, worker: Worker, lifetime_id: str) -> None:
+        self._worker = worker
+        self.lifetime_id = lifetime_id
+
+    def _current(self, what: str) -> bool:
+        current = self._worker._lifetime
+        if current == self.lifetime_id:
+            return True
+        log.warning("ignored %s callback of earlier lifetime %s (current: %s)", what,
+                    self.lifetime_id, current)
+        return False
+
+    def assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int] | None:
+        return self._worker.assigned(tps) if self._current("assign") else None
+
+    def revoked(self, tps: list[TopicPartition]) -> None:
+        if self._current("revoke"):
+            self._worker.revoked(tps)
+
+    def lost(self, tps: list[TopicPartition]) -> None:
+        if self._current("lost"):
+            self._worker.lost(tps)
+
+    def deliver(self, records: list[SourceRecord], release: Callable[[], None]) -> None:
+        if self._current("deliver"):
+            self._worker.deliver(records, release)
+        else:
+            release()
+
+    def kafka_error(self, err: KafkaError, tp: TopicPartition | None) -> None:
+        if self._current("error"):
+            self._worker.kafka_error(err, tp)
+
+    def failed(self, exc: BaseException) -> None:
+        if self._current("failure"):
+            self._worker.failed(exc)
+
+
+def _bare(exc: BaseException | None) -> bool:
+    """A ``Retired`` refusal that names no cause (a call after the retirement began)."""
+    return isinstance(exc, Retired) and exc.__cause__ is None
 
 
 def _advice(exc: BaseException) -> str:

@@ -20,6 +20,11 @@ tests/integration/test_lost_commit.py and tests/unit/test_classify.py)
     ``OSError``, ``TimeoutError``, protocol errors -> ``OutcomeUnknown``. Verified: a cut
     after COMMIT reached the server (it committed) and a cut before it was forwarded (it
     rolled back) raise the *same* ``ConnectionDoesNotExistError``; only a re-read tells.
+- In every phase, a server error reply whose SQLSTATE class says a retry cannot help
+  (``DETERMINISTIC_CLASSES``: data exception 22, integrity constraint 23, syntax or access
+  rule 42 -- undefined table or column, permission denied --, invalid schema 3F, PL/pgSQL
+  raise P0, ...) is ``StatementRejected``: the statement failed, its transaction rolled
+  back, and the same statement would fail again. It is never retried as unavailability.
 - ``asyncio.CancelledError`` is never translated: it propagates unchanged so asyncio
   cancellation keeps its meaning. When it interrupts an in-flight COMMIT the store adds
   a note ("outcome unknown") and discards the connection; the cancelled lifetime stops and
@@ -36,9 +41,23 @@ import enum
 
 import asyncpg
 
-from fencing.errors import FenceError, NotCommitted, OutcomeUnknown, ReadFailed
+from fencing.errors import (
+    FenceError,
+    NotCommitted,
+    OutcomeUnknown,
+    ReadFailed,
+    StatementRejected,
+)
 
-__all__ = ["Phase", "classify", "connection_suspect", "is_foreign", "translate"]
+__all__ = [
+    "DETERMINISTIC_CLASSES",
+    "Phase",
+    "classify",
+    "connection_suspect",
+    "deterministic",
+    "is_foreign",
+    "translate",
+]
 
 
 class Phase(enum.Enum):
@@ -50,6 +69,8 @@ class Phase(enum.Enum):
 
 
 _UNKNOWN_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+# SQLSTATE classes (first two characters) whose errors repeat on retry.
+DETERMINISTIC_CLASSES = frozenset({"22", "23", "2F", "38", "39", "3F", "42", "44", "P0"})
 
 
 def is_foreign(exc: BaseException) -> bool:
@@ -80,6 +101,12 @@ def _server_rolled_back(exc: BaseException) -> bool:
     return True
 
 
+def deterministic(exc: BaseException) -> bool:
+    """True for a server error reply that no retry can fix (see ``DETERMINISTIC_CLASSES``)."""
+    return (isinstance(exc, asyncpg.PostgresError)
+            and _sqlstate(exc)[:2] in DETERMINISTIC_CLASSES)
+
+
 def connection_suspect(exc: BaseException) -> bool:
     """True when ``exc`` may leave its connection unusable or a reply pending: a cancellation,
     or a foreign error other than a server error reply outside SQLSTATE class 08."""
@@ -95,6 +122,8 @@ def classify(exc: BaseException, phase: Phase) -> type[FenceError] | None:
     """The fence error class for a foreign ``exc`` raised in ``phase``; None when not foreign."""
     if not is_foreign(exc):
         return None
+    if deterministic(exc):
+        return StatementRejected
     if phase is Phase.READ:
         return ReadFailed
     if phase is Phase.BEFORE_COMMIT:
@@ -111,4 +140,8 @@ def translate(exc: BaseException, phase: Phase, what: str) -> BaseException:
         return exc
     state = getattr(exc, "sqlstate", None)
     code = f" [{state}]" if state else ""
-    return cls(f"{what}: {type(exc).__name__}{code}: {exc}")
+    message = f"{what}: {type(exc).__name__}{code}: {exc}"
+    if cls is StatementRejected:
+        return StatementRejected(f"{message} (SQLSTATE {state}: not retried, it would fail "
+                                 "again)", sqlstate=str(state))
+    return cls(message)

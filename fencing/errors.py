@@ -11,6 +11,8 @@ __all__ = [
     "FenceError",
     "Fenced",
     "HandlerDeclarationError",
+    "HandlerMisuse",
+    "KafkaClientFailed",
     "NotCommitted",
     "OutcomeUnknown",
     "ReadFailed",
@@ -19,6 +21,8 @@ __all__ = [
     "Retired",
     "SchemaMismatch",
     "SourceRefused",
+    "SourceUnavailable",
+    "StatementRejected",
     "StoreUnavailable",
 ]
 
@@ -45,6 +49,32 @@ class ReadFailed(StoreUnavailable):
 
 class OutcomeUnknown(FenceError):
     """COMMIT (or the claim) may have reached the server; its reply was lost (the world's fault)."""
+
+
+class StatementRejected(FenceError):
+    """PostgreSQL refused a statement for a reason no retry can fix (undefined table or
+    column, syntax, permission, a constraint): ``sqlstate`` says which (the developer's or
+    the operator's). Nothing of the transaction was applied."""
+
+    def __init__(self, message: str, *, sqlstate: str = "") -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class HandlerMisuse(FenceError):
+    """The handler broke the store's transaction: it caught a PostgreSQL error without a
+    SAVEPOINT (COMMIT was answered with ROLLBACK) or ended the transaction itself. The batch
+    is not reported applied (the developer's)."""
+
+
+class SourceUnavailable(FenceError):
+    """Kafka did not answer a metadata or offsets request (the world's fault); retry later."""
+
+
+class KafkaClientFailed(SourceUnavailable):
+    """The Kafka client could not carry out a rebalance step (e.g. ``assign`` failed inside
+    the assignment callback); the lifetime fail-stops instead of letting librdkafka position
+    the consumer by itself (the world's or librdkafka's)."""
 
 
 class Retired(FenceError):

@@ -2,7 +2,8 @@
 
 Rules
 - ``guarded_process``: at most three process calls. ``NotCommitted`` is retried.
-  ``OutcomeUnknown`` is resolved by ``observe`` (itself under the three-call policy):
+  ``OutcomeUnknown`` is resolved by a settled ``observe`` (it waits, bounded, for a
+  COMMIT the server may still be processing; itself under the three-call policy):
   COMMITTED returns the advanced token without another call; NOT_COMMITTED retries
   the same batch as the next call; FENCED raises ``Fenced``. An observe that cannot be
   answered raises ``Unresolved`` and the caller's lifetime must retire.
@@ -45,11 +46,13 @@ async def guarded_observe(
     wait: Wait,
     check_live: Callable[[], None],
     on_retry: OnRetry = None,
+    settled: bool = False,
 ) -> Mapping[TopicPartition, Token | None]:
-    """Observe under the three-call policy; raises ``ReadFailed`` after three failed calls."""
+    """Observe under the three-call policy; raises ``ReadFailed`` after three failed calls.
+    ``settled``: wait for in-progress commits on the rows first (``FenceStore.observe``)."""
     return await with_policy(
-        lambda: store.observe(tps), wait=wait, check_live=check_live, on_retry=on_retry
-    )
+        lambda: store.observe(tps, settled=settled), wait=wait, check_live=check_live,
+        on_retry=on_retry)
 
 
 async def _resolve_observe(
@@ -58,7 +61,7 @@ async def _resolve_observe(
 ) -> Mapping[TopicPartition, Token | None]:
     try:
         return await guarded_observe(store, tp_list, wait=wait, check_live=check_live,
-                                     on_retry=on_retry)
+                                     on_retry=on_retry, settled=True)
     except ReadFailed as exc:
         raise Unresolved(f"{what}: outcome unknown and the re-read failed three times") from exc
 

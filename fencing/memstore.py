@@ -269,7 +269,9 @@ class MemoryFenceStore:
             tokens[c.tp] = Token(row.epoch, row.frontier)
         return tokens
 
-    async def observe(self, tps: Sequence[TopicPartition]) -> Mapping[TopicPartition, Token | None]:
+    async def observe(self, tps: Sequence[TopicPartition], *,
+                      settled: bool = False) -> Mapping[TopicPartition, Token | None]:
+        """Read-only; ``settled`` changes nothing here: every modeled commit is atomic."""
         async def effect(
             fault: Fault | None, label: str, state: dict[str, bool], call: int
         ) -> Mapping[TopicPartition, Token | None]:

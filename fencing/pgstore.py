@@ -10,6 +10,12 @@ Rules
   round trip; the handler's statements; one quarantine insert for all rejects; COMMIT.
   Without rejects it costs the same round trips as an unfenced BEGIN/handler/COMMIT.
   (The row id is learned from claim/observe, else read once per partition.)
+- COMMIT is checked: a handler that ended the transaction itself, or one whose statement
+  failed and was caught without a SAVEPOINT (PostgreSQL then answers COMMIT with ROLLBACK),
+  raises ``HandlerMisuse``; the batch is not reported applied.
+- ``observe(tps, settled=True)`` (used to resolve a lost COMMIT reply) locks the rows
+  ``FOR SHARE`` under a ``lock_timeout``: it waits for a COMMIT of ours that the server is
+  still processing, so a slow commit is read as committed, not as "not committed".
 - Errors are translated by ``fencing.classify``; no asyncpg or OS error leaves this module.
   ``Fenced`` means nothing of the call was applied. ``CancelledError`` propagates
   unchanged (with a note when COMMIT was in flight) and the connection is discarded.
@@ -27,7 +33,7 @@ from typing import Any
 import asyncpg
 
 from fencing.classify import Phase, connection_suspect, translate
-from fencing.errors import Fenced
+from fencing.errors import Fenced, HandlerMisuse
 from fencing.handler import check_verdicts
 from fencing.pgsql import Statements
 from fencing.resolution import batch_end, decide_validation
@@ -46,6 +52,7 @@ from fencing.types import (
 
 __all__ = ["PgFenceStore", "decide_validation", "light_reset"]
 
+_IN_FAILED_TRANSACTION = "25P02"  # a statement after an error the handler caught
 _UNKNOWN_NOTE = "fence: COMMIT was in flight when cancelled: outcome unknown (re-read to resolve)"
 
 
@@ -64,9 +71,11 @@ class PgFenceStore:
     """Fence store over an asyncpg pool for one consumer group in one schema."""
 
     def __init__(self, pool: Any, *, group_id: str, schema: str = DEFAULT_SCHEMA,
-                 fence_prepared: bool = False) -> None:
-        """``fence_prepared``: every pool connection ran ``Statements.prepare_fence``."""
+                 fence_prepared: bool = False, settle_timeout_s: float = 5.0) -> None:
+        """``fence_prepared``: every pool connection ran ``Statements.prepare_fence``;
+        ``settle_timeout_s``: how long a settled observe waits for a row lock."""
         self.group_id = group_id
+        self._settle_timeout_s = settle_timeout_s
         self.schema = schema
         self._pool = pool
         self._sql = Statements.for_schema(schema)
@@ -114,8 +123,13 @@ class PgFenceStore:
             raise err from exc
         return cls(pool, group_id=group_id, schema=schema, fence_prepared=True)
 
-    async def close(self) -> None:
-        await self._pool.close()
+    async def close(self, *, timeout_s: float | None = None) -> None:
+        """Close the pool once every connection is released; past ``timeout_s`` terminate
+        the connections still in use (their open transactions roll back)."""
+        try:
+            await asyncio.wait_for(self._pool.close(), timeout=timeout_s)
+        except TimeoutError:
+            self._pool.terminate()
 
     async def _fetch(self, phase: Phase, what: str, sql: str, *args: Any) -> list[Any]:
         """One statement (autocommit); ``phase`` applies once a connection is acquired."""
@@ -142,6 +156,29 @@ class PgFenceStore:
                                  [tp.topic for tp in tps], [tp.partition for tp in tps])
         return {TopicPartition(r["topic"], r["partition"]): r for r in rows}
 
+    async def _rows_settled(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, Any]:
+        """The rows of ``tps`` once no transaction holds their lock (bounded by
+        ``settle_timeout_s``): a plain read would not see a COMMIT still in progress."""
+        timeout_ms = max(1, int(self._settle_timeout_s * 1000))
+        try:
+            async with self._pool.acquire() as conn:
+                try:
+                    async with conn.transaction():
+                        await conn.execute(f"SET LOCAL lock_timeout = {timeout_ms}")
+                        rows = await conn.fetch(self._sql.observe + " FOR SHARE OF p",
+                                                self.group_id, [tp.topic for tp in tps],
+                                                [tp.partition for tp in tps])
+                except BaseException as exc:
+                    if connection_suspect(exc):
+                        _discard(conn)
+                    raise
+        except BaseException as exc:
+            err = translate(exc, Phase.READ, "observe (settled)")
+            if err is exc:
+                raise
+            raise err from exc
+        return {TopicPartition(r["topic"], r["partition"]): r for r in rows}
+
     async def validate(self, checks: Sequence[SourceCheck]) -> Mapping[TopicPartition, Validation]:
         found = await self._rows([c.tp for c in checks], "validate")
         out: dict[TopicPartition, Validation] = {}
@@ -151,8 +188,9 @@ class PgFenceStore:
                 c, None if r is None else (r["epoch"], r["frontier"], r["topic_id"]))
         return out
 
-    async def observe(self, tps: Sequence[TopicPartition]) -> Mapping[TopicPartition, Token | None]:
-        found = await self._rows(tps, "observe")
+    async def observe(self, tps: Sequence[TopicPartition], *,
+                      settled: bool = False) -> Mapping[TopicPartition, Token | None]:
+        found = await (self._rows_settled(tps) if settled else self._rows(tps, "observe"))
         self._ids.update((tp, r["id"]) for tp, r in found.items())
         return {tp: (None if tp not in found else Token(found[tp]["epoch"], found[tp]["frontier"]))
                 for tp in tps}
@@ -192,15 +230,35 @@ class PgFenceStore:
                     await self._apply(conn, tp, token, end, row_id, records, handler)
                 except BaseException as exc:
                     await _abandon(conn, exc)
+                    if getattr(exc, "sqlstate", None) == _IN_FAILED_TRANSACTION:
+                        raise HandlerMisuse(
+                            f"process {tp}: a statement ran in an aborted transaction "
+                            f"({exc}): a statement of the handler failed and the handler "
+                            "caught the error without a SAVEPOINT; nothing of the batch was "
+                            "applied; let the error propagate, or wrap the statement in "
+                            "SAVEPOINT / ROLLBACK TO SAVEPOINT") from exc
                     raise
+                if not conn.is_in_transaction():
+                    raise HandlerMisuse(
+                        f"process {tp}: the handler ended the store's transaction itself "
+                        "(COMMIT or ROLLBACK on the given connection): the batch is not "
+                        "reported applied; never end or restart the transaction in a "
+                        "handler (use SAVEPOINT for partial rollback)")
                 phase = Phase.IN_FLIGHT
                 try:
-                    await conn.execute("COMMIT")
+                    status = await conn.execute("COMMIT")
                 except BaseException as exc:
                     if isinstance(exc, asyncio.CancelledError):
                         exc.add_note(_UNKNOWN_NOTE)
                     _discard(conn)
                     raise
+                if status != "COMMIT":  # PostgreSQL answers ROLLBACK for a failed transaction
+                    raise HandlerMisuse(
+                        f"process {tp}: PostgreSQL answered COMMIT with {status}: a statement "
+                        "of the handler failed and the handler caught the error without a "
+                        "SAVEPOINT, so the whole transaction was rolled back and nothing of "
+                        "the batch was applied; let the error propagate, or wrap the "
+                        "statement in SAVEPOINT / ROLLBACK TO SAVEPOINT")
         except BaseException as exc:
             what = f"process {tp} epoch={token.epoch} frontier={token.frontier}"
             err = translate(exc, phase, what)

@@ -5,7 +5,9 @@
 Rules
 - Every call is about one consumer group: the store is constructed for ``group_id``.
 - ``validate`` and ``observe`` are read-only; they raise ``ReadFailed`` when the store
-  cannot answer.
+  cannot answer. ``observe(..., settled=True)`` first waits (bounded) until no transaction
+  holds the rows, so it sees the outcome of a COMMIT still being processed; it resolves
+  lost COMMIT replies.
 - ``claim`` is one statement for the whole assignment: for every partition, create the
   row if missing (frontier := ``initial_frontier``), ``epoch := epoch + 1``,
   ``owner := lifetime``, journal the claim. Raises ``NotCommitted`` or ``OutcomeUnknown``.
@@ -57,7 +59,7 @@ class FenceStore(Protocol):
     ) -> Mapping[TopicPartition, Token]: ...
 
     async def observe(
-        self, tps: Sequence[TopicPartition]
+        self, tps: Sequence[TopicPartition], *, settled: bool = False
     ) -> Mapping[TopicPartition, Token | None]: ...
 
     async def process(

@@ -8,7 +8,8 @@ HTTP port (``/metrics``, ``/healthz``, ``/readyz``). ``fencectl run`` passes
 Flags: ``--http-port`` (default ``$FENCE_HTTP_PORT``; unset: no HTTP server; 0: any free
 port, logged), ``--http-host`` (default ``$FENCE_HTTP_HOST`` or 127.0.0.1),
 ``--heartbeat-interval-s`` (default 5;
-a member is shown unavailable after 3 intervals without a heartbeat).
+a member is shown unavailable after 3 intervals without a heartbeat), ``--stall-timeout-s``
+(default 30; ``consumer.stall``).
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ class ObsOptions:
     heartbeat_interval_s: float = 5.0
     # /healthz turns 503 when the loop has not beaten for this long, seconds (default 15)
     health_bound_s: float = 15.0
-    # seconds between lag samples (default 5)
+    # seconds between lag samples (default 5, or a third of the stall timeout if smaller)
     lag_interval_s: float = 5.0
+    # an owned partition with lag and no fetch or commit progress this long is stalled (s)
+    stall_timeout_s: float = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "127.0.0.1; 0.0.0.0 inside a container)")
     parser.add_argument("--heartbeat-interval-s", type=float, default=5.0,
                         help="member heartbeat interval, seconds (default 5)")
+    parser.add_argument("--stall-timeout-s", type=float, default=30.0,
+                        help="report an owned partition with lag and no fetch or commit "
+                             "progress for this long as stalled (/readyz, metrics, status; "
+                             "default 30)")
 
 
 def options_from_args(args: argparse.Namespace) -> ObsOptions:
@@ -70,9 +77,13 @@ def options_from_args(args: argparse.Namespace) -> ObsOptions:
         raise ConfigError(f"--http-port {port}: use 0..65535")
     if not 0 < interval <= 300:
         raise ConfigError(f"--heartbeat-interval-s {interval}: use (0, 300]")
+    stall_s = float(args.stall_timeout_s)
+    if not 0 < stall_s <= 86_400:
+        raise ConfigError(f"--stall-timeout-s {stall_s}: use (0, 86400]")
     return ObsOptions(http_port=port, http_host=args.http_host,
                       heartbeat_interval_s=interval,
-                      health_bound_s=max(15.0, 3 * interval))
+                      health_bound_s=max(15.0, 3 * interval),
+                      lag_interval_s=min(5.0, stall_s / 3), stall_timeout_s=stall_s)
 
 
 class WorkerObservability:
@@ -108,6 +119,7 @@ class WorkerObservability:
             loop_heartbeat=self.loop_heartbeat, clock=time.monotonic,
             heartbeat_factory=member, cooperative=cooperative, lag_facts=lag_facts,
             observe=observe, lag_interval_s=options.lag_interval_s,
+            stall_timeout_s=options.stall_timeout_s,
             span_attrs={"messaging.system": "kafka", "messaging.consumer.group.name": group_id})
         self.http: HttpServer | None = None
         self._task: asyncio.Task[None] | None = None

@@ -10,10 +10,13 @@ Rules
 - Actions: ``CUT_BEFORE`` closes both sides instead of forwarding the message (the server
   never sees it); ``CUT_AFTER`` forwards it, drops every server byte from then on, and closes
   both sides once the server sent ReadyForQuery (the server finished the command; the client
-  never learns how); ``HOLD_REPLY`` forwards it and holds the server's reply until
+  never learns how); ``CUT_SENT`` forwards it and closes both sides at once, without waiting
+  for the server (it is still executing the command; a COMMIT then completes server-side
+  while the client already saw the connection drop); ``HOLD_REPLY`` forwards it and holds the server's reply until
   ``release()`` (for timeouts and cancellation while a reply is awaited).
 - ``Rule.fired`` is set once the action took effect: ``CUT_BEFORE`` when both sides are
-  closed, ``CUT_AFTER`` after the server finished and both sides are closed, ``HOLD_REPLY``
+  closed, ``CUT_AFTER`` after the server finished and both sides are closed, ``CUT_SENT``
+  once the message was written and both sides are closed, ``HOLD_REPLY``
   when the server's first reply byte is held. A rule fires ``times`` times (default once).
 - ``refuse(True)`` closes the listener (connections are refused) and drops every open
   connection; ``refuse(False)`` listens again on the same port.
@@ -38,6 +41,7 @@ _GSSENC_REQUEST = 80877104
 class Action(enum.Enum):
     CUT_BEFORE = "cut-before"
     CUT_AFTER = "cut-after"
+    CUT_SENT = "cut-sent"
     HOLD_REPLY = "hold-reply"
 
 
@@ -185,6 +189,12 @@ class PgProxy:
                 if rule is not None:
                     rule.count += 1
                     if rule.action is Action.CUT_BEFORE:
+                        conn.close()
+                        rule.fired.set()
+                        return
+                    if rule.action is Action.CUT_SENT:
+                        conn.sw.write(head + body)
+                        await conn.sw.drain()
                         conn.close()
                         rule.fired.set()
                         return

@@ -30,9 +30,15 @@ from consumer.config import (
     redact,
 )
 from consumer.exits import ExitCode
-from consumer.source import KafkaSource, SourceUnavailable
+from consumer.source import KafkaSource
 from consumer.worker import Worker
-from fencing.errors import ConfigError, SchemaMismatch, SourceRefused, StoreUnavailable
+from fencing.errors import (
+    ConfigError,
+    SchemaMismatch,
+    SourceRefused,
+    SourceUnavailable,
+    StoreUnavailable,
+)
 from ops.db import connection
 from ops.observability import ObsOptions, WorkerObservability
 from ops.observability import add_arguments as add_obs_arguments
@@ -111,11 +117,20 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"fencectl run: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
         return int(ExitCode.CONFIG)
-    try:
-        return int(asyncio.run(_run(cfg, obs_options)))
-    except ConfigError as exc:
-        print(f"fencectl run: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
-        return int(ExitCode.CONFIG)
+    with asyncio.Runner() as runner:
+        try:
+            code = runner.run(_run(cfg, obs_options))
+        except ConfigError as exc:
+            print(f"fencectl run: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
+            return int(ExitCode.CONFIG)
+        if code is ExitCode.SHUTDOWN_TIMEOUT:
+            # Work that ignored cancellation is still on the loop: closing the runner would
+            # wait for it forever. The bound is final: leave without waiting.
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(int(code))
+    return int(code)
 
 
 def _admin_conf(cfg: WorkerConfig) -> dict[str, str]:
@@ -205,6 +220,7 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
                 rebalancer=rb, poll_timeout_s=cfg.poll_timeout_s),
             on_event=obs.on_event, trace_links=telemetry.exporting)
         obs.member_id_source = lambda: worker.member_id
+        obs.observer.progress = worker.progress
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.request_stop)
@@ -223,4 +239,4 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
     finally:
         await obs.close()
         await asyncio.to_thread(telemetry.shutdown, timeout_s=3.0)
-        await store.close()
+        await store.close(timeout_s=5.0)  # abandoned work may still hold a connection

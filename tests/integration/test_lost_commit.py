@@ -5,7 +5,8 @@ Findings these tests pin down (asyncpg 0.32, PostgreSQL 15):
   (it rolled back) raise the same ``ConnectionDoesNotExistError``: only a re-read tells;
 - a command timeout or a cancellation while COMMIT's reply is awaited leaves the outcome
   unknown (here the server had committed);
-- an error reply to COMMIT (deferred constraint) is a proven rollback.
+- an error reply to COMMIT (deferred constraint) is a proven rollback; a deterministic one
+  (SQLSTATE class 23) is ``StatementRejected``, not retried.
 """
 # ruff: noqa: F811  (pytest fixtures imported from pg_helpers are redefined as parameters)
 
@@ -20,7 +21,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from fencing.errors import NotCommitted, OutcomeUnknown, ReadFailed
+from fencing.errors import NotCommitted, OutcomeUnknown, ReadFailed, StatementRejected
 from fencing.guarded import guarded_claim, guarded_observe, guarded_process
 from fencing.pgstore import PgFenceStore
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition, Verdict
@@ -214,9 +215,11 @@ async def test_error_reply_to_commit_is_not_committed_and_atomic(
         return await inner(conn, records)
 
     token = (await direct.claim([ClaimRequest(TP, 0)], lifetime="L1"))[TP]
-    with pytest.raises(NotCommitted) as info:
+    # proven not committed, and deterministic: StatementRejected, never retried
+    with pytest.raises(StatementRejected) as info:
         await direct.process(TP, token, make_records(TP, range(4), bad=[1, 3]), clashing)
     assert isinstance(info.value.__cause__, asyncpg.UniqueViolationError)
+    assert info.value.sqlstate == "23505"
     assert await direct.observe([TP]) == {TP: Token(1, 0)}
     counts = await count_effects(pg_dsn, fence_schema)
     assert (counts["effects"], counts["quarantine"]) == (0, 0)

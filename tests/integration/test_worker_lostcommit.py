@@ -6,16 +6,14 @@ resolve by re-reading the fence row: no duplicate effect, nothing missing, no re
 from __future__ import annotations
 
 import asyncio
-import threading
-from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
-from ops.pgproxy import Action, PgProxy, Rule
+from ops.pgproxy import Action
 from tests.integration.workers import (
     GROUP_SETUPS,
     GroupSetup,
+    ProxyThread,
     WorkerProc,
     create_topic,
     durable_rows,
@@ -28,32 +26,6 @@ from tests.integration.workers import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-class ProxyThread:
-    """A ``PgProxy`` on its own event loop thread, so worker subprocesses can use it."""
-
-    def __init__(self, dsn: str) -> None:
-        parts = urlsplit(dsn)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        self.proxy = self._call(PgProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
-                                .start())
-        self.dsn = self.proxy.dsn(dsn)
-
-    def _call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
-
-    def add_rule(self, needle: str, action: Action, times: int) -> Rule:
-        async def add() -> Rule:
-            return self.proxy.add_rule(needle, action, times=times)
-        return self._call(add())
-
-    def close(self) -> None:
-        self._call(self.proxy.stop())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
 
 
 @pytest.mark.parametrize("setup", GROUP_SETUPS, ids=lambda s: s.name)

@@ -6,10 +6,12 @@ and wait for the pids they started. Group setups are the three the issue names.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -17,6 +19,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 from confluent_kafka import Producer
@@ -28,10 +31,12 @@ from fencing.reference.oracle import check
 from fencing.reference.snapshot import pg_state
 from fencing.schema import migrate
 from fencing.types import SourceRecord
+from ops.pgproxy import Action, PgProxy, Rule
 
 __all__ = [
     "GROUP_SETUPS",
     "GroupSetup",
+    "ProxyThread",
     "WorkerProc",
     "create_topic",
     "durable_rows",
@@ -224,3 +229,33 @@ class WorkerProc:
 
     def owns_partitions(self) -> bool:
         return "assign {'partitions': [" in self.log()
+
+
+class ProxyThread:
+    """A ``PgProxy`` on its own event loop thread, so worker subprocesses can use it."""
+
+    def __init__(self, dsn: str) -> None:
+        parts = urlsplit(dsn)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self.proxy = self._call(PgProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+                                .start())
+        self.dsn = self.proxy.dsn(dsn)
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
+
+    def add_rule(self, needle: str, action: Action, times: int) -> Rule:
+        async def add() -> Rule:
+            return self.proxy.add_rule(needle, action, times=times)
+        return self._call(add())
+
+    def refuse(self, refusing: bool) -> None:
+        """Drop every connection and refuse new ones (True), or listen again (False)."""
+        self._call(self.proxy.refuse(refusing))
+
+    def close(self) -> None:
+        self._call(self.proxy.stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)

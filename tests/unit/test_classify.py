@@ -8,7 +8,7 @@ import asyncpg
 import pytest
 
 from fencing.classify import Phase, classify, connection_suspect, translate
-from fencing.errors import Fenced, NotCommitted, OutcomeUnknown, ReadFailed
+from fencing.errors import Fenced, NotCommitted, OutcomeUnknown, ReadFailed, StatementRejected
 
 LOST = asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation")
 CLOSED = asyncpg.InterfaceError("connection is closed")
@@ -29,7 +29,7 @@ PROTOCOL = asyncpg.exceptions.ProtocolError("unexpected message")
     (CLOSED, NotCommitted),
     (SERIAL, NotCommitted),
     (DEADLOCK, NotCommitted),
-    (UNIQUE, NotCommitted),
+    (UNIQUE, StatementRejected),  # a deferred constraint at COMMIT: rolled back, and would again
 ])
 def test_in_flight(exc: BaseException, expected: type) -> None:
     assert classify(exc, Phase.IN_FLIGHT) is expected
@@ -48,6 +48,25 @@ def test_before_commit_is_not_committed_and_reads_are_read_failed(exc: BaseExcep
 def test_not_foreign_is_not_translated(exc: BaseException, phase: Phase) -> None:
     assert classify(exc, phase) is None
     assert translate(exc, phase, "op") is exc
+
+
+UNDEFINED_TABLE = asyncpg.UndefinedTableError("relation \"x\" does not exist")
+DENIED = asyncpg.InsufficientPrivilegeError("permission denied for table x")
+SYNTAX = asyncpg.PostgresSyntaxError("syntax error at or near \"SELEC\"")
+
+
+@pytest.mark.parametrize("exc", [UNDEFINED_TABLE, DENIED, SYNTAX, UNIQUE,
+                                 asyncpg.UndefinedColumnError("column y does not exist"),
+                                 asyncpg.InvalidSchemaNameError("schema z does not exist")])
+@pytest.mark.parametrize("phase", list(Phase))
+def test_deterministic_statement_errors_are_rejected_in_every_phase(exc: BaseException,
+                                                                    phase: Phase) -> None:
+    """Never retried as unavailability: the same statement would fail the same way."""
+    assert classify(exc, phase) is StatementRejected
+    err = translate(exc, phase, "op")
+    assert isinstance(err, StatementRejected)
+    assert err.sqlstate == exc.sqlstate  # type: ignore[attr-defined]
+    assert f"SQLSTATE {exc.sqlstate}" in str(err)  # type: ignore[attr-defined]
 
 
 def test_translate_names_operation_and_sqlstate() -> None:

@@ -24,6 +24,7 @@ class FakeStore:
     def __init__(self, **script: list[Any]) -> None:
         self.script = {k: list(v) for k, v in script.items()}
         self.calls: list[str] = []
+        self.settled: list[bool] = []
 
     async def _next(self, op: str) -> Any:
         self.calls.append(op)
@@ -32,7 +33,9 @@ class FakeStore:
             raise reply
         return reply
 
-    async def observe(self, tps: Sequence[TopicPartition]) -> Mapping[TopicPartition, Any]:
+    async def observe(self, tps: Sequence[TopicPartition], *,
+                      settled: bool = False) -> Mapping[TopicPartition, Any]:
+        self.settled.append(settled)
         return {TP: await self._next("observe")}
 
     async def process(self, tp: TopicPartition, token: Token, records: Sequence[SourceRecord],
@@ -80,6 +83,7 @@ async def test_process_unknown_resolved_committed_no_second_call() -> None:
     assert await _process(store, rec) == Token(3, 15)
     assert store.calls == ["process", "observe"]
     assert rec.resolved == [("process", "committed")] and rec.waits == []
+    assert store.settled == [True]  # the re-read waits for a COMMIT still in progress
 
 
 async def test_process_unknown_resolved_not_committed_retries_same_batch() -> None:

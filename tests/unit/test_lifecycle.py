@@ -320,3 +320,30 @@ async def test_seek_and_assign_wait_for_in_flight_work_instead_of_self_fencing(
     release.set()
     assert await p1 == Token(1, 3)  # not fenced by its own re-claim
     assert (await again)[TP] == Token(2, 3)
+
+
+async def test_retirement_is_a_write_barrier_for_other_partitions(
+        store: MemoryFenceStore, clock: Clock) -> None:
+    """Item 10 of the liveness issue: TP1's handler is still running when TP is fenced and
+    the lifetime retires; TP1's batch then rolls back instead of committing, and the retire
+    journal row is written only after it settled (the lifetime's last write)."""
+    lc = make(store, clock)
+    await lc.assign([check(TP), check(TP1)])
+    slow, entered, release = held_accept()
+    p1 = asyncio.ensure_future(lc.process(TP1, recs(TP1, 0, 1), slow))
+    await entered.wait()
+    await make(store, clock, "L2").assign([check(TP)])  # a newer owner of TP
+    p0 = asyncio.ensure_future(lc.process(TP, recs(TP, 0), accept))
+    await asyncio.sleep(0.01)
+    assert not p0.done()  # the retirement waits for TP1's batch before journaling
+    release.set()
+    with pytest.raises(Fenced):
+        await p0
+    with pytest.raises(Retired):
+        await p1
+    assert lc.state is LifetimeState.RETIRED and "Fenced" in (lc.retired_reason or "")
+    assert store.token_of(TP1) == Token(1, 0)  # rolled back: nothing of TP1 committed
+    assert (TP1.partition, 0) not in store.tables().get("effects", {})
+    mine = [w for w in store.writes if w.lifetime == "L1"]
+    assert mine[-1].kind == "journal"  # the retire row is the lifetime's last write
+    assert [j.event for j in store.journal_rows if j.lifetime == "L1"][-1] == "retire"

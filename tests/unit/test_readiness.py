@@ -147,7 +147,7 @@ def test_http_endpoints_follow_state() -> None:
         holder.apply_all([ChecksPassed(), RebalanceStarted(), Positioned(frozenset({A}))])
         code, body = _get(server.url + "/readyz")
         assert code == 200 and json.loads(body) == {
-            "ready": True, "phase": "ready", "assigned": ["t[0]"], "reason": ""}
+            "ready": True, "phase": "ready", "assigned": ["t[0]"], "stalled": [], "reason": ""}
         assert _get(server.url + "/healthz")[0] == 200
         clock.now += 6
         code, body = _get(server.url + "/healthz")
