@@ -12,8 +12,9 @@ Rules
   both sides once the server sent ReadyForQuery (the server finished the command; the client
   never learns how); ``CUT_SENT`` forwards it and closes both sides at once, without waiting
   for the server (it is still executing the command; a COMMIT then completes server-side
-  while the client already saw the connection drop); ``HOLD_REPLY`` forwards it and holds the server's reply until
-  ``release()`` (for timeouts and cancellation while a reply is awaited).
+  while the client already saw the connection drop); ``HOLD_REPLY`` forwards it and holds
+  the server's reply until ``release()`` (for timeouts and cancellation while a reply is
+  awaited).
 - ``Rule.fired`` is set once the action took effect: ``CUT_BEFORE`` when both sides are
   closed, ``CUT_AFTER`` after the server finished and both sides are closed, ``CUT_SENT``
   once the message was written and both sides are closed, ``HOLD_REPLY``

@@ -153,7 +153,8 @@ async def test_slow_commit_with_lost_reply_resolves_as_committed(
             resolved: list[tuple[str, str]] = []
             started = time.monotonic()
             new = await guarded_process(
-                direct_and_proxied(proxied, direct), TP, token, make_records(TP, range(5)),
+                direct_and_proxied(proxied, direct),  # type: ignore[arg-type]
+                TP, token, make_records(TP, range(5)),
                 slow_at_commit, wait=_no_wait, check_live=_live,
                 on_resolve=lambda op, outcome: resolved.append((op, outcome)))
             assert rule.fired.is_set()
@@ -166,7 +167,7 @@ async def test_slow_commit_with_lost_reply_resolves_as_committed(
     assert (await count_effects(pg_dsn, fence_schema))["effects"] == 5  # exactly once
 
 
-class direct_and_proxied:  # noqa: N801 - reads like a function at the call site
+class direct_and_proxied:
     """Processes through the proxy (where the reply is lost) and re-reads directly (as a
     second connection of the same worker would)."""
 

@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient
 
 from consumer.adapter import KafkaThread
 from consumer.config import GroupProtocol, WorkerConfig, kafka_settings
+from fencing.errors import KafkaClientFailed
 from fencing.types import SourceRecord, TopicPartition
 from tests.integration.workers import (
     GROUP_SETUPS,
@@ -44,6 +45,7 @@ class Recorder:
         self.name, self.log, self.start = name, log, start
         self.records: list[SourceRecord] = []
         self.owned: set[TopicPartition] = set()
+        self.failures: list[BaseException] = []
         self.lock = threading.Lock()
 
     def assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
@@ -73,6 +75,11 @@ class Recorder:
 
     def kafka_error(self, err: object, tp: TopicPartition | None) -> None:
         self.log.append((self.name, "error", str(err)))
+
+    def failed(self, exc: BaseException) -> None:
+        with self.lock:
+            self.failures.append(exc)
+            self.log.append((self.name, "failed", repr(exc)))
 
 
 def settings_for(setup: GroupSetup, bootstrap: str, group: str) -> tuple[dict[str, str], bool]:
@@ -206,3 +213,62 @@ def test_missed_poll_interval_calls_on_lost_then_rejoins(services, setup: GroupS
     kinds = [e[1] for e in log if e[1] in ("assign", "lost", "revoke-done")]
     assert kinds.index("lost") > kinds.index("assign")
     assert "revoke-done" not in kinds[:kinds.index("lost")], kinds
+
+
+class Crashing(Recorder):
+    """A Rebalancer whose delivery raises: an unexpected failure inside the Kafka thread."""
+
+    def deliver(self, records: list[SourceRecord], release: Callable[[], None]) -> None:
+        raise RuntimeError("boom in delivery")
+
+
+def test_kafka_thread_failure_is_reported_never_silent(services) -> None:
+    """Liveness item 3: an unexpected error ends the thread *and* reaches the rebalancer."""
+    bootstrap = services.kafka_bootstrap
+    topic, group = unique("crashcb"), unique("gcrashcb")
+    create_topic(bootstrap, topic, 1)
+    recs, _ = generated(topic, count=50, partitions=1)
+    produce(bootstrap, recs)
+    settings, coop = settings_for(GROUP_SETUPS[1], bootstrap, group)
+    a = Crashing("a", [], 0)
+    t = KafkaThread(settings=settings, topic=topic, cooperative=coop, rebalancer=a)
+    t.start()
+    wait_until(lambda: a.failures, timeout_s=30, what="the failure reported")
+    assert isinstance(a.failures[0], RuntimeError) and "boom" in str(a.failures[0])
+    t.close().result(timeout=30)
+
+
+class FailingAssign(KafkaThread):
+    """``assign``/``incremental_assign`` inside the callback fails in librdkafka itself: a
+    list naming each partition twice is refused (``_INVALID_ARG``/``_CONFLICT``)."""
+
+    def _assign(self, consumer: Any, ktps: list[KTP]) -> None:
+        super()._assign(consumer, [*ktps, *ktps])
+
+
+@pytest.mark.parametrize("setup", GROUP_SETUPS, ids=lambda s: s.name)
+def test_failed_assign_fail_stops_and_positions_nothing(services, setup: GroupSetup) -> None:
+    """Liveness item 8: the lifetime fail-stops (``KafkaClientFailed``) and librdkafka never
+    positions the partitions from Kafka's committed offset by itself."""
+    bootstrap = services.kafka_bootstrap
+    topic, group = unique("failassign"), unique("gfailassign")
+    create_topic(bootstrap, topic, 2)
+    recs, _ = generated(topic, count=400, partitions=2)
+    produce(bootstrap, recs)
+    settings, coop = settings_for(setup, bootstrap, group)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(
+            group, [KTP(topic, p, 150) for p in range(2)])]).values():
+        f.result(timeout=30)
+    a = Recorder("a", [], start=20)
+    t = FailingAssign(settings=settings, topic=topic, cooperative=coop, rebalancer=a)
+    t.start()
+    try:
+        wait_until(lambda: a.failures, timeout_s=30, what="the failed assign reported")
+        assert isinstance(a.failures[0], KafkaClientFailed), a.failures
+        assert "assign of" in str(a.failures[0]), a.failures
+        time.sleep(3.0)  # would be plenty to fetch from offset 150 (or 20)
+        assert a.records == []
+    finally:
+        t.close().result(timeout=30)
+
