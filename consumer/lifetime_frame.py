@@ -74,7 +74,10 @@ class LifetimeFrame:
                 return await body(deadline_s)
         except TimeoutError as exc:
             await self._retire(f"budget of {self._budget_s} s used up", journal=False)
-            raise Retired(f"lifetime {self.lifetime_id}: budget used up") from exc
+            budget = d.BudgetExceeded(f"lifetime {self.lifetime_id}: the call outlived its "
+                                      f"budget of {self._budget_s} s")
+            budget.__cause__ = exc
+            raise Retired(f"lifetime {self.lifetime_id}: budget used up") from budget
 
     async def _fail(self, exc: BaseException, *,
                     holding: TopicPartition | None = None) -> BaseException:

@@ -13,6 +13,9 @@ Rules
   negative: a frontier above the high watermark is reported as a note instead (the topic
   was recreated or truncated). A frontier below the low watermark is a retention gap note;
   a topic id that differs from the recorded one is a recreated-topic note.
+- A partition is *stalled* while its owner is observed and lists it in its member row's
+  ``detail.stalled`` (``consumer.stall``); OWNER-STATE then reads ``observed/running/stalled``
+  and a note says so.
 """
 
 from __future__ import annotations
@@ -146,6 +149,7 @@ class PartitionView:
     owner_availability: str | None  # the owner's member availability ("unknown": no row)
     owner_state: str | None  # the owner's current state (None unless observed)
     notes: tuple[str, ...]
+    stalled: bool = False  # its owner (observed now) reports it stalled
 
     def as_dict(self) -> dict[str, Any]:
         r = self.row
@@ -155,7 +159,7 @@ class PartitionView:
             "owner_state": self.owner_state, "epoch": r.epoch, "frontier": r.frontier,
             "low_watermark": self.low_watermark, "high_watermark": self.high_watermark,
             "lag": self.lag, "topic_id": r.topic_id, "updated_at": r.updated_at.isoformat(),
-            "notes": list(self.notes),
+            "stalled": self.stalled, "notes": list(self.notes),
         }
 
 
@@ -179,6 +183,13 @@ def view_partition(
             notes.append(f"recreated topic: Kafka topic id {facts.topic_id}, recorded "
                          f"{row.topic_id}")
     owner = members.get(row.owner) if row.owner is not None else None
+    owner_state = None if owner is None else owner.state
+    stalled = (owner is not None and owner.state is not None
+               and f"{row.topic}[{row.partition}]" in (owner.detail.get("stalled") or ()))
+    if stalled:
+        owner_state = f"{owner_state}/stalled"
+        notes.append("stalled: its owner reports lag and no fetch or commit progress for "
+                     "--stall-timeout-s (see the owner's /readyz and log)")
     return PartitionView(
         row=row,
         high_watermark=None if facts is None else facts.high_watermark,
@@ -186,6 +197,7 @@ def view_partition(
         lag=lag,
         owner_availability=None if row.owner is None else (
             "unknown" if owner is None else owner.availability.value),
-        owner_state=None if owner is None else owner.state,
+        owner_state=owner_state,
+        stalled=stalled,
         notes=tuple(notes),
     )

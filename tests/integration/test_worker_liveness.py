@@ -127,3 +127,69 @@ def test_paused_partition_lost_and_reassigned_is_fetched_again(services,
     finally:
         w.ensure_dead()
     assert asyncio.run(exactly_once_problems(dsn, schema, group, topic, source)) == []
+
+
+def test_a_stall_is_visible_in_readyz_metrics_status_and_the_log(services) -> None:
+    """Item 2: partitions with lag that make no fetch or commit progress for
+    ``--stall-timeout-s`` are reported -- here because every batch is held inside its
+    transaction (a stuck downstream) -- and the report clears once they progress again."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from tests.integration.observability_support import (
+        free_port,
+        http_get,
+        metric,
+        readyz,
+        run_fencectl,
+        start_worker,
+    )
+
+    dsn = services.dsn
+    topic, group = unique("stall"), unique("gstall")
+    create_topic(services.kafka_bootstrap, topic, 2)
+    recs, source = generated(topic, count=400, partitions=2, seed=23)
+    produce(services.kafka_bootstrap, recs)
+    schema = asyncio.run(fresh_schema(dsn))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as hold_dir:
+        hold = Path(hold_dir) / "hold"
+        hold.write_text("hold")
+        w = start_worker(topic=topic, group=group, schema=schema, http_port=port,
+                         env={"FENCE_TEST_HOLD_DIR": hold_dir},
+                         extra=("--handler", "tests.integration.handlers:holding_handler",
+                                "--stall-timeout-s", "2", "--batch-max-records", "10",
+                                "--db-idle-in-transaction-timeout-s", "19"))
+        try:
+            stalled = wait_until(
+                lambda: (r := readyz(base)) and r[0] == 503 and len(r[1]["stalled"]) == 2 and r,
+                timeout_s=30, what="/readyz naming both stalled partitions")
+            assert stalled[1]["phase"] == "ready"  # positioned, but not making progress
+            assert sorted(stalled[1]["stalled"]) == [f"{topic}[0]", f"{topic}[1]"]
+            assert "stalled" in stalled[1]["reason"]
+            got = http_get(base + "/metrics")
+            assert got is not None and metric(got[1], "fence_partitions_stalled") == 2
+            status = wait_until(lambda: (p := run_fencectl(
+                "status", "--group", group, "--schema", schema, "--json")).returncode == 0
+                and all(x["stalled"] for x in json.loads(p.stdout)["partitions"]) and p,
+                timeout_s=15, what="fencectl status showing the partitions stalled")
+            assert "stalled" in run_fencectl("status", "--group", group,
+                                             "--schema", schema).stdout
+            assert status.returncode == 0
+            assert "stalled: lag" in w.log()
+            hold.unlink()  # the downstream recovers
+            wait_until(lambda: (r := readyz(base)) and r[0] == 200, timeout_s=30,
+                       what="ready again once the partitions progress")
+            got = http_get(base + "/metrics")
+            assert got is not None and metric(got[1], "fence_partitions_stalled") == 0
+            wait_until(lambda: sum(f for _e, f in asyncio.run(
+                durable_rows(dsn, schema, group, topic)).values()) >= len(source),
+                timeout_s=60, what="every record processed")
+            w.terminate()
+            assert w.wait(30) == 0, w.log()[-3000:]
+        finally:
+            hold.unlink(missing_ok=True)
+            w.ensure_dead()
+    assert asyncio.run(exactly_once_problems(dsn, schema, group, topic, source)) == []

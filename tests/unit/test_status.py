@@ -101,3 +101,20 @@ def test_build_status_and_text_show_live_and_unavailable_members() -> None:
     text = render_text(status)
     assert "lt-dead" in text and "unavailable" in text and "running at" in text
     assert "observed/running" in text
+
+
+def test_partition_stalled_by_its_observed_owner_is_shown_stalled() -> None:
+    row = member("running", age_s=1)
+    stalled_row = MemberRow(row.lifetime_id, row.group_id, row.member_id, row.host, row.pid,
+                            row.state, row.started_at, row.last_seen,
+                            {**row.detail, "stalled": ["orders[0]"]})
+    members = {"lt-a": classify_member(stalled_row, now=NOW)}
+    v = view_partition(prow(90), facts=SourceFacts("id1", 0, 100), members=members)
+    assert v.stalled and v.owner_state == "running/stalled"
+    assert any(n.startswith("stalled:") for n in v.notes) and v.as_dict()["stalled"] is True
+    gone = {"lt-a": classify_member(MemberRow(
+        *[getattr(stalled_row, f) for f in ("lifetime_id", "group_id", "member_id", "host",
+                                            "pid", "state", "started_at")],
+        NOW - timedelta(seconds=60), stalled_row.detail), now=NOW)}
+    v = view_partition(prow(90), facts=SourceFacts("id1", 0, 100), members=gone)
+    assert not v.stalled  # an unavailable owner's last report is not a current state

@@ -13,10 +13,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+import pytest
+
 from consumer.config import WorkerConfig
 from consumer.exits import ExitCode
 from consumer.lifecycle import Lifecycle
 from consumer.worker import Worker
+from fencing.errors import ConfigError, KafkaClientFailed
 from fencing.memstore import MemoryFenceStore
 from fencing.types import ACCEPT, SourceFacts, SourceRecord, TopicPartition, Verdict
 
@@ -247,3 +250,81 @@ async def test_fenced_batch_without_restarts_exits_3() -> None:
     await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 5))
     assert await run is ExitCode.RETIRED
     assert store.token_of(TP0).frontier == 0  # type: ignore[union-attr]
+
+
+async def test_callbacks_of_an_earlier_lifetime_are_ignored(caplog: Any) -> None:
+    """Liveness item 7: after a restart, the old consumer's callbacks reach its own
+    lifetime's callbacks object, which ignores them: no claim, no partition, no tokens."""
+    from fencing.types import ClaimRequest
+
+    worker, store, fakes = make(restart_lifetimes=1)
+    run = asyncio.create_task(worker.run())
+    await until(lambda: bool(fakes))
+    assert await asyncio.to_thread(fakes[0].rb.assigned, [TP0]) == {TP0: 0}
+    await store.claim([ClaimRequest(TP0, 0, "tid")], lifetime="intruder")
+    await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 5))
+    await until(lambda: len(fakes) == 2)  # lifetime 1 retired (fenced), lifetime 2 runs
+    epoch = store.token_of(TP1)
+    assert await asyncio.to_thread(fakes[0].rb.assigned, [TP1]) is None  # stale: ignored
+    await asyncio.to_thread(fakes[0].rb.revoked, [TP0])
+    await asyncio.to_thread(fakes[0].rb.lost, [TP0])
+    assert store.token_of(TP1) == epoch  # nothing claimed for the old consumer
+    assert worker.progress() == {}
+    assert "ignored assign callback of earlier lifetime" in caplog.text
+    assert await asyncio.to_thread(fakes[1].rb.assigned, [TP1]) == {TP1: 0}  # current: works
+    worker.request_stop()
+    assert await run is ExitCode.OK
+
+
+@pytest.mark.parametrize(("failure", "code"), [
+    (ConfigError("librdkafka refused the consumer configuration: no.such.property"),
+     ExitCode.CONFIG),
+    (KafkaClientFailed("incremental_assign failed"), ExitCode.UNAVAILABLE),
+    (RuntimeError("bug in the Kafka thread"), ExitCode.INTERNAL),
+])
+async def test_kafka_thread_failure_ends_the_lifetime(failure: BaseException, code: ExitCode,
+                                                      caplog: Any) -> None:
+    """Liveness item 3: never a hang; an unexpected error is logged with its traceback."""
+    worker, _store, fakes = make(restart_lifetimes=0)
+    run = asyncio.create_task(worker.run())
+    await until(lambda: bool(fakes))
+    try:
+        raise failure  # as the Kafka thread reports it: raised, with a traceback
+    except BaseException as exc:
+        await asyncio.to_thread(fakes[0].rb.failed, exc)
+    assert await asyncio.wait_for(run, 10) is code
+    assert ("Traceback" in caplog.text) is (code is ExitCode.INTERNAL)
+
+
+async def test_shutdown_bound_is_final_after_an_earlier_failure(caplog: Any) -> None:
+    """Liveness item 9: a batch that ignores cancellation outlives the bound after another
+    partition's failure: exit 6 (not 3), and no fresh lifetime starts beside it."""
+    from fencing.types import ClaimRequest
+
+    entered, done = asyncio.Event(), asyncio.Event()
+
+    async def stubborn(conn: Any, recs: Sequence[SourceRecord]) -> list[Verdict]:
+        if recs[0].partition == 1:
+            entered.set()
+            for _ in range(200):  # until the test ends (at most ~10 s), ignoring cancellation
+                if done.is_set():
+                    break
+                try:
+                    await asyncio.sleep(0.05)
+                except asyncio.CancelledError:
+                    continue
+        return [ACCEPT] * len(recs)
+
+    worker, store, fakes = make(stubborn, restart_lifetimes=3, shutdown_timeout_s=0.5)
+    run = asyncio.create_task(worker.run())
+    await until(lambda: bool(fakes))
+    await asyncio.to_thread(fakes[0].rb.assigned, [TP0, TP1])
+    await asyncio.to_thread(fakes[0].deliver, records(TP1, 0, 3))
+    await asyncio.wait_for(entered.wait(), 5)
+    await store.claim([ClaimRequest(TP0, 0, "tid")], lifetime="intruder")  # TP0 fenced
+    await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 3))
+    assert await asyncio.wait_for(run, 15) is ExitCode.SHUTDOWN_TIMEOUT
+    assert worker.abandoned and len(fakes) == 1 and len(worker.lifetimes) == 1
+    assert "exit 6 instead of 3" in caplog.text and "t[1] offsets 0..2" in caplog.text
+    assert "exit 5" not in caplog.text  # a budget used up is a retirement (3), not 5
+    done.set()
