@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -112,9 +113,7 @@ def test_partition_stalled_by_its_observed_owner_is_shown_stalled() -> None:
     v = view_partition(prow(90), facts=SourceFacts("id1", 0, 100), members=members)
     assert v.stalled and v.owner_state == "running/stalled"
     assert any(n.startswith("stalled:") for n in v.notes) and v.as_dict()["stalled"] is True
-    gone = {"lt-a": classify_member(MemberRow(
-        *[getattr(stalled_row, f) for f in ("lifetime_id", "group_id", "member_id", "host",
-                                            "pid", "state", "started_at")],
-        NOW - timedelta(seconds=60), stalled_row.detail), now=NOW)}
+    gone = {"lt-a": classify_member(dataclasses.replace(
+        stalled_row, last_seen=NOW - timedelta(seconds=60)), now=NOW)}
     v = view_partition(prow(90), facts=SourceFacts("id1", 0, 100), members=gone)
     assert not v.stalled  # an unavailable owner's last report is not a current state
