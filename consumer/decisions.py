@@ -2,8 +2,14 @@
 seek checks, batch admission, failure classification and the call budget.
 
 Rules
-- A lifetime is LIVE, then STOPPED (``stop``) or RETIRED (a failure); both are final.
-  ``transition`` raises ``IllegalTransition`` and changes nothing for any other move.
+- A lifetime is LIVE; a failure moves it to RETIRING (the gate closes: no call does I/O
+  any more) and, once its retire journal row is written, to RETIRED; ``stop`` moves LIVE or
+  RETIRING to STOPPED. RETIRED and STOPPED are final. ``transition`` raises
+  ``IllegalTransition`` and changes nothing for any other move; the state is the whole
+  truth (there is no separate gate flag).
+- A late call -- ``seek``/``process`` of a partition whose token was dropped (revoke, lost)
+  or replaced before or while it waited -- raises ``Fenced`` without retiring
+  (``late_call``).
 - A claim reply is retained only when ``fencing.resolution.compatible_claim`` accepts it
   against the newest token known before the claim (retained or validated).
 - ``seek``: the observed token must equal the retained one; anything else is a fence.
@@ -23,7 +29,6 @@ from collections.abc import Sequence
 from fencing.errors import (
     ConfigError,
     Fenced,
-    FenceError,
     Retired,
     SourceRefused,
 )
@@ -33,7 +38,6 @@ from fencing.types import SourceFacts, SourceRecord, Token, TopicPartition
 __all__ = [
     "AUTO_OFFSET_RESETS",
     "LEGAL_TRANSITIONS",
-    "BudgetExceeded",
     "FailureAction",
     "IllegalTransition",
     "LifetimeState",
@@ -42,6 +46,7 @@ __all__ = [
     "classify_failure",
     "deadline_passed",
     "initial_frontier",
+    "late_call",
     "newest",
     "retain_claim",
     "seek_matches",
@@ -53,15 +58,17 @@ AUTO_OFFSET_RESETS = ("earliest", "latest")
 
 
 class LifetimeState(enum.Enum):
-    LIVE = "live"
-    STOPPED = "stopped"
-    RETIRED = "retired"
+    LIVE = "live"  # the gate is open: calls may do I/O
+    RETIRING = "retiring"  # a failure closed the gate; the retire journal row may follow
+    RETIRED = "retired"  # final: never writes again
+    STOPPED = "stopped"  # final: stopped (SIGTERM, shutdown); never writes again
 
 
 LEGAL_TRANSITIONS: dict[LifetimeState, frozenset[LifetimeState]] = {
-    LifetimeState.LIVE: frozenset({LifetimeState.STOPPED, LifetimeState.RETIRED}),
-    LifetimeState.STOPPED: frozenset(),
+    LifetimeState.LIVE: frozenset({LifetimeState.RETIRING, LifetimeState.STOPPED}),
+    LifetimeState.RETIRING: frozenset({LifetimeState.RETIRED, LifetimeState.STOPPED}),
     LifetimeState.RETIRED: frozenset(),
+    LifetimeState.STOPPED: frozenset(),
 }
 
 
@@ -69,15 +76,17 @@ class IllegalTransition(ValueError):
     """A lifecycle state change outside ``LEGAL_TRANSITIONS`` (a bug in the caller)."""
 
 
-class BudgetExceeded(FenceError):
-    """A guarded lifecycle call used up its budget (measured from before the mutex wait)."""
-
-
 def transition(state: LifetimeState, to: LifetimeState) -> LifetimeState:
     """Return ``to`` when the move is legal; raise ``IllegalTransition`` otherwise."""
     if to not in LEGAL_TRANSITIONS[state]:
         raise IllegalTransition(f"lifetime cannot move from {state.value} to {to.value}")
     return to
+
+
+def late_call(held: Token | None, current: Token | None) -> bool:
+    """True when a ``seek``/``process`` that started with token ``held`` (None: none) finds
+    ``current`` is no longer that very token: a late call, fenced without retiring."""
+    return held is None or current is not held
 
 
 def check_auto_offset_reset(auto_offset_reset: str) -> None:

@@ -44,7 +44,14 @@ from consumer.instruments import Instruments
 from consumer.lifecycle_spans import span
 from consumer.lifetime_frame import LifetimeFrame
 from fencing.errors import Fenced, FenceError
-from fencing.guarded import guarded_claim, guarded_observe, guarded_process, guarded_skip
+from fencing.guarded import (
+    NO_HOOKS,
+    CallHooks,
+    guarded_claim,
+    guarded_observe,
+    guarded_process,
+    guarded_skip,
+)
 from fencing.policy import with_policy
 from fencing.store import FenceStore, HandlerFn
 from fencing.types import (
@@ -89,28 +96,25 @@ class Lifecycle(LifetimeFrame):
         self._guards: dict[TopicPartition, asyncio.Lock] = {}
         self._tokens: dict[TopicPartition, Token] = {}
         self._tasks: set[asyncio.Task[object]] = set()
-        self._gate_open = True
 
     # -- local state -------------------------------------------------------------------
     def token(self, tp: TopicPartition) -> Token | None:
         """The retained token of ``tp`` (None when not held)."""
         return self._tokens.get(tp)
 
-    def _hooks(self, operation: str, *, resolve: bool = True) -> dict[str, Any]:
-        """``on_retry`` (and ``on_resolve``) for the guarded calls (metrics), or nothing."""
+    def _hooks(self, operation: str) -> CallHooks:
+        """Retry and resolution callbacks of the guarded calls (metrics), or none."""
         if self._metrics is None:
-            return {}
-        hooks: dict[str, Any] = {"on_retry": self._metrics.on_retry(operation)}
-        if resolve:
-            hooks["on_resolve"] = self._metrics.unknown_outcome
-        return hooks
+            return NO_HOOKS
+        return CallHooks(on_retry=self._metrics.on_retry(operation),
+                         on_resolve=self._metrics.unknown_outcome)
 
     def stop(self) -> None:
         """Cancel without the mutex and without I/O; the lifetime never resumes."""
         if self.state is LifetimeState.LIVE:
-            self.state = d.transition(self.state, LifetimeState.STOPPED)
             self.retired_reason = "stopped"
-        self._gate_open = False
+        if self.state in (LifetimeState.LIVE, LifetimeState.RETIRING):
+            self._move(LifetimeState.STOPPED)
         self._tokens.clear()
         for task in list(self._tasks):
             task.cancel()
@@ -138,14 +142,12 @@ class Lifecycle(LifetimeFrame):
                       deadline_s: float) -> Mapping[TopicPartition, Token]:
         async with self._mutex:
             live = self._live_until(deadline_s)
-            try:
+
+            async def body() -> Mapping[TopicPartition, Token]:
                 live()
                 return await self._assign_locked(checks, live)
-            except asyncio.CancelledError:
-                self._gate_open = False  # interrupted mid-I/O: nothing may follow
-                raise
-            except Exception as exc:
-                raise await self._fail(exc)  # noqa: B904 (the cause is set by _fail)
+
+            return await self._framed(body)
 
     async def _assign_locked(self, checks: Sequence[SourceCheck],
                              live: Callable[[], None]) -> Mapping[TopicPartition, Token]:
@@ -159,7 +161,7 @@ class Lifecycle(LifetimeFrame):
             with span("fence.validate", self, None, {"fence.partitions": len(tps)}):
                 validations = await with_policy(lambda: self._store.validate(checks),
                                                 wait=self._wait, check_live=live,
-                                                **self._hooks("validate", resolve=False))
+                                                on_retry=self._hooks("validate").on_retry)
             for c in checks:
                 refusal = validations[c.tp].refusal
                 if refusal is not None:
@@ -170,7 +172,7 @@ class Lifecycle(LifetimeFrame):
             with span("fence.claim", self, None, {"fence.partitions": len(tps)}):
                 claimed = await guarded_claim(self._store, claims, lifetime=self.lifetime_id,
                                               wait=self._wait, check_live=live,
-                                              **self._hooks("claim"))
+                                              hooks=self._hooks("claim"))
             retained: dict[TopicPartition, Token] = {}
             for c in checks:
                 before = d.newest(self._tokens.get(c.tp), validations[c.tp].durable)
@@ -202,33 +204,28 @@ class Lifecycle(LifetimeFrame):
     async def _seek(self, tp: TopicPartition, deadline_s: float) -> int:
         async with self._mutex:
             live = self._live_until(deadline_s)
-            try:
+            held = self._tokens.get(tp)
+
+            async def body() -> int:
+                nonlocal held
                 live()
-                retained = self._tokens.get(tp)
-                if retained is None:
+                if held is None:
                     raise Fenced(f"seek {tp}: token dropped while waiting for the mutex")
                 await self._settle([tp])
-                retained = self._tokens.get(tp)
-                if retained is None:
+                held = self._tokens.get(tp)  # our own in-flight batch may have advanced it
+                if held is None:
                     raise Fenced(f"seek {tp}: token dropped while waiting for in-flight work")
-                with span("fence.seek", self, tp, {"fence.epoch": retained.epoch}) as sp:
+                with span("fence.seek", self, tp, {"fence.epoch": held.epoch}) as sp:
                     with span("fence.observe", self, tp):
                         observed = (await guarded_observe(
                             self._store, [tp], wait=self._wait, check_live=live,
-                            **self._hooks("observe", resolve=False)))[tp]
-                    if not d.seek_matches(retained, observed):
-                        raise Fenced(f"seek {tp}: retained {retained}, durable {observed}")
-                    sp.set_attribute("fence.frontier", retained.frontier)
-                    return retained.frontier
-            except asyncio.CancelledError:
-                self._gate_open = False
-                raise
-            except Fenced as exc:
-                if self._tokens.get(tp) is None:
-                    raise  # no token: a late seek, nothing to retire for
-                raise await self._fail(exc)  # noqa: B904
-            except Exception as exc:
-                raise await self._fail(exc)  # noqa: B904
+                            hooks=self._hooks("observe")))[tp]
+                    if not d.seek_matches(held, observed):
+                        raise Fenced(f"seek {tp}: retained {held}, durable {observed}")
+                    sp.set_attribute("fence.frontier", held.frontier)
+                    return held.frontier
+
+            return await self._framed(body, late=lambda: d.late_call(held, self._tokens.get(tp)))
 
     # -- process -------------------------------------------------------------------------
     async def process(self, tp: TopicPartition, records: Sequence[SourceRecord],
@@ -250,27 +247,24 @@ class Lifecycle(LifetimeFrame):
                        handler: HandlerFn, deadline_s: float, links: Sequence[Link],
                        context: Context | None) -> Token:
         live = self._live_until(deadline_s)
+
+        async def check() -> None:
+            live()
+
         async with self._mutex:
-            try:
-                live()
-            except Exception as exc:
-                raise await self._fail(exc)  # noqa: B904
+            await self._framed(check)
             guard = self._guards.setdefault(tp, asyncio.Lock())
             await guard.acquire()
             token = self._tokens.get(tp)
-        try:
+
+        async def body() -> Token:
             if token is None:
                 raise Fenced(f"process {tp}: token dropped while waiting for the guard")
             return await self._process_guarded(tp, token, records, handler, live, links, context)
-        except asyncio.CancelledError:
-            self._gate_open = False
-            raise
-        except Fenced as exc:
-            if token is None or self._tokens.get(tp) is not token:
-                raise  # no token (any more): a late call after revoke/lost, nothing to retire
-            raise await self._fail(exc, holding=tp)  # noqa: B904
-        except Exception as exc:
-            raise await self._fail(exc, holding=tp)  # noqa: B904
+
+        try:
+            return await self._framed(body, late=lambda: d.late_call(token, self._tokens.get(tp)),
+                                      holding=tp)
         finally:
             guard.release()
 
@@ -299,7 +293,7 @@ class Lifecycle(LifetimeFrame):
             try:
                 new = await guarded_process(
                     self._store, tp, token, batch, barrier,
-                    wait=self._wait, check_live=live, **self._hooks("process"))
+                    wait=self._wait, check_live=live, hooks=self._hooks("process"))
             except BaseException as exc:
                 if m is not None:
                     m.batch_failed(tp, outcome=type(exc).__name__,
@@ -322,14 +316,12 @@ class Lifecycle(LifetimeFrame):
     async def _revoke(self, tps: Sequence[TopicPartition], deadline_s: float) -> None:
         async with self._mutex:
             live = self._live_until(deadline_s)
-            try:
+
+            async def body() -> None:
                 live()
                 await self._revoke_locked(tps)
-            except asyncio.CancelledError:
-                self._gate_open = False
-                raise
-            except Exception as exc:
-                raise await self._fail(exc)  # noqa: B904
+
+            await self._framed(body)
 
     async def _revoke_locked(self, tps: Sequence[TopicPartition]) -> None:
         with span("fence.revoke", self, tps[0] if len(tps) == 1 else None,

@@ -1,11 +1,19 @@
-"""The guarded-call frame of a lifetime: liveness gate, budget, cancellation, retirement.
+"""The guarded-call frame of a lifetime: state, budget, cancellation, retirement.
 
 Rules (used by ``consumer.lifecycle.Lifecycle``; see its module Rules)
+- The state (``consumer.decisions.LifetimeState``) is the whole truth: calls do I/O only
+  while LIVE; every change goes through ``_move`` (``decisions.transition``).
 - ``_guarded`` runs a body in its own task, tracked so ``stop`` can cancel it, with a
   deadline taken before the body waits for any lock; a cancellation by ``stop`` reaches
   the caller as ``Retired``; a cancellation of the caller retires the lifetime.
+- ``_framed`` is the one error frame of every guarded call: a cancellation in the middle of
+  I/O moves the lifetime to RETIRING at once (nothing may follow); a late call's ``Fenced``
+  passes through without retiring; any other error goes to ``_fail``.
 - ``_fail`` retires for an error and returns what to raise (``consumer.decisions``
-  classifies); ``_retire`` closes the gate first, journals best-effort, then marks RETIRED.
+  classifies). ``_retire``: the call that moves LIVE -> RETIRING writes the one best-effort
+  ``retire`` journal row (after the other partitions' in-flight batches ended, so it is the
+  lifetime's last write); RETIRING -> RETIRED follows. Budget exhaustion and cancellation
+  retire without journaling.
 """
 
 from __future__ import annotations
@@ -16,13 +24,17 @@ from typing import TypeVar
 
 from consumer import decisions as d
 from consumer.decisions import LifetimeState
-from fencing.errors import FenceError, Retired
+from fencing.errors import BudgetExceeded, Fenced, FenceError, Retired
 from fencing.store import FenceStore
 from fencing.types import Token, TopicPartition
 
 __all__ = ["LifetimeFrame"]
 
 T = TypeVar("T")
+
+
+def _never_late() -> bool:
+    return False
 
 
 class LifetimeFrame:
@@ -37,10 +49,12 @@ class LifetimeFrame:
     _tokens: dict[TopicPartition, Token]
     _tasks: set[asyncio.Task[object]]
     _guards: dict[TopicPartition, asyncio.Lock]
-    _gate_open: bool
+
+    def _move(self, to: LifetimeState) -> None:
+        self.state = d.transition(self.state, to)
 
     def _check_live(self) -> None:
-        if self.state is not LifetimeState.LIVE or not self._gate_open:
+        if self.state is not LifetimeState.LIVE:
             raise Retired(f"lifetime {self.lifetime_id} is {self.state.value}"
                           f" ({self.retired_reason or 'retiring'})")
 
@@ -48,8 +62,8 @@ class LifetimeFrame:
         def check() -> None:
             self._check_live()
             if d.deadline_passed(self._clock(), deadline_s):
-                raise d.BudgetExceeded(f"lifetime {self.lifetime_id}: budget of "
-                                       f"{self._budget_s} s used up")
+                raise BudgetExceeded(f"lifetime {self.lifetime_id}: budget of "
+                                     f"{self._budget_s} s used up")
         return check
 
     async def _guarded(self, body: Callable[[float], Awaitable[T]]) -> T:
@@ -74,10 +88,27 @@ class LifetimeFrame:
                 return await body(deadline_s)
         except TimeoutError as exc:
             await self._retire(f"budget of {self._budget_s} s used up", journal=False)
-            budget = d.BudgetExceeded(f"lifetime {self.lifetime_id}: the call outlived its "
-                                      f"budget of {self._budget_s} s")
+            budget = BudgetExceeded(f"lifetime {self.lifetime_id}: the call outlived its "
+                                    f"budget of {self._budget_s} s")
             budget.__cause__ = exc
             raise Retired(f"lifetime {self.lifetime_id}: budget used up") from budget
+
+    async def _framed(self, body: Callable[[], Awaitable[T]], *,
+                      late: Callable[[], bool] = _never_late,
+                      holding: TopicPartition | None = None) -> T:
+        """Run ``body`` (the caller holds the mutex, or the guard of ``holding``) inside the
+        one error frame of a guarded call; see the module Rules."""
+        try:
+            return await body()
+        except asyncio.CancelledError:
+            self._begin_retiring("interrupted during I/O")  # nothing may follow
+            raise
+        except Fenced as exc:
+            if late():
+                raise  # a late call after revoke/lost: nothing to retire for
+            raise await self._fail(exc, holding=holding)  # noqa: B904 (cause set by _fail)
+        except Exception as exc:
+            raise await self._fail(exc, holding=holding)  # noqa: B904
 
     async def _fail(self, exc: BaseException, *,
                     holding: TopicPartition | None = None) -> BaseException:
@@ -87,12 +118,20 @@ class LifetimeFrame:
         if action is d.FailureAction.PASS_THROUGH:
             return exc
         await self._retire(f"{type(exc).__name__}: {exc}",
-                           journal=not isinstance(exc, d.BudgetExceeded), holding=holding)
+                           journal=not isinstance(exc, BudgetExceeded), holding=holding)
         if action is d.FailureAction.RAISE_AS_IS:
             return exc
         retired = Retired(f"lifetime {self.lifetime_id} retired: {self.retired_reason}")
         retired.__cause__ = exc
         return retired
+
+    def _begin_retiring(self, reason: str) -> bool:
+        """LIVE -> RETIRING (the gate closes); True when this call closed it."""
+        if self.state is not LifetimeState.LIVE:
+            return False
+        self._move(LifetimeState.RETIRING)
+        self.retired_reason = reason
+        return True
 
     async def _settle_others(self, holding: TopicPartition | None) -> None:
         """Wait, bounded by the budget, until no other partition's batch is in flight."""
@@ -112,21 +151,14 @@ class LifetimeFrame:
 
     async def _retire(self, reason: str, *, journal: bool,
                       holding: TopicPartition | None = None) -> None:
-        if self.state is not LifetimeState.LIVE:
-            return
-        first = self._gate_open
-        self._gate_open = False
-        if first:
-            self.retired_reason = reason  # the first cause, whoever finishes the retirement
         held = sorted(self._tokens)
-        if journal and first and held:
+        if self._begin_retiring(reason) and journal and held:
             await self._settle_others(holding)  # the retire row is the last write
             try:
                 await self._store.journal(held, lifetime=self.lifetime_id, event="retire",
                                           detail=reason[:500])
             except FenceError:
                 pass  # best effort: the journal decides nothing
-        if self.state is LifetimeState.LIVE:
-            self.state = d.transition(self.state, LifetimeState.RETIRED)
-            self.retired_reason = self.retired_reason or reason
+        if self.state is LifetimeState.RETIRING:
+            self._move(LifetimeState.RETIRED)
         self._tokens.clear()

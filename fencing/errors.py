@@ -1,12 +1,14 @@
 """One small error tree. Every error the fence raises derives from FenceError.
 
 Foreign errors (asyncpg, OSError, KafkaError) are translated at the adapter
-boundary with ``raise ... from exc`` and never reach the lifecycle.
+boundary with ``raise ... from exc`` and never reach the lifecycle. Mapping an error to
+an exit code (``consumer.exits``) needs nothing but this module.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "BudgetExceeded",
     "ConfigError",
     "FenceError",
     "Fenced",
@@ -24,6 +26,7 @@ __all__ = [
     "SourceUnavailable",
     "StatementRejected",
     "StoreUnavailable",
+    "Unresolved",
 ]
 
 
@@ -75,6 +78,16 @@ class KafkaClientFailed(SourceUnavailable):
     """The Kafka client could not carry out a rebalance step (e.g. ``assign`` failed inside
     the assignment callback); the lifetime fail-stops instead of letting librdkafka position
     the consumer by itself (the world's or librdkafka's)."""
+
+
+class Unresolved(OutcomeUnknown):
+    """An unknown outcome could not be resolved within the re-read's three calls; the lifetime
+    retires (the world's fault)."""
+
+
+class BudgetExceeded(FenceError):
+    """A guarded lifecycle call used up its budget, counted from before the mutex wait (the
+    world's: a slow store or handler)."""
 
 
 class Retired(FenceError):

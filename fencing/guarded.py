@@ -16,27 +16,41 @@ Rules
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from opentelemetry import trace
 
-from fencing.errors import Fenced, NotCommitted, OutcomeUnknown, ReadFailed
+from fencing.errors import Fenced, NotCommitted, OutcomeUnknown, ReadFailed, Unresolved
 from fencing.policy import Wait, with_policy
 from fencing.resolution import Resolution, resolve_process
 from fencing.store import FenceStore, HandlerFn
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition
 
-__all__ = ["Unresolved", "guarded_claim", "guarded_observe", "guarded_process", "guarded_skip"]
+__all__ = [
+    "NO_HOOKS",
+    "CallHooks",
+    "guarded_claim",
+    "guarded_observe",
+    "guarded_process",
+    "guarded_skip",
+]
 
 _tracer = trace.get_tracer("fenceworker.fencing")
 
 
-class Unresolved(OutcomeUnknown):
-    """An unknown outcome could not be resolved within the observe's three calls; the lifetime
-    retires."""
-
-
 OnRetry = Callable[[BaseException, float], None] | None
 OnResolve = Callable[[str, str], None] | None
+
+
+@dataclass(frozen=True, slots=True)
+class CallHooks:
+    """What a guarded call reports while it runs (metrics live with the caller)."""
+
+    on_retry: OnRetry = None  # (error, seconds until the next call) before each retry wait
+    on_resolve: OnResolve = None  # (operation, resolution) once an unknown outcome resolved
+
+
+NO_HOOKS = CallHooks()
 
 
 async def guarded_observe(
@@ -45,23 +59,23 @@ async def guarded_observe(
     *,
     wait: Wait,
     check_live: Callable[[], None],
-    on_retry: OnRetry = None,
+    hooks: CallHooks = NO_HOOKS,
     settled: bool = False,
 ) -> Mapping[TopicPartition, Token | None]:
     """Observe under the three-call policy; raises ``ReadFailed`` after three failed calls.
     ``settled``: wait for in-progress commits on the rows first (``FenceStore.observe``)."""
     return await with_policy(
         lambda: store.observe(tps, settled=settled), wait=wait, check_live=check_live,
-        on_retry=on_retry)
+        on_retry=hooks.on_retry)
 
 
 async def _resolve_observe(
     store: FenceStore, tp_list: Sequence[TopicPartition], *, wait: Wait,
-    check_live: Callable[[], None], on_retry: OnRetry, what: str,
+    check_live: Callable[[], None], hooks: CallHooks, what: str,
 ) -> Mapping[TopicPartition, Token | None]:
     try:
         return await guarded_observe(store, tp_list, wait=wait, check_live=check_live,
-                                     on_retry=on_retry, settled=True)
+                                     hooks=hooks, settled=True)
     except ReadFailed as exc:
         raise Unresolved(f"{what}: outcome unknown and the re-read failed three times") from exc
 
@@ -85,8 +99,7 @@ async def guarded_process(
     *,
     wait: Wait,
     check_live: Callable[[], None],
-    on_retry: OnRetry = None,
-    on_resolve: OnResolve = None,
+    hooks: CallHooks = NO_HOOKS,
 ) -> Token:
     """Commit one batch under ``token``; return the advanced token.
 
@@ -109,15 +122,16 @@ async def guarded_process(
             span.set_attribute("fence.epoch", token.epoch)
             span.set_attribute("fence.frontier", token.frontier)
             observed = (await _resolve_observe(
-                store, [tp], wait=wait, check_live=check_live, on_retry=on_retry,
+                store, [tp], wait=wait, check_live=check_live, hooks=hooks,
                 what=f"process {tp}"))[tp]
             resolution = resolve_process(sent=token, batch_end=batch_end, observed=observed)
             span.set_attribute("fence.outcome", resolution.value)
-        if on_resolve is not None:
-            on_resolve("process", resolution.value)
+        if hooks.on_resolve is not None:
+            hooks.on_resolve("process", resolution.value)
         return _settle(resolution, token, batch_end, observed, what=f"process {tp}")
 
-    return await with_policy(one_call, wait=wait, check_live=check_live, on_retry=on_retry)
+    return await with_policy(one_call, wait=wait, check_live=check_live,
+                             on_retry=hooks.on_retry)
 
 
 async def guarded_claim(
@@ -127,8 +141,7 @@ async def guarded_claim(
     lifetime: str,
     wait: Wait,
     check_live: Callable[[], None],
-    on_retry: OnRetry = None,
-    on_resolve: OnResolve = None,
+    hooks: CallHooks = NO_HOOKS,
 ) -> Mapping[TopicPartition, Token]:
     """Claim every partition of ``claims`` in one call per attempt; return the installed tokens.
 
@@ -149,16 +162,17 @@ async def guarded_claim(
             span.set_attribute("fence.operation", "claim")
             span.set_attribute("fence.lifetime", lifetime)
             await _resolve_observe(store, tp_list, wait=wait, check_live=check_live,
-                                   on_retry=on_retry, what=f"claim {lifetime}")
+                                   hooks=hooks, what=f"claim {lifetime}")
             check_live()
             span.set_attribute("fence.outcome", "reclaim")
-        if on_resolve is not None:
-            on_resolve("claim", "reclaim")
+        if hooks.on_resolve is not None:
+            hooks.on_resolve("claim", "reclaim")
         if calls >= 3:
             raise Unresolved(f"claim {lifetime}: third claim call had an unknown outcome")
         raise NotCommitted(f"claim {lifetime}: unknown outcome; claiming afresh")
 
-    return await with_policy(one_call, wait=wait, check_live=check_live, on_retry=on_retry)
+    return await with_policy(one_call, wait=wait, check_live=check_live,
+                             on_retry=hooks.on_retry)
 
 
 async def guarded_skip(
@@ -170,7 +184,7 @@ async def guarded_skip(
     reason: str,
     wait: Wait,
     check_live: Callable[[], None],
-    on_retry: OnRetry = None,
+    hooks: CallHooks = NO_HOOKS,
 ) -> Token:
     """Move the frontier to ``to_offset`` under ``token`` (``store.skip``), three-call policy.
 
@@ -187,8 +201,9 @@ async def guarded_skip(
         except OutcomeUnknown:
             pass
         observed = (await _resolve_observe(store, [tp], wait=wait, check_live=check_live,
-                                           on_retry=on_retry, what=f"skip {tp}"))[tp]
+                                           hooks=hooks, what=f"skip {tp}"))[tp]
         resolution = resolve_process(sent=token, batch_end=to_offset, observed=observed)
         return _settle(resolution, token, to_offset, observed, what=f"skip {tp}")
 
-    return await with_policy(one_call, wait=wait, check_live=check_live, on_retry=on_retry)
+    return await with_policy(one_call, wait=wait, check_live=check_live,
+                             on_retry=hooks.on_retry)

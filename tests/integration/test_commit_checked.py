@@ -23,7 +23,7 @@ import asyncpg
 import pytest
 
 from fencing.errors import HandlerMisuse, StatementRejected
-from fencing.guarded import guarded_process
+from fencing.guarded import CallHooks, guarded_process
 from fencing.pgstore import PgFenceStore
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition, Verdict
 from ops.pgproxy import Action, PgProxy
@@ -156,7 +156,7 @@ async def test_slow_commit_with_lost_reply_resolves_as_committed(
                 direct_and_proxied(proxied, direct),  # type: ignore[arg-type]
                 TP, token, make_records(TP, range(5)),
                 slow_at_commit, wait=_no_wait, check_live=_live,
-                on_resolve=lambda op, outcome: resolved.append((op, outcome)))
+                hooks=CallHooks(on_resolve=lambda op, outcome: resolved.append((op, outcome))))
             assert rule.fired.is_set()
         finally:
             await proxied.close()

@@ -22,7 +22,7 @@ import asyncpg
 import pytest
 
 from fencing.errors import NotCommitted, OutcomeUnknown, ReadFailed, StatementRejected
-from fencing.guarded import guarded_claim, guarded_observe, guarded_process
+from fencing.guarded import CallHooks, guarded_claim, guarded_observe, guarded_process
 from fencing.pgstore import PgFenceStore
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition, Verdict
 from ops.pgproxy import Action, PgProxy
@@ -128,7 +128,7 @@ async def test_guarded_process_resolves_lost_commit_exactly_once(
     rec = Recorder()
     new = await guarded_process(proxied, TP, token, make_records(TP, range(5)),
                                 effect_handler(fence_schema), wait=rec.wait, check_live=_live,
-                                on_resolve=rec.on_resolve)
+                                hooks=CallHooks(on_resolve=rec.on_resolve))
     assert new == Token(1, 5)
     assert rec.resolved == [("process", resolution)] and rec.waits == waits
     assert await direct.observe([TP]) == {TP: Token(1, 5)}
@@ -150,7 +150,7 @@ async def test_guarded_claim_resolves_lost_reply_by_claiming_afresh(
     rule = proxy.add_rule("INSERT INTO \"" + fence_schema + "\".partitions", action)
     rec = Recorder()
     got = await guarded_claim(proxied, [ClaimRequest(TP, 3)], lifetime="L1", wait=rec.wait,
-                              check_live=_live, on_resolve=rec.on_resolve)
+                              check_live=_live, hooks=CallHooks(on_resolve=rec.on_resolve))
     assert rule.fired.is_set()
     assert got == {TP: Token(final_epoch, 3)}
     assert rec.resolved == [("claim", "reclaim")] and rec.waits == [0.1]

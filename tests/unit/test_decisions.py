@@ -7,6 +7,7 @@ import pytest
 from consumer import decisions as d
 from consumer.decisions import FailureAction, LifetimeState
 from fencing.errors import (
+    BudgetExceeded,
     ConfigError,
     Fenced,
     NotCommitted,
@@ -15,22 +16,41 @@ from fencing.errors import (
     RecreatedTopic,
     RetentionGap,
     Retired,
+    Unresolved,
 )
-from fencing.guarded import Unresolved
 from fencing.types import SourceFacts, SourceRecord, Token, TopicPartition
 
 TP = TopicPartition("t", 0)
 
 
-def test_only_live_moves_and_only_to_a_final_state() -> None:
-    assert d.transition(LifetimeState.LIVE, LifetimeState.STOPPED) is LifetimeState.STOPPED
-    assert d.transition(LifetimeState.LIVE, LifetimeState.RETIRED) is LifetimeState.RETIRED
-    for final in (LifetimeState.STOPPED, LifetimeState.RETIRED):
-        for to in LifetimeState:
-            with pytest.raises(d.IllegalTransition):
-                d.transition(final, to)
-    with pytest.raises(d.IllegalTransition):
-        d.transition(LifetimeState.LIVE, LifetimeState.LIVE)
+L, RG, RD, S = (LifetimeState.LIVE, LifetimeState.RETIRING, LifetimeState.RETIRED,
+                LifetimeState.STOPPED)
+
+
+@pytest.mark.parametrize(("src", "dst", "legal"), [
+    (src, dst, (src, dst) in {(L, RG), (L, S), (RG, RD), (RG, S)})
+    for src in LifetimeState for dst in LifetimeState])
+def test_transition_table_is_the_whole_truth(src: LifetimeState, dst: LifetimeState,
+                                             legal: bool) -> None:
+    """LIVE -> RETIRING -> RETIRED; LIVE/RETIRING -> STOPPED; nothing else, ever."""
+    if legal:
+        assert d.transition(src, dst) is dst
+    else:
+        with pytest.raises(d.IllegalTransition):
+            d.transition(src, dst)
+
+
+T1, T1_EQUAL = Token(1, 5), Token(1, 5)
+
+
+@pytest.mark.parametrize(("held", "current", "late"), [
+    (None, None, True),  # no token when the call started (after revoke/lost)
+    (T1, None, True),  # dropped while it waited for the mutex or the guard
+    (T1, T1_EQUAL, True),  # replaced (a new claim) -- identity, not equality
+    (T1, T1, False),  # still ours: a fence is real and retires the lifetime
+])
+def test_late_call_rule(held: Token | None, current: Token | None, late: bool) -> None:
+    assert d.late_call(held, current) is late
 
 
 def test_initial_frontier_follows_auto_offset_reset() -> None:
@@ -80,7 +100,7 @@ def test_submittable_drops_durable_records_and_refuses_bad_batches() -> None:
     (ReadFailed("x"), FailureAction.RAISE_RETIRED),
     (OutcomeUnknown("x"), FailureAction.RAISE_RETIRED),
     (Unresolved("x"), FailureAction.RAISE_RETIRED),
-    (d.BudgetExceeded("x"), FailureAction.RAISE_RETIRED),
+    (BudgetExceeded("x"), FailureAction.RAISE_RETIRED),
     (RuntimeError("handler bug"), FailureAction.RAISE_RETIRED),
 ])
 def test_failure_classification(exc: BaseException, action: FailureAction) -> None:

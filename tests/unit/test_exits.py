@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from consumer.decisions import BudgetExceeded
 from consumer.exits import ExitCode, exit_code_for
 from fencing.errors import (
+    BudgetExceeded,
     ConfigError,
     Fenced,
     HandlerMisuse,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from fencing.errors import Fenced, NotCommitted, OutcomeUnknown, ReadFailed, Retired
-from fencing.guarded import Unresolved, guarded_claim, guarded_observe, guarded_process
+from fencing.errors import Fenced, NotCommitted, OutcomeUnknown, ReadFailed, Retired, Unresolved
+from fencing.guarded import CallHooks, guarded_claim, guarded_observe, guarded_process
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition
 
 TP = TopicPartition("t", 0)
@@ -69,7 +69,7 @@ class Rec:
 async def _process(store: FakeStore, rec: Rec) -> Token:
     return await guarded_process(store, TP, TOKEN, RECORDS, None,  # type: ignore[arg-type]
                                  wait=rec.wait, check_live=rec.check_live,
-                                 on_resolve=rec.on_resolve)
+                                 hooks=CallHooks(on_resolve=rec.on_resolve))
 
 
 async def test_process_commits_first_call() -> None:
@@ -138,7 +138,7 @@ async def test_process_stop_during_wait_prevents_next_call() -> None:
 async def _claim(store: FakeStore, rec: Rec) -> Mapping[TopicPartition, Token]:
     return await guarded_claim(store, [ClaimRequest(TP, 0)],  # type: ignore[arg-type]
                                lifetime="L", wait=rec.wait, check_live=rec.check_live,
-                               on_resolve=rec.on_resolve)
+                               hooks=CallHooks(on_resolve=rec.on_resolve))
 
 
 async def test_claim_unknown_observes_then_claims_afresh() -> None:

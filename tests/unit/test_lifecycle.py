@@ -336,6 +336,9 @@ async def test_retirement_is_a_write_barrier_for_other_partitions(
     p0 = asyncio.ensure_future(lc.process(TP, recs(TP, 0), accept))
     await asyncio.sleep(0.01)
     assert not p0.done()  # the retirement waits for TP1's batch before journaling
+    assert lc.state is LifetimeState.RETIRING  # the gate is closed; the journal row pending
+    with pytest.raises(Retired):
+        await lc.process(TP1, recs(TP1, 2), accept)  # no new call starts while retiring
     release.set()
     with pytest.raises(Fenced):
         await p0
