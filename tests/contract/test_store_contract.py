@@ -142,14 +142,13 @@ async def test_process_on_missing_row_is_fenced(h: Harness) -> None:
     assert await h.store.observe([TP]) == {TP: None}
 
 
-@pytest.mark.parametrize("offsets", [[], [2, 1], [0, 0]])
+@pytest.mark.parametrize("offsets", [[], [2, 1], [1, 1], [0], [0, 1]],
+                         ids=["empty", "out-of-order", "duplicate", "below-frontier",
+                              "starts-below-frontier"])
 async def test_bad_batches_are_refused(h: Harness, offsets: list[int]) -> None:
-    token = (await h.store.claim([ClaimRequest(TP, 1)], lifetime="A"))[TP]
-    bad_records = make_records(TP, offsets)
-    if offsets == [0, 0]:
-        bad_records = make_records(TP, [0])  # below the frontier 1
+    token = (await h.store.claim([ClaimRequest(TP, 1)], lifetime="A"))[TP]  # frontier 1
     with pytest.raises(ValueError):
-        await h.store.process(TP, token, bad_records, h.handle)
+        await h.store.process(TP, token, make_records(TP, offsets), h.handle)
     assert await h.store.observe([TP]) == {TP: Token(1, 1)}
 
 

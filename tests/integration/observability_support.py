@@ -20,7 +20,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.workers import ROOT, GroupSetup, WorkerProc, wait_until
+from tests.integration.workers import ROOT, GroupSetup, WorkerProc
+from tests.polling import wait_until
 
 __all__ = [
     "FAST_EAGER",
@@ -34,8 +35,7 @@ __all__ = [
     "run_fencectl",
     "start_worker",
     "unique_service",
-    "wait_for",
-]
+    ]
 
 # eager range assignment, 2 s sessions (the local broker allows them), 1 s heartbeats
 FAST_EAGER = GroupSetup("obs-eager", ("--group-protocol", "classic", "--assignment-strategy",
@@ -47,12 +47,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def wait_for(pred: Callable[[], Any], *, timeout_s: float, what: str,
-             interval_s: float = 0.1) -> Any:
-    """Poll ``pred`` until truthy (returned) or fail after ``timeout_s``."""
-    return wait_until(pred, timeout_s=timeout_s, what=what, interval_s=interval_s)
 
 
 def http_get(url: str, *, timeout_s: float = 5.0) -> tuple[int, str] | None:
@@ -163,7 +157,7 @@ def jaeger_spans(query_url: str, service: str, *, until: Callable[[list[Span]], 
         return until(last)
 
     try:
-        wait_for(ready, timeout_s=timeout_s, what=f"spans of {service} in Jaeger",
+        wait_until(ready, timeout_s=timeout_s, what=f"spans of {service} in Jaeger",
                  interval_s=0.5)
     except AssertionError as exc:
         names = sorted({s.name for s in last})

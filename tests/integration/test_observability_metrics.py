@@ -22,7 +22,6 @@ from tests.integration.observability_support import (
     readyz,
     run_fencectl,
     start_worker,
-    wait_for,
 )
 from tests.integration.workers import (
     create_topic,
@@ -32,6 +31,7 @@ from tests.integration.workers import (
     produce,
     unique,
 )
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -55,10 +55,10 @@ def test_counters_after_known_records_and_one_fenced_commit(services: ServiceSet
         return got[1]
 
     try:
-        wait_for(lambda: (r := readyz(base)) is not None and r[0] == 200, timeout_s=60,
+        wait_until(lambda: (r := readyz(base)) is not None and r[0] == 200, timeout_s=60,
                  what="worker ready")
         produce(services.kafka_bootstrap, records[:20])
-        wait_for(lambda: metric(scrape(), "fence_records_processed_total") == 20, timeout_s=60,
+        wait_until(lambda: metric(scrape(), "fence_records_processed_total") == 20, timeout_s=60,
                  what="20 records counted")
         first_epoch, frontier = durable()
         assert frontier == 20
@@ -76,9 +76,9 @@ def test_counters_after_known_records_and_one_fenced_commit(services: ServiceSet
         assert durable() == (first_epoch + 1, 20)
 
         produce(services.kafka_bootstrap, records[20:])
-        wait_for(lambda: durable() == (first_epoch + 2, 30), timeout_s=60,
+        wait_until(lambda: durable() == (first_epoch + 2, 30), timeout_s=60,
                  what="a fresh lifetime claims and commits the rest")
-        wait_for(lambda: metric(scrape(), "fence_records_processed_total") == 30,
+        wait_until(lambda: metric(scrape(), "fence_records_processed_total") == 30,
                  timeout_s=30, what="30 records counted")
         after = scrape()
         assert metric(after, "fence_fences_total", topic=topic, partition="0") == 1
@@ -88,7 +88,7 @@ def test_counters_after_known_records_and_one_fenced_commit(services: ServiceSet
         assert metric(after, "fence_rebalance_duration_seconds_count", kind="assign") == 2
         assert metric(after, "fence_batch_duration_seconds_count", outcome="committed") == \
             metric(after, "fence_batches_total", outcome="committed")
-        wait_for(lambda: (r := readyz(base)) is not None and r[0] == 200, timeout_s=30,
+        wait_until(lambda: (r := readyz(base)) is not None and r[0] == 200, timeout_s=30,
                  what="ready again after the fresh lifetime positioned")
         worker.terminate()
         assert worker.wait(30) == 0, worker.log()[-3000:]

@@ -24,9 +24,9 @@ from tests.integration.observability_support import (
     http_get,
     readyz,
     start_worker,
-    wait_for,
 )
 from tests.integration.workers import create_topic, fresh_schema, unique
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -101,16 +101,16 @@ def test_readiness_before_assignment_during_rebalance_and_after(
         with RowLock(services.dsn, schema, group=group, topic=topic, partitions=2):
             workers.append(start_worker(topic=topic, group=group, schema=schema,
                                         http_port=port_a, name="a"))
-            first = wait_for(lambda: readyz(a_url), timeout_s=60, what="worker a's port")
+            first = wait_until(lambda: readyz(a_url), timeout_s=60, what="worker a's port")
             assert first[0] == 503 and first[1]["phase"] in ("starting", "waiting",
                                                               "rebalancing")
-            wait_for(lambda: (r := readyz(a_url)) and r[1]["phase"] == "rebalancing",
+            wait_until(lambda: (r := readyz(a_url)) and r[1]["phase"] == "rebalancing",
                      timeout_s=30, what="a's assignment in progress (claim blocked)")
             seen = _not_ready_for(a_url, HOLD_S, {"rebalancing"})
             assert seen, "no probe answered while the claim was held"
             health = http_get(a_url + "/healthz")
             assert health is not None and health[0] == 200
-        ready = wait_for(lambda: (r := readyz(a_url)) and r[0] == 200 and r, timeout_s=30,
+        ready = wait_until(lambda: (r := readyz(a_url)) and r[0] == 200 and r, timeout_s=30,
                          what="a ready after its claim")
         assert ready[1]["assigned"] == [f"{topic}[0]", f"{topic}[1]"]
 
@@ -118,15 +118,15 @@ def test_readiness_before_assignment_during_rebalance_and_after(
                      partitions=2):  # forced rebalance: a second member joins
             workers.append(start_worker(topic=topic, group=group, schema=schema,
                                         http_port=port_b, name="b"))
-            wait_for(lambda: (r := readyz(a_url)) and r[0] == 503, timeout_s=30,
+            wait_until(lambda: (r := readyz(a_url)) and r[0] == 503, timeout_s=30,
                      what="a not ready once the rebalance starts")
-            wait_for(lambda: (r := readyz(a_url)) and r[1]["phase"] == "rebalancing"
+            wait_until(lambda: (r := readyz(a_url)) and r[1]["phase"] == "rebalancing"
                      and len(r[1]["assigned"]) == 0, timeout_s=30,
                      what="a revoked and waiting for its new claim")
             _not_ready_for(a_url, HOLD_S, {"rebalancing"})
-        a_after = wait_for(lambda: (r := readyz(a_url)) and r[0] == 200 and r, timeout_s=30,
+        a_after = wait_until(lambda: (r := readyz(a_url)) and r[0] == 200 and r, timeout_s=30,
                            what="a ready after the rebalance")
-        b_after = wait_for(lambda: (r := readyz(b_url)) and r[0] == 200 and r, timeout_s=30,
+        b_after = wait_until(lambda: (r := readyz(b_url)) and r[0] == 200 and r, timeout_s=30,
                            what="b ready after the rebalance")
         assert len(a_after[1]["assigned"]) == len(b_after[1]["assigned"]) == 1
         assert set(a_after[1]["assigned"]) | set(b_after[1]["assigned"]) == {

@@ -32,7 +32,7 @@ from fencing.types import (
     Verdict,
 )
 from ops.stack_config import ServiceSettings
-from tests.integration.observability_support import run_fencectl, wait_for
+from tests.integration.observability_support import run_fencectl
 from tests.integration.workers import (
     create_topic,
     delete_topic,
@@ -42,6 +42,7 @@ from tests.integration.workers import (
     produce,
     unique,
 )
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +81,7 @@ def test_accept_gap_and_frontier_refusals(services: ServiceSettings) -> None:
     admin = AdminClient({"bootstrap.servers": services.kafka_bootstrap})
     for fut in admin.delete_records([KafkaTP(topic, 0, 6)]).values():
         fut.result(timeout=30)
-    wait_for(lambda: source.facts([tp])[tp].low_watermark == 6, timeout_s=30,
+    wait_until(lambda: source.facts([tp])[tp].low_watermark == 6, timeout_s=30,
              what="low watermark 6")
     common = ("--group", group, "--topic", topic, "--schema", schema)
 
@@ -148,7 +149,7 @@ def test_adopt_recreated_topic(services: ServiceSettings) -> None:
             return None
         return tid if tid != old_id else None
 
-    new_id = wait_for(recreated_id, timeout_s=30, what="the recreated topic's id")
+    new_id = wait_until(recreated_id, timeout_s=30, what="the recreated topic's id")
     common = ("--group", group, "--topic", topic, "--schema", schema)
 
     code, done = _reset("adopt-topic", *common, "--frontier", "earliest", "--yes-i-understand")

@@ -25,9 +25,9 @@ from tests.integration.observability_support import (
     readyz,
     run_fencectl,
     start_worker,
-    wait_for,
 )
 from tests.integration.workers import create_topic, fresh_schema, produce, unique
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -58,11 +58,11 @@ def test_live_and_killed_members(services: ServiceSettings) -> None:
     a = start_worker(topic=topic, group=group, schema=schema, http_port=port_a, name="a")
     b = None
     try:
-        wait_for(lambda: (r := readyz(f"http://127.0.0.1:{port_a}")) and r[0] == 200,
+        wait_until(lambda: (r := readyz(f"http://127.0.0.1:{port_a}")) and r[0] == 200,
                  timeout_s=60, what="a ready")
         b = start_worker(topic=topic, group=group, schema=schema, http_port=port_b, name="b",
                          extra=["-X", "session.timeout.ms=12000"])
-        b_ready = wait_for(lambda: (r := readyz(f"http://127.0.0.1:{port_b}")) and r[0] == 200
+        b_ready = wait_until(lambda: (r := readyz(f"http://127.0.0.1:{port_b}")) and r[0] == 200
                            and r[1]["assigned"] and r, timeout_s=60, what="b ready")
         (b_part_name,) = b_ready[1]["assigned"]
         pb = int(b_part_name.rsplit("[", 1)[1].rstrip("]"))
@@ -71,7 +71,7 @@ def test_live_and_killed_members(services: ServiceSettings) -> None:
             m = _member(s, pid)
             return m is not None and m["state"] == "running"
 
-        settled = wait_for(lambda: (s := _status(group, schema)) and all(
+        settled = wait_until(lambda: (s := _status(group, schema)) and all(
             p["frontier"] == ends[p["partition"]] for p in s["partitions"]) and running(
             s, b.pid) and running(s, a.pid) and s, timeout_s=60, what="first records done")
         b_member = _member(settled, b.pid)
@@ -93,7 +93,7 @@ def test_live_and_killed_members(services: ServiceSettings) -> None:
                 return None
             return s
 
-        stale = wait_for(stale_view, timeout_s=30, what="b unavailable, a caught up")
+        stale = wait_until(stale_view, timeout_s=30, what="b unavailable, a caught up")
         killed, live = _member(stale, b.pid), _member(stale, a.pid)
         assert killed is not None and live is not None
         assert killed["state"] is None
@@ -121,7 +121,7 @@ def test_live_and_killed_members(services: ServiceSettings) -> None:
             return s if p["owner"] == live["lifetime"] and p["lag"] == 0 \
                 and p["owner_state"] == "running" else None  # rows lag states by <= 0.5 s
 
-        after = wait_for(taken_over, timeout_s=60, what="a claims b's partition")
+        after = wait_until(taken_over, timeout_s=60, what="a claims b's partition")
         moved = _part(after, pb)
         assert moved["epoch"] == b_epoch + 1
         assert moved["frontier"] == moved["high_watermark"] == ends[pb] + grown[pb]

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
-from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -33,7 +31,6 @@ from tests.integration.observability_support import (
     run_fencectl,
     start_worker,
     unique_service,
-    wait_for,
 )
 from tests.integration.workers import (
     create_topic,
@@ -43,6 +40,7 @@ from tests.integration.workers import (
     produce,
     unique,
 )
+from tests.polling import until_blocking, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +50,7 @@ def _record_headers(bootstrap: str, topic: str, partition: int, offset: int) -> 
                          "enable.auto.commit": False})
     try:
         consumer.assign([KafkaTP(topic, partition, offset)])
-        msg = wait_for(lambda: consumer.poll(0.5), timeout_s=20, what="the record")
+        msg = wait_until(lambda: consumer.poll(0.5), timeout_s=20, what="the record")
         assert msg.error() is None and msg.offset() == offset
         return {k: v for k, v in (msg.headers() or [])}
     finally:
@@ -74,7 +72,7 @@ def test_span_tree_of_one_record(services: ServiceSettings) -> None:
     assert produced.returncode == 0, produced.stderr
     worker = start_worker(topic=topic, group=group, schema=schema, service=service)
     try:
-        rows = wait_for(lambda: (r := asyncio.run(durable_rows(services.dsn, schema, group,
+        rows = wait_until(lambda: (r := asyncio.run(durable_rows(services.dsn, schema, group,
                                                                 topic)))
                         and sum(f for _e, f in r.values()) == 30 and r,
                         timeout_s=60, what="all 30 records committed")
@@ -129,16 +127,6 @@ def test_span_tree_of_one_record(services: ServiceSettings) -> None:
         for link in batch["producer_links"]]
 
 
-async def _wait_async(pred: Callable[[], Any], *, timeout_s: float, what: str) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        got = await asyncio.to_thread(pred)
-        if got:
-            return got
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.2)
-
-
 async def test_lost_commit_is_a_resolution_span_and_counted_once(
         services: ServiceSettings) -> None:
     topic, group = unique("obs-lost"), unique("g-obs-lost")
@@ -152,17 +140,17 @@ async def test_lost_commit_is_a_resolution_span_and_counted_once(
                               http_port=port, env={"FENCE_DSN": proxy.dsn(services.dsn)})
         base = f"http://127.0.0.1:{port}"
         try:
-            await _wait_async(lambda: (r := readyz(base)) is not None and r[0] == 200,
+            await until_blocking(lambda: (r := readyz(base)) is not None and r[0] == 200,
                               timeout_s=60, what="worker ready")
             rule = proxy.add_rule("COMMIT", Action.CUT_AFTER)
             records, _source = generated(topic, count=12, partitions=1)
             await asyncio.to_thread(produce, services.kafka_bootstrap, records)
             await asyncio.wait_for(rule.fired.wait(), timeout=60)
-            rows = await _wait_async(
+            rows = await until_blocking(
                 lambda: (r := asyncio.run(durable_rows(services.dsn, schema, group, topic)))
                 and r[0][1] == 12 and r, timeout_s=60, what="frontier 12")
             # the server committed before the worker learned it: wait for the resolution
-            text = await _wait_async(
+            text = await until_blocking(
                 lambda: (got := http_get(base + "/metrics")) is not None and metric(
                     got[1], "fence_batches_total", outcome="committed") >= 1 and got[1],
                 timeout_s=30, what="the batch resolved")

@@ -91,7 +91,13 @@ def test_zombie_is_fenced_and_applies_nothing(services, setup: GroupSetup,
     assert asyncio.run(exactly_once_problems(dsn, schema, group, topic, source)) == []
     journal = asyncio.run(journal_rows(dsn, schema, group, topic))
     assert {j["partition"] for j in journal if j["event"] == "claim"} == {0, 1}
-    assert held  # the batches A held were committed by B only (the oracle check above)
+    # the batches A held are durable now, under B's newer epoch (A was fenced: exit 3), and
+    # applied once (the oracle check above)
+    final = asyncio.run(durable_rows(dsn, schema, group, topic))
+    assert sorted(held) == [0, 1]
+    for p, text in held.items():
+        _p, first, last = (int(x) for x in text.split())
+        assert first < last < final[p][1] and final[p][0] > epochs_a[p], (p, text, final)
 
 
 @pytest.mark.parametrize("setup", GROUP_SETUPS, ids=lambda s: s.name)

@@ -12,9 +12,8 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from fencing.reference.snapshot import pg_state
 from fencing.schema import migrate
 from fencing.types import SourceRecord
 from ops.pgproxy import Action, PgProxy, Rule
+from tests.polling import wait_until
 
 __all__ = [
     "GROUP_SETUPS",
@@ -72,18 +72,6 @@ GROUP_SETUPS = (
 
 def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
-
-
-def wait_until(pred: Callable[[], Any], *, timeout_s: float, what: str,
-               interval_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:

@@ -14,6 +14,7 @@ from consumer.instruments import Instruments
 from consumer.observer import WorkerObserver, parse_tp
 from consumer.readiness import LoopHeartbeat, Phase, ReadinessHolder
 from fencing.types import SourceFacts, Token, TopicPartition
+from tests.polling import until_async
 
 A, B = TopicPartition("orders.v1", 0), TopicPartition("orders.v1", 1)
 
@@ -118,9 +119,26 @@ async def test_failure_retires_and_a_fresh_lifetime_gets_its_own_row() -> None:
 async def test_run_beats_until_closed() -> None:
     obs, clock, _rows, _reader = _make()
     obs._beat_s = 0.01
+    beats: list[float] = []
+    beat = obs.loop_heartbeat.beat
+
+    def counting_beat() -> None:
+        beats.append(clock.now)
+        beat()
+
+    obs.loop_heartbeat.beat = counting_beat  # type: ignore[method-assign]
     task = asyncio.create_task(obs.run())
-    clock.now += 100
-    await asyncio.sleep(0.05)
-    assert obs.loop_heartbeat.healthy()
+    for _ in range(3):  # each beat keeps it healthy while the clock moves on
+        seen = len(beats)
+        clock.now += 100
+        def beaten(seen: int = seen) -> bool:
+            return len(beats) > seen
+
+        await until_async(beaten, what="the next beat")
+        assert obs.loop_heartbeat.healthy()
     await obs.close()
     await asyncio.wait_for(task, 1)
+    after = len(beats)
+    clock.now += 100
+    await asyncio.sleep(0.05)
+    assert len(beats) == after and not obs.loop_heartbeat.healthy()  # stopped: no more beats

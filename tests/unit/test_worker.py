@@ -22,6 +22,7 @@ from consumer.worker import Worker
 from fencing.errors import ConfigError, KafkaClientFailed
 from fencing.memstore import MemoryFenceStore
 from fencing.types import ACCEPT, SourceFacts, SourceRecord, TopicPartition, Verdict
+from tests.polling import until_async
 
 TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)
 
@@ -99,22 +100,15 @@ def make(handler: Callable[..., Any] = accept_all, **cfg: Any) -> tuple[
     return worker, store, fakes
 
 
-async def until(pred: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
-
-
 async def test_assign_positions_from_store_and_commits_after_each_batch() -> None:
     worker, store, fakes = make()
     run = asyncio.create_task(worker.run())
-    await until(lambda: bool(fakes))
+    await until_async(lambda: bool(fakes))
     kafka = fakes[0]
     positions = await asyncio.to_thread(worker.assigned, [TP0, TP1])
     assert positions == {TP0: 0, TP1: 0}
     await asyncio.to_thread(kafka.deliver, records(TP0, 0, 120) + records(TP1, 0, 30))
-    await until(lambda: kafka.committed(TP0) == 120 and kafka.committed(TP1) == 30)
+    await until_async(lambda: kafka.committed(TP0) == 120 and kafka.committed(TP1) == 30)
     assert store.token_of(TP0).frontier == 120  # type: ignore[union-attr]
     # every commit is a batch end: batches of at most 50
     assert [f for c, t, f in kafka.commands if c == "commit" and t == TP0] == [50, 100, 120]
@@ -125,12 +119,12 @@ async def test_assign_positions_from_store_and_commits_after_each_batch() -> Non
 async def test_stale_records_are_dropped_after_positioning() -> None:
     worker, _store, fakes = make()
     run = asyncio.create_task(worker.run())
-    await until(lambda: bool(fakes))
+    await until_async(lambda: bool(fakes))
     await asyncio.to_thread(worker.assigned, [TP0])
     await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 10))
-    await until(lambda: fakes[0].committed(TP0) == 10)
+    await until_async(lambda: fakes[0].committed(TP0) == 10)
     await asyncio.to_thread(fakes[0].deliver, records(TP0, 5, 10))  # 5..9 already delivered
-    await until(lambda: fakes[0].committed(TP0) == 15)
+    await until_async(lambda: fakes[0].committed(TP0) == 15)
     worker.request_stop()
     assert await run is ExitCode.OK
 
@@ -147,10 +141,10 @@ async def test_revoke_returns_only_after_the_in_flight_batch() -> None:
 
     worker, store, fakes = make(slow)
     run = asyncio.create_task(worker.run())
-    await until(lambda: bool(fakes))
+    await until_async(lambda: bool(fakes))
     await asyncio.to_thread(worker.assigned, [TP0])
     await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 10))
-    await until(lambda: order == ["batch-start"])
+    await until_async(lambda: order == ["batch-start"])
     revoking = asyncio.create_task(asyncio.to_thread(worker.revoked, [TP0]))
     await asyncio.sleep(0.2)
     assert not revoking.done()
@@ -173,13 +167,13 @@ async def test_full_partition_is_paused_then_resumed() -> None:
 
     worker, _store, fakes = make(gated, batch_max_records=10, queue_max_batches=2)
     run = asyncio.create_task(worker.run())
-    await until(lambda: bool(fakes))
+    await until_async(lambda: bool(fakes))
     await asyncio.to_thread(worker.assigned, [TP0])
     await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 40))
-    await until(lambda: ("pause", TP0, -1) in fakes[0].commands)
+    await until_async(lambda: ("pause", TP0, -1) in fakes[0].commands)
     gate.set()
-    await until(lambda: ("resume", TP0, -1) in fakes[0].commands)
-    await until(lambda: fakes[0].committed(TP0) == 40)
+    await until_async(lambda: ("resume", TP0, -1) in fakes[0].commands)
+    await until_async(lambda: fakes[0].committed(TP0) == 40)
     worker.request_stop()
     assert await run is ExitCode.OK
 
@@ -191,10 +185,10 @@ async def test_shutdown_past_bound_reports_in_flight_and_exits_6(caplog: Any) ->
 
     worker, store, fakes = make(stuck, shutdown_timeout_s=0.3)
     run = asyncio.create_task(worker.run())
-    await until(lambda: bool(fakes))
+    await until_async(lambda: bool(fakes))
     await asyncio.to_thread(worker.assigned, [TP1])
     await asyncio.to_thread(fakes[0].deliver, records(TP1, 0, 7))
-    await until(lambda: bool(worker.in_flight))
+    await until_async(lambda: bool(worker.in_flight))
     worker.request_stop()
     assert await run is ExitCode.SHUTDOWN_TIMEOUT
     assert "t[1] offsets 0..6 (7 records)" in caplog.text
@@ -204,10 +198,10 @@ async def test_shutdown_past_bound_reports_in_flight_and_exits_6(caplog: Any) ->
 async def test_refused_source_ends_with_exit_4() -> None:
     worker, _store, fakes = make()
     run = asyncio.create_task(worker.run())
-    await until(lambda: bool(fakes))
+    await until_async(lambda: bool(fakes))
     assert await asyncio.to_thread(worker.assigned, [TP0]) == {TP0: 0}
     await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 5))
-    await until(lambda: fakes[0].committed(TP0) == 5)
+    await until_async(lambda: fakes[0].committed(TP0) == 5)
     await asyncio.to_thread(worker.revoked, [TP0])
 
     class Recreated(Facts):
@@ -224,17 +218,17 @@ async def test_fenced_batch_retires_and_restart_lifetimes_starts_a_fresh_one() -
 
     worker, store, fakes = make(restart_lifetimes=1)
     run = asyncio.create_task(worker.run())
-    await until(lambda: bool(fakes))
+    await until_async(lambda: bool(fakes))
     await asyncio.to_thread(worker.assigned, [TP0])
     # another member claims the partition behind this lifetime's back (a zombie's view)
     await store.claim([ClaimRequest(TP0, 0, "tid")], lifetime="intruder")
     await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 5))
-    await until(lambda: len(fakes) == 2)  # lifetime 1 retired: a fresh consumer and lifetime
+    await until_async(lambda: len(fakes) == 2)  # lifetime 1 retired: a fresh consumer and lifetime
     assert fakes[0].closed.done() and len(worker.lifetimes) == 2
     assert store.token_of(TP0).frontier == 0  # type: ignore[union-attr]  # nothing applied
     assert await asyncio.to_thread(worker.assigned, [TP0]) == {TP0: 0}
     await asyncio.to_thread(fakes[1].deliver, records(TP0, 0, 5))
-    await until(lambda: fakes[1].committed(TP0) == 5)
+    await until_async(lambda: fakes[1].committed(TP0) == 5)
     worker.request_stop()
     assert await run is ExitCode.OK
 
@@ -244,7 +238,7 @@ async def test_fenced_batch_without_restarts_exits_3() -> None:
 
     worker, store, fakes = make()
     run = asyncio.create_task(worker.run())
-    await until(lambda: bool(fakes))
+    await until_async(lambda: bool(fakes))
     await asyncio.to_thread(worker.assigned, [TP0])
     await store.claim([ClaimRequest(TP0, 0, "tid")], lifetime="intruder")
     await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 5))
@@ -259,11 +253,11 @@ async def test_callbacks_of_an_earlier_lifetime_are_ignored(caplog: Any) -> None
 
     worker, store, fakes = make(restart_lifetimes=1)
     run = asyncio.create_task(worker.run())
-    await until(lambda: bool(fakes))
+    await until_async(lambda: bool(fakes))
     assert await asyncio.to_thread(fakes[0].rb.assigned, [TP0]) == {TP0: 0}
     await store.claim([ClaimRequest(TP0, 0, "tid")], lifetime="intruder")
     await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 5))
-    await until(lambda: len(fakes) == 2)  # lifetime 1 retired (fenced), lifetime 2 runs
+    await until_async(lambda: len(fakes) == 2)  # lifetime 1 retired (fenced), lifetime 2 runs
     epoch = store.token_of(TP1)
     assert await asyncio.to_thread(fakes[0].rb.assigned, [TP1]) is None  # stale: ignored
     await asyncio.to_thread(fakes[0].rb.revoked, [TP0])
@@ -287,7 +281,7 @@ async def test_kafka_thread_failure_ends_the_lifetime(failure: BaseException, co
     """Liveness item 3: never a hang; an unexpected error is logged with its traceback."""
     worker, _store, fakes = make(restart_lifetimes=0)
     run = asyncio.create_task(worker.run())
-    await until(lambda: bool(fakes))
+    await until_async(lambda: bool(fakes))
     try:
         raise failure  # as the Kafka thread reports it: raised, with a traceback
     except BaseException as exc:
@@ -317,7 +311,7 @@ async def test_shutdown_bound_is_final_after_an_earlier_failure(caplog: Any) -> 
 
     worker, store, fakes = make(stubborn, restart_lifetimes=3, shutdown_timeout_s=0.5)
     run = asyncio.create_task(worker.run())
-    await until(lambda: bool(fakes))
+    await until_async(lambda: bool(fakes))
     await asyncio.to_thread(fakes[0].rb.assigned, [TP0, TP1])
     await asyncio.to_thread(fakes[0].deliver, records(TP1, 0, 3))
     await asyncio.wait_for(entered.wait(), 5)
