@@ -32,20 +32,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
-
-from opentelemetry.context import Context
-from opentelemetry.trace import Link
 
 from consumer import decisions as d
 from consumer.decisions import LifetimeState
 from consumer.instruments import Instruments
-from consumer.lifecycle_spans import span
 from consumer.lifetime_frame import LifetimeFrame
 from fencing.errors import Fenced, FenceError
 from fencing.guarded import (
-    NO_HOOKS,
     CallHooks,
     guarded_claim,
     guarded_observe,
@@ -54,6 +50,7 @@ from fencing.guarded import (
 )
 from fencing.policy import with_policy
 from fencing.store import FenceStore, HandlerFn
+from fencing.tracing import NO_TRACING, SpanHandle, Tracing
 from fencing.types import (
     ClaimRequest,
     SourceCheck,
@@ -79,6 +76,7 @@ class Lifecycle(LifetimeFrame):
         auto_offset_reset: str = "earliest",
         allow_retention_gap: bool = False,
         instruments: Instruments | None = None,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         d.check_auto_offset_reset(auto_offset_reset)
         self.lifetime_id = lifetime_id
@@ -92,6 +90,7 @@ class Lifecycle(LifetimeFrame):
         self._reset = auto_offset_reset
         self._allow_gap = allow_retention_gap
         self._metrics = instruments  # optional: metrics of retries, resolutions, batches
+        self._tracing = tracing  # spans (OpenTelemetry in production) -- wired at the edge
         self._mutex = asyncio.Lock()
         self._guards: dict[TopicPartition, asyncio.Lock] = {}
         self._tokens: dict[TopicPartition, Token] = {}
@@ -103,11 +102,24 @@ class Lifecycle(LifetimeFrame):
         return self._tokens.get(tp)
 
     def _hooks(self, operation: str) -> CallHooks:
-        """Retry and resolution callbacks of the guarded calls (metrics), or none."""
+        """Retry and resolution callbacks (metrics) and spans of the guarded calls."""
         if self._metrics is None:
-            return NO_HOOKS
+            return CallHooks(tracing=self._tracing)
         return CallHooks(on_retry=self._metrics.on_retry(operation),
-                         on_resolve=self._metrics.unknown_outcome)
+                         on_resolve=self._metrics.unknown_outcome, tracing=self._tracing)
+
+    def _span(self, name: str, tp: TopicPartition | None,
+              attrs: Mapping[str, Any] | None = None, *, links: Sequence[object] = (),
+              context: object | None = None) -> AbstractContextManager[SpanHandle]:
+        """A span with the messaging attributes of this lifetime (and of ``tp``)."""
+        base: dict[str, Any] = {"messaging.system": "kafka",
+                                "messaging.consumer.group.name": self.group_id,
+                                "fence.lifetime": self.lifetime_id}
+        if tp is not None:
+            base["messaging.destination.name"] = tp.topic
+            base["messaging.destination.partition.id"] = str(tp.partition)
+        base.update(attrs or {})
+        return self._tracing.span(name, base, links=links, context=context)
 
     def stop(self) -> None:
         """Cancel without the mutex and without I/O; the lifetime never resumes."""
@@ -156,9 +168,9 @@ class Lifecycle(LifetimeFrame):
         tps = [c.tp for c in checks]
         if not tps:
             return {}
-        with span("fence.assign", self, tps[0] if len(tps) == 1 else None,
+        with self._span("fence.assign", tps[0] if len(tps) == 1 else None,
                   {"fence.partitions": len(tps)}) as outer:
-            with span("fence.validate", self, None, {"fence.partitions": len(tps)}):
+            with self._span("fence.validate", None, {"fence.partitions": len(tps)}):
                 validations = await with_policy(lambda: self._store.validate(checks),
                                                 wait=self._wait, check_live=live,
                                                 on_retry=self._hooks("validate").on_retry)
@@ -169,7 +181,7 @@ class Lifecycle(LifetimeFrame):
             await self._settle(tps)  # never fence our own in-flight batch with a new epoch
             claims = [ClaimRequest(c.tp, d.initial_frontier(c.facts, self._reset),
                                    c.facts.topic_id) for c in checks]
-            with span("fence.claim", self, None, {"fence.partitions": len(tps)}):
+            with self._span("fence.claim", None, {"fence.partitions": len(tps)}):
                 claimed = await guarded_claim(self._store, claims, lifetime=self.lifetime_id,
                                               wait=self._wait, check_live=live,
                                               hooks=self._hooks("claim"))
@@ -215,8 +227,8 @@ class Lifecycle(LifetimeFrame):
                 held = self._tokens.get(tp)  # our own in-flight batch may have advanced it
                 if held is None:
                     raise Fenced(f"seek {tp}: token dropped while waiting for in-flight work")
-                with span("fence.seek", self, tp, {"fence.epoch": held.epoch}) as sp:
-                    with span("fence.observe", self, tp):
+                with self._span("fence.seek", tp, {"fence.epoch": held.epoch}) as sp:
+                    with self._span("fence.observe", tp):
                         observed = (await guarded_observe(
                             self._store, [tp], wait=self._wait, check_live=live,
                             hooks=self._hooks("observe")))[tp]
@@ -229,8 +241,8 @@ class Lifecycle(LifetimeFrame):
 
     # -- process -------------------------------------------------------------------------
     async def process(self, tp: TopicPartition, records: Sequence[SourceRecord],
-                      handler: HandlerFn, *, links: Sequence[Link] = (),
-                      context: Context | None = None) -> Token:
+                      handler: HandlerFn, *, links: Sequence[object] = (),
+                      context: object | None = None) -> Token:
         """Commit one batch under the retained token; return the advanced token.
 
         Records below the retained frontier are already durable and are dropped (no I/O
@@ -244,8 +256,8 @@ class Lifecycle(LifetimeFrame):
             lambda deadline_s: self._process(tp, records, handler, deadline_s, links, context))
 
     async def _process(self, tp: TopicPartition, records: Sequence[SourceRecord],
-                       handler: HandlerFn, deadline_s: float, links: Sequence[Link],
-                       context: Context | None) -> Token:
+                       handler: HandlerFn, deadline_s: float, links: Sequence[object],
+                       context: object | None) -> Token:
         live = self._live_until(deadline_s)
 
         async def check() -> None:
@@ -270,8 +282,8 @@ class Lifecycle(LifetimeFrame):
 
     async def _process_guarded(self, tp: TopicPartition, token: Token,
                                records: Sequence[SourceRecord], handler: HandlerFn,
-                               live: Callable[[], None], links: Sequence[Link],
-                               context: Context | None) -> Token:
+                               live: Callable[[], None], links: Sequence[object],
+                               context: object | None) -> Token:
         live()
         batch = d.submittable(token, records)
         if not batch:
@@ -289,7 +301,7 @@ class Lifecycle(LifetimeFrame):
             self._check_live()  # retired meanwhile: roll back instead of committing
             return verdicts
 
-        with span("fence.process", self, tp, attrs, links=links, context=context) as sp:
+        with self._span("fence.process", tp, attrs, links=links, context=context) as sp:
             try:
                 new = await guarded_process(
                     self._store, tp, token, batch, barrier,
@@ -324,7 +336,7 @@ class Lifecycle(LifetimeFrame):
             await self._framed(body)
 
     async def _revoke_locked(self, tps: Sequence[TopicPartition]) -> None:
-        with span("fence.revoke", self, tps[0] if len(tps) == 1 else None,
+        with self._span("fence.revoke", tps[0] if len(tps) == 1 else None,
                   {"fence.partitions": len(tps)}):
             released: dict[TopicPartition, Token] = {}
             await self._settle(tps)  # in-flight batches of these partitions end first

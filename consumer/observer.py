@@ -33,7 +33,7 @@ from opentelemetry import trace
 
 from consumer.heartbeat import MemberHeartbeat, MemberState, state_for_phase
 from consumer.instruments import Instruments
-from consumer.lifecycle_spans import TRACER_NAME
+from consumer.otel_tracing import TRACER_NAME
 from consumer.readiness import (
     ChecksPassed,
     IllegalTransition,

@@ -33,7 +33,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError
@@ -45,7 +45,6 @@ from consumer.decisions import LifetimeState
 from consumer.exits import ExitCode, exit_code_for
 from consumer.ports import FactsPort, KafkaPort, Partition
 from consumer.source import build_checks
-from consumer.tracecontext import links_for_records
 from fencing.errors import Fenced, FenceError, RetentionGap, Retired, SourceRefused
 from fencing.store import HandlerFn
 from fencing.types import SourceRecord, TopicPartition
@@ -62,11 +61,13 @@ class Worker:
                  lifecycle_factory: Callable[[str], Any],
                  kafka_factory: Callable[[Any], KafkaPort], source: FactsPort,
                  on_event: Callable[[str, dict[str, Any]], None] | None = None,
-                 trace_links: bool = True,
+                 trace_links: Callable[[Sequence[SourceRecord]], Sequence[object]] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._cfg = config
         self._clock = clock
-        self._trace_links = trace_links  # producer-span links cost a header parse per record
+        # producer-span links of a batch (opaque; None: none). They cost a header parse per
+        # record, so ``fencectl run`` passes them only when spans are exported.
+        self._trace_links = trace_links
         self._handler = handler
         self._lifecycle_factory = lifecycle_factory
         self._kafka_factory = kafka_factory
@@ -347,7 +348,7 @@ class Worker:
                 self._apply_flow(part)
                 part.inflight = inflight = in_flight_of(batch)
                 try:
-                    links = links_for_records(batch) if self._trace_links else ()
+                    links = self._trace_links(batch) if self._trace_links else ()
                     token = await self._lc.process(part.tp, batch, self._handler, links=links)
                 except asyncio.CancelledError:
                     raise

@@ -18,12 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from opentelemetry import trace
-
 from fencing.errors import Fenced, NotCommitted, OutcomeUnknown, ReadFailed, Unresolved
 from fencing.policy import Wait, with_policy
 from fencing.resolution import Resolution, resolve_process
 from fencing.store import FenceStore, HandlerFn
+from fencing.tracing import NO_TRACING, Tracing
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition
 
 __all__ = [
@@ -34,8 +33,6 @@ __all__ = [
     "guarded_process",
     "guarded_skip",
 ]
-
-_tracer = trace.get_tracer("fenceworker.fencing")
 
 
 OnRetry = Callable[[BaseException, float], None] | None
@@ -48,6 +45,7 @@ class CallHooks:
 
     on_retry: OnRetry = None  # (error, seconds until the next call) before each retry wait
     on_resolve: OnResolve = None  # (operation, resolution) once an unknown outcome resolved
+    tracing: Tracing = NO_TRACING  # the ``fence.resolve`` span of a resolution
 
 
 NO_HOOKS = CallHooks()
@@ -115,12 +113,10 @@ async def guarded_process(
             return await store.process(tp, token, records, handler)
         except OutcomeUnknown:
             pass
-        with _tracer.start_as_current_span("fence.resolve") as span:
-            span.set_attribute("fence.operation", "process")
-            span.set_attribute("messaging.destination.name", tp.topic)
-            span.set_attribute("messaging.destination.partition.id", str(tp.partition))
-            span.set_attribute("fence.epoch", token.epoch)
-            span.set_attribute("fence.frontier", token.frontier)
+        with hooks.tracing.span("fence.resolve", {
+                "fence.operation": "process", "messaging.destination.name": tp.topic,
+                "messaging.destination.partition.id": str(tp.partition),
+                "fence.epoch": token.epoch, "fence.frontier": token.frontier}) as span:
             observed = (await _resolve_observe(
                 store, [tp], wait=wait, check_live=check_live, hooks=hooks,
                 what=f"process {tp}"))[tp]
@@ -158,9 +154,8 @@ async def guarded_claim(
             return await store.claim(claims, lifetime=lifetime)
         except OutcomeUnknown:
             pass
-        with _tracer.start_as_current_span("fence.resolve") as span:
-            span.set_attribute("fence.operation", "claim")
-            span.set_attribute("fence.lifetime", lifetime)
+        with hooks.tracing.span("fence.resolve", {"fence.operation": "claim",
+                                                   "fence.lifetime": lifetime}) as span:
             await _resolve_observe(store, tp_list, wait=wait, check_live=check_live,
                                    hooks=hooks, what=f"claim {lifetime}")
             check_live()

@@ -185,6 +185,8 @@ async def _ensure_handler_tables(cfg: WorkerConfig) -> None:
 
 async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> ExitCode:
     from consumer.lifecycle import Lifecycle
+    from consumer.otel_tracing import OtelTracing
+    from consumer.tracecontext import links_for_records
     from fencing.handler import load_handler
     from ops.telemetry import setup_telemetry
 
@@ -214,11 +216,13 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
             lifecycle_factory=lambda lid: Lifecycle(
                 store=store, lifetime_id=lid, clock=time.monotonic, wait=asyncio.sleep,
                 budget_s=cfg.budget_s, auto_offset_reset=cfg.auto_offset_reset,
-                allow_retention_gap=cfg.allow_retention_gap, instruments=obs.instruments),
+                allow_retention_gap=cfg.allow_retention_gap, instruments=obs.instruments,
+                tracing=OtelTracing()),
             kafka_factory=lambda rb: KafkaThread(
                 settings=settings, topic=cfg.topic, cooperative=cfg.cooperative,
                 rebalancer=rb, poll_timeout_s=cfg.poll_timeout_s),
-            on_event=obs.on_event, trace_links=telemetry.exporting)
+            on_event=obs.on_event,
+            trace_links=links_for_records if telemetry.exporting else None)
         obs.member_id_source = lambda: worker.member_id
         obs.observer.progress = worker.progress
         loop = asyncio.get_running_loop()

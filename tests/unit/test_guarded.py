@@ -174,3 +174,23 @@ async def test_observe_read_failed_three_calls() -> None:
         await guarded_observe(store, [TP], wait=rec.wait,  # type: ignore[arg-type]
                               check_live=rec.check_live)
     assert store.calls == ["observe"] * 3 and rec.waits == [0.1, 0.2]
+
+
+async def test_resolution_span_records_its_outcome_through_the_tracing_port() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from consumer.otel_tracing import OtelTracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    store, rec = FakeStore(process=[OutcomeUnknown("lost")], observe=[Token(3, 15)]), Rec()
+    await guarded_process(store, TP, TOKEN, RECORDS, None,  # type: ignore[arg-type]
+                          wait=rec.wait, check_live=rec.check_live,
+                          hooks=CallHooks(tracing=OtelTracing(provider.get_tracer("t"))))
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "fence.resolve" and span.attributes is not None
+    assert span.attributes["fence.outcome"] == "committed"  # not overwritten with "ok"
+    assert span.attributes["fence.operation"] == "process"

@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-import consumer.lifecycle_spans as lifecycle_spans
 from consumer import Lifecycle, LifetimeState
+from consumer.otel_tracing import OtelTracing
 from fencing.errors import ConfigError, Fenced, RetentionGap, Retired
 from fencing.memfaults import Fault, FaultOutcome, InterleavePoint, Operation
 from fencing.memstore import MemoryFenceStore
@@ -270,12 +270,11 @@ async def test_failure_retires_before_the_mutex_is_released(store: MemoryFenceSt
 
 
 async def test_spans_carry_messaging_and_fence_attributes(
-        store: MemoryFenceStore, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: MemoryFenceStore, clock: Clock) -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(lifecycle_spans, "_tracer", provider.get_tracer("fenceworker"))
-    lc = make(store, clock)
+    lc = make(store, clock, tracing=OtelTracing(provider.get_tracer("fenceworker")))
     await lc.assign([check()])
     await lc.seek(TP)
     await lc.process(TP, recs(TP, 0, 3), accept)
