@@ -60,11 +60,11 @@ lint: setup
 
 # fenced vs unfenced batch commits (uses FENCE_DSN, else starts the stack's PostgreSQL)
 bench-store: setup
-	$(BIN)/python -m ops.bench_store
+	$(BIN)/python -m ops.bench.store
 
 # worker benchmark: raw / unfenced / fenceworker / batch-1, rebalance times -> artifacts/bench/worker.json
 bench: stack-up
-	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench
+	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.worker
 
 # the README's "run it": stack, migrate, topic, produce, two workers, one leaves, status, traces
 demo: stack-up

@@ -41,7 +41,7 @@ __all__ = [
     "redact_dsn",
 ]
 
-DEFAULT_HANDLER = "fencing.reference.pg:ref_handler"
+DEFAULT_HANDLER = "ops.reference.pg:ref_handler"
 
 _OWNED_FALSE = ("enable.auto.commit", "enable.auto.offset.store")
 _KIP848_FORBIDDEN = (
@@ -63,7 +63,7 @@ class GroupProtocol(enum.Enum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerConfig:
-    """Everything ``fencectl run`` needs; built by ``ops.run_cmd`` and checked by ``check``."""
+    """Everything ``fencectl run`` needs; built by ``ops.commands.run`` and checked by ``check``."""
 
     topic: str
     """Kafka topic to consume (``--topic``)."""

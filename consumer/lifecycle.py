@@ -38,8 +38,8 @@ from typing import Any
 
 from consumer import decisions as d
 from consumer.decisions import LifetimeState
-from consumer.instruments import Instruments
 from consumer.lifetime_frame import LifetimeFrame
+from consumer.observability.instruments import Instruments
 from fencing.errors import Fenced, FenceError
 from fencing.guarded import (
     CallHooks,

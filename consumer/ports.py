@@ -14,7 +14,7 @@ __all__ = ["FactsPort", "KafkaPort", "Partition"]
 
 
 class KafkaPort(Protocol):
-    """What the worker needs of ``consumer.adapter.KafkaThread`` (a fake in unit tests)."""
+    """What the worker needs of ``consumer.kafka.adapter.KafkaThread`` (a fake in unit tests)."""
 
     def start(self) -> None: ...
     def pause(self, tp: TopicPartition) -> None: ...

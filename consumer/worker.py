@@ -24,7 +24,8 @@ Rules
   code (2 for a consumer that cannot be built, 5 for a failed assign, 1 for anything else,
   logged with its traceback).
 - Progress (records fetched into a partition's buffer, a batch committed) is timed per
-  partition on the injected clock; ``progress()`` feeds stall detection (``consumer.stall``).
+  partition on the injected clock; ``progress()`` feeds stall detection
+  (``consumer.observability.stall``).
 """
 
 from __future__ import annotations
@@ -38,13 +39,13 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from consumer.adapter import call_on_loop
 from consumer.batching import Flow, InFlight, PartitionBuffer, in_flight_of
 from consumer.config import WorkerConfig
 from consumer.decisions import LifetimeState
 from consumer.exits import ExitCode, exit_code_for
+from consumer.kafka.adapter import call_on_loop
+from consumer.kafka.source import build_checks
 from consumer.ports import FactsPort, KafkaPort, Partition
-from consumer.source import build_checks
 from fencing.errors import Fenced, FenceError, RetentionGap, Retired, SourceRefused
 from fencing.store import HandlerFn
 from fencing.types import SourceRecord, TopicPartition

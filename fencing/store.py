@@ -1,6 +1,6 @@
 """The fence store interface. Two implementations share it and one contract test suite:
-``fencing.pgstore.PgFenceStore`` (asyncpg, production) and
-``fencing.memstore.MemoryFenceStore`` (unit tests and the simulator, with fault hooks).
+``fencing.postgres.store.PgFenceStore`` (asyncpg, production) and
+``fencing.memory.store.MemoryFenceStore`` (unit tests and the simulator, with fault hooks).
 
 Rules
 - Every call is about one consumer group: the store is constructed for ``group_id``.

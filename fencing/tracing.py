@@ -3,7 +3,7 @@
 Rules
 - The lifecycle and the guarded store calls open spans only through a ``Tracing`` they are
   given; the default, ``NO_TRACING``, records nothing and costs nothing. The OpenTelemetry
-  implementation lives at the edge (``consumer.otel_tracing``) and is wired by
+  implementation lives at the edge (``consumer.observability.otel_tracing``) and is wired by
   ``fencectl run``; the simulator and unit tests run the same code without it.
 - ``links`` and ``context`` are opaque here (OpenTelemetry ``Link``s and ``Context``); only
   the implementation reads them.

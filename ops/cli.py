@@ -15,14 +15,14 @@ from collections.abc import Sequence
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 COMMAND_MODULES: tuple[str, ...] = (
-    "ops.stack_cmd",
-    "ops.migrate_cmd",
-    "ops.run_cmd",
-    "ops.produce_cmd",
-    "ops.status_cmd",
-    "ops.reset_cmd",
-    "ops.trace_cmd",
-    "ops.sim_cmd",
+    "ops.commands.stack",
+    "ops.commands.migrate",
+    "ops.commands.run",
+    "ops.commands.produce",
+    "ops.commands.status",
+    "ops.commands.reset",
+    "ops.commands.trace",
+    "ops.commands.sim",
 )
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import asyncpg
 
-from ops.db import connection
+from ops.operator.db import connection
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable

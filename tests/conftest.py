@@ -6,8 +6,8 @@ The ``services`` fixture yields one ``ServiceSettings``, chosen in this order:
    JAEGER_QUERY_URL set in the environment (an existing stack, e.g. ``compose/``
    or ``eval "$(fencectl stack env)"``);
 2. testcontainers when a Docker engine answers (Kafka, PostgreSQL, Jaeger);
-3. the local stack (``ops.stack``), started once for the session. Services a test
-   session started stop when the last concurrent session ends (``ops.stack_lease``;
+3. the local stack (``ops.stack.control``), started once for the session. Services a test
+   session started stop when the last concurrent session ends (``ops.stack.lease``;
    set FENCE_KEEP_STACK=1 to keep them); services that were already running, e.g.
    from ``fencectl stack up``, are left alone.
 
@@ -29,7 +29,7 @@ from contextlib import ExitStack, contextmanager, nullcontext
 
 import pytest
 
-from ops.stack_config import ServiceSettings
+from ops.stack.config import ServiceSettings
 
 __all__ = ["ServiceSettings"]
 
@@ -84,7 +84,7 @@ def _containers() -> Iterator[ServiceSettings]:
     from testcontainers.community.postgres import PostgresContainer
     from testcontainers.core.container import DockerContainer
 
-    from ops.stack_kafka import broker_settings, cluster_id
+    from ops.stack.kafka import broker_settings, cluster_id
 
     with ExitStack() as stack:
         pg = stack.enter_context(
@@ -151,11 +151,12 @@ def _progress_printer(config: pytest.Config) -> Callable[[str], None]:
 
 @contextmanager
 def _local_stack(progress: Callable[[str], None]) -> Iterator[ServiceSettings]:
-    """The local stack of ``fencectl stack``, held by a lease (``ops.stack_lease``):
+    """The local stack of ``fencectl stack``, held by a lease (``ops.stack.lease``):
     services some test session started stop when the last session ends; services
     that were already running are left alone."""
-    from ops import stack, stack_lease
-    from ops.stack_config import settings_from
+    from ops.stack import control as stack
+    from ops.stack import lease as stack_lease
+    from ops.stack.config import settings_from
 
     settings: ServiceSettings | None = None
     failure = ""

@@ -2,7 +2,7 @@
 the processed source prefix, plus the fence's own invariants.
 
 Rules (each failed rule is one violation string naming the place it was seen)
-- ``fencing.reference.oracle.check`` at the durable frontiers: documents, outbox and
+- ``ops.reference.oracle.check`` at the durable frontiers: documents, outbox and
   quarantine equal the fold; outbox sequences/versions consistent; quarantine and
   progress agree.
 - Committed intent never changes: an outbox or quarantine row, once committed, stays
@@ -25,10 +25,10 @@ from typing import Any
 from consumer.decisions import LifetimeState
 from consumer.lifecycle import Lifecycle
 from fencing.errors import Fenced
-from fencing.memstore import MemoryFenceStore
-from fencing.reference import oracle
-from fencing.reference.snapshot import memory_store_state
+from fencing.memory.store import MemoryFenceStore
 from fencing.types import SourceRecord, Token, TopicPartition
+from ops.reference import oracle
+from ops.reference.snapshot import memory_store_state
 
 __all__ = ["Checker"]
 

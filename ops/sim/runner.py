@@ -22,10 +22,10 @@ from typing import Any
 from consumer.decisions import LifetimeState
 from consumer.lifecycle import Lifecycle
 from fencing.errors import Fenced, FenceError, Retired, SourceRefused
-from fencing.memfaults import InterleavePoint
-from fencing.memstore import MemoryFenceStore, StoreEvent
-from fencing.reference.memory import memory_ref_handler
+from fencing.memory.faults import InterleavePoint
+from fencing.memory.store import MemoryFenceStore, StoreEvent
 from fencing.types import SourceCheck, SourceFacts, SourceRecord, Token, TopicPartition
+from ops.reference.memory import memory_ref_handler
 from ops.sim.checks import Checker
 from ops.sim.report import build_report
 from ops.sim.trace import Step, Trace, fault_json

@@ -17,9 +17,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from fencing.memfaults import Fault, FaultOutcome, Interleave, Operation
-from fencing.reference.generate import generate
+from fencing.memory.faults import Fault, FaultOutcome, Interleave, Operation
 from fencing.types import SourceRecord
+from ops.reference.generate import generate
 from ops.sim.trace import SimConfig, Step, Trace, toolchain
 
 __all__ = ["DEFAULT_STEPS", "make_trace"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from fencing.memfaults import Fault, FaultOutcome, Interleave, Operation
+from fencing.memory.faults import Fault, FaultOutcome, Interleave, Operation
 from fencing.types import SourceRecord
 
 __all__ = [

@@ -12,8 +12,8 @@ import asyncpg
 import pytest
 
 from fencing.errors import Fenced, HandlerDeclarationError, RecreatedTopic, RetentionGap
-from fencing.memstore import MemoryFenceStore, MemoryTx
-from fencing.pgstore import PgFenceStore
+from fencing.memory.store import MemoryFenceStore, MemoryTx
+from fencing.postgres.store import PgFenceStore
 from fencing.store import FenceStore
 from fencing.types import (
     Accept,

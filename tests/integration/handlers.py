@@ -25,8 +25,8 @@ from typing import Any
 import asyncpg
 
 from fencing.handler import handler
-from fencing.reference.pg import ensure_tables, make_pg_handler
 from fencing.types import SourceRecord, Verdict
+from ops.reference.pg import ensure_tables, make_pg_handler
 
 __all__ = [
     "ending_handler",

@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from fencing.pgstore import PgFenceStore
-from fencing.schema import migrate
+from fencing.postgres.schema import migrate
+from fencing.postgres.store import PgFenceStore
 from fencing.types import Accept, Reject, SourceRecord, TopicPartition, Verdict
 
 __all__ = [

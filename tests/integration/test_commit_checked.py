@@ -1,4 +1,4 @@
-"""COMMIT is checked, and a slow COMMIT is not misread (real PostgreSQL, ``ops.pgproxy``).
+"""COMMIT is checked, and a slow COMMIT is not misread (real PostgreSQL, ``ops.testing.pgproxy``).
 
 - item 4: PostgreSQL answers COMMIT with ROLLBACK when a handler caught a statement error
   without a SAVEPOINT; a handler may also end the transaction itself. Either way the batch
@@ -24,9 +24,9 @@ import pytest
 
 from fencing.errors import HandlerMisuse, StatementRejected
 from fencing.guarded import CallHooks, guarded_process
-from fencing.pgstore import PgFenceStore
+from fencing.postgres.store import PgFenceStore
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition, Verdict
-from ops.pgproxy import Action, PgProxy
+from ops.testing.pgproxy import Action, PgProxy
 from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
     count_effects,
     effect_handler,

@@ -1,4 +1,4 @@
-"""Lost COMMIT replies and a vanishing server, through ``ops.pgproxy`` (real PostgreSQL).
+"""Lost COMMIT replies and a vanishing server, through ``ops.testing.pgproxy`` (real PostgreSQL).
 
 Findings these tests pin down (asyncpg 0.32, PostgreSQL 15):
 - a cut after COMMIT reached the server (it committed) and a cut before it was forwarded
@@ -23,9 +23,9 @@ import pytest
 
 from fencing.errors import NotCommitted, OutcomeUnknown, ReadFailed, StatementRejected
 from fencing.guarded import CallHooks, guarded_claim, guarded_observe, guarded_process
-from fencing.pgstore import PgFenceStore
+from fencing.postgres.store import PgFenceStore
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition, Verdict
-from ops.pgproxy import Action, PgProxy
+from ops.testing.pgproxy import Action, PgProxy
 from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
     count_effects,
     effect_handler,

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from ops.stack_config import ServiceSettings
+from ops.stack.config import ServiceSettings
 from tests.integration.observability_support import (
     free_port,
     http_get,

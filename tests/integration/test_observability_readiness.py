@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from ops.stack_config import ServiceSettings
+from ops.stack.config import ServiceSettings
 from tests.integration.observability_support import (
     free_port,
     http_get,

@@ -19,9 +19,9 @@ import pytest
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient
 
-from consumer.source import KafkaSource
+from consumer.kafka.source import KafkaSource
 from fencing.errors import Fenced, FenceError
-from fencing.pgstore import PgFenceStore
+from fencing.postgres.store import PgFenceStore
 from fencing.types import (
     ACCEPT,
     ClaimRequest,
@@ -31,7 +31,7 @@ from fencing.types import (
     TopicPartition,
     Verdict,
 )
-from ops.stack_config import ServiceSettings
+from ops.stack.config import ServiceSettings
 from tests.integration.observability_support import run_fencectl
 from tests.integration.workers import (
     create_topic,

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from fencing.reference import generate
-from ops.stack_config import ServiceSettings
+from ops.reference import generate
+from ops.stack.config import ServiceSettings
 from tests.integration.observability_support import (
     free_port,
     readyz,

@@ -18,8 +18,8 @@ import pytest
 from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KafkaTP
 
-from ops.pgproxy import Action, PgProxy
-from ops.stack_config import ServiceSettings
+from ops.stack.config import ServiceSettings
+from ops.testing.pgproxy import Action, PgProxy
 from tests.integration.observability_support import (
     Span,
     free_port,

@@ -12,8 +12,8 @@ import asyncpg
 import pytest
 
 from fencing.errors import Fenced, NotCommitted, RecreatedTopic, RetentionGap, SchemaMismatch
-from fencing.pgstore import PgFenceStore
-from fencing.schema import SCHEMA_VERSION
+from fencing.postgres.schema import SCHEMA_VERSION
+from fencing.postgres.store import PgFenceStore
 from fencing.types import (
     ClaimRequest,
     SourceCheck,

@@ -1,4 +1,4 @@
-"""Round trips per store call, counted on the wire by ops.pgproxy (real PostgreSQL)."""
+"""Round trips per store call, counted on the wire by ops.testing.pgproxy (real PostgreSQL)."""
 # ruff: noqa: F811  (pytest fixtures imported from pg_helpers are redefined as parameters)
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from fencing.pgstore import PgFenceStore
+from fencing.postgres.store import PgFenceStore
 from fencing.types import (
     ClaimRequest,
     SourceCheck,
@@ -20,7 +20,7 @@ from fencing.types import (
     TopicPartition,
     Verdict,
 )
-from ops.pgproxy import PgProxy
+from ops.testing.pgproxy import PgProxy
 from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
     effect_handler,
     fence_schema,

@@ -14,14 +14,14 @@ import asyncpg
 import pytest
 
 from fencing.errors import Fenced
-from fencing.pgstore import PgFenceStore
-from fencing.schema import (
+from fencing.postgres.schema import (
     SCHEMA_VERSION,
     current_version,
     grant_worker_sql,
     load_migrations,
     migrate,
 )
+from fencing.postgres.store import PgFenceStore
 from fencing.types import ClaimRequest, SourceCheck, SourceFacts, Token, TopicPartition
 from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
     count_effects,

@@ -19,8 +19,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from fencing.reference import generate
-from ops.stack_config import ServiceSettings
+from ops.reference import generate
+from ops.stack.config import ServiceSettings
 
 pytestmark = pytest.mark.integration
 

@@ -12,13 +12,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from fencing.pgstore import PgFenceStore
-from fencing.reference import generate, make_pg_handler, to_source_records
-from fencing.reference.oracle import check, fold
-from fencing.reference.pg import ensure_tables, grant_sql
-from fencing.reference.snapshot import pg_state
-from fencing.schema import migrate
+from fencing.postgres.schema import migrate
+from fencing.postgres.store import PgFenceStore
 from fencing.types import ClaimRequest, Reject, SourceRecord, TopicPartition
+from ops.reference import generate, make_pg_handler, to_source_records
+from ops.reference.oracle import check, fold
+from ops.reference.pg import ensure_tables, grant_sql
+from ops.reference.snapshot import pg_state
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from ops.stack_config import ServiceSettings
+from ops.stack.config import ServiceSettings
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as KTP
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from ops.stack_config import ServiceSettings
+from ops.stack.config import ServiceSettings
 
 pytestmark = pytest.mark.integration
 

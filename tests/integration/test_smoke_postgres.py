@@ -7,7 +7,7 @@ import uuid
 import asyncpg
 import pytest
 
-from ops.stack_config import ServiceSettings
+from ops.stack.config import ServiceSettings
 
 pytestmark = pytest.mark.integration
 

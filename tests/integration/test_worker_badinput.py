@@ -11,8 +11,8 @@ import pytest
 from confluent_kafka import TopicPartition as KTP
 from confluent_kafka.admin import AdminClient
 
-from fencing.reference.generate import GeneratedRecord
 from fencing.types import SourceRecord
+from ops.reference.generate import GeneratedRecord
 from tests.integration.workers import (
     GROUP_SETUPS,
     WorkerProc,

@@ -31,7 +31,7 @@ def target(services: Any) -> tuple[str, str]:
 
 @pytest.mark.parametrize("extra, named", [
     (["--handler", "no_such_module:fn"], "--handler"),
-    (["--handler", "fencing.reference.pg:nope"], "--handler"),
+    (["--handler", "ops.reference.pg:nope"], "--handler"),
     (["-X", "enable.auto.commit=true"], "enable.auto.commit"),
     (["--group-protocol", "consumer", "-X", "session.timeout.ms=3000"], "session.timeout.ms"),
     (["-X", "group.protocol=consumer"], "group.protocol"),

@@ -21,8 +21,8 @@ from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka import TopicPartition as KTP
 from confluent_kafka.admin import AdminClient
 
-from consumer.adapter import KafkaThread
 from consumer.config import GroupProtocol, WorkerConfig, kafka_settings
+from consumer.kafka.adapter import KafkaThread
 from fencing.errors import KafkaClientFailed
 from fencing.types import SourceRecord, TopicPartition
 from tests.integration.workers import (

@@ -1,7 +1,8 @@
-"""Lost COMMIT replies during real consumption, through ``ops.pgproxy``: a worker process talks
-to PostgreSQL through the proxy, which cuts connections around COMMIT both ways (the server
-committed and the reply was lost; the server never saw COMMIT). Both unknown outcomes must
-resolve by re-reading the fence row: no duplicate effect, nothing missing, no retirement."""
+"""Lost COMMIT replies during real consumption, through ``ops.testing.pgproxy``: a worker
+process talks to PostgreSQL through the proxy, which cuts connections around COMMIT both ways
+(the server committed and the reply was lost; the server never saw COMMIT). Both unknown
+outcomes must resolve by re-reading the fence row: no duplicate effect, nothing missing, no
+retirement."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import asyncio
 
 import pytest
 
-from ops.pgproxy import Action
+from ops.testing.pgproxy import Action
 from tests.integration.workers import (
     GROUP_SETUPS,
     GroupSetup,

@@ -24,13 +24,13 @@ import asyncpg
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from fencing.reference import generate, to_source_records
-from fencing.reference.generate import GeneratedRecord
-from fencing.reference.oracle import check
-from fencing.reference.snapshot import pg_state
-from fencing.schema import migrate
+from fencing.postgres.schema import migrate
 from fencing.types import SourceRecord
-from ops.pgproxy import Action, PgProxy, Rule
+from ops.reference import generate, to_source_records
+from ops.reference.generate import GeneratedRecord
+from ops.reference.oracle import check
+from ops.reference.snapshot import pg_state
+from ops.testing.pgproxy import Action, PgProxy, Rule
 from tests.polling import wait_until
 
 __all__ = [

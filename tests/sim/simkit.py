@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fencing.memfaults import Fault, FaultOutcome, Interleave, Operation
+from fencing.memory.faults import Fault, FaultOutcome, Interleave, Operation
 from fencing.types import SourceRecord
 from ops.sim import dumps, parse, run_trace
 from ops.sim.trace import SimConfig, Step, Trace, toolchain

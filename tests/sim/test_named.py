@@ -217,7 +217,7 @@ def test_late_seek_after_revoke_is_fenced_without_io_or_retirement() -> None:
 
 def test_the_simulator_drives_the_production_lifecycle() -> None:
     import consumer.lifecycle
-    from fencing.memstore import MemoryFenceStore
+    from fencing.memory.store import MemoryFenceStore
 
     _report, sim = run(make(puts(0, [0]), [*head(), step("process", 1, 0)]))
     assert type(sim.lifecycles[1]) is consumer.lifecycle.Lifecycle

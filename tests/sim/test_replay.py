@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ops import sim_cmd
+from ops.commands import sim as sim_cmd
 from ops.sim import TraceError, dumps, make_trace, parse
 
 
@@ -39,7 +39,7 @@ def test_replay_reproduces_the_report_byte_for_byte(tmp_path: Path, capsys: Any)
 def test_fencectl_registers_sim_worker() -> None:
     from ops.cli import COMMAND_MODULES
 
-    assert "ops.sim_cmd" in COMMAND_MODULES
+    assert "ops.commands.sim" in COMMAND_MODULES
 
 
 def _saved() -> dict[str, Any]:

@@ -10,7 +10,7 @@ from simkit import fault, head, make, puts, run, step
 
 import consumer.decisions
 import fencing.guarded
-from fencing.memstore import MemoryFenceStore
+from fencing.memory.store import MemoryFenceStore
 from fencing.resolution import Resolution
 
 REPLACED_BEFORE = [*head(), step("process", 1, 0, fault("process", 1, "commit", at="before",

@@ -7,8 +7,8 @@ import asyncio
 import asyncpg
 import pytest
 
-from fencing.classify import Phase, classify, connection_suspect, translate
 from fencing.errors import Fenced, NotCommitted, OutcomeUnknown, ReadFailed, StatementRejected
+from fencing.postgres.classify import Phase, classify, connection_suspect, translate
 
 LOST = asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation")
 CLOSED = asyncpg.InterfaceError("connection is closed")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ops import cli
-from ops.stack_config import PORT_ENV, SERVICE_ENV
+from ops.stack.config import PORT_ENV, SERVICE_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 FENCECTL = Path(sys.executable).parent / "fencectl"

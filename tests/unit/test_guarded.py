@@ -181,7 +181,7 @@ async def test_resolution_span_records_its_outcome_through_the_tracing_port() ->
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from consumer.otel_tracing import OtelTracing
+    from consumer.observability.otel_tracing import OtelTracing
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

@@ -1,4 +1,5 @@
-"""consumer.heartbeat: writes are bounded in rate and carry their own availability bound."""
+"""consumer.observability.heartbeat:
+writes are bounded in rate and carry their own availability bound."""
 
 from __future__ import annotations
 
@@ -7,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from consumer.heartbeat import (
+from consumer.observability.heartbeat import (
     MemberHeartbeat,
     MemberIdentity,
     MemberState,
     heartbeat_delay_s,
     state_for_phase,
 )
-from consumer.readiness import Phase
+from consumer.observability.readiness import Phase
 from fencing.errors import ReadFailed
 
 R, W = MemberState.RUNNING, MemberState.WAITING

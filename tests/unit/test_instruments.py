@@ -1,4 +1,5 @@
-"""consumer.instruments: each API call moves the right instrument by the right amount."""
+"""consumer.observability.instruments:
+each API call moves the right instrument by the right amount."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import generate_latest
 
-from consumer.instruments import Instruments
+from consumer.observability.instruments import Instruments
 from fencing.types import TopicPartition
-from ops.telemetry import setup_telemetry
+from ops.worker.telemetry import setup_telemetry
 
 TP = TopicPartition("orders", 2)
 

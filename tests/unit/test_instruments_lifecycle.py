@@ -8,10 +8,10 @@ from typing import Any
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from consumer.instruments import Instruments
 from consumer.lifecycle import Lifecycle
-from fencing.memfaults import Fault, FaultOutcome, Operation
-from fencing.memstore import MemoryFenceStore
+from consumer.observability.instruments import Instruments
+from fencing.memory.faults import Fault, FaultOutcome, Operation
+from fencing.memory.store import MemoryFenceStore
 from fencing.types import ACCEPT, Reject, SourceCheck, SourceFacts, SourceRecord, TopicPartition
 
 TP = TopicPartition("orders", 0)

@@ -12,10 +12,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from consumer import Lifecycle, LifetimeState
-from consumer.otel_tracing import OtelTracing
+from consumer.observability.otel_tracing import OtelTracing
 from fencing.errors import ConfigError, Fenced, RetentionGap, Retired
-from fencing.memfaults import Fault, FaultOutcome, InterleavePoint, Operation
-from fencing.memstore import MemoryFenceStore
+from fencing.memory.faults import Fault, FaultOutcome, InterleavePoint, Operation
+from fencing.memory.store import MemoryFenceStore
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, SourceCheck, SourceFacts, SourceRecord, Token, TopicPartition
 

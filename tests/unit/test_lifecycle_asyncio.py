@@ -11,8 +11,8 @@ import pytest
 
 from consumer import Lifecycle, LifetimeState
 from fencing.errors import Retired
-from fencing.memfaults import InterleavePoint, Operation
-from fencing.memstore import MemoryFenceStore
+from fencing.memory.faults import InterleavePoint, Operation
+from fencing.memory.store import MemoryFenceStore
 from fencing.types import SourceCheck, SourceFacts, SourceRecord, TopicPartition, Verdict
 
 TP = TopicPartition("t", 0)

@@ -17,8 +17,8 @@ from fencing.errors import (
     RecreatedTopic,
     RetentionGap,
 )
-from fencing.memfaults import Fault, FaultOutcome, Interleave, InterleavePoint, Operation
-from fencing.memstore import MemoryFenceStore
+from fencing.memory.faults import Fault, FaultOutcome, Interleave, InterleavePoint, Operation
+from fencing.memory.store import MemoryFenceStore
 from fencing.types import (
     ACCEPT,
     ClaimRequest,

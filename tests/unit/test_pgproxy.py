@@ -1,4 +1,5 @@
-"""ops.pgproxy framing and actions, against a tiny loopback upstream that speaks the framing."""
+"""ops.testing.pgproxy framing and actions, against a tiny loopback upstream that speaks
+the framing."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from ops.pgproxy import Action, PgProxy, rewrite_dsn
+from ops.testing.pgproxy import Action, PgProxy, rewrite_dsn
 
 
 def msg(kind: bytes, body: bytes) -> bytes:

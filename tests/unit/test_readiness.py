@@ -1,4 +1,5 @@
-"""consumer.readiness: the readiness state machine, the loop heartbeat and the HTTP endpoints."""
+"""consumer.observability.readiness:
+the readiness state machine, the loop heartbeat and the HTTP endpoints."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from consumer.instruments import Instruments
-from consumer.readiness import (
+from consumer.observability.instruments import Instruments
+from consumer.observability.readiness import (
     ChecksPassed,
     IllegalTransition,
     LoopHeartbeat,
@@ -25,8 +26,8 @@ from consumer.readiness import (
     step,
 )
 from fencing.types import TopicPartition
-from ops.http import start_http_server
-from ops.telemetry import setup_telemetry
+from ops.worker.http import start_http_server
+from ops.worker.telemetry import setup_telemetry
 
 A, B = TopicPartition("t", 0), TopicPartition("t", 1)
 

@@ -1,4 +1,5 @@
-"""consumer.observer: worker events drive readiness, member rows and rebalance metrics."""
+"""consumer.observability.observer:
+worker events drive readiness, member rows and rebalance metrics."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from typing import Any
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from consumer.heartbeat import MemberHeartbeat, MemberIdentity
-from consumer.instruments import Instruments
-from consumer.observer import WorkerObserver, parse_tp
-from consumer.readiness import LoopHeartbeat, Phase, ReadinessHolder
+from consumer.observability.heartbeat import MemberHeartbeat, MemberIdentity
+from consumer.observability.instruments import Instruments
+from consumer.observability.observer import WorkerObserver, parse_tp
+from consumer.observability.readiness import LoopHeartbeat, Phase, ReadinessHolder
 from fencing.types import SourceFacts, Token, TopicPartition
 from tests.polling import until_async
 

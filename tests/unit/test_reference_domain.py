@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from fencing.reference.domain import (
+from fencing.types import ACCEPT, Reject, SourceRecord
+from ops.reference.domain import (
     Change,
     DocState,
     Kind,
@@ -15,7 +16,6 @@ from fencing.reference.domain import (
     decide_batch,
     parse_record,
 )
-from fencing.types import ACCEPT, Reject, SourceRecord
 
 
 def val(kind: str, rev: object, body: object = "b") -> bytes:

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-import fencing.reference.oracle as oracle_mod
-from fencing.memstore import MemoryFenceStore
-from fencing.reference import generate, memory_ref_handler, partition_for, to_source_records
-from fencing.reference.oracle import Expected, check, diff, fold, outbox_problems
-from fencing.reference.snapshot import memory_state, memory_store_state
+import ops.reference.oracle as oracle_mod
+from fencing.memory.store import MemoryFenceStore
 from fencing.types import ClaimRequest, Reject, SourceRecord, TopicPartition
+from ops.reference import generate, memory_ref_handler, partition_for, to_source_records
+from ops.reference.oracle import Expected, check, diff, fold, outbox_problems
+from ops.reference.snapshot import memory_state, memory_store_state
 
 SEEDS = (1, 2, 3, 4, 5)
 PARTITIONS = 4

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-import fencing.reference as reference
+import ops.reference as reference
 from ops.cli import build_parser
-from ops.produce_cmd import ProduceOptions, options_from_args
+from ops.commands.produce import ProduceOptions, options_from_args
 
 
 def opts(argv: list[str], env: dict[str, str] | None = None) -> ProduceOptions | str:

@@ -1,11 +1,12 @@
-"""ops.reset_plan: every operator action bumps the epoch and refuses what does not apply."""
+"""ops.operator.reset_plan:
+every operator action bumps the epoch and refuses what does not apply."""
 
 from __future__ import annotations
 
 import pytest
 
 from fencing.types import SourceFacts, TopicPartition
-from ops.reset_plan import Action, Current, ResetRefused, plan_reset
+from ops.operator.reset_plan import Action, Current, ResetRefused, plan_reset
 
 TP = TopicPartition("orders", 1)
 ROW = Current(TP, epoch=7, frontier=40, owner="lt-x", topic_id="id-old")

@@ -1,4 +1,5 @@
-"""ops.stack without services: settings, rendered configs, failure messages, empty status."""
+"""ops.stack.control without services:
+settings, rendered configs, failure messages, empty status."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ops import stack, stack_jaeger, stack_kafka
-from ops.stack_config import (
+from ops.stack import control as stack
+from ops.stack import jaeger as stack_jaeger
+from ops.stack import kafka as stack_kafka
+from ops.stack.config import (
     PORT_ENV,
     SERVICE_ENV,
     Service,
@@ -23,7 +26,7 @@ from ops.stack_config import (
     env_lines,
     settings_from,
 )
-from ops.stack_procs import alive, spawn, stop_pid
+from ops.stack.procs import alive, spawn, stop_pid
 
 # ports nobody uses in these tests' environment, distinct from the shared stack's
 _ISOLATED_PORTS = {name: str(41000 + i) for i, (name, _d) in enumerate(PORT_ENV.values())}

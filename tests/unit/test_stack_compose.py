@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.stack_config import SERVICE_ENV
+from ops.stack.config import SERVICE_ENV
 
 COMPOSE_FILE = Path(__file__).resolve().parents[2] / "compose" / "docker-compose.yml"
 

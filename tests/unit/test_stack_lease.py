@@ -1,4 +1,4 @@
-"""ops.stack_lease: the last live session stops what sessions started, nothing else."""
+"""ops.stack.lease: the last live session stops what sessions started, nothing else."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ops import stack_lease
-from ops.stack_config import Service, StackSettings, settings_from
-from ops.stack_procs import stop_pid
+from ops.stack import lease as stack_lease
+from ops.stack.config import Service, StackSettings, settings_from
+from ops.stack.procs import stop_pid
 
 
 def _settings(tmp_path: Path) -> StackSettings:

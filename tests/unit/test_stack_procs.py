@@ -1,4 +1,4 @@
-"""ops.stack_procs with real (harmless) processes: spawn detached, track, stop by pid."""
+"""ops.stack.procs with real (harmless) processes: spawn detached, track, stop by pid."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import socket
 import sys
 from pathlib import Path
 
-from ops.stack_procs import (
+from ops.stack.procs import (
     alive,
     log_tail,
     port_free,

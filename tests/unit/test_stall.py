@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from consumer.readiness import (
+from consumer.observability.readiness import (
     ChecksPassed,
     Phase,
     Positioned,
@@ -12,7 +12,7 @@ from consumer.readiness import (
     StallChanged,
     step,
 )
-from consumer.stall import PartitionSample, StallTracker
+from consumer.observability.stall import PartitionSample, StallTracker
 from fencing.types import TopicPartition
 
 TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)

@@ -1,4 +1,5 @@
-"""ops.status_view / ops.status_cmd: availability never shows a stale state as current."""
+"""ops.operator.status_view / ops.commands.status:
+availability never shows a stale state as current."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 import pytest
 
 from fencing.types import SourceFacts, TopicPartition
-from ops.status_cmd import build_status, render_text
-from ops.status_view import (
+from ops.commands.status import build_status, render_text
+from ops.operator.status_view import (
     Availability,
     MemberRow,
     PartitionRow,

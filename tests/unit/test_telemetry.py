@@ -1,4 +1,4 @@
-"""ops.telemetry: configuration from OTEL_* variables, export, flush and header links."""
+"""ops.worker.telemetry: configuration from OTEL_* variables, export, flush and header links."""
 
 from __future__ import annotations
 
@@ -8,10 +8,14 @@ import pytest
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from consumer.tracecontext import context_from_headers, links_for_records, links_from_headers
+from consumer.observability.tracecontext import (
+    context_from_headers,
+    links_for_records,
+    links_from_headers,
+)
 from fencing.errors import ConfigError
 from fencing.types import SourceRecord
-from ops.telemetry import DEFAULT_SERVICE_NAME, config_from_env, setup_telemetry
+from ops.worker.telemetry import DEFAULT_SERVICE_NAME, config_from_env, setup_telemetry
 
 
 def test_no_exporter_configured_means_no_export() -> None:

@@ -1,10 +1,10 @@
-"""ops.trace_cmd: picking the batch span of one record out of Jaeger's JSON."""
+"""ops.commands.trace: picking the batch span of one record out of Jaeger's JSON."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ops.trace_cmd import batches_for_record
+from ops.commands.trace import batches_for_record
 
 
 def _span(span_id: str, name: str, refs: list[dict[str, str]], **tags: Any) -> dict[str, Any]:

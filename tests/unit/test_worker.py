@@ -20,7 +20,7 @@ from consumer.exits import ExitCode
 from consumer.lifecycle import Lifecycle
 from consumer.worker import Worker
 from fencing.errors import ConfigError, KafkaClientFailed
-from fencing.memstore import MemoryFenceStore
+from fencing.memory.store import MemoryFenceStore
 from fencing.types import ACCEPT, SourceFacts, SourceRecord, TopicPartition, Verdict
 from tests.polling import until_async
 

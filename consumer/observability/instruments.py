@@ -1,0 +1,198 @@
+"""OpenTelemetry metric instruments of the worker, behind a small call API.
+
+Rules
+- One ``Instruments`` per worker process; built on a ``Meter`` (default: the global meter,
+  a no-op until ``ops.worker.telemetry.setup_telemetry`` installs a provider).
+- Labels are bounded: ``topic``, ``partition``, ``operation``, ``resolution``, ``reason``,
+  ``kind``, ``outcome``; never record keys, offsets or lifetime ids.
+- Lag is a gauge read at collection time from the last value set per partition; a partition
+  whose lag is cleared (revoked, lost, retired) disappears from the next scrape.
+- Every method is cheap and never raises on telemetry failure paths it does not own.
+
+Prometheus names (OpenTelemetry name -> exposition): ``fence.records.processed`` ->
+``fence_records_processed_total`` and so on; durations are in seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+from fencing.store import HandlerFn
+from fencing.types import ACCEPT, Reject, SourceRecord, TopicPartition, Verdict
+
+__all__ = ["BATCH_BUCKETS_S", "REBALANCE_BUCKETS_S", "Instruments"]
+
+METER_NAME = "fenceworker"
+BATCH_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+REBALANCE_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+
+
+def _tp_attrs(tp: TopicPartition) -> dict[str, str | int]:
+    return {"topic": tp.topic, "partition": tp.partition}
+
+
+class Instruments:
+    """Counters, histograms and the lag gauge; the lifecycle and the worker call these methods."""
+
+    def __init__(self, meter: Meter | None = None) -> None:
+        m = meter if meter is not None else metrics.get_meter(METER_NAME)
+        self._records = m.create_counter(
+            "fence.records.processed", unit="{record}",
+            description="Records whose batch committed (accepted and rejected)")
+        self._rejects = m.create_counter(
+            "fence.records.rejected", unit="{record}",
+            description="Records the handler rejected into quarantine (committed batches)")
+        self._batches = m.create_counter(
+            "fence.batches", unit="{batch}",
+            description="Batches submitted, by final outcome (committed, fenced, not-committed, "
+                        "unresolved)")
+        self._unknown = m.create_counter(
+            "fence.unknown_outcomes", unit="{call}",
+            description="Unknown commit outcomes, by operation and resolution")
+        self._fences = m.create_counter(
+            "fence.fences", unit="{event}",
+            description="Times this process found a partition fenced by a newer owner")
+        self._retirements = m.create_counter(
+            "fence.retirements", unit="{lifetime}",
+            description="Lifetimes retired, by reason")
+        self._retries = m.create_counter(
+            "fence.retries", unit="{call}",
+            description="Store calls retried under the three-call policy, by operation")
+        self._batch_duration = m.create_histogram(
+            "fence.batch.duration", unit="s",
+            description="Wall time of one guarded batch commit, including retries",
+            explicit_bucket_boundaries_advisory=BATCH_BUCKETS_S)
+        self._rebalance = m.create_histogram(
+            "fence.rebalance.duration", unit="s",
+            description="Wall time of a rebalance callback (assign, revoke, lost)",
+            explicit_bucket_boundaries_advisory=REBALANCE_BUCKETS_S)
+        self._lock = threading.Lock()
+        self._lag: dict[TopicPartition, int] = {}
+        self._last_rejects: dict[TopicPartition, int] = {}
+        m.create_observable_gauge(
+            "fence.partition.lag", callbacks=[self._observe_lag], unit="{record}",
+            description="Kafka high watermark minus the durable frontier, per owned partition")
+        self._stalled: frozenset[TopicPartition] = frozenset()
+        m.create_observable_gauge(
+            "fence.partitions.stalled", callbacks=[self._observe_stalled], unit="{partition}",
+            description="Owned partitions with lag and no fetch or commit progress for "
+                        "--stall-timeout-s")
+
+    # batches -----------------------------------------------------------------------------
+
+    def counting_handler(self, handler: HandlerFn) -> HandlerFn:
+        """Wrap ``handler`` so the rejects of its last call per partition are remembered.
+
+        The last handler call of a committed ``process`` is the committed transaction's, so
+        ``batch_committed(..., rejects=None)`` takes its count from there.
+        """
+
+        async def counted(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
+            verdicts = await handler(conn, records)
+            if records:
+                # all-accepted batches (the common case) skip the per-verdict isinstance scan
+                rejects = 0 if verdicts.count(ACCEPT) == len(verdicts) else sum(
+                    isinstance(v, Reject) for v in verdicts)
+                with self._lock:
+                    self._last_rejects[records[0].tp] = rejects
+            return verdicts
+
+        return counted
+
+    def batch_committed(
+        self, tp: TopicPartition, *, records: int, rejects: int | None = None,
+        duration_s: float,
+    ) -> None:
+        """One batch of ``records`` (of which ``rejects`` quarantined) committed.
+
+        ``rejects=None``: the count remembered by ``counting_handler`` (0 if none).
+        """
+        with self._lock:
+            remembered = self._last_rejects.pop(tp, 0)
+        if rejects is None:
+            rejects = remembered
+        attrs = _tp_attrs(tp)
+        self._records.add(records, attrs)
+        if rejects:
+            self._rejects.add(rejects, attrs)
+        self._batches.add(1, {**attrs, "outcome": "committed"})
+        self._batch_duration.record(duration_s, {**attrs, "outcome": "committed"})
+
+    def batch_failed(self, tp: TopicPartition, *, outcome: str, duration_s: float) -> None:
+        """A batch ended without committing: ``fenced``, ``not-committed`` or ``unresolved``."""
+        with self._lock:
+            self._last_rejects.pop(tp, None)
+        attrs = {**_tp_attrs(tp), "outcome": outcome}
+        self._batches.add(1, attrs)
+        self._batch_duration.record(duration_s, attrs)
+
+    # fence events ------------------------------------------------------------------------
+
+    def unknown_outcome(self, operation: str, resolution: str) -> None:
+        """An unknown outcome of ``operation`` (process, claim) resolved as ``resolution``.
+
+        Signature matches ``fencing.guarded`` ``on_resolve``.
+        """
+        self._unknown.add(1, {"operation": operation, "resolution": resolution})
+
+    def fenced(self, tp: TopicPartition) -> None:
+        """This process lost ``tp`` to a newer epoch (observed fence)."""
+        self._fences.add(1, _tp_attrs(tp))
+
+    def retired(self, *, reason: str) -> None:
+        """A lifetime retired (``fenced``, ``unresolved``, ``source-refused``, ``stopped`` ...)."""
+        self._retirements.add(1, {"reason": reason})
+
+    def retry(self, *, operation: str) -> None:
+        """One store call of ``operation`` is retried after a not-committed or read error."""
+        self._retries.add(1, {"operation": operation})
+
+    def on_retry(self, operation: str) -> Callable[[BaseException, float], None]:
+        """An ``on_retry`` callback for ``fencing.guarded`` counting retries of ``operation``."""
+
+        def callback(_exc: BaseException, _wait_s: float) -> None:
+            self.retry(operation=operation)
+
+        return callback
+
+    # rebalance and lag -------------------------------------------------------------------
+
+    def rebalance(self, *, kind: str, duration_s: float) -> None:
+        """A rebalance callback (``assign``, ``revoke``, ``lost``) took ``duration_s``."""
+        self._rebalance.record(duration_s, {"kind": kind})
+
+    def set_lag(self, tp: TopicPartition, *, high_watermark: int, frontier: int) -> None:
+        """Record lag = max(0, high watermark - durable frontier) for an owned partition."""
+        with self._lock:
+            self._lag[tp] = max(0, high_watermark - frontier)
+
+    def clear_lag(self, tps: Iterable[TopicPartition] | None = None) -> None:
+        """Forget lag for ``tps`` (all partitions when None): they are no longer owned."""
+        with self._lock:
+            if tps is None:
+                self._lag.clear()
+            else:
+                for tp in tps:
+                    self._lag.pop(tp, None)
+
+    def lag(self) -> dict[TopicPartition, int]:
+        """A snapshot of the current lag values."""
+        with self._lock:
+            return dict(self._lag)
+
+    def set_stalled(self, tps: frozenset[TopicPartition]) -> None:
+        """The partitions currently stalled (``consumer.observability.stall``)."""
+        with self._lock:
+            self._stalled = tps
+
+    def _observe_stalled(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            return [Observation(len(self._stalled))]
+
+    def _observe_lag(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(v, _tp_attrs(tp)) for tp, v in sorted(self.lag().items())]

@@ -1,0 +1,285 @@
+"""The worker's observability glue: worker events -> readiness, member heartbeats, metrics.
+
+Rules
+- ``on_event(name, attrs)`` is the worker's ``on_event`` hook and runs on the worker's loop.
+  It never raises: an event the readiness machine refuses is logged and ignored.
+- Event mapping: ``lifetime.start`` (startup checks passed, or a fresh lifetime after a
+  retirement), ``assign``/``revoke``/``lost`` (a rebalance begins), ``assigned`` (positioned),
+  ``revoked`` (tokens cleared), ``failed`` (the lifetime retires), ``stopping``,
+  ``lifetime.end`` (final member row). Rebalance durations run from ``assign``/``revoke`` to
+  ``assigned``/``revoked`` on the injected clock.
+- ``run()`` is one background task: it beats the loop heartbeat every ``beat_s`` (a blocked
+  loop stops the beats, so ``/healthz`` turns 503), writes member heartbeats when due and
+  samples lag every ``lag_interval_s`` (Kafka high watermark minus the durable frontier).
+- Each lifetime has its own member row; its final state is ``stopped`` after a clean end,
+  ``retired`` after a failure.
+- Stalls: at each lag sample, the owned partitions' lag and last progress (``progress``,
+  the worker's fetch/commit times) go through
+  ``consumer.observability.stall.StallTracker``; a change of the stalled set updates
+  readiness (``/readyz`` names them), the ``fence.partitions.stalled`` gauge and the member
+  row (``detail.stalled``, shown by ``fencectl status``), and each newly stalled partition
+  is logged as a warning.
+- Spans: ``fence.shutdown`` runs from ``stopping`` to ``lifetime.end`` (exit code, what was
+  still in flight past the bound); ``fence.retire`` marks a failure with its reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from opentelemetry import trace
+
+from consumer.observability.heartbeat import MemberHeartbeat, MemberState, state_for_phase
+from consumer.observability.instruments import Instruments
+from consumer.observability.otel_tracing import TRACER_NAME
+from consumer.observability.readiness import (
+    ChecksPassed,
+    IllegalTransition,
+    LoopHeartbeat,
+    Phase,
+    Positioned,
+    ReadinessEvent,
+    ReadinessHolder,
+    RebalanceStarted,
+    Restarted,
+    Retired,
+    Revoked,
+    StallChanged,
+    Stopping,
+)
+from consumer.observability.stall import PartitionSample, StallTracker
+from fencing.types import SourceFacts, Token, TopicPartition
+
+_tracer = trace.get_tracer(TRACER_NAME)
+
+__all__ = ["WorkerObserver", "parse_tp"]
+
+log = logging.getLogger("fenceworker.observer")
+
+LagFacts = Callable[[list[TopicPartition]], Mapping[TopicPartition, SourceFacts]]
+Observe = Callable[[Sequence[TopicPartition]], Awaitable[Mapping[TopicPartition, Token | None]]]
+Progress = Callable[[], Mapping[TopicPartition, float]]
+
+
+def parse_tp(text: str) -> TopicPartition:
+    """``"orders[3]"`` (``str(TopicPartition)``) back to a ``TopicPartition``."""
+    topic, _, rest = text.rpartition("[")
+    return TopicPartition(topic, int(rest.rstrip("]")))
+
+
+def _tps(attrs: Mapping[str, Any]) -> frozenset[TopicPartition]:
+    return frozenset(parse_tp(t) for t in attrs.get("partitions", ()))
+
+
+class WorkerObserver:
+    """Owns readiness, the loop heartbeat, per-lifetime member heartbeats and lag sampling."""
+
+    def __init__(
+        self,
+        *,
+        instruments: Instruments,
+        readiness: ReadinessHolder,
+        loop_heartbeat: LoopHeartbeat,
+        clock: Callable[[], float],
+        heartbeat_factory: Callable[[str], MemberHeartbeat] | None = None,
+        cooperative: bool = True,
+        lag_facts: LagFacts | None = None,
+        observe: Observe | None = None,
+        beat_s: float = 1.0,
+        lag_interval_s: float = 5.0,
+        span_attrs: Mapping[str, str] | None = None,
+        stall_timeout_s: float = 30.0,
+    ) -> None:
+        self.instruments = instruments
+        self.readiness = readiness
+        self.loop_heartbeat = loop_heartbeat
+        self._clock = clock
+        self._heartbeat_factory = heartbeat_factory
+        self._cooperative = cooperative
+        self._lag_facts = lag_facts
+        self._observe = observe
+        self._beat_s = beat_s
+        self._lag_interval_s = lag_interval_s
+        self._member: MemberHeartbeat | None = None
+        self._final_writes: set[asyncio.Task[None]] = set()
+        self._rebalance_started: dict[str, float] = {}
+        self._last_lag_s: float | None = None
+        self._span_attrs = dict(span_attrs or {})
+        self._lifetime: str | None = None
+        self._shutdown_span: trace.Span | None = None
+        self._closed = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._stalls = StallTracker(timeout_s=stall_timeout_s)
+        # the worker's last fetch/commit progress per owned partition (set once it exists)
+        self.progress: Progress | None = None
+
+    # ---- events ------------------------------------------------------------------------------
+
+    def on_event(self, name: str, attrs: Mapping[str, Any]) -> None:
+        try:
+            self._on_event(name, attrs)
+        except Exception:  # observability must never break the worker
+            log.exception("observer: event %s %s", name, dict(attrs))
+
+    def _on_event(self, name: str, attrs: Mapping[str, Any]) -> None:
+        if name == "lifetime.start":
+            phase = self.readiness.state.phase
+            self._apply(Restarted() if phase is Phase.RETIRED else ChecksPassed())
+            self._lifetime = str(attrs.get("lifetime"))
+            self._start_member(self._lifetime)
+        elif name in ("assign", "revoke", "lost"):
+            self._rebalance_started[name] = self._clock()
+            self._apply(RebalanceStarted(name))
+            if name == "lost":
+                self._rebalance_done("lost")
+                self._apply(Revoked(_tps(attrs), settled=False))
+                self.instruments.clear_lag(_tps(attrs))
+        elif name == "assigned":
+            self._rebalance_done("assign")
+            self._apply(Positioned(_tps(attrs)))
+        elif name == "revoked":
+            self._rebalance_done("revoke")
+            self._apply(Revoked(_tps(attrs), settled=self._cooperative))
+            self.instruments.clear_lag(_tps(attrs))
+        elif name == "failed":
+            reason = str(attrs.get("error", "failure"))
+            self.instruments.retired(reason=reason)
+            with _tracer.start_as_current_span("fence.retire", attributes=self._attrs(
+                    **{"fence.outcome": reason, "fence.exit_code": attrs.get("exit_code", -1)})):
+                pass
+            self._apply(Retired(reason))
+            self.instruments.clear_lag()
+        elif name == "stopping":
+            self._apply(Stopping())
+            if self._shutdown_span is None:
+                self._shutdown_span = _tracer.start_span("fence.shutdown",
+                                                         attributes=self._attrs())
+        elif name == "shutdown.timeout" and self._shutdown_span is not None:
+            self._shutdown_span.set_attribute("fence.in_flight",
+                                              [str(i) for i in attrs.get("in_flight", ())])
+        elif name == "lifetime.end":
+            if self._shutdown_span is not None:
+                self._shutdown_span.set_attribute("fence.exit_code",
+                                                  int(attrs.get("exit_code", 0)))
+                self._shutdown_span.end()
+                self._shutdown_span = None
+            self._end_member(failed=self.readiness.state.phase is Phase.RETIRED)
+        self._sync_member_state()
+
+    def _attrs(self, **extra: Any) -> dict[str, Any]:
+        return {**self._span_attrs, "fence.lifetime": self._lifetime or "", **extra}
+
+    def _apply(self, event: ReadinessEvent) -> None:
+        try:
+            self.readiness.apply(event)
+        except IllegalTransition as exc:
+            log.debug("readiness: %s", exc)
+
+    def _rebalance_done(self, kind: str) -> None:
+        started = self._rebalance_started.pop(kind, None)
+        if started is not None:
+            self.instruments.rebalance(kind=kind, duration_s=max(0.0, self._clock() - started))
+
+    # ---- member rows -------------------------------------------------------------------------
+
+    def _start_member(self, lifetime: str) -> None:
+        if self._member is not None:
+            self._end_member(failed=True)
+        if self._heartbeat_factory is not None:
+            self._member = self._heartbeat_factory(lifetime)
+
+    def _end_member(self, *, failed: bool) -> None:
+        member, self._member = self._member, None
+        if member is None:
+            return
+        final = MemberState.RETIRED if failed else MemberState.STOPPED
+        detail = {"reason": self.readiness.state.reason} if failed else {}
+        task = asyncio.get_running_loop().create_task(member.close(final, **detail))
+        self._final_writes.add(task)
+        task.add_done_callback(self._final_writes.discard)
+
+    def _sync_member_state(self) -> None:
+        self.instruments.set_stalled(self.readiness.state.stalled)
+        if self._member is not None:
+            state = self.readiness.state
+            self._member.set_state(state_for_phase(state.phase),
+                                   partitions=sorted(str(tp) for tp in state.assigned),
+                                   stalled=sorted(str(tp) for tp in state.stalled))
+            self._wake.set()  # a changed state is written within min_gap_s, not a beat later
+
+    @property
+    def member(self) -> MemberHeartbeat | None:
+        return self._member
+
+    # ---- background --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Beat, heartbeat and sample lag until ``close``."""
+        while not self._closed.is_set():
+            self._wake.clear()
+            self.loop_heartbeat.beat()
+            timeout_s = self._beat_s
+            member = self._member  # an event may end it while tick() awaits
+            if member is not None:
+                await member.tick()
+                timeout_s = min(timeout_s, max(member.delay_s(), 0.01))
+            await self._sample_lag()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout_s)
+            except TimeoutError:
+                pass
+
+    async def _sample_lag(self) -> None:
+        now = self._clock()
+        if self._lag_facts is None or self._observe is None:
+            return
+        if self._last_lag_s is not None and now - self._last_lag_s < self._lag_interval_s:
+            return
+        self._last_lag_s = now
+        owned = sorted(self.readiness.state.assigned)
+        if not owned:
+            return
+        try:
+            facts = await asyncio.to_thread(self._lag_facts, owned)
+            durable = await self._observe(owned)
+        except Exception as exc:  # Kafka or PostgreSQL did not answer: keep the last values
+            log.debug("lag sample failed: %s", exc)
+            return
+        lags: dict[TopicPartition, int] = {}
+        for tp in owned:
+            token, fact = durable.get(tp), facts.get(tp)
+            if token is not None and fact is not None and tp in self.readiness.state.assigned:
+                self.instruments.set_lag(tp, high_watermark=fact.high_watermark,
+                                         frontier=token.frontier)
+                lags[tp] = max(0, fact.high_watermark - token.frontier)
+        self._check_stalls(lags)
+
+    def _check_stalls(self, lags: Mapping[TopicPartition, int]) -> None:
+        if self.progress is None:
+            return
+        progress, now = self.progress(), self._clock()
+        samples = {tp: PartitionSample(lag, progress[tp]) for tp, lag in lags.items()
+                   if tp in progress}
+        stalled = self._stalls.update(now, samples)
+        before = self.readiness.state.stalled
+        for tp in sorted(stalled - before):
+            log.warning("partition %s stalled: lag %d and no fetch or commit progress for "
+                        "%.0f s although owned and positioned (see /readyz, fencectl status)",
+                        tp, lags[tp], self._stalls.idle_s(now, tp, progress[tp]))
+        for tp in sorted(before - stalled):
+            log.info("partition %s is making progress again", tp)
+        if stalled != before:
+            self._apply(StallChanged(stalled))
+            self._sync_member_state()
+
+    async def close(self, *, timeout_s: float = 3.0) -> None:
+        """Stop ``run``, write the final member rows (bounded), mark the loop stopped."""
+        self._closed.set()
+        self._wake.set()
+        self._end_member(failed=self.readiness.state.phase is Phase.RETIRED)
+        if self._final_writes:
+            await asyncio.wait(list(self._final_writes), timeout=timeout_s)
+        self.loop_heartbeat.stop()

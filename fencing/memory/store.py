@@ -1,0 +1,398 @@
+"""The in-memory fence store: the ``FenceStore`` semantics without a database, plus fault hooks.
+
+Rules
+- Same contract as ``fencing.store`` (epochs start at 0, one claim call for the whole
+  assignment, ``process`` is one transaction); rows, journal, quarantine, members and
+  handler tables live in this object. Values stored in handler tables must be immutable.
+- A handler gets a ``MemoryTx`` as ``conn``: ``conn.table(name)`` is a copy-on-write
+  mapping; its changes become visible only when the transaction commits.
+- ``process`` holds the partition's row lock while the handler runs (like ``SELECT ... FOR
+  UPDATE``); ``claim`` takes the row locks of all its partitions in sorted order.
+- Faults are selected per attempt (``begin_attempt`` / ``attempt``): an operation
+  (validate, claim, observe, process), the call number of that operation within the
+  attempt, an outcome, an optional logical delay and an optional interleave point.
+  The effect point checks the storage fence first: a fence or a cancellation is never
+  overridden by a fault; every call logs the requested outcome, whether the effect was
+  applied and what the caller observed, separately (``events``).
+- ``interleave_hook`` (if set) is awaited before and after the atomic effect of every
+  claim and process and before every read (``skip`` and ``journal`` have no hook);
+  cancellation is honoured at each of these points.
+- ``writes`` lists every durable write (claim, process, skip, journal) in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fencing.errors import (
+    Fenced,
+    NotCommitted,
+    OutcomeUnknown,
+    ReadFailed,
+)
+from fencing.handler import check_verdicts
+from fencing.memory.faults import Fault, FaultOutcome, InterleavePoint, Operation
+from fencing.memory.rows import (
+    JournalRow,
+    MemberRow,
+    MemoryTx,
+    QuarantineRow,
+    Row,
+    StoreEvent,
+    WriteRecord,
+)
+from fencing.resolution import batch_end, decide_validation
+from fencing.store import JOURNAL_EVENTS, HandlerFn
+from fencing.types import (
+    ClaimRequest,
+    Reject,
+    SourceCheck,
+    SourceRecord,
+    Token,
+    TopicPartition,
+    Validation,
+)
+
+__all__ = [
+    "JournalRow",
+    "MemberRow",
+    "MemoryFenceStore",
+    "MemoryTx",
+    "QuarantineRow",
+    "Row",
+    "StoreEvent",
+    "WriteRecord",
+]
+
+
+@dataclass(slots=True)
+class _Frame:
+    label: str
+    faults: tuple[Fault, ...]
+    calls: dict[str, int] = field(default_factory=dict)
+
+
+_Effect = Callable[[Fault | None, str, dict[str, bool], int], Awaitable[Any]]
+
+
+async def _no_wait(_seconds: float) -> None:
+    await asyncio.sleep(0)
+
+
+class MemoryFenceStore:
+    """In-memory ``FenceStore`` for one consumer group; see the module Rules."""
+
+    def __init__(
+        self,
+        group_id: str,
+        *,
+        clock: Callable[[], float] | None = None,
+        wait: Callable[[float], Awaitable[None]] | None = None,
+        on_event: Callable[[StoreEvent], None] | None = None,
+    ) -> None:
+        self.group_id = group_id
+        self._clock = clock or (lambda: 0.0)
+        self._wait = wait or _no_wait
+        self.on_event = on_event
+        self.interleave_hook: Callable[[InterleavePoint], Awaitable[None]] | None = None
+        self.rows: dict[TopicPartition, Row] = {}
+        self.journal_rows: list[JournalRow] = []
+        self.quarantine: list[QuarantineRow] = []
+        self.members: dict[str, MemberRow] = {}
+        self.writes: list[WriteRecord] = []
+        self.events: list[StoreEvent] = []
+        self._tables: dict[str, dict[Any, Any]] = {}
+        self._locks: dict[TopicPartition, asyncio.Lock] = {}
+        self._frames: list[_Frame] = [_Frame("-", ())]
+
+    # -- attempts and faults -------------------------------------------------------------
+    def begin_attempt(self, label: str, faults: Sequence[Fault] = ()) -> None:
+        """Start a new attempt at the bottom level: call numbers restart, ``faults`` apply."""
+        self._frames = [_Frame(label, tuple(faults))]
+
+    @contextmanager
+    def attempt(self, label: str, faults: Sequence[Fault] = ()) -> Iterator[None]:
+        """A nested attempt (e.g. a replacement inside an interleave); restores the outer one."""
+        self._frames.append(_Frame(label, tuple(faults)))
+        try:
+            yield
+        finally:
+            self._frames.pop()
+
+    def _select(self, op: Operation) -> tuple[int, Fault | None, str]:
+        frame = self._frames[-1]
+        call = frame.calls.get(op.value, 0) + 1
+        frame.calls[op.value] = call
+        for fault in frame.faults:
+            if fault.operation is op and fault.call == call:
+                return call, fault, frame.label
+        return call, None, frame.label
+
+    # -- read helpers for tests and the simulator ----------------------------------------
+    def tables(self) -> dict[str, dict[Any, Any]]:
+        """Copies of the committed handler tables."""
+        return {name: dict(rows) for name, rows in self._tables.items()}
+
+    def token_of(self, tp: TopicPartition) -> Token | None:
+        row = self.rows.get(tp)
+        return None if row is None else Token(row.epoch, row.frontier)
+
+    # -- internals -----------------------------------------------------------------------
+    def _installed(self) -> tuple[tuple[str, int, int], ...]:
+        return tuple((str(tp), r.epoch, r.frontier) for tp, r in sorted(self.rows.items()))
+
+    def _log(
+        self,
+        label: str,
+        op: Operation,
+        call: int,
+        fault: Fault | None,
+        *,
+        applied: bool,
+        observed: str,
+    ) -> None:
+        event = StoreEvent(
+            attempt=label,
+            operation=op.value,
+            call=call,
+            requested=None if fault is None else fault.outcome.value,
+            delay_ms=0 if fault is None else fault.delay_ms,
+            interleave=None if fault is None or fault.interleave is None else fault.interleave.at,
+            applied=applied,
+            observed=observed,
+            at_s=self._clock(),
+            installed=self._installed(),
+        )
+        self.events.append(event)
+        if self.on_event is not None:
+            self.on_event(event)
+
+    async def _point(
+        self, op: Operation, call: int, at: str, fault: Fault | None, label: str
+    ) -> None:
+        if self.interleave_hook is not None:
+            await self.interleave_hook(InterleavePoint(op, call, at, fault, label))
+        await asyncio.sleep(0)  # cancellation point
+
+    def _lock(self, tp: TopicPartition) -> asyncio.Lock:
+        return self._locks.setdefault(tp, asyncio.Lock())
+
+    def _write(
+        self, kind: str, tp: TopicPartition, lifetime: str | None, epoch: int | None, label: str
+    ) -> None:
+        self.writes.append(WriteRecord(kind, tp, lifetime, epoch, label))
+
+    async def _run(self, op: Operation, effect: _Effect) -> Any:
+        """Common frame of every faultable call: delay, interleave, effect, log, cancellation."""
+        call, fault, label = self._select(op)
+        state = {"applied": False}
+        try:
+            if fault is not None and fault.delay_ms:
+                await self._wait(fault.delay_ms / 1000.0)
+            await asyncio.sleep(0)
+            result = await effect(fault, label, state, call)
+        except asyncio.CancelledError:
+            self._log(label, op, call, fault, applied=state["applied"], observed="cancelled")
+            raise
+        except (Fenced, NotCommitted, OutcomeUnknown, ReadFailed) as exc:
+            self._log(label, op, call, fault, applied=state["applied"], observed=_name(exc))
+            raise
+        self._log(label, op, call, fault, applied=state["applied"], observed="ok")
+        return result
+
+    # -- FenceStore ----------------------------------------------------------------------
+    async def validate(self, checks: Sequence[SourceCheck]) -> Mapping[TopicPartition, Validation]:
+        async def effect(
+            fault: Fault | None, label: str, state: dict[str, bool], call: int
+        ) -> Mapping[TopicPartition, Validation]:
+            if fault is not None and fault.outcome is FaultOutcome.ABORT:
+                raise ReadFailed(f"validate: injected read failure (call {call})")
+            await self._point(Operation.VALIDATE, call, "before", fault, label)
+            return {c.tp: self._validate_one(c) for c in checks}
+
+        return await self._run(Operation.VALIDATE, effect)
+
+    def _validate_one(self, check: SourceCheck) -> Validation:
+        row = self.rows.get(check.tp)
+        return decide_validation(
+            check, None if row is None else (row.epoch, row.frontier, row.topic_id))
+
+    async def claim(
+        self, claims: Sequence[ClaimRequest], *, lifetime: str
+    ) -> Mapping[TopicPartition, Token]:
+        async def effect(
+            fault: Fault | None, label: str, state: dict[str, bool], call: int
+        ) -> Mapping[TopicPartition, Token]:
+            if fault is not None and fault.outcome is FaultOutcome.ABORT:
+                raise NotCommitted(f"claim: injected rollback (call {call})")
+            await self._point(Operation.CLAIM, call, "before", fault, label)
+            tps = sorted({c.tp for c in claims})
+            locks = [self._lock(tp) for tp in tps]
+            for lock in locks:
+                await lock.acquire()
+            try:
+                if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_ABORTED:
+                    raise OutcomeUnknown(f"claim: injected lost reply, not applied (call {call})")
+                tokens = self._apply_claim(claims, lifetime, label)
+                state["applied"] = True
+            finally:
+                for lock in locks:
+                    lock.release()
+            await self._point(Operation.CLAIM, call, "after", fault, label)
+            if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_COMMITTED:
+                raise OutcomeUnknown(f"claim: injected lost reply after commit (call {call})")
+            return tokens
+
+        return await self._run(Operation.CLAIM, effect)
+
+    def _apply_claim(
+        self, claims: Sequence[ClaimRequest], lifetime: str, label: str
+    ) -> dict[TopicPartition, Token]:
+        now = self._clock()
+        tokens: dict[TopicPartition, Token] = {}
+        for c in claims:
+            row = self.rows.get(c.tp) or Row(0, c.initial_frontier, None, c.topic_id, now)
+            row = replace(
+                row,
+                epoch=row.epoch + 1,
+                owner=lifetime,
+                updated_s=now,
+                topic_id=row.topic_id if row.topic_id is not None else c.topic_id,
+            )
+            self.rows[c.tp] = row
+            self.journal_rows.append(JournalRow(c.tp, lifetime, "claim", row.epoch, "", now))
+            self._write("claim", c.tp, lifetime, row.epoch, label)
+            tokens[c.tp] = Token(row.epoch, row.frontier)
+        return tokens
+
+    async def observe(self, tps: Sequence[TopicPartition], *,
+                      settled: bool = False) -> Mapping[TopicPartition, Token | None]:
+        """Read-only; ``settled`` changes nothing here: every modeled commit is atomic."""
+        async def effect(
+            fault: Fault | None, label: str, state: dict[str, bool], call: int
+        ) -> Mapping[TopicPartition, Token | None]:
+            if fault is not None and fault.outcome is FaultOutcome.ABORT:
+                raise ReadFailed(f"observe: injected read failure (call {call})")
+            await self._point(Operation.OBSERVE, call, "before", fault, label)
+            return {tp: self.token_of(tp) for tp in tps}
+
+        return await self._run(Operation.OBSERVE, effect)
+
+    async def process(
+        self, tp: TopicPartition, token: Token, records: Sequence[SourceRecord], handler: HandlerFn
+    ) -> Token:
+        end = batch_end(tp, token, records)
+
+        async def effect(
+            fault: Fault | None, label: str, state: dict[str, bool], call: int
+        ) -> Token:
+            await self._point(Operation.PROCESS, call, "before", fault, label)
+            async with self._lock(tp):
+                self._require(tp, token)
+                if fault is not None and fault.outcome is FaultOutcome.ABORT:
+                    raise NotCommitted(f"process {tp}: injected rollback (call {call})")
+                tx = MemoryTx(self.group_id, self._tables)
+                verdicts = check_verdicts(await handler(tx, records), len(records))
+                self._require(tp, token)  # the row lock makes this a no-op; kept as an assertion
+                if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_ABORTED:
+                    raise OutcomeUnknown(
+                        f"process {tp}: injected lost COMMIT, not applied (call {call})"
+                    )
+                new = self._commit_process(tp, token, end, records, verdicts, tx, label)
+                state["applied"] = True
+            await self._point(Operation.PROCESS, call, "after", fault, label)
+            if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_COMMITTED:
+                raise OutcomeUnknown(
+                    f"process {tp}: injected lost COMMIT reply, committed (call {call})"
+                )
+            return new
+
+        return await self._run(Operation.PROCESS, effect)
+
+    def _require(self, tp: TopicPartition, token: Token) -> Row:
+        row = self.rows.get(tp)
+        if row is None or row.epoch != token.epoch or row.frontier != token.frontier:
+            held = None if row is None else Token(row.epoch, row.frontier)
+            raise Fenced(f"{tp}: token {token} does not match the durable {held}")
+        return row
+
+    def _commit_process(
+        self,
+        tp: TopicPartition,
+        token: Token,
+        end: int,
+        records: Sequence[SourceRecord],
+        verdicts: Sequence[Any],
+        tx: MemoryTx,
+        label: str,
+    ) -> Token:
+        row = self.rows[tp]
+        for rec, verdict in zip(records, verdicts, strict=True):
+            if isinstance(verdict, Reject):
+                self.quarantine.append(
+                    QuarantineRow(tp, rec.offset, verdict.reason, token.epoch, rec.key, rec.value)
+                )
+        self._tables.update(tx._changed)
+        self.rows[tp] = replace(row, frontier=end, updated_s=self._clock())
+        self._write("process", tp, row.owner, token.epoch, label)
+        return Token(token.epoch, end)
+
+    async def skip(self, tp: TopicPartition, token: Token, *, to_offset: int, reason: str) -> Token:
+        await asyncio.sleep(0)
+        async with self._lock(tp):
+            row = self._require(tp, token)
+            if to_offset < row.frontier:
+                raise ValueError(f"skip {tp}: {to_offset} is below the frontier {row.frontier}")
+            now = self._clock()
+            self.rows[tp] = replace(row, frontier=to_offset, updated_s=now)
+            self.journal_rows.append(
+                JournalRow(
+                    tp,
+                    row.owner or "",
+                    "gap-skip",
+                    token.epoch,
+                    f"{reason}: {row.frontier}..{to_offset}",
+                    now,
+                )
+            )
+            self._write("skip", tp, row.owner, token.epoch, self._frames[-1].label)
+        return Token(token.epoch, to_offset)
+
+    async def journal(
+        self,
+        tps: Sequence[TopicPartition],
+        *,
+        lifetime: str,
+        event: str,
+        epoch: int | None = None,
+        detail: str = "",
+    ) -> None:
+        if event not in JOURNAL_EVENTS:
+            raise ValueError(f"journal event {event!r} is not one of {JOURNAL_EVENTS}")
+        await asyncio.sleep(0)
+        now = self._clock()
+        for tp in tps:
+            self.journal_rows.append(JournalRow(tp, lifetime, event, epoch, detail, now))
+            self._write("journal", tp, lifetime, epoch, self._frames[-1].label)
+
+
+    async def heartbeat(self, *, lifetime: str, member_id: str | None, host: str, pid: int,
+                        state: str, detail: Mapping[str, Any] | None = None) -> None:
+        """Upsert this lifetime's member row with ``last_seen_s`` := now (status only)."""
+        await asyncio.sleep(0)
+        self.members[lifetime] = MemberRow(lifetime, member_id, host, pid, state,
+                                           dict(detail or {}), self._clock())
+
+def _name(exc: BaseException) -> str:
+    names: dict[type[BaseException], str] = {
+        Fenced: "fenced",
+        NotCommitted: "not-committed",
+        ReadFailed: "read-failed",
+    }
+    return names.get(
+        type(exc), "outcome-unknown" if isinstance(exc, OutcomeUnknown) else type(exc).__name__
+    )

@@ -1,0 +1,113 @@
+"""The PostgreSQL fence store's statements, built once per schema (all parameterized).
+
+Rules
+- Every statement names its tables schema-qualified, so a handler's own tables keep the
+  connection's search_path.
+- ``claim``, ``observe`` (which ``validate`` also uses) and ``journal`` take arrays
+  (unnest): one round trip for a whole assignment. ``claim`` creates missing rows at
+  epoch 1 (= 0 + 1), raises existing epochs by one, sets the owner, and journals every
+  claim in the same statement.
+- ``begin_fence`` is the fence: ``BEGIN`` and one UPDATE in a single simple-protocol
+  message (one round trip): it takes the partition row lock, requires epoch and frontier,
+  and moves the frontier to the batch end as the transaction's first statement, so a
+  concurrent claim waits for COMMIT (or ROLLBACK) and then sees its result. Its status is
+  ``UPDATE 0`` when the token no longer matches. The simple protocol takes no parameters:
+  the message carries only integers (row id, epoch, frontiers) formatted with ``:d`` from
+  ``int`` values, never text, so nothing can be injected. Connections of the store's own
+  pool run ``prepare_fence`` once, so the message is ``BEGIN; EXECUTE fence_advance(...)``
+  (no parse or plan per batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fencing.postgres.schema import quote_schema
+
+__all__ = ["FENCE_STATEMENT", "Statements"]
+
+#: name of the per-session prepared fence statement (see ``prepare_fence``)
+FENCE_STATEMENT = "fence_advance"
+
+
+@dataclass(frozen=True, slots=True)
+class Statements:
+    claim: str
+    observe: str
+    begin_fence: str
+    prepare_fence: str
+    begin_fence_prepared: str
+    read_one: str
+    quarantine: str
+    skip: str
+    journal: str
+    heartbeat: str
+
+    @classmethod
+    def for_schema(cls, schema: str) -> Statements:
+        s = quote_schema(schema)
+        return cls(
+            claim=f"""
+WITH req AS (
+    SELECT * FROM unnest($2::text[], $3::int[], $4::bigint[], $5::text[])
+        AS r(topic, partition, initial_frontier, topic_id)
+), up AS (
+    INSERT INTO {s}.partitions AS p (group_id, topic, partition, epoch, frontier, owner, topic_id)
+    SELECT $1, topic, partition, 1, initial_frontier, $6, topic_id FROM req
+    ORDER BY topic, partition
+    ON CONFLICT (group_id, topic, partition) DO UPDATE
+        SET epoch = p.epoch + 1, owner = EXCLUDED.owner,
+            topic_id = coalesce(p.topic_id, EXCLUDED.topic_id), updated_at = now()
+    RETURNING p.topic, p.partition, p.epoch, p.frontier, p.id
+), j AS (
+    INSERT INTO {s}.journal (group_id, topic, partition, event, epoch, lifetime, detail)
+    SELECT $1, topic, partition, 'claim', epoch, $6, 'frontier=' || frontier FROM up
+)
+SELECT topic, partition, epoch, frontier, id FROM up""",
+            observe=f"""
+SELECT p.topic, p.partition, p.epoch, p.frontier, p.topic_id, p.id
+FROM unnest($2::text[], $3::int[]) AS r(topic, partition)
+JOIN {s}.partitions p ON p.group_id = $1 AND p.topic = r.topic AND p.partition = r.partition""",
+            begin_fence=(
+                f"BEGIN; UPDATE {s}.partitions SET frontier = {{end:d}}, updated_at = now()"
+                " WHERE id = {row_id:d} AND epoch = {epoch:d} AND frontier = {frontier:d}"),
+            prepare_fence=(
+                f"PREPARE {FENCE_STATEMENT} (bigint, bigint, bigint, bigint) AS UPDATE"
+                f" {s}.partitions SET frontier = $1, updated_at = now()"
+                " WHERE id = $2 AND epoch = $3 AND frontier = $4"),
+            begin_fence_prepared=(
+                f"BEGIN; EXECUTE {FENCE_STATEMENT}({{end:d}}, {{row_id:d}}, {{epoch:d}},"
+                " {frontier:d})"),
+            read_one=f"""
+SELECT id, epoch, frontier FROM {s}.partitions
+WHERE group_id = $1 AND topic = $2 AND partition = $3""",
+            quarantine=f"""
+INSERT INTO {s}.quarantine AS q
+    (group_id, topic, partition, "offset", key, value, headers, reason, epoch)
+SELECT $1, $2, $3, o, k, v, h::jsonb, r, $4
+FROM unnest($5::bigint[], $6::bytea[], $7::bytea[], $8::text[], $9::text[]) AS t(o, k, v, h, r)
+ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE
+    SET key = EXCLUDED.key, value = EXCLUDED.value, headers = EXCLUDED.headers,
+        reason = EXCLUDED.reason, epoch = EXCLUDED.epoch, at = now()""",
+            skip=f"""
+WITH upd AS (
+    UPDATE {s}.partitions SET frontier = $6, updated_at = now()
+    WHERE group_id = $1 AND topic = $2 AND partition = $3 AND epoch = $4 AND frontier = $5
+    RETURNING epoch, frontier, owner
+), j AS (
+    INSERT INTO {s}.journal (group_id, topic, partition, event, epoch, lifetime, detail)
+    SELECT $1, $2, $3, 'gap-skip', epoch, owner, $7 FROM upd
+)
+SELECT epoch, frontier FROM upd""",
+            journal=f"""
+INSERT INTO {s}.journal (group_id, topic, partition, event, epoch, lifetime, detail)
+SELECT $1, topic, partition, $4, $5, $6, $7
+FROM unnest($2::text[], $3::int[]) AS r(topic, partition)""",
+            heartbeat=f"""
+INSERT INTO {s}.members AS m (lifetime_id, group_id, member_id, host, pid, state, detail)
+VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)
+ON CONFLICT (lifetime_id) DO UPDATE
+    SET member_id = coalesce(EXCLUDED.member_id, m.member_id), host = EXCLUDED.host,
+        pid = EXCLUDED.pid, state = EXCLUDED.state, detail = EXCLUDED.detail,
+        last_seen = now()""",
+        )

@@ -1,0 +1,361 @@
+"""The asyncpg fence store (production implementation of ``fencing.store.FenceStore``).
+
+Rules
+- ``PgFenceStore.connect`` refuses a schema whose version is not ``SCHEMA_VERSION``
+  (``SchemaMismatch`` names both) before any fence call is possible.
+- ``validate``/``observe`` are one read each for all partitions; ``claim`` is one
+  autocommit statement for the whole assignment (rows, epochs and journal together).
+- ``process`` is one transaction on one pooled connection: BEGIN together with the fence
+  statement (lock the row, require the token, move the frontier to the batch end) in one
+  round trip; the handler's statements; one quarantine insert for all rejects; COMMIT.
+  Without rejects it costs the same round trips as an unfenced BEGIN/handler/COMMIT.
+  (The row id is learned from claim/observe, else read once per partition.)
+- COMMIT is checked: a handler that ended the transaction itself, or one whose statement
+  failed and was caught without a SAVEPOINT (PostgreSQL then answers COMMIT with ROLLBACK),
+  raises ``HandlerMisuse``; the batch is not reported applied.
+- ``observe(tps, settled=True)`` (used to resolve a lost COMMIT reply) locks the rows
+  ``FOR SHARE`` under a ``lock_timeout``: it waits for a COMMIT of ours that the server is
+  still processing, so a slow commit is read as committed, not as "not committed".
+- Errors are translated by ``fencing.postgres.classify``; no asyncpg or OS error leaves this module.
+  ``Fenced`` means nothing of the call was applied. ``CancelledError`` propagates
+  unchanged (with a note when COMMIT was in flight) and the connection is discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import asyncpg
+
+from fencing.errors import Fenced, HandlerMisuse
+from fencing.handler import check_verdicts
+from fencing.postgres.classify import Phase, connection_suspect, translate
+from fencing.postgres.schema import DEFAULT_SCHEMA, check_version
+from fencing.postgres.sql import Statements
+from fencing.resolution import batch_end, decide_validation
+from fencing.store import JOURNAL_EVENTS, HandlerFn
+from fencing.types import (
+    ACCEPT,
+    ClaimRequest,
+    Reject,
+    SourceCheck,
+    SourceRecord,
+    Token,
+    TopicPartition,
+    Validation,
+)
+
+__all__ = ["PgFenceStore", "decide_validation", "light_reset"]
+
+_IN_FAILED_TRANSACTION = "25P02"  # a statement after an error the handler caught
+_UNKNOWN_NOTE = "fence: COMMIT was in flight when cancelled: outcome unknown (re-read to resolve)"
+
+
+async def light_reset(conn: Any) -> None:
+    """Pool reset: roll back a leftover transaction; the store keeps no other session state."""
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
+
+
+def _headers_json(headers: Sequence[tuple[str, bytes | None]]) -> str:
+    return json.dumps([[k, None if v is None else base64.b64encode(v).decode()]
+                       for k, v in headers])
+
+
+class PgFenceStore:
+    """Fence store over an asyncpg pool for one consumer group in one schema."""
+
+    def __init__(self, pool: Any, *, group_id: str, schema: str = DEFAULT_SCHEMA,
+                 fence_prepared: bool = False, settle_timeout_s: float = 5.0) -> None:
+        """``fence_prepared``: every pool connection ran ``Statements.prepare_fence``;
+        ``settle_timeout_s``: how long a settled observe waits for a row lock."""
+        self.group_id = group_id
+        self._settle_timeout_s = settle_timeout_s
+        self.schema = schema
+        self._pool = pool
+        self._sql = Statements.for_schema(schema)
+        self._begin_fence = (self._sql.begin_fence_prepared if fence_prepared
+                             else self._sql.begin_fence)
+        self._ids: dict[TopicPartition, int] = {}  # partition row ids (never reused)
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        group_id: str,
+        schema: str = DEFAULT_SCHEMA,
+        pool_min: int = 1,
+        pool_max: int = 8,
+        command_timeout_s: float = 10.0,
+        **connect_kwargs: Any,
+    ) -> PgFenceStore:
+        """Check the schema version, then open a pool; raises ``SchemaMismatch``/``ReadFailed``."""
+        try:
+            conn = await asyncpg.connect(dsn, command_timeout=command_timeout_s, **connect_kwargs)
+            try:
+                await check_version(conn, schema)
+            finally:
+                await conn.close()
+        except BaseException as exc:
+            err = translate(exc, Phase.READ, "schema check")
+            if err is exc:
+                raise
+            raise err from exc
+        prepare = Statements.for_schema(schema).prepare_fence
+
+        async def init(conn: Any) -> None:
+            await conn.execute(prepare)
+
+        try:
+            pool = await asyncpg.create_pool(
+                dsn, min_size=pool_min, max_size=pool_max, command_timeout=command_timeout_s,
+                reset=light_reset, init=init, **connect_kwargs)
+        except BaseException as exc:
+            err = translate(exc, Phase.READ, "connect")
+            if err is exc:
+                raise
+            raise err from exc
+        return cls(pool, group_id=group_id, schema=schema, fence_prepared=True)
+
+    async def close(self, *, timeout_s: float | None = None) -> None:
+        """Close the pool once every connection is released; past ``timeout_s`` terminate
+        the connections still in use (their open transactions roll back)."""
+        try:
+            await asyncio.wait_for(self._pool.close(), timeout=timeout_s)
+        except TimeoutError:
+            self._pool.terminate()
+
+    async def _fetch(self, phase: Phase, what: str, sql: str, *args: Any) -> list[Any]:
+        """One statement (autocommit); ``phase`` applies once a connection is acquired."""
+        step = Phase.READ if phase is Phase.READ else Phase.BEFORE_COMMIT
+        try:
+            async with self._pool.acquire() as conn:
+                step = phase
+                try:
+                    return list(await conn.fetch(sql, *args))
+                except BaseException as exc:
+                    if connection_suspect(exc):
+                        _discard(conn)  # never wait for a cancelled or lost statement's reply
+                    raise
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and step is Phase.IN_FLIGHT:
+                exc.add_note(_UNKNOWN_NOTE.replace("COMMIT", what))
+            err = translate(exc, step, what)
+            if err is exc:
+                raise
+            raise err from exc
+
+    async def _rows(self, tps: Sequence[TopicPartition], what: str) -> dict[TopicPartition, Any]:
+        rows = await self._fetch(Phase.READ, what, self._sql.observe, self.group_id,
+                                 [tp.topic for tp in tps], [tp.partition for tp in tps])
+        return {TopicPartition(r["topic"], r["partition"]): r for r in rows}
+
+    async def _rows_settled(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, Any]:
+        """The rows of ``tps`` once no transaction holds their lock (bounded by
+        ``settle_timeout_s``): a plain read would not see a COMMIT still in progress."""
+        timeout_ms = max(1, int(self._settle_timeout_s * 1000))
+        try:
+            async with self._pool.acquire() as conn:
+                try:
+                    async with conn.transaction():
+                        await conn.execute(f"SET LOCAL lock_timeout = {timeout_ms}")
+                        rows = await conn.fetch(self._sql.observe + " FOR SHARE OF p",
+                                                self.group_id, [tp.topic for tp in tps],
+                                                [tp.partition for tp in tps])
+                except BaseException as exc:
+                    if connection_suspect(exc):
+                        _discard(conn)
+                    raise
+        except BaseException as exc:
+            err = translate(exc, Phase.READ, "observe (settled)")
+            if err is exc:
+                raise
+            raise err from exc
+        return {TopicPartition(r["topic"], r["partition"]): r for r in rows}
+
+    async def validate(self, checks: Sequence[SourceCheck]) -> Mapping[TopicPartition, Validation]:
+        found = await self._rows([c.tp for c in checks], "validate")
+        out: dict[TopicPartition, Validation] = {}
+        for c in checks:
+            r = found.get(c.tp)
+            out[c.tp] = decide_validation(
+                c, None if r is None else (r["epoch"], r["frontier"], r["topic_id"]))
+        return out
+
+    async def observe(self, tps: Sequence[TopicPartition], *,
+                      settled: bool = False) -> Mapping[TopicPartition, Token | None]:
+        found = await (self._rows_settled(tps) if settled else self._rows(tps, "observe"))
+        self._ids.update((tp, r["id"]) for tp, r in found.items())
+        return {tp: (None if tp not in found else Token(found[tp]["epoch"], found[tp]["frontier"]))
+                for tp in tps}
+
+    async def claim(
+        self, claims: Sequence[ClaimRequest], *, lifetime: str
+    ) -> Mapping[TopicPartition, Token]:
+        tps = [c.tp for c in claims]
+        if len(set(tps)) != len(tps):
+            raise ValueError(f"claim: duplicate partitions in {tps}")
+        if not claims:
+            return {}
+        rows = await self._fetch(
+            Phase.IN_FLIGHT, f"claim {lifetime}", self._sql.claim, self.group_id,
+            [c.tp.topic for c in claims], [c.tp.partition for c in claims],
+            [c.initial_frontier for c in claims], [c.topic_id for c in claims], lifetime)
+        out: dict[TopicPartition, Token] = {}
+        for r in rows:
+            tp = TopicPartition(r["topic"], r["partition"])
+            self._ids[tp] = r["id"]
+            out[tp] = Token(r["epoch"], r["frontier"])
+        return out
+
+    async def process(
+        self,
+        tp: TopicPartition,
+        token: Token,
+        records: Sequence[SourceRecord],
+        handler: HandlerFn,
+    ) -> Token:
+        end = batch_end(tp, token, records)
+        phase = Phase.BEFORE_COMMIT
+        try:
+            async with self._pool.acquire() as conn:
+                row_id = await self._row_id(conn, tp, token)
+                try:
+                    await self._apply(conn, tp, token, end, row_id, records, handler)
+                except BaseException as exc:
+                    await _abandon(conn, exc)
+                    if getattr(exc, "sqlstate", None) == _IN_FAILED_TRANSACTION:
+                        raise HandlerMisuse(
+                            f"process {tp}: a statement ran in an aborted transaction "
+                            f"({exc}): a statement of the handler failed and the handler "
+                            "caught the error without a SAVEPOINT; nothing of the batch was "
+                            "applied; let the error propagate, or wrap the statement in "
+                            "SAVEPOINT / ROLLBACK TO SAVEPOINT") from exc
+                    raise
+                if not conn.is_in_transaction():
+                    raise HandlerMisuse(
+                        f"process {tp}: the handler ended the store's transaction itself "
+                        "(COMMIT or ROLLBACK on the given connection): the batch is not "
+                        "reported applied; never end or restart the transaction in a "
+                        "handler (use SAVEPOINT for partial rollback)")
+                phase = Phase.IN_FLIGHT
+                try:
+                    status = await conn.execute("COMMIT")
+                except BaseException as exc:
+                    if isinstance(exc, asyncio.CancelledError):
+                        exc.add_note(_UNKNOWN_NOTE)
+                    _discard(conn)
+                    raise
+                if status != "COMMIT":  # PostgreSQL answers ROLLBACK for a failed transaction
+                    raise HandlerMisuse(
+                        f"process {tp}: PostgreSQL answered COMMIT with {status}: a statement "
+                        "of the handler failed and the handler caught the error without a "
+                        "SAVEPOINT, so the whole transaction was rolled back and nothing of "
+                        "the batch was applied; let the error propagate, or wrap the "
+                        "statement in SAVEPOINT / ROLLBACK TO SAVEPOINT")
+        except BaseException as exc:
+            what = f"process {tp} epoch={token.epoch} frontier={token.frontier}"
+            err = translate(exc, phase, what)
+            if err is exc:
+                raise
+            raise err from exc
+        return Token(token.epoch, end)
+
+    async def _row_id(self, conn: Any, tp: TopicPartition, token: Token) -> int:
+        row_id = self._ids.get(tp)
+        if row_id is None:
+            row = await conn.fetchrow(self._sql.read_one, self.group_id, tp.topic, tp.partition)
+            if row is None:
+                raise Fenced(f"process {tp}: token epoch={token.epoch} frontier={token.frontier}"
+                             " but the partition has no fence row")
+            row_id = self._ids[tp] = row["id"]
+        return int(row_id)
+
+    async def _apply(self, conn: Any, tp: TopicPartition, token: Token, end: int, row_id: int,
+                     records: Sequence[SourceRecord], handler: HandlerFn) -> None:
+        status = await conn.execute(self._begin_fence.format(
+            end=int(end), row_id=int(row_id), epoch=int(token.epoch),
+            frontier=int(token.frontier)))
+        if status != "UPDATE 1":
+            self._ids.pop(tp, None)  # a reset may have recreated the row: look it up again
+            key = (self.group_id, tp.topic, tp.partition)
+            now = await conn.fetchrow(self._sql.read_one, *key)
+            held = "no row" if now is None else f"epoch={now['epoch']} frontier={now['frontier']}"
+            raise Fenced(f"process {tp}: token epoch={token.epoch} frontier={token.frontier} "
+                         f"does not match the durable {held}")
+        verdicts = check_verdicts(await handler(conn, records), len(records))
+        rejected = [(r, v) for r, v in zip(records, verdicts, strict=True)
+                    if v is not ACCEPT and isinstance(v, Reject)]
+        if rejected:
+            await conn.execute(
+                self._sql.quarantine, self.group_id, tp.topic, tp.partition, token.epoch,
+                [r.offset for r, _ in rejected], [r.key for r, _ in rejected],
+                [r.value for r, _ in rejected], [_headers_json(r.headers) for r, _ in rejected],
+                [v.reason for _, v in rejected])
+
+    async def skip(self, tp: TopicPartition, token: Token, *, to_offset: int, reason: str) -> Token:
+        if to_offset < token.frontier:
+            raise ValueError(f"skip {tp}: {to_offset} is below the frontier {token.frontier}")
+        rows = await self._fetch(
+            Phase.IN_FLIGHT, f"skip {tp}", self._sql.skip, self.group_id, tp.topic, tp.partition,
+            token.epoch, token.frontier, to_offset, f"{reason} (from {token.frontier})")
+        if not rows:
+            raise Fenced(f"skip {tp}: token epoch={token.epoch} frontier={token.frontier} "
+                         "no longer matches")
+        return Token(rows[0]["epoch"], rows[0]["frontier"])
+
+    async def journal(
+        self,
+        tps: Sequence[TopicPartition],
+        *,
+        lifetime: str,
+        event: str,
+        epoch: int | None = None,
+        detail: str = "",
+    ) -> None:
+        if event not in JOURNAL_EVENTS:
+            raise ValueError(f"journal: unknown event {event!r}; expected one of {JOURNAL_EVENTS}")
+        if tps:
+            await self._fetch(Phase.IN_FLIGHT, f"journal {event}", self._sql.journal,
+                              self.group_id, [tp.topic for tp in tps],
+                              [tp.partition for tp in tps], event, epoch, lifetime, detail)
+
+    async def heartbeat(
+        self,
+        *,
+        lifetime: str,
+        member_id: str | None,
+        host: str,
+        pid: int,
+        state: str,
+        detail: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Upsert this lifetime's member row and set ``last_seen := now()``."""
+        await self._fetch(Phase.IN_FLIGHT, f"heartbeat {lifetime}", self._sql.heartbeat,
+                          lifetime, self.group_id, member_id, host, pid, state,
+                          json.dumps(dict(detail or {})))
+
+
+async def _abandon(conn: Any, exc: BaseException) -> None:
+    """End a transaction that failed before COMMIT: roll back, or drop the connection."""
+    if connection_suspect(exc):
+        _discard(conn)  # the server rolls back when the session ends
+        return
+    try:
+        if conn.is_in_transaction():
+            await asyncio.wait_for(conn.execute("ROLLBACK"), timeout=5.0)
+    except Exception:
+        _discard(conn)
+
+
+def _discard(conn: Any) -> None:
+    """Close a connection whose state is unknown; a lost one is already detached."""
+    with contextlib.suppress(asyncpg.InterfaceError):
+        conn.terminate()
+

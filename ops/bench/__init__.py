@@ -1,0 +1,1 @@
+"""ops.bench.worker."""

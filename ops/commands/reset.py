@@ -1,0 +1,187 @@
+"""``fencectl reset``: the operator's recovery actions, each confirmed, fencing and journaled.
+
+  fencectl reset frontier    --group G --topic T --partition P --to-offset N --yes-i-understand
+  fencectl reset accept-gap  --group G --topic T [--partition P] --yes-i-understand
+  fencectl reset adopt-topic --group G --topic T [--frontier earliest|latest|keep]
+      --yes-i-understand
+
+Without ``--yes-i-understand`` the plan is printed and nothing changes (exit 2). With it,
+one transaction locks the rows, re-plans against the locked values (``ops.operator.reset_plan``),
+bumps each epoch (the current owner is fenced at its next commit), writes the new frontier /
+topic id and one journal row per partition, and commits. Exit codes: 0 applied, 1 refused
+or the database failed, 2 bad usage or confirmation missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import os
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fencing.errors import ConfigError, SchemaMismatch
+from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
+from fencing.types import SourceFacts, TopicPartition
+from ops.operator.db import connection, dsn_from_env
+from ops.operator.reset_plan import Action, Current, Plan, ResetRefused, plan_reset
+
+__all__ = ["apply_reset", "operator_identity", "register"]
+
+CONFIRM = "--yes-i-understand"
+
+
+def operator_identity() -> str:
+    """Who acted, for the owner column and the journal (never a secret)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"operator:{user}@{socket.gethostname()}"
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+    p = sub.add_parser("reset", help="operator recovery: move a frontier, accept a retention "
+                                     "gap, adopt a recreated topic (fences the owner)")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    helps = {Action.FRONTIER: "move one partition's durable frontier to --to-offset",
+             Action.ACCEPT_GAP: "move frontiers below Kafka's low watermark up to it",
+             Action.ADOPT_TOPIC: "record the recreated topic's id and restart its frontiers"}
+    for action in Action:
+        a = actions.add_parser(action.value, help=helps[action])
+        a.add_argument("--group", required=True, help="consumer group")
+        a.add_argument("--topic", required=True)
+        a.add_argument("--partition", type=int, required=action is Action.FRONTIER,
+                       help="one partition (default: every fenced partition of the topic)")
+        if action is Action.FRONTIER:
+            a.add_argument("--to-offset", type=int, required=True,
+                           help="new frontier (next offset to process)")
+        if action is Action.ADOPT_TOPIC:
+            a.add_argument("--frontier", default="earliest", choices=("earliest", "latest", "keep"),
+                           help="where the adopted topic restarts (default earliest)")
+        a.add_argument("--expect-epoch", type=int, default=None,
+                       help="refuse unless the partition is still at this epoch")
+        a.add_argument("--reason", default="", help="free text for the journal")
+        a.add_argument(CONFIRM, dest="confirmed", action="store_true",
+                       help="apply (without it the plan is only printed)")
+        a.add_argument("--json", action="store_true", help="machine-readable output")
+        a.add_argument("--schema", default=os.environ.get("FENCE_SCHEMA", DEFAULT_SCHEMA))
+        a.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
+        a.add_argument("--kafka-timeout-s", type=float, default=5.0)
+        a.set_defaults(func=_main, reset_action=action)
+
+
+def _facts(bootstrap: str | None, topic: str, partitions: Sequence[int], *,
+           timeout_s: float) -> dict[TopicPartition, SourceFacts]:
+    """Kafka's facts for the partitions that still exist; {} without Kafka."""
+    if bootstrap is None or not partitions:
+        return {}
+    from consumer.kafka.source import KafkaSource
+
+    source = KafkaSource({"bootstrap.servers": bootstrap}, request_timeout_s=timeout_s)
+    _tid, count = source.topic_id(topic)
+    existing = [TopicPartition(topic, p) for p in partitions if p < count]
+    return source.facts(existing) if existing else {}
+
+
+_ROWS = ("SELECT topic, partition, epoch, frontier, owner, topic_id FROM {q}.partitions"
+         " WHERE group_id = $1 AND topic = $2 AND ($3::int IS NULL OR partition = $3)"
+         " ORDER BY partition")
+
+
+async def _rows(conn: Any, q: str, group: str, topic: str, partition: int | None,
+                *, lock: bool) -> list[Current]:
+    rows = await conn.fetch(_ROWS.format(q=q) + (" FOR UPDATE" if lock else ""),
+                            group, topic, partition)
+    return [Current(TopicPartition(r["topic"], r["partition"]), r["epoch"], r["frontier"],
+                    r["owner"], r["topic_id"]) for r in rows]
+
+
+def _plans(rows: Sequence[Current], facts: Mapping[TopicPartition, SourceFacts],
+           args: argparse.Namespace) -> list[Plan]:
+    return [plan_reset(row, args.reset_action, facts=facts.get(row.tp),
+                       to_offset=getattr(args, "to_offset", None),
+                       adopt_frontier=getattr(args, "frontier", "earliest"),
+                       expect_epoch=args.expect_epoch, reason=args.reason) for row in rows]
+
+
+async def apply_reset(conn: Any, *, schema: str, group: str, plans: Sequence[Plan],
+                      facts: Mapping[TopicPartition, SourceFacts], args: argparse.Namespace,
+                      operator: str) -> list[Plan]:
+    """In one transaction: lock, re-plan, bump epochs, write, journal. Raises ``ResetRefused``."""
+    q = quote_schema(schema)
+    tp0 = plans[0].tp
+    partition = args.partition
+    async with conn.transaction():
+        locked = await _rows(conn, q, group, tp0.topic, partition, lock=True)
+        fresh = _plans(locked, facts, args)
+        if [p.tp for p in fresh] != [p.tp for p in plans]:
+            raise ResetRefused("the partition rows changed while planning; run again")
+        for plan in fresh:
+            await conn.execute(
+                f"UPDATE {q}.partitions SET epoch = $5, frontier = $6, topic_id = $7,"
+                f" owner = $8, updated_at = now()"
+                f" WHERE group_id = $1 AND topic = $2 AND partition = $3 AND epoch = $4",
+                group, plan.tp.topic, plan.tp.partition, plan.old_epoch, plan.new_epoch,
+                plan.new_frontier, plan.new_topic_id, operator)
+            await conn.execute(
+                f"INSERT INTO {q}.journal (group_id, topic, partition, event, epoch, lifetime,"
+                f" detail) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                group, plan.tp.topic, plan.tp.partition, plan.journal_event, plan.new_epoch,
+                operator, plan.detail)
+    return fresh
+
+
+async def _run(dsn: str, args: argparse.Namespace) -> tuple[bool, list[Plan]]:
+    q = quote_schema(args.schema)
+    async with connection(dsn, schema=args.schema) as conn:
+        rows = await _rows(conn, q, args.group, args.topic, args.partition, lock=False)
+        if not rows:
+            raise ResetRefused(f"no fence rows for group {args.group!r} topic {args.topic!r}"
+                               + ("" if args.partition is None else f" partition {args.partition}"))
+        facts = await asyncio.to_thread(_facts, args.bootstrap_servers, args.topic,
+                                        [r.tp.partition for r in rows],
+                                        timeout_s=args.kafka_timeout_s)
+        plans = _plans(rows, facts, args)
+        if not args.confirmed:
+            return False, plans
+        applied = await apply_reset(conn, schema=args.schema, group=args.group, plans=plans,
+                                    facts=facts, args=args, operator=operator_identity())
+        return True, applied
+
+
+def _print(applied: bool, plans: Sequence[Plan], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"applied": applied, "plans": [p.as_dict() for p in plans]}, indent=2))
+        return
+    for p in plans:
+        print(f"{p.tp}: epoch {p.old_epoch} -> {p.new_epoch}, {p.detail}; fences owner "
+              f"{p.fenced_owner or '-'}")
+    if applied:
+        print(f"applied and journaled ({len(plans)} partition(s))")
+    else:
+        print(f"nothing changed: re-run with {CONFIRM} to apply")
+
+
+def _main(args: argparse.Namespace) -> int:
+    dsn = dsn_from_env("fencectl reset")
+    if dsn is None:
+        return 2
+    try:
+        quote_schema(args.schema)
+        applied, plans = asyncio.run(_run(dsn, args))
+    except (ConfigError, SchemaMismatch) as exc:
+        print(f"fencectl reset: {exc}", file=sys.stderr)
+        return 2
+    except ResetRefused as exc:
+        print(f"fencectl reset: refused: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # Kafka or the database failed: report without the DSN
+        print(f"fencectl reset: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    _print(applied, plans, args.json)
+    return 0 if applied else 2

@@ -1,0 +1,221 @@
+"""``fencectl status``: who owns which partition at which epoch, how far behind, who is alive.
+
+``fencectl status [--json] [--group G] [--schema S]`` reads the fence rows and the member
+heartbeats from PostgreSQL (``FENCE_DSN``) and the watermarks and topic ids from Kafka
+(``KAFKA_BOOTSTRAP_SERVERS``). ``fencectl status --history --topic T --partition P`` prints
+the ownership journal of one partition. Read-only. Exit codes: 0 shown (Kafka facts may be
+missing, see ``kafka.answered``), 1 the database failed, 2 bad usage or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from fencing.errors import ConfigError, FenceError, SchemaMismatch, SourceRefused
+from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
+from fencing.types import SourceFacts, TopicPartition
+from ops.operator.db import connection, dsn_from_env
+from ops.operator.status_view import (
+    DEFAULT_BOUND_S,
+    MemberRow,
+    PartitionRow,
+    classify_member,
+    view_partition,
+)
+
+__all__ = ["build_status", "read_history", "read_rows", "register", "render_text"]
+
+Facts = Mapping[TopicPartition, SourceFacts]
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+    p = sub.add_parser("status", help="partitions (owner, epoch, frontier, lag) and members")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--group", default=None, help="only this consumer group (default: all)")
+    p.add_argument("--schema", default=os.environ.get("FENCE_SCHEMA", DEFAULT_SCHEMA),
+                   help="fence schema (default: $FENCE_SCHEMA or fence)")
+    p.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"),
+                   help="Kafka for watermarks and topic ids (default: $KAFKA_BOOTSTRAP_SERVERS)")
+    p.add_argument("--kafka-timeout-s", type=float, default=5.0,
+                   help="bound for each Kafka request, seconds (default 5)")
+    p.add_argument("--members-since-s", type=float, default=3600.0,
+                   help="show members seen within this many seconds, and every partition "
+                        "owner (default 3600)")
+    p.add_argument("--default-bound-s", type=float, default=DEFAULT_BOUND_S,
+                   help="unavailability bound for rows that store none, seconds (default 15)")
+    p.add_argument("--history", action="store_true",
+                   help="print the ownership journal of --topic/--partition")
+    p.add_argument("--topic", default=None)
+    p.add_argument("--partition", type=int, default=None)
+    p.add_argument("--limit", type=int, default=100, help="history rows, newest last")
+    p.set_defaults(func=_main)
+
+
+async def read_rows(
+    conn: Any, *, schema: str, group: str | None, members_since_s: float
+) -> tuple[datetime, list[PartitionRow], list[MemberRow]]:
+    """The database clock, the partition rows and the recent member rows (one snapshot)."""
+    q = quote_schema(schema)
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        now = await conn.fetchval("SELECT now()")
+        prow = await conn.fetch(
+            f"SELECT group_id, topic, partition, epoch, frontier, owner, topic_id, updated_at"
+            f" FROM {q}.partitions WHERE $1::text IS NULL OR group_id = $1"
+            f" ORDER BY group_id, topic, partition", group)
+        mrow = await conn.fetch(
+            f"SELECT lifetime_id, group_id, member_id, host, pid, state, started_at,"
+            f" last_seen, detail::text AS detail FROM {q}.members"
+            f" WHERE ($1::text IS NULL OR group_id = $1)"
+            f" AND (last_seen >= now() - make_interval(secs => $2) OR lifetime_id IN"
+            f" (SELECT owner FROM {q}.partitions WHERE $1::text IS NULL OR group_id = $1))"
+            f" ORDER BY group_id, started_at, lifetime_id", group, members_since_s)
+    parts = [PartitionRow(r["group_id"], r["topic"], r["partition"], r["epoch"], r["frontier"],
+                          r["owner"], r["topic_id"], r["updated_at"]) for r in prow]
+    members = [MemberRow(r["lifetime_id"], r["group_id"], r["member_id"], r["host"], r["pid"],
+                         r["state"], r["started_at"], r["last_seen"], json.loads(r["detail"]))
+               for r in mrow]
+    return now, parts, members
+
+
+async def read_history(
+    conn: Any, *, schema: str, group: str | None, tp: TopicPartition, limit: int
+) -> list[dict[str, Any]]:
+    """The newest ``limit`` journal rows of ``tp`` (every group unless ``group``), oldest first."""
+    q = quote_schema(schema)
+    rows = await conn.fetch(
+        f"SELECT * FROM (SELECT id, group_id, event, epoch, lifetime, detail, at"
+        f" FROM {q}.journal WHERE topic = $1 AND partition = $2"
+        f" AND ($3::text IS NULL OR group_id = $3) ORDER BY id DESC LIMIT $4) j ORDER BY id",
+        tp.topic, tp.partition, group, limit)
+    return [{"id": r["id"], "group": r["group_id"], "event": r["event"], "epoch": r["epoch"],
+             "lifetime": r["lifetime"], "detail": r["detail"], "at": r["at"].isoformat()}
+            for r in rows]
+
+
+def kafka_facts(
+    bootstrap: str | None, tps: Sequence[TopicPartition], *, timeout_s: float
+) -> tuple[dict[TopicPartition, SourceFacts], dict[str, str]]:
+    """Watermarks and topic ids per partition, plus a note per topic Kafka could not answer."""
+    facts: dict[TopicPartition, SourceFacts] = {}
+    notes: dict[str, str] = {}
+    topics = sorted({tp.topic for tp in tps})
+    if bootstrap is None:
+        return facts, {t: "no Kafka configured (KAFKA_BOOTSTRAP_SERVERS)" for t in topics}
+    from consumer.kafka.source import KafkaSource
+
+    source = KafkaSource({"bootstrap.servers": bootstrap}, request_timeout_s=timeout_s)
+    for topic in topics:
+        wanted = [tp for tp in tps if tp.topic == topic]
+        try:
+            facts.update(source.facts(wanted))
+        except SourceRefused as exc:
+            notes[topic] = f"source refused: {exc}"
+        except FenceError as exc:
+            notes[topic] = f"Kafka did not answer: {exc}"
+    return facts, notes
+
+
+def build_status(
+    *, now: datetime, partitions: Sequence[PartitionRow], members: Sequence[MemberRow],
+    facts: Facts, topic_notes: Mapping[str, str], default_bound_s: float = DEFAULT_BOUND_S,
+) -> dict[str, Any]:
+    """Pure: the status document (``--json`` prints exactly this)."""
+    views = {m.lifetime_id: classify_member(m, now=now, default_bound_s=default_bound_s)
+             for m in members}
+    parts = [view_partition(r, facts=facts.get(TopicPartition(r.topic, r.partition)),
+                            members=views, source_note=topic_notes.get(r.topic))
+             for r in partitions]
+    return {
+        "at": now.isoformat(),
+        "kafka": {"answered": not topic_notes, "notes": dict(topic_notes)},
+        "partitions": [p.as_dict() for p in parts],
+        "members": [v.as_dict() for v in views.values()],
+    }
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    cells = [[("-" if c is None else str(c)) for c in row] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+            for r in cells]
+
+
+def render_text(status: Mapping[str, Any]) -> str:
+    """Human-readable tables of ``build_status`` output."""
+    out = [f"fence status at {status['at']}", "", "PARTITIONS"]
+    prow = [(p["group"], p["topic"], p["partition"], p["epoch"], p["frontier"],
+             p["high_watermark"], p["lag"], p["owner"],
+             p["owner_availability"] if p["owner_state"] is None
+             else f"{p['owner_availability']}/{p['owner_state']}")
+            for p in status["partitions"]]
+    out += _table(("GROUP", "TOPIC", "PART", "EPOCH", "FRONTIER", "HIGH", "LAG", "OWNER",
+                   "OWNER-STATE"), prow) if prow else ["(no partition rows)"]
+    notes = [f"  {p['topic']}[{p['partition']}]: {n}" for p in status["partitions"]
+             for n in p["notes"]]
+    if notes:
+        out += ["", "NOTES", *dict.fromkeys(notes)]
+    out += ["", "MEMBERS"]
+    mrow = []
+    for m in status["members"]:
+        last = m["last_observed"]
+        mrow.append((m["group"], m["lifetime"], m["host"], m["pid"], m["availability"],
+                     m["state"], f"{m['last_seen_age_s']:.1f}s ago",
+                     None if last is None else f"{last['state']} at {last['at']}"))
+    out += _table(("GROUP", "LIFETIME", "HOST", "PID", "AVAILABILITY", "STATE", "LAST-SEEN",
+                   "LAST-OBSERVED"), mrow) if mrow else ["(no members seen recently)"]
+    return "\n".join(out)
+
+
+def _render_history(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return "(no journal rows)"
+    return "\n".join(_table(("ID", "AT", "GROUP", "EVENT", "EPOCH", "LIFETIME", "DETAIL"),
+                            [(r["id"], r["at"], r["group"], r["event"], r["epoch"],
+                              r["lifetime"], r["detail"]) for r in rows]))
+
+
+async def _collect(dsn: str, args: argparse.Namespace) -> dict[str, Any] | list[dict[str, Any]]:
+    async with connection(dsn, schema=args.schema) as conn:
+        if args.history:
+            tp = TopicPartition(args.topic, args.partition)
+            return await read_history(conn, schema=args.schema, group=args.group, tp=tp,
+                                      limit=args.limit)
+        now, parts, members = await read_rows(conn, schema=args.schema, group=args.group,
+                                              members_since_s=args.members_since_s)
+    tps = [TopicPartition(p.topic, p.partition) for p in parts]
+    facts, notes = await asyncio.to_thread(kafka_facts, args.bootstrap_servers, tps,
+                                           timeout_s=args.kafka_timeout_s)
+    return build_status(now=now, partitions=parts, members=members, facts=facts,
+                        topic_notes=notes, default_bound_s=args.default_bound_s)
+
+
+def _main(args: argparse.Namespace) -> int:
+    dsn = dsn_from_env("fencectl status")
+    if dsn is None:
+        return 2
+    if args.history and (args.topic is None or args.partition is None):
+        print("fencectl status --history needs --topic and --partition", file=sys.stderr)
+        return 2
+    try:
+        quote_schema(args.schema)
+        result = asyncio.run(_collect(dsn, args))
+    except (ConfigError, SchemaMismatch) as exc:
+        print(f"fencectl status: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # the database failed: report without the DSN
+        print(f"fencectl status: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif isinstance(result, list):
+        print(_render_history(result))
+    else:
+        print(render_text(result))
+    return 0

@@ -1,0 +1,203 @@
+"""Pure views for ``fencectl status``: member availability, partition lag and source notes.
+
+Rules
+- A member row whose state is final (``stopped``, ``retired``) is *observed* in that state
+  at any age: a final state is never revised, so it cannot be stale.
+- Any other member row is *observed* only while ``now - last_seen`` is within the row's own
+  bound (``detail.unavailable_after_s``, else ``default_bound_s``). Past it the member is
+  *unavailable*: ``state`` is None and the last row is reported under ``last_observed``,
+  never in ``state``.
+- ``now`` is the database's clock (read with the rows), so client clock skew cannot make a
+  member look alive or dead.
+- Lag is ``high watermark - durable frontier``, None when Kafka did not answer, never
+  negative: a frontier above the high watermark is reported as a note instead (the topic
+  was recreated or truncated). A frontier below the low watermark is a retention gap note;
+  a topic id that differs from the recorded one is a recreated-topic note.
+- A partition is *stalled* while its owner is observed and lists it in its member row's
+  ``detail.stalled`` (``consumer.observability.stall``); OWNER-STATE then reads
+  ``observed/running/stalled`` and a note says so.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from fencing.types import SourceFacts
+
+__all__ = [
+    "FINAL_STATES",
+    "Availability",
+    "MemberRow",
+    "MemberView",
+    "PartitionRow",
+    "PartitionView",
+    "classify_member",
+    "view_partition",
+]
+
+FINAL_STATES = frozenset({"stopped", "retired"})
+DEFAULT_BOUND_S = 15.0
+
+
+class Availability(enum.Enum):
+    OBSERVED = "observed"  # the state field is current
+    UNAVAILABLE = "unavailable"  # no heartbeat within the bound: the state is unknown now
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRow:
+    """One ``members`` row as read."""
+
+    lifetime_id: str
+    group_id: str
+    member_id: str | None
+    host: str
+    pid: int | None
+    state: str
+    started_at: datetime
+    last_seen: datetime
+    detail: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class MemberView:
+    lifetime_id: str
+    group_id: str
+    member_id: str | None
+    host: str
+    pid: int | None
+    started_at: datetime
+    availability: Availability
+    state: str | None  # current state; None when unavailable
+    last_seen_age_s: float
+    unavailable_after_s: float
+    last_observed: tuple[str, datetime] | None  # (state, at) when unavailable
+    detail: Mapping[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "lifetime": self.lifetime_id,
+            "group": self.group_id,
+            "member_id": self.member_id,
+            "host": self.host,
+            "pid": self.pid,
+            "started_at": self.started_at.isoformat(),
+            "availability": self.availability.value,
+            "state": self.state,
+            "last_seen_age_s": round(self.last_seen_age_s, 3),
+            "unavailable_after_s": self.unavailable_after_s,
+            "last_observed": None if self.last_observed is None else {
+                "state": self.last_observed[0], "at": self.last_observed[1].isoformat()},
+            "reason": self.detail.get("reason"),
+        }
+
+
+def _bound_s(detail: Mapping[str, Any], default_bound_s: float) -> float:
+    value = detail.get("unavailable_after_s")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return default_bound_s
+
+
+def classify_member(
+    row: MemberRow, *, now: datetime, default_bound_s: float = DEFAULT_BOUND_S
+) -> MemberView:
+    """Pure: observed (with its current state) or unavailable (with its last observation)."""
+    age_s = max(0.0, (now - row.last_seen).total_seconds())
+    bound_s = _bound_s(row.detail, default_bound_s)
+    observed = row.state in FINAL_STATES or age_s <= bound_s
+    return MemberView(
+        lifetime_id=row.lifetime_id,
+        group_id=row.group_id,
+        member_id=row.member_id,
+        host=row.host,
+        pid=row.pid,
+        started_at=row.started_at,
+        availability=Availability.OBSERVED if observed else Availability.UNAVAILABLE,
+        state=row.state if observed else None,
+        last_seen_age_s=age_s,
+        unavailable_after_s=bound_s,
+        last_observed=None if observed else (row.state, row.last_seen),
+        detail=row.detail,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRow:
+    """One ``partitions`` row as read."""
+
+    group_id: str
+    topic: str
+    partition: int
+    epoch: int
+    frontier: int
+    owner: str | None
+    topic_id: str | None
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionView:
+    row: PartitionRow
+    high_watermark: int | None
+    low_watermark: int | None
+    lag: int | None
+    owner_availability: str | None  # the owner's member availability ("unknown": no row)
+    owner_state: str | None  # the owner's current state (None unless observed)
+    notes: tuple[str, ...]
+    stalled: bool = False  # its owner (observed now) reports it stalled
+
+    def as_dict(self) -> dict[str, Any]:
+        r = self.row
+        return {
+            "group": r.group_id, "topic": r.topic, "partition": r.partition,
+            "owner": r.owner, "owner_availability": self.owner_availability,
+            "owner_state": self.owner_state, "epoch": r.epoch, "frontier": r.frontier,
+            "low_watermark": self.low_watermark, "high_watermark": self.high_watermark,
+            "lag": self.lag, "topic_id": r.topic_id, "updated_at": r.updated_at.isoformat(),
+            "stalled": self.stalled, "notes": list(self.notes),
+        }
+
+
+def view_partition(
+    row: PartitionRow, *, facts: SourceFacts | None, members: Mapping[str, MemberView],
+    source_note: str | None = None,
+) -> PartitionView:
+    """Pure: lag and notes of one partition from Kafka's facts (None: Kafka did not answer)."""
+    notes: list[str] = [] if source_note is None else [source_note]
+    lag: int | None = None
+    if facts is not None:
+        lag = max(0, facts.high_watermark - row.frontier)
+        if row.frontier > facts.high_watermark:
+            notes.append(f"frontier {row.frontier} is above the high watermark "
+                         f"{facts.high_watermark}: topic recreated or truncated?")
+        if row.frontier < facts.low_watermark:
+            notes.append(f"retention gap: records {row.frontier}..{facts.low_watermark - 1} "
+                         "were deleted unprocessed")
+        if row.topic_id is not None and facts.topic_id is not None \
+                and row.topic_id != facts.topic_id:
+            notes.append(f"recreated topic: Kafka topic id {facts.topic_id}, recorded "
+                         f"{row.topic_id}")
+    owner = members.get(row.owner) if row.owner is not None else None
+    owner_state = None if owner is None else owner.state
+    stalled = (owner is not None and owner.state is not None
+               and f"{row.topic}[{row.partition}]" in (owner.detail.get("stalled") or ()))
+    if stalled:
+        owner_state = f"{owner_state}/stalled"
+        notes.append("stalled: its owner reports lag and no fetch or commit progress for "
+                     "--stall-timeout-s (see the owner's /readyz and log)")
+    return PartitionView(
+        row=row,
+        high_watermark=None if facts is None else facts.high_watermark,
+        low_watermark=None if facts is None else facts.low_watermark,
+        lag=lag,
+        owner_availability=None if row.owner is None else (
+            "unknown" if owner is None else owner.availability.value),
+        owner_state=owner_state,
+        stalled=stalled,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,220 @@
+"""Where the local stack lives and which loopback ports it uses.
+
+Rules:
+- Data directories, logs and pid files live under ``.stack/`` in the checkout
+  (override: ``FENCE_STACK_DIR``).
+- Resolved jars, the Jaeger binary and build caches live in a user-level cache
+  (``FENCE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fenceworker``, else
+  ``~/.cache/fenceworker``) so a fresh clone on the same machine reuses them.
+- Every port binds 127.0.0.1 and can be overridden by an environment variable
+  (see ``PORT_ENV``); nothing here reads the clock or starts a process.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "DB_NAME",
+    "DB_USER",
+    "HOST",
+    "JAEGER_VERSION",
+    "KAFKA_VERSION",
+    "PORT_ENV",
+    "SERVICE_ENV",
+    "SERVICE_PORTS",
+    "Service",
+    "ServiceSettings",
+    "StackError",
+    "StackPaths",
+    "StackPorts",
+    "StackSettings",
+    "connection_env",
+    "env_lines",
+    "settings_from",
+]
+
+HOST = "127.0.0.1"
+KAFKA_VERSION = "4.1.1"
+JAEGER_VERSION = "v1.76.0"  # same commit as Jaeger v2.13.0; newest reachable by semver
+DB_NAME = "fenceworker"
+DB_USER = "fenceworker"
+
+
+class StackError(Exception):
+    """The local stack could not be prepared, started or checked; the message names the fix."""
+
+
+class Service(enum.Enum):
+    """The three services of the local stack, in start order."""
+
+    POSTGRES = "postgres"
+    KAFKA = "kafka"
+    JAEGER = "jaeger"
+
+
+#: port field -> (environment variable, default)
+PORT_ENV: dict[str, tuple[str, int]] = {
+    "postgres": ("FENCE_PG_PORT", 55432),
+    "kafka": ("FENCE_KAFKA_PORT", 19092),
+    "kafka_controller": ("FENCE_KAFKA_CONTROLLER_PORT", 19093),
+    "otlp_grpc": ("FENCE_OTLP_GRPC_PORT", 4317),
+    "otlp_http": ("FENCE_OTLP_HTTP_PORT", 4318),
+    "jaeger_query": ("FENCE_JAEGER_QUERY_PORT", 16686),
+    "jaeger_query_grpc": ("FENCE_JAEGER_QUERY_GRPC_PORT", 16685),
+    "jaeger_health": ("FENCE_JAEGER_HEALTH_PORT", 13133),
+}
+
+
+#: service -> the ``StackPorts`` fields it listens on, the client-facing one first
+SERVICE_PORTS: dict[Service, tuple[str, ...]] = {
+    Service.POSTGRES: ("postgres",),
+    Service.KAFKA: ("kafka", "kafka_controller"),
+    Service.JAEGER: ("jaeger_query", "otlp_grpc", "otlp_http", "jaeger_query_grpc",
+                     "jaeger_health"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StackPorts:
+    """Loopback TCP ports of the stack; defaults and overrides in ``PORT_ENV``."""
+
+    postgres: int
+    kafka: int
+    kafka_controller: int
+    otlp_grpc: int
+    otlp_http: int
+    jaeger_query: int
+    jaeger_query_grpc: int
+    jaeger_health: int
+
+    def of(self, service: Service) -> tuple[int, ...]:
+        """All ports ``service`` listens on, the client-facing one first."""
+        return tuple(getattr(self, field) for field in SERVICE_PORTS[service])
+
+
+@dataclass(frozen=True, slots=True)
+class StackPaths:
+    """Filesystem layout: ``root`` is ``.stack/``; ``cache`` is the user-level cache."""
+
+    root: Path
+    cache: Path
+
+    def service_dir(self, service: Service) -> Path:
+        return self.root / service.value
+
+    def pid_file(self, service: Service) -> Path:
+        return self.service_dir(service) / f"{service.value}.pid"
+
+    def log_file(self, service: Service) -> Path:
+        return self.service_dir(service) / f"{service.value}.log"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / "stack.lock"
+
+    @property
+    def pg_password_file(self) -> Path:
+        return self.service_dir(Service.POSTGRES) / "password"
+
+    @property
+    def kafka_cache(self) -> Path:
+        return self.cache / f"kafka-{KAFKA_VERSION}"
+
+    @property
+    def jaeger_binary(self) -> Path:
+        return self.cache / "bin" / f"jaeger-{JAEGER_VERSION}"
+
+
+@dataclass(frozen=True, slots=True)
+class StackSettings:
+    """Everything the stack needs to know, resolved once from the environment."""
+
+    paths: StackPaths
+    ports: StackPorts
+
+
+def _checkout_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def _port(env: Mapping[str, str], field: str) -> int:
+    name, default = PORT_ENV[field]
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise StackError(f"{name}={raw!r} is not a port number; unset it or give 1-65535") from None
+    if not 0 < value < 65536:
+        raise StackError(f"{name}={value} is out of range; give 1-65535")
+    return value
+
+
+def settings_from(env: Mapping[str, str] | None = None) -> StackSettings:
+    """Resolve paths and ports from ``env`` (default ``os.environ``); raises StackError."""
+    env = os.environ if env is None else env
+    root = Path(env.get("FENCE_STACK_DIR") or _checkout_root() / ".stack")
+    cache_env = env.get("FENCE_CACHE_DIR")
+    if cache_env:
+        cache = Path(cache_env)
+    else:
+        xdg = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+        cache = Path(xdg) / "fenceworker"
+    ports = StackPorts(**{field: _port(env, field) for field in PORT_ENV})
+    if len({getattr(ports, f) for f in PORT_ENV}) != len(PORT_ENV):
+        raise StackError(f"two stack ports are equal ({ports}); change the FENCE_*_PORT overrides")
+    return StackSettings(
+        paths=StackPaths(root=root.absolute(), cache=cache.absolute()), ports=ports
+    )
+
+
+def connection_env(ports: StackPorts, *, pg_password: str) -> dict[str, str]:
+    """The local stack's client-facing settings, keyed by ``SERVICE_ENV`` names."""
+    return ServiceSettings(
+        kafka_bootstrap=f"{HOST}:{ports.kafka}",
+        dsn=f"postgresql://{DB_USER}:{pg_password}@{HOST}:{ports.postgres}/{DB_NAME}",
+        otlp_endpoint=f"http://{HOST}:{ports.otlp_grpc}",
+        jaeger_query_url=f"http://{HOST}:{ports.jaeger_query}",
+    ).as_env()
+
+
+#: the environment variables that locate the services, in ``ServiceSettings`` field order
+SERVICE_ENV: tuple[str, ...] = (
+    "KAFKA_BOOTSTRAP_SERVERS",
+    "FENCE_DSN",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "JAEGER_QUERY_URL",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSettings:
+    """Where the services are, whoever runs them (local stack, compose, testcontainers)."""
+
+    kafka_bootstrap: str  #: Kafka bootstrap servers, host:port[,host:port]
+    dsn: str  #: PostgreSQL URL, postgresql://user:password@host:port/db
+    otlp_endpoint: str  #: OTLP gRPC endpoint, http://host:port
+    jaeger_query_url: str  #: Jaeger query API base URL, http://host:port
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ServiceSettings | None:
+        """Settings from ``SERVICE_ENV`` variables, or None unless every one is set."""
+        values = [env.get(name, "").strip() for name in SERVICE_ENV]
+        return cls(*values) if all(values) else None
+
+    def as_env(self) -> dict[str, str]:
+        """The settings keyed by ``SERVICE_ENV`` names."""
+        values = (self.kafka_bootstrap, self.dsn, self.otlp_endpoint, self.jaeger_query_url)
+        return dict(zip(SERVICE_ENV, values, strict=True))
+
+
+def env_lines(values: Mapping[str, str]) -> list[str]:
+    """``export NAME=value`` lines, shell-quoted, for ``eval "$(fencectl stack env)"``."""
+    return [f"export {name}={shlex.quote(value)}" for name, value in values.items()]

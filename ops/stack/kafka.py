@@ -1,0 +1,284 @@
+"""Apache Kafka for the local stack: one KRaft node (broker + controller) on loopback.
+
+Rules:
+- The jars come from Maven Central through ``mvn`` and ``ops/stack/kafka-pom.xml``; the
+  resolved classpath is cached in ``<cache>/kafka-<version>/cp.txt`` (local repo
+  ``<cache>/m2``) and reused by every checkout on the machine.
+- Settings favour fast tests: no initial rebalance delay, one offsets partition,
+  replication 1, and low KIP-848 (``consumer`` protocol) and classic session bounds.
+- Healthy means a message produced to ``__fence_stack_health`` is fetched back.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ops.stack.config import HOST, KAFKA_VERSION, Service, StackError, StackSettings
+from ops.stack.procs import spawn
+
+__all__ = [
+    "HEALTH_TOPIC",
+    "STOP_SIGNAL",
+    "broker_settings",
+    "check",
+    "classpath",
+    "cluster_id",
+    "marker",
+    "server_properties",
+    "start",
+]
+
+STOP_SIGNAL = signal.SIGTERM
+HEALTH_TOPIC = "__fence_stack_health"
+HEAP = "512m"
+# librdkafka log sink: probes against a booting broker are expected to fail noisily.
+_QUIET = logging.getLogger("fenceworker.stack.kafka_probe")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+POM = Path(__file__).resolve().parent / "kafka-pom.xml"
+
+
+def _svc(settings: StackSettings) -> Path:
+    return settings.paths.service_dir(Service.KAFKA)
+
+
+def marker(settings: StackSettings) -> str:
+    """A string the broker's command line contains (its properties file)."""
+    return str(_svc(settings) / "server.properties")
+
+
+def broker_settings(
+    *, bind_host: str, port: int, controller_port: int, advertised: str, log_dir: str
+) -> dict[str, str]:
+    """Broker properties of a one-node KRaft cluster tuned for fast tests (pure).
+
+    ``advertised`` is the host:port clients are told to use. Also used for the
+    apache/kafka container in ``tests/conftest.py``.
+    """
+    return {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.bootstrap.servers": f"{HOST}:{controller_port}",
+        "listeners": f"PLAINTEXT://{bind_host}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{advertised}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": log_dir,
+        "num.partitions": "1",
+        "auto.create.topics.enable": "false",
+        "delete.topic.enable": "true",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "share.coordinator.state.topic.num.partitions": "1",
+        # classic protocol: no join delay; clients may ask for session.timeout.ms >= 1 s
+        "group.initial.rebalance.delay.ms": "0",
+        "group.min.session.timeout.ms": "1000",
+        # KIP-848 consumer protocol: timeouts are broker-side; bounds lowered with them
+        "group.consumer.session.timeout.ms": "6000",
+        "group.consumer.min.session.timeout.ms": "1000",
+        "group.consumer.heartbeat.interval.ms": "500",
+        "group.consumer.min.heartbeat.interval.ms": "100",
+    }
+
+
+def server_properties(settings: StackSettings) -> str:
+    """The local broker's ``server.properties`` text for ``settings`` (pure)."""
+    p = settings.ports
+    lines = broker_settings(
+        bind_host=HOST,
+        port=p.kafka,
+        controller_port=p.kafka_controller,
+        advertised=f"{HOST}:{p.kafka}",
+        log_dir=str(_svc(settings) / "data"),
+    )
+    return "".join(f"{k}={v}\n" for k, v in lines.items())
+
+
+LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = STDOUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = STDOUT
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.state.name = state.change.logger
+logger.state.level = WARN
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+"""
+
+
+def cluster_id() -> str:
+    """A fresh KRaft cluster id (base64url of 16 random bytes, not starting with '-')."""
+    while True:
+        value = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not value.startswith("-"):
+            return value
+
+
+def classpath(settings: StackSettings) -> str:
+    """The broker classpath, resolved with mvn on first use; raises StackError naming the fix."""
+    cache = settings.paths.kafka_cache
+    cp_file = cache / "cp.txt"
+    if cp_file.exists():
+        cp = cp_file.read_text().strip()
+        if cp and all(Path(j).exists() for j in cp.split(os.pathsep)):
+            return cp
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise StackError(
+            "mvn (Apache Maven) is not on PATH; it resolves the Kafka jars from Maven Central. "
+            "Install it: sudo apt-get install -y maven"
+        )
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cache / "cp.txt.tmp"
+    argv = [
+        mvn,
+        "-q",
+        "-B",
+        "-f",
+        str(POM),
+        f"-Dmaven.repo.local={settings.paths.cache / 'm2'}",
+        "dependency:build-classpath",
+        "-Dmdep.includeScope=runtime",
+        f"-Dmdep.outputFile={tmp}",
+    ]
+    log = cache / "mvn.log"
+    with open(log, "w") as fh:
+        done = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0 or not tmp.exists():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+        raise StackError(
+            f"Maven could not resolve Kafka {KAFKA_VERSION} (exit {done.returncode}); check access "
+            f"to Maven Central (proxy settings in ~/.m2/settings.xml). Log {log}:\n{tail}"
+        )
+    tmp.replace(cp_file)
+    return cp_file.read_text().strip()
+
+
+def _java() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise StackError(
+            "java is not on PATH; Kafka needs Java 17 or newer. Install it: "
+            "sudo apt-get install -y openjdk-17-jre-headless"
+        )
+    return java
+
+
+def _format(java: str, cp: str, props: Path, data: Path, log: Path) -> None:
+    if (data / "meta.properties").exists():
+        return
+    if data.exists():
+        shutil.rmtree(data)  # an interrupted format; ours to remove
+    argv = [
+        java,
+        "-Xmx256m",
+        "-cp",
+        cp,
+        "kafka.tools.StorageTool",
+        "format",
+        "--standalone",
+        "-t",
+        cluster_id(),
+        "-c",
+        str(props),
+    ]
+    with open(log, "ab") as fh:
+        done = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        raise StackError(f"kafka StorageTool format failed (exit {done.returncode}); see {log}")
+
+
+def start(settings: StackSettings) -> int:
+    """Resolve jars, write config, format storage once, start the broker detached; return pid."""
+    java = _java()
+    cp = classpath(settings)
+    svc = _svc(settings)
+    svc.mkdir(parents=True, exist_ok=True)
+    props = svc / "server.properties"
+    props.write_text(server_properties(settings))
+    log4j = svc / "log4j2.properties"
+    log4j.write_text(LOG4J2)
+    log = settings.paths.log_file(Service.KAFKA)
+    _format(java, cp, props, svc / "data", log)
+    argv = [
+        java,
+        f"-Xms{HEAP}",
+        f"-Xmx{HEAP}",
+        "-XX:+UseG1GC",
+        "-XX:MaxGCPauseMillis=20",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={log4j}",
+        f"-Dkafka.logs.dir={svc}",
+        "-cp",
+        cp,
+        "kafka.Kafka",
+        str(props),
+    ]
+    return spawn(argv, log_path=log, pid_path=settings.paths.pid_file(Service.KAFKA), cwd=svc)
+
+
+def check(settings: StackSettings, *, timeout_s: float = 10.0) -> str | None:
+    """Produce one message and fetch it back; None when healthy, else the reason."""
+    from confluent_kafka import Consumer, KafkaException, Producer
+    from confluent_kafka import TopicPartition as KTP
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    bootstrap = f"{HOST}:{settings.ports.kafka}"
+    quiet: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _QUIET}
+    try:
+        admin = AdminClient(quiet)
+        topics = admin.list_topics(timeout=timeout_s).topics
+        if HEALTH_TOPIC not in topics:
+            fut = admin.create_topics([NewTopic(HEALTH_TOPIC, 1, 1)], operation_timeout=timeout_s)
+            try:
+                fut[HEALTH_TOPIC].result(timeout=timeout_s)
+            except KafkaException as exc:
+                if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                    raise
+        value = uuid.uuid4().hex.encode()
+        delivered: list[object] = []
+        producer = Producer({**quiet, "message.timeout.ms": int(timeout_s * 1000)})
+        producer.produce(
+            HEALTH_TOPIC,
+            value,
+            on_delivery=lambda err, msg: delivered.append(err if err is not None else msg.offset()),
+        )
+        producer.flush(timeout_s)
+        if not delivered or not isinstance(delivered[0], int):
+            return f"produce to {HEALTH_TOPIC} failed: {delivered[0] if delivered else 'timeout'}"
+        consumer = Consumer(
+            {**quiet, "group.id": "__fence_stack_health", "enable.auto.commit": False}
+        )
+        try:
+            consumer.assign([KTP(HEALTH_TOPIC, 0, delivered[0])])
+            msg = consumer.poll(timeout_s)
+        finally:
+            consumer.close()
+    except KafkaException as exc:
+        return f"kafka request failed: {exc}"
+    if msg is None:
+        return f"fetch from {HEALTH_TOPIC} timed out"
+    if msg.error() is not None:
+        return f"fetch from {HEALTH_TOPIC} failed: {msg.error()}"
+    if msg.value() != value:
+        return f"fetched {msg.value()!r}, produced {value!r}"
+    return None

@@ -1,0 +1,151 @@
+"""Observability of one ``fencectl run`` process: flags, and the pieces wired together.
+
+``WorkerObservability`` owns the metric instruments, the readiness state, the loop
+heartbeat, the per-lifetime member heartbeats (``members`` table), lag sampling and the
+HTTP port (``/metrics``, ``/healthz``, ``/readyz``). ``fencectl run`` passes
+``instruments`` to each ``Lifecycle`` and ``on_event`` to the ``Worker``.
+
+Flags: ``--http-port`` (default ``$FENCE_HTTP_PORT``; unset: no HTTP server; 0: any free
+port, logged), ``--http-host`` (default ``$FENCE_HTTP_HOST`` or 127.0.0.1),
+``--heartbeat-interval-s`` (default 5;
+a member is shown unavailable after 3 intervals without a heartbeat), ``--stall-timeout-s``
+(default 30; ``consumer.observability.stall``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from consumer.observability.heartbeat import HeartbeatStore, MemberHeartbeat, MemberIdentity
+from consumer.observability.instruments import Instruments
+from consumer.observability.observer import LagFacts, Observe, WorkerObserver
+from consumer.observability.readiness import LoopHeartbeat, ReadinessHolder
+from fencing.errors import ConfigError
+from ops.worker.http import HttpServer, start_http_server
+from ops.worker.telemetry import Telemetry
+
+__all__ = ["ObsOptions", "WorkerObservability", "add_arguments", "options_from_args"]
+
+log = logging.getLogger("fenceworker.observability")
+
+
+@dataclass(frozen=True, slots=True)
+class ObsOptions:
+    # HTTP port for /metrics /healthz /readyz; None: no server; 0: any free port
+    http_port: int | None = None
+    # interface the HTTP server binds (default loopback)
+    http_host: str = "127.0.0.1"
+    # seconds between member heartbeats (default 5)
+    heartbeat_interval_s: float = 5.0
+    # /healthz turns 503 when the loop has not beaten for this long, seconds (default 15)
+    health_bound_s: float = 15.0
+    # seconds between lag samples (default 5, or a third of the stall timeout if smaller)
+    lag_interval_s: float = 5.0
+    # an owned partition with lag and no fetch or commit progress this long is stalled (s)
+    stall_timeout_s: float = 30.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    env_port = os.environ.get("FENCE_HTTP_PORT")
+    parser.add_argument("--http-port", type=int,
+                        default=int(env_port) if env_port else None,
+                        help="serve /metrics /healthz /readyz on this port (default "
+                             "$FENCE_HTTP_PORT; unset: off; 0: any free port)")
+    parser.add_argument("--http-host", default=os.environ.get("FENCE_HTTP_HOST", "127.0.0.1"),
+                        help="interface for the HTTP port (default $FENCE_HTTP_HOST or "
+                             "127.0.0.1; 0.0.0.0 inside a container)")
+    parser.add_argument("--heartbeat-interval-s", type=float, default=5.0,
+                        help="member heartbeat interval, seconds (default 5)")
+    parser.add_argument("--stall-timeout-s", type=float, default=30.0,
+                        help="report an owned partition with lag and no fetch or commit "
+                             "progress for this long as stalled (/readyz, metrics, status; "
+                             "default 30)")
+
+
+def options_from_args(args: argparse.Namespace) -> ObsOptions:
+    """Checked options from ``args`` parsed with ``add_arguments``; ``ConfigError`` names
+    the bad flag."""
+    port, interval = args.http_port, float(args.heartbeat_interval_s)
+    if port is not None and not 0 <= port <= 65535:
+        raise ConfigError(f"--http-port {port}: use 0..65535")
+    if not 0 < interval <= 300:
+        raise ConfigError(f"--heartbeat-interval-s {interval}: use (0, 300]")
+    stall_s = float(args.stall_timeout_s)
+    if not 0 < stall_s <= 86_400:
+        raise ConfigError(f"--stall-timeout-s {stall_s}: use (0, 86400]")
+    return ObsOptions(http_port=port, http_host=args.http_host,
+                      heartbeat_interval_s=interval,
+                      health_bound_s=max(15.0, 3 * interval),
+                      lag_interval_s=min(5.0, stall_s / 3), stall_timeout_s=stall_s)
+
+
+class WorkerObservability:
+    """Start with ``start()``, stop with ``close()``; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        options: ObsOptions,
+        telemetry: Telemetry,
+        store: HeartbeatStore,
+        cooperative: bool,
+        lag_facts: LagFacts | None = None,
+        observe: Observe | None = None,
+        group_id: str = "",
+    ) -> None:
+        self.options = options
+        self.telemetry = telemetry
+        self.instruments = Instruments(telemetry.meter())
+        self.readiness = ReadinessHolder()
+        self.loop_heartbeat = LoopHeartbeat(clock=time.monotonic, bound_s=options.health_bound_s)
+        # the Kafka group member id for member rows (set once the worker exists)
+        self.member_id_source: Callable[[], str | None] = lambda: None
+
+        def member(lifetime: str) -> MemberHeartbeat:
+            return MemberHeartbeat(
+                store=store, identity=MemberIdentity.of_this_process(lifetime),
+                clock=time.monotonic, interval_s=options.heartbeat_interval_s,
+                member_id=lambda: self.member_id_source())
+
+        self.observer = WorkerObserver(
+            instruments=self.instruments, readiness=self.readiness,
+            loop_heartbeat=self.loop_heartbeat, clock=time.monotonic,
+            heartbeat_factory=member, cooperative=cooperative, lag_facts=lag_facts,
+            observe=observe, lag_interval_s=options.lag_interval_s,
+            stall_timeout_s=options.stall_timeout_s,
+            span_attrs={"messaging.system": "kafka", "messaging.consumer.group.name": group_id})
+        self.http: HttpServer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def on_event(self, name: str, attrs: Mapping[str, Any]) -> None:
+        """The ``Worker``'s ``on_event`` hook."""
+        self.observer.on_event(name, attrs)
+
+    def start(self) -> None:
+        """Bind the HTTP port (``OSError`` if taken) and start the background task."""
+        if self.options.http_port is not None:
+            self.http = start_http_server(
+                registry=self.telemetry.registry, readiness=self.readiness,
+                heartbeat=self.loop_heartbeat, host=self.options.http_host,
+                port=self.options.http_port)
+            log.info("http: serving /metrics /healthz /readyz on %s", self.http.url)
+        self._task = asyncio.get_running_loop().create_task(self.observer.run(),
+                                                            name="observability")
+
+    async def close(self) -> None:
+        """Final member rows (bounded), stop the task and the HTTP server."""
+        await self.observer.close()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout=5.0)
+            except (TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+        if self.http is not None:
+            await asyncio.to_thread(self.http.close)
