@@ -39,7 +39,7 @@ test-integration: setup
 	$(BIN)/pytest -q tests/integration $(PYTEST_ARGS)
 
 test-sim-worker: setup
-	$(BIN)/pytest -q tests/sim tests/unit/test_lifecycle*.py tests/unit/test_decisions.py tests/unit/test_memstore*.py $(PYTEST_ARGS)
+	$(BIN)/pytest -q tests/sim tests/unit/consumer/test_lifecycle*.py tests/unit/consumer/test_decisions.py tests/unit/fencing/test_memstore*.py $(PYTEST_ARGS)
 
 sim-worker: setup
 	mkdir -p artifacts

@@ -1,16 +1,20 @@
-"""The worker's ports: what it needs of the Kafka thread and of the source facts, and its
-per-partition state (kept apart so ``consumer.worker`` stays one concept)."""
+"""The worker's ports: what it needs of the Kafka thread, of the source facts and of the
+lifecycle, and its per-partition state (kept apart so ``consumer.worker`` and
+``consumer.lifetime_run`` stay one concept each)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from consumer.batching import InFlight, PartitionBuffer
-from fencing.types import SourceFacts, TopicPartition
+from consumer.decisions import LifetimeState
+from fencing.store import HandlerFn
+from fencing.types import SourceCheck, SourceFacts, SourceRecord, Token, TopicPartition
 
-__all__ = ["FactsPort", "KafkaPort", "Partition"]
+__all__ = ["FactsPort", "KafkaPort", "LifecyclePort", "Partition"]
 
 
 class KafkaPort(Protocol):
@@ -22,6 +26,21 @@ class KafkaPort(Protocol):
     def commit(self, tp: TopicPartition, frontier: int) -> None: ...
     def stop_fetching(self) -> None: ...
     def close(self) -> Any: ...  # a concurrent.futures.Future
+
+
+class LifecyclePort(Protocol):
+    """What a lifetime's run needs of ``consumer.lifecycle.Lifecycle``."""
+
+    state: LifetimeState
+
+    async def assign(self, checks: Sequence[SourceCheck]) -> Mapping[TopicPartition, Token]: ...
+    async def seek(self, tp: TopicPartition) -> int: ...
+    async def process(self, tp: TopicPartition, records: Sequence[SourceRecord],
+                      handler: HandlerFn, *, links: Sequence[object] = ...,
+                      context: object | None = ...) -> Token: ...
+    async def revoke(self, tps: Sequence[TopicPartition]) -> None: ...
+    def lost(self, tps: Sequence[TopicPartition]) -> None: ...
+    def stop(self) -> None: ...
 
 
 class FactsPort(Protocol):

@@ -38,6 +38,9 @@ Threading model (deliberate; see the README's worker section)
   ``KafkaClientFailed`` (the wrapper then does not assign by itself: it counts the failed
   call as the callback's assignment, so nothing is positioned from Kafka's committed
   offset), and anything else unexpected as itself; each through ``Rebalancer.failed``.
+- librdkafka errors are translated here and never leave this module: a position out of
+  range is ``RetentionGap``, a fatal error ``KafkaClientFailed``; transient ones are logged
+  (librdkafka retries them).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
-from fencing.errors import ConfigError, KafkaClientFailed
+from fencing.errors import ConfigError, KafkaClientFailed, RetentionGap
 from fencing.types import SourceRecord, TopicPartition
 
 __all__ = ["KafkaThread", "Rebalancer", "call_on_loop", "to_record"]
@@ -76,9 +79,6 @@ class Rebalancer(Protocol):
 
     def deliver(self, records: list[SourceRecord], release: Callable[[], None]) -> None:
         """Non-blocking: hand records to the loop; ``release`` is called once they are taken."""
-
-    def kafka_error(self, err: KafkaError, tp: TopicPartition | None) -> None:
-        """Non-blocking: a consumer error (fatal or per partition)."""
 
     def failed(self, exc: BaseException) -> None:
         """Non-blocking: this thread cannot go on; the lifetime must end (see Rules)."""
@@ -173,7 +173,7 @@ class KafkaThread:
                     msgs = consumer.consume(self._consume_max, self._poll_timeout_s)
                 except KafkaException as exc:
                     self._outstanding.release()
-                    self._rb.kafka_error(exc.args[0], None)
+                    self._consumer_error(exc.args[0] if exc.args else exc, None)
                     continue
                 self._hand_over(msgs)
             self._drain(consumer)
@@ -200,11 +200,27 @@ class KafkaThread:
                 tp = (TopicPartition(msg.topic(), msg.partition())
                       if msg.topic() is not None and msg.partition() is not None
                       and msg.partition() >= 0 else None)
-                self._rb.kafka_error(err, tp)
+                self._consumer_error(err, tp)
         if records:
             self._rb.deliver(records, self._outstanding.release)
         else:
             self._outstanding.release()
+
+    def _consumer_error(self, err: object, tp: TopicPartition | None) -> None:
+        """Translate a consumer error: a position out of range (``auto.offset.reset`` is
+        ``error``) is a ``RetentionGap``, a fatal error ``KafkaClientFailed``; anything
+        else librdkafka retries by itself and is only logged."""
+        if not isinstance(err, KafkaError):
+            self._rb.failed(KafkaClientFailed(f"consumer error: {err}"))
+        elif err.code() == KafkaError._AUTO_OFFSET_RESET:
+            self._rb.failed(RetentionGap(
+                f"{tp}: the consumer position fell out of range while consuming (records "
+                f"were deleted before processing: {err.str()}); decide, then restart with or "
+                "without --allow-retention-gap"))
+        elif err.fatal():
+            self._rb.failed(KafkaClientFailed(f"fatal Kafka error: {err.str()}"))
+        else:
+            log.warning("kafka: %s", err.str())
 
     def _drain(self, consumer: Consumer) -> None:
         while True:

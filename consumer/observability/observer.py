@@ -1,13 +1,14 @@
 """The worker's observability glue: worker events -> readiness, member heartbeats, metrics.
 
 Rules
-- ``on_event(name, attrs)`` is the worker's ``on_event`` hook and runs on the worker's loop.
-  It never raises: an event the readiness machine refuses is logged and ignored.
-- Event mapping: ``lifetime.start`` (startup checks passed, or a fresh lifetime after a
-  retirement), ``assign``/``revoke``/``lost`` (a rebalance begins), ``assigned`` (positioned),
-  ``revoked`` (tokens cleared), ``failed`` (the lifetime retires), ``stopping``,
-  ``lifetime.end`` (final member row). Rebalance durations run from ``assign``/``revoke`` to
-  ``assigned``/``revoked`` on the injected clock.
+- ``on_event(event)`` is the worker's ``on_event`` hook (typed events of
+  ``consumer.events``, matched by type) and runs on the worker's loop. It never raises: an
+  event the readiness machine refuses is logged and ignored.
+- Event mapping: ``LifetimeStarted`` (startup checks passed, or a fresh lifetime after a
+  retirement), ``RebalanceBegan`` (assign/revoke/lost), ``Assigned`` (positioned),
+  ``Revoked`` (tokens cleared), ``Failed`` (the lifetime retires), ``StopRequested``,
+  ``LifetimeEnded`` (final member row). Rebalance durations run from the beginning to
+  ``Assigned``/``Revoked`` on the injected clock.
 - ``run()`` is one background task: it beats the loop heartbeat every ``beat_s`` (a blocked
   loop stops the beats, so ``/healthz`` turns 503), writes member heartbeats when due and
   samples lag every ``lag_interval_s`` (Kafka high watermark minus the durable frontier).
@@ -32,6 +33,8 @@ from typing import Any
 
 from opentelemetry import trace
 
+from consumer import events as ev
+from consumer.events import WorkerEvent
 from consumer.observability.heartbeat import MemberHeartbeat, MemberState, state_for_phase
 from consumer.observability.instruments import Instruments
 from consumer.observability.otel_tracing import TRACER_NAME
@@ -46,32 +49,24 @@ from consumer.observability.readiness import (
     RebalanceStarted,
     Restarted,
     Retired,
-    Revoked,
     StallChanged,
     Stopping,
+)
+from consumer.observability.readiness import (
+    Revoked as ReadinessRevoked,
 )
 from consumer.observability.stall import PartitionSample, StallTracker
 from fencing.types import SourceFacts, Token, TopicPartition
 
 _tracer = trace.get_tracer(TRACER_NAME)
 
-__all__ = ["WorkerObserver", "parse_tp"]
+__all__ = ["WorkerObserver"]
 
 log = logging.getLogger("fenceworker.observer")
 
 LagFacts = Callable[[list[TopicPartition]], Mapping[TopicPartition, SourceFacts]]
 Observe = Callable[[Sequence[TopicPartition]], Awaitable[Mapping[TopicPartition, Token | None]]]
 Progress = Callable[[], Mapping[TopicPartition, float]]
-
-
-def parse_tp(text: str) -> TopicPartition:
-    """``"orders[3]"`` (``str(TopicPartition)``) back to a ``TopicPartition``."""
-    topic, _, rest = text.rpartition("[")
-    return TopicPartition(topic, int(rest.rstrip("]")))
-
-
-def _tps(attrs: Mapping[str, Any]) -> frozenset[TopicPartition]:
-    return frozenset(parse_tp(t) for t in attrs.get("partitions", ()))
 
 
 class WorkerObserver:
@@ -118,55 +113,55 @@ class WorkerObserver:
 
     # ---- events ------------------------------------------------------------------------------
 
-    def on_event(self, name: str, attrs: Mapping[str, Any]) -> None:
+    def on_event(self, event: WorkerEvent) -> None:
         try:
-            self._on_event(name, attrs)
+            self._on_event(event)
         except Exception:  # observability must never break the worker
-            log.exception("observer: event %s %s", name, dict(attrs))
+            log.exception("observer: event %s", event)
 
-    def _on_event(self, name: str, attrs: Mapping[str, Any]) -> None:
-        if name == "lifetime.start":
-            phase = self.readiness.state.phase
-            self._apply(Restarted() if phase is Phase.RETIRED else ChecksPassed())
-            self._lifetime = str(attrs.get("lifetime"))
-            self._start_member(self._lifetime)
-        elif name in ("assign", "revoke", "lost"):
-            self._rebalance_started[name] = self._clock()
-            self._apply(RebalanceStarted(name))
-            if name == "lost":
-                self._rebalance_done("lost")
-                self._apply(Revoked(_tps(attrs), settled=False))
-                self.instruments.clear_lag(_tps(attrs))
-        elif name == "assigned":
-            self._rebalance_done("assign")
-            self._apply(Positioned(_tps(attrs)))
-        elif name == "revoked":
-            self._rebalance_done("revoke")
-            self._apply(Revoked(_tps(attrs), settled=self._cooperative))
-            self.instruments.clear_lag(_tps(attrs))
-        elif name == "failed":
-            reason = str(attrs.get("error", "failure"))
-            self.instruments.retired(reason=reason)
-            with _tracer.start_as_current_span("fence.retire", attributes=self._attrs(
-                    **{"fence.outcome": reason, "fence.exit_code": attrs.get("exit_code", -1)})):
-                pass
-            self._apply(Retired(reason))
-            self.instruments.clear_lag()
-        elif name == "stopping":
-            self._apply(Stopping())
-            if self._shutdown_span is None:
-                self._shutdown_span = _tracer.start_span("fence.shutdown",
-                                                         attributes=self._attrs())
-        elif name == "shutdown.timeout" and self._shutdown_span is not None:
-            self._shutdown_span.set_attribute("fence.in_flight",
-                                              [str(i) for i in attrs.get("in_flight", ())])
-        elif name == "lifetime.end":
-            if self._shutdown_span is not None:
-                self._shutdown_span.set_attribute("fence.exit_code",
-                                                  int(attrs.get("exit_code", 0)))
-                self._shutdown_span.end()
-                self._shutdown_span = None
-            self._end_member(failed=self.readiness.state.phase is Phase.RETIRED)
+    def _on_event(self, event: WorkerEvent) -> None:
+        match event:
+            case ev.LifetimeStarted(lifetime=lifetime):
+                phase = self.readiness.state.phase
+                self._apply(Restarted() if phase is Phase.RETIRED else ChecksPassed())
+                self._lifetime = lifetime
+                self._start_member(lifetime)
+            case ev.RebalanceBegan(kind=kind, partitions=tps):
+                self._rebalance_started[kind] = self._clock()
+                self._apply(RebalanceStarted(kind))
+                if kind == "lost":
+                    self._rebalance_done("lost")
+                    self._apply(ReadinessRevoked(frozenset(tps), settled=False))
+                    self.instruments.clear_lag(tps)
+            case ev.Assigned(partitions=tps):
+                self._rebalance_done("assign")
+                self._apply(Positioned(frozenset(tps)))
+            case ev.Revoked(partitions=tps):
+                self._rebalance_done("revoke")
+                self._apply(ReadinessRevoked(frozenset(tps), settled=self._cooperative))
+                self.instruments.clear_lag(tps)
+            case ev.Failed(error=error, exit_code=exit_code):
+                self.instruments.retired(reason=error)
+                with _tracer.start_as_current_span("fence.retire", attributes=self._attrs(
+                        **{"fence.outcome": error, "fence.exit_code": exit_code})):
+                    pass
+                self._apply(Retired(error))
+                self.instruments.clear_lag()
+            case ev.StopRequested():
+                self._apply(Stopping())
+                if self._shutdown_span is None:
+                    self._shutdown_span = _tracer.start_span("fence.shutdown",
+                                                             attributes=self._attrs())
+            case ev.ShutdownTimedOut(in_flight=in_flight):
+                if self._shutdown_span is not None:
+                    self._shutdown_span.set_attribute("fence.in_flight",
+                                                      [i.describe() for i in in_flight])
+            case ev.LifetimeEnded(exit_code=exit_code):
+                if self._shutdown_span is not None:
+                    self._shutdown_span.set_attribute("fence.exit_code", exit_code)
+                    self._shutdown_span.end()
+                    self._shutdown_span = None
+                self._end_member(failed=self.readiness.state.phase is Phase.RETIRED)
         self._sync_member_state()
 
     def _attrs(self, **extra: Any) -> dict[str, Any]:

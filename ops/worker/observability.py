@@ -19,10 +19,10 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from consumer.events import WorkerEvent
 from consumer.observability.heartbeat import HeartbeatStore, MemberHeartbeat, MemberIdentity
 from consumer.observability.instruments import Instruments
 from consumer.observability.observer import LagFacts, Observe, WorkerObserver
@@ -124,9 +124,9 @@ class WorkerObservability:
         self.http: HttpServer | None = None
         self._task: asyncio.Task[None] | None = None
 
-    def on_event(self, name: str, attrs: Mapping[str, Any]) -> None:
+    def on_event(self, event: WorkerEvent) -> None:
         """The ``Worker``'s ``on_event`` hook."""
-        self.observer.on_event(name, attrs)
+        self.observer.on_event(event)
 
     def start(self) -> None:
         """Bind the HTTP port (``OSError`` if taken) and start the background task."""

@@ -73,9 +73,6 @@ class Recorder:
             self.records.extend(records)
         release()
 
-    def kafka_error(self, err: object, tp: TopicPartition | None) -> None:
-        self.log.append((self.name, "error", str(err)))
-
     def failed(self, exc: BaseException) -> None:
         with self.lock:
             self.failures.append(exc)

@@ -10,9 +10,10 @@ from typing import Any
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+from consumer import events as ev
 from consumer.observability.heartbeat import MemberHeartbeat, MemberIdentity
 from consumer.observability.instruments import Instruments
-from consumer.observability.observer import WorkerObserver, parse_tp
+from consumer.observability.observer import WorkerObserver
 from consumer.observability.readiness import LoopHeartbeat, Phase, ReadinessHolder
 from fencing.types import SourceFacts, Token, TopicPartition
 from tests.polling import until_async
@@ -57,34 +58,40 @@ def _make(*, cooperative: bool = False
     return obs, clock, rows, reader
 
 
-def test_parse_tp_round_trips() -> None:
-    assert parse_tp(str(A)) == A
+def test_events_keep_partitions_typed_and_log_in_the_searchable_format() -> None:
+    """No round trip through strings: events carry ``TopicPartition``s; ``str`` is the log
+    line operators and tests search for."""
+    event = ev.Assigned((A, B))
+    assert event.partitions == (A, B) and isinstance(event.partitions[0], TopicPartition)
+    assert str(event) == f"assigned {{'partitions': ['{A}', '{B}']}}"
+    assert str(ev.RebalanceBegan("lost", (A,))) == f"lost {{'partitions': ['{A}']}}"
+    assert str(ev.LifetimeStarted("lt-1")) == "lifetime.start {'lifetime': 'lt-1'}"
 
 
 async def test_event_sequence_of_one_eager_lifetime() -> None:
     obs, clock, rows, reader = _make()
     assert obs.readiness.state.phase is Phase.STARTING
-    obs.on_event("lifetime.start", {"lifetime": "lt-1"})
+    obs.on_event(ev.LifetimeStarted("lt-1"))
     assert obs.readiness.state.phase is Phase.WAITING
-    obs.on_event("assign", {"partitions": [str(A), str(B)]})
+    obs.on_event(ev.RebalanceBegan("assign", (A, B)))
     assert not obs.readiness.state.ready
     clock.now += 0.25
-    obs.on_event("assigned", {"partitions": [str(A), str(B)]})
+    obs.on_event(ev.Assigned((A, B)))
     assert obs.readiness.state.ready
     await obs._sample_lag()
     assert obs.instruments.lag() == {A: 40, B: 39}
     assert obs.member is not None
     await obs.member.tick()
-    obs.on_event("revoke", {"partitions": [str(A), str(B)]})
-    obs.on_event("revoked", {"partitions": [str(A), str(B)]})
+    obs.on_event(ev.RebalanceBegan("revoke", (A, B)))
+    obs.on_event(ev.Revoked((A, B)))
     assert not obs.readiness.state.ready  # eager: an assign follows
     assert obs.instruments.lag() == {}
-    obs.on_event("assign", {"partitions": [str(B)]})
-    obs.on_event("assigned", {"partitions": [str(B)]})
+    obs.on_event(ev.RebalanceBegan("assign", (B,)))
+    obs.on_event(ev.Assigned((B,)))
     assert obs.readiness.state.ready and obs.readiness.state.assigned == {B}
     assert not await obs.member.tick()  # same state as the last row, interval not passed
-    obs.on_event("stopping", {})
-    obs.on_event("lifetime.end", {"lifetime": "lt-1", "exit_code": 0})
+    obs.on_event(ev.StopRequested())
+    obs.on_event(ev.LifetimeEnded("lt-1", 0))
     await obs.close()
     assert [(lt, st) for lt, st, _ in rows.rows] == [
         ("lt-1", "running"), ("lt-1", "stopped")]
@@ -100,14 +107,14 @@ async def test_event_sequence_of_one_eager_lifetime() -> None:
 
 async def test_failure_retires_and_a_fresh_lifetime_gets_its_own_row() -> None:
     obs, _clock, rows, _reader = _make(cooperative=True)
-    obs.on_event("lifetime.start", {"lifetime": "lt-1"})
-    obs.on_event("assign", {"partitions": [str(A)]})
-    obs.on_event("assigned", {"partitions": [str(A)]})
-    obs.on_event("failed", {"error": "Fenced", "exit_code": 3})
+    obs.on_event(ev.LifetimeStarted("lt-1"))
+    obs.on_event(ev.RebalanceBegan("assign", (A,)))
+    obs.on_event(ev.Assigned((A,)))
+    obs.on_event(ev.Failed("Fenced", 3))
     assert obs.readiness.state.phase is Phase.RETIRED
-    obs.on_event("assigned", {"partitions": [str(A)]})  # illegal now: ignored, not raised
-    obs.on_event("lifetime.end", {"lifetime": "lt-1", "exit_code": 3})
-    obs.on_event("lifetime.start", {"lifetime": "lt-2"})
+    obs.on_event(ev.Assigned((A,)))  # illegal now: ignored, not raised
+    obs.on_event(ev.LifetimeEnded("lt-1", 3))
+    obs.on_event(ev.LifetimeStarted("lt-2"))
     assert obs.readiness.state.phase is Phase.WAITING
     await obs.close()
     await asyncio.sleep(0)

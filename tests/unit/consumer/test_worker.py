@@ -105,7 +105,7 @@ async def test_assign_positions_from_store_and_commits_after_each_batch() -> Non
     run = asyncio.create_task(worker.run())
     await until_async(lambda: bool(fakes))
     kafka = fakes[0]
-    positions = await asyncio.to_thread(worker.assigned, [TP0, TP1])
+    positions = await asyncio.to_thread(fakes[-1].rb.assigned, [TP0, TP1])
     assert positions == {TP0: 0, TP1: 0}
     await asyncio.to_thread(kafka.deliver, records(TP0, 0, 120) + records(TP1, 0, 30))
     await until_async(lambda: kafka.committed(TP0) == 120 and kafka.committed(TP1) == 30)
@@ -120,7 +120,7 @@ async def test_stale_records_are_dropped_after_positioning() -> None:
     worker, _store, fakes = make()
     run = asyncio.create_task(worker.run())
     await until_async(lambda: bool(fakes))
-    await asyncio.to_thread(worker.assigned, [TP0])
+    await asyncio.to_thread(fakes[-1].rb.assigned, [TP0])
     await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 10))
     await until_async(lambda: fakes[0].committed(TP0) == 10)
     await asyncio.to_thread(fakes[0].deliver, records(TP0, 5, 10))  # 5..9 already delivered
@@ -142,10 +142,10 @@ async def test_revoke_returns_only_after_the_in_flight_batch() -> None:
     worker, store, fakes = make(slow)
     run = asyncio.create_task(worker.run())
     await until_async(lambda: bool(fakes))
-    await asyncio.to_thread(worker.assigned, [TP0])
+    await asyncio.to_thread(fakes[-1].rb.assigned, [TP0])
     await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 10))
     await until_async(lambda: order == ["batch-start"])
-    revoking = asyncio.create_task(asyncio.to_thread(worker.revoked, [TP0]))
+    revoking = asyncio.create_task(asyncio.to_thread(fakes[-1].rb.revoked, [TP0]))
     await asyncio.sleep(0.2)
     assert not revoking.done()
     release.set()
@@ -168,7 +168,7 @@ async def test_full_partition_is_paused_then_resumed() -> None:
     worker, _store, fakes = make(gated, batch_max_records=10, queue_max_batches=2)
     run = asyncio.create_task(worker.run())
     await until_async(lambda: bool(fakes))
-    await asyncio.to_thread(worker.assigned, [TP0])
+    await asyncio.to_thread(fakes[-1].rb.assigned, [TP0])
     await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 40))
     await until_async(lambda: ("pause", TP0, -1) in fakes[0].commands)
     gate.set()
@@ -186,7 +186,7 @@ async def test_shutdown_past_bound_reports_in_flight_and_exits_6(caplog: Any) ->
     worker, store, fakes = make(stuck, shutdown_timeout_s=0.3)
     run = asyncio.create_task(worker.run())
     await until_async(lambda: bool(fakes))
-    await asyncio.to_thread(worker.assigned, [TP1])
+    await asyncio.to_thread(fakes[-1].rb.assigned, [TP1])
     await asyncio.to_thread(fakes[0].deliver, records(TP1, 0, 7))
     await until_async(lambda: bool(worker.in_flight))
     worker.request_stop()
@@ -199,17 +199,17 @@ async def test_refused_source_ends_with_exit_4() -> None:
     worker, _store, fakes = make()
     run = asyncio.create_task(worker.run())
     await until_async(lambda: bool(fakes))
-    assert await asyncio.to_thread(worker.assigned, [TP0]) == {TP0: 0}
+    assert await asyncio.to_thread(fakes[-1].rb.assigned, [TP0]) == {TP0: 0}
     await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 5))
     await until_async(lambda: fakes[0].committed(TP0) == 5)
-    await asyncio.to_thread(worker.revoked, [TP0])
+    await asyncio.to_thread(fakes[-1].rb.revoked, [TP0])
 
     class Recreated(Facts):
         def facts(self, tps: list[TopicPartition]) -> dict[TopicPartition, SourceFacts]:
             return {tp: SourceFacts("other-id", 0, 100) for tp in tps}
 
     worker._source = Recreated()
-    assert await asyncio.to_thread(worker.assigned, [TP0]) is None  # held paused, not claimed
+    assert await asyncio.to_thread(fakes[-1].rb.assigned, [TP0]) is None  # held paused, not claimed
     assert await run is ExitCode.SOURCE_REFUSED
 
 
@@ -219,14 +219,14 @@ async def test_fenced_batch_retires_and_restart_lifetimes_starts_a_fresh_one() -
     worker, store, fakes = make(restart_lifetimes=1)
     run = asyncio.create_task(worker.run())
     await until_async(lambda: bool(fakes))
-    await asyncio.to_thread(worker.assigned, [TP0])
+    await asyncio.to_thread(fakes[-1].rb.assigned, [TP0])
     # another member claims the partition behind this lifetime's back (a zombie's view)
     await store.claim([ClaimRequest(TP0, 0, "tid")], lifetime="intruder")
     await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 5))
     await until_async(lambda: len(fakes) == 2)  # lifetime 1 retired: a fresh consumer and lifetime
     assert fakes[0].closed.done() and len(worker.lifetimes) == 2
     assert store.token_of(TP0).frontier == 0  # type: ignore[union-attr]  # nothing applied
-    assert await asyncio.to_thread(worker.assigned, [TP0]) == {TP0: 0}
+    assert await asyncio.to_thread(fakes[-1].rb.assigned, [TP0]) == {TP0: 0}
     await asyncio.to_thread(fakes[1].deliver, records(TP0, 0, 5))
     await until_async(lambda: fakes[1].committed(TP0) == 5)
     worker.request_stop()
@@ -239,7 +239,7 @@ async def test_fenced_batch_without_restarts_exits_3() -> None:
     worker, store, fakes = make()
     run = asyncio.create_task(worker.run())
     await until_async(lambda: bool(fakes))
-    await asyncio.to_thread(worker.assigned, [TP0])
+    await asyncio.to_thread(fakes[-1].rb.assigned, [TP0])
     await store.claim([ClaimRequest(TP0, 0, "tid")], lifetime="intruder")
     await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 5))
     assert await run is ExitCode.RETIRED

@@ -11,7 +11,7 @@ import pytest
 
 from ops.stack.config import SERVICE_ENV
 
-COMPOSE_FILE = Path(__file__).resolve().parents[2] / "compose" / "docker-compose.yml"
+COMPOSE_FILE = Path(__file__).resolve().parents[3] / "compose" / "docker-compose.yml"
 
 
 def _compose_argv() -> list[str] | None:

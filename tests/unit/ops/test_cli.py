@@ -11,7 +11,7 @@ import pytest
 from ops import cli
 from ops.stack.config import PORT_ENV, SERVICE_ENV
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FENCECTL = Path(sys.executable).parent / "fencectl"
 
 

@@ -1,0 +1,319 @@
+"""One worker lifetime's run: its consumer, its partitions, its batches, its end.
+
+Rules (the worker's; see ``consumer.worker`` for the process around it)
+- Rebalance callbacks (on the Kafka thread) block on coroutines of the loop: ``assigned``
+  validates and claims through the lifecycle, then returns the durable frontiers the
+  consumer is positioned at; ``revoked`` first lets every in-flight batch of those
+  partitions finish, then calls ``lifecycle.revoke``; ``lost`` is local only.
+- Callbacks carry their lifetime: the Kafka thread of this run reports to this run only;
+  once another run is current, its callbacks are logged and ignored -- they never touch the
+  current lifetime's tokens or partitions.
+- One runner task per owned partition takes batches from its buffer and submits them with
+  ``lifecycle.process``; at most ``db_concurrency`` batches are in flight across partitions.
+  After each commit the frontier is queued as an asynchronous Kafka commit (advisory).
+- A fenced batch means this process was a zombie (its partition was lost and a newer owner
+  committed): nothing of it applied, and the lifetime ends with exit 3.
+- A failure ends the run with ``exit_code_for(exc)``: stop fetching, leave the group
+  (``Consumer.close()`` on the Kafka thread, outside any callback), stop the lifecycle. The
+  Kafka thread never dies silently: ``failed`` ends the run (2 for a consumer that cannot
+  be built, 5 for a failed assign, 1 with the traceback for anything else).
+- Shutdown: stop fetching, drop unstarted batches, wait for in-flight ones up to
+  ``shutdown_timeout_s``; past it, report them and end with code 6, which wins over any
+  earlier failure's code; the stuck work is cancelled and not waited for again
+  (``abandoned``).
+- Progress (records fetched into a partition's buffer, a batch committed) is timed per
+  partition on the injected clock; ``progress()`` feeds stall detection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from consumer import events as ev
+from consumer.batching import Flow, InFlight, PartitionBuffer, in_flight_of
+from consumer.decisions import LifetimeState
+from consumer.exits import ExitCode, exit_code_for
+from consumer.kafka.adapter import call_on_loop
+from consumer.kafka.source import build_checks
+from consumer.ports import KafkaPort, LifecyclePort, Partition
+from fencing.errors import Fenced, FenceError, Retired, SourceRefused
+from fencing.types import SourceRecord, TopicPartition
+
+if TYPE_CHECKING:
+    from consumer.worker import Worker
+
+__all__ = ["LifetimeRun"]
+
+log = logging.getLogger("fenceworker.worker")
+
+
+class LifetimeRun:
+    """One lifetime of a ``Worker``; ``run()`` returns its exit code. It is also the
+    ``Rebalancer`` its Kafka thread reports to (``consumer.kafka.adapter``)."""
+
+    def __init__(self, worker: Worker, lifetime_id: str, lifecycle: LifecyclePort,
+                 kafka_factory: Callable[[LifetimeRun], KafkaPort]) -> None:
+        self._w = worker
+        self._cfg = worker.config
+        self.lifetime_id = lifetime_id
+        self._lc = lifecycle
+        self._loop = asyncio.get_running_loop()
+        self._failure: BaseException | None = None
+        self._failed = asyncio.Event()
+        self._parts: dict[TopicPartition, Partition] = {}
+        self._slots = asyncio.Semaphore(self._cfg.db_concurrency)
+        self._stopping = False
+        self.abandoned = False  # in-flight work outlived the shutdown bound
+        self.kafka = kafka_factory(self)
+
+    @property
+    def in_flight(self) -> list[InFlight]:
+        return [p.inflight for p in self._parts.values() if p.inflight is not None]
+
+    def progress(self) -> dict[TopicPartition, float]:
+        """Per owned partition: the clock time of its last fetch or commit progress."""
+        return {tp: p.progress_s for tp, p in self._parts.items() if not p.closing}
+
+    async def run(self, stop_requested: asyncio.Event) -> ExitCode:
+        """Run until ``stop_requested`` or a failure; then end (see the module Rules)."""
+        self.kafka.start()
+        waiters = [asyncio.ensure_future(stop_requested.wait()),
+                   asyncio.ensure_future(self._failed.wait())]
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for w in waiters:
+            w.cancel()
+        return await self._end()
+
+    async def _end(self) -> ExitCode:
+        self._stopping = True
+        self.kafka.stop_fetching()
+        for part in self._parts.values():
+            part.buffer.clear()
+            part.wake.set()
+        tasks = [p.task for p in self._parts.values() if p.task is not None and not p.task.done()]
+        pending: set[asyncio.Task[None]] = set()
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=self._cfg.shutdown_timeout_s)
+        # after the in-flight batches ended: their failures may name the root cause
+        code = ExitCode.OK if self._failure is None else exit_code_for(self._failure)
+        if pending:
+            stuck = self.in_flight
+            log.error("shutdown bound %.1fs exceeded (exit 6%s); still in flight: %s",
+                      self._cfg.shutdown_timeout_s,
+                      "" if code is ExitCode.OK else f" instead of {int(code)}",
+                      "; ".join(i.describe() for i in stuck) or "(between batches)")
+            self._w.emit(ev.ShutdownTimedOut(tuple(stuck)))
+            code = ExitCode.SHUTDOWN_TIMEOUT  # final: work was abandoned
+            self.abandoned = True
+            self._stop_lifecycle()  # cancel the stuck calls before leaving the group
+        closed = self.kafka.close()  # on_revoke -> lifecycle.revoke (journals the release)
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(closed), timeout=self._cfg.budget_s + 10)
+        except Exception as exc:  # timeout or Kafka thread failure: it could not leave cleanly
+            log.warning("consumer close did not finish: %r", exc)
+        self._stop_lifecycle()
+        for part in list(self._parts.values()):
+            if part.task is not None and not part.task.done():
+                part.task.cancel()
+        return code
+
+    def _stop_lifecycle(self) -> None:
+        try:
+            self._lc.stop()
+        except FenceError as exc:
+            log.debug("lifecycle stop: %s", exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """Record the failure that ends this run; a failure with a cause replaces a bare
+        ``Retired`` (a refusal after the retirement began)."""
+        first = self._failure is None
+        if first or (_bare(self._failure) and not _bare(exc)):
+            self._failure = exc
+        cause = exc.__cause__ or exc.__context__
+        code = exit_code_for(exc)
+        log.error("lifetime %s (exit %d, %s): %s%s", "ends" if first else "also failed",
+                  code, type(exc).__name__, _advice(exc),
+                  f" [cause: {type(cause).__name__}: {cause}]" if cause is not None else "",
+                  exc_info=exc if code is ExitCode.INTERNAL else None)
+        if first:
+            self._w.emit(ev.Failed(type(exc).__name__, int(code)))
+        self._failed.set()
+
+    # ---- Rebalancer (called from the Kafka thread) ---------------------------------------
+
+    def _current(self, what: str) -> bool:
+        if self._w.current is self:
+            return True
+        log.warning("ignored %s callback of earlier lifetime %s", what, self.lifetime_id)
+        return False
+
+    def assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int] | None:
+        return self._blocking(self._assigned(tps), "assign") if self._current("assign") \
+            else None
+
+    def revoked(self, tps: list[TopicPartition]) -> None:
+        if self._current("revoke"):
+            self._blocking(self._revoked(tps), "revoke")
+
+    def lost(self, tps: list[TopicPartition]) -> None:
+        if self._current("lost"):
+            self._blocking(self._lost(tps), "lost")
+
+    def deliver(self, records: list[SourceRecord], release: Callable[[], None]) -> None:
+        if self._current("deliver"):
+            self._loop.call_soon_threadsafe(self._take_delivery, records, release)
+        else:
+            release()
+
+    def failed(self, exc: BaseException) -> None:
+        if self._current("failure"):
+            self._loop.call_soon_threadsafe(self._fail, exc)
+
+    def _blocking(self, coro: Any, what: str) -> Any:
+        """Run ``coro`` on the loop and wait; a failure ends the run and gives None."""
+        try:
+            return call_on_loop(self._loop, coro, timeout_s=self._cfg.budget_s + 5)
+        except BaseException as exc:  # a callback must never raise into librdkafka
+            self._loop.call_soon_threadsafe(self._fail, exc)
+            log.debug("%s callback failed: %r", what, exc)
+            return None
+
+    # ---- loop side of the callbacks ------------------------------------------------------
+
+    async def _assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int] | None:
+        if self._stopping:
+            return None
+        if not tps:
+            self._w.emit(ev.Assigned(()))
+            return {}
+        self._w.emit(ev.RebalanceBegan("assign", tuple(tps)))
+        facts = await asyncio.to_thread(self._w.source.facts, tps)
+        checks = build_checks(facts, allow_retention_gap=self._cfg.allow_retention_gap)
+        try:
+            await self._lc.assign(checks)
+            positions = {tp: int(await self._lc.seek(tp)) for tp in tps}
+        except BaseException as exc:
+            self._fail(exc)
+            return None
+        if self._stopping or self._w.current is not self:
+            return None  # the run ended meanwhile: hold the partitions paused
+        for tp in tps:
+            self._start_partition(tp, positions[tp])
+        self._w.emit(ev.Assigned(tuple(tps)))
+        return positions
+
+    def _start_partition(self, tp: TopicPartition, position: int) -> None:
+        cfg = self._cfg
+        buffer = PartitionBuffer(next_offset=position, max_records=cfg.batch_max_records,
+                                 max_bytes=cfg.batch_max_bytes,
+                                 queue_max_records=cfg.queue_max_records,
+                                 queue_max_bytes=cfg.queue_max_bytes)
+        part = Partition(tp, buffer, progress_s=self._w.clock())
+        part.task = asyncio.create_task(self._run_partition(part), name=f"partition {tp}")
+        self._parts[tp] = part
+
+    async def _revoked(self, tps: list[TopicPartition]) -> None:
+        self._w.emit(ev.RebalanceBegan("revoke", tuple(tps)))
+        tasks = self._close_partitions(tps)
+        if tasks and not self.abandoned:  # abandoned work is not waited for twice
+            await asyncio.wait(tasks, timeout=self._cfg.budget_s)
+        if self._live():
+            await self._lc.revoke(tps)
+        self._w.emit(ev.Revoked(tuple(tps)))
+
+    async def _lost(self, tps: list[TopicPartition]) -> None:
+        self._w.emit(ev.RebalanceBegan("lost", tuple(tps)))
+        self._close_partitions(tps)
+        if self._live():
+            self._lc.lost(tps)
+
+    def _close_partitions(self, tps: list[TopicPartition]) -> list[asyncio.Task[None]]:
+        tasks = []
+        for tp in tps:
+            part = self._parts.pop(tp, None)
+            if part is None:
+                continue
+            part.closing = True
+            part.buffer.clear()
+            part.wake.set()
+            if part.task is not None and not part.task.done():
+                tasks.append(part.task)
+        return tasks
+
+    def _take_delivery(self, records: list[SourceRecord], release: Callable[[], None]) -> None:
+        try:
+            start = 0
+            while start < len(records):
+                tp = records[start].tp
+                end = start + 1
+                while end < len(records) and records[end].partition == tp.partition \
+                        and records[end].topic == tp.topic:
+                    end += 1
+                part = self._parts.get(tp)
+                if part is not None and not part.closing and not self._stopping:
+                    if part.buffer.add(records[start:end]) < end - start:
+                        part.progress_s = self._w.clock()
+                    self._apply_flow(part)
+                    part.wake.set()
+                start = end
+        finally:
+            release()
+
+    def _apply_flow(self, part: Partition) -> None:
+        if part.closing or self._parts.get(part.tp) is not part:
+            return  # an older assignment of the partition: its flow state is gone
+        flow = part.buffer.flow()
+        if flow is Flow.PAUSE:
+            self.kafka.pause(part.tp)
+        elif flow is Flow.RESUME:
+            self.kafka.resume(part.tp)
+
+    # ---- processing ----------------------------------------------------------------------
+
+    async def _run_partition(self, part: Partition) -> None:
+        while not part.closing and not self._stopping:
+            if len(part.buffer) == 0:
+                part.wake.clear()
+                await part.wake.wait()
+                continue
+            async with self._slots:
+                if part.closing or self._stopping:
+                    return
+                batch = part.buffer.take_batch()
+                self._apply_flow(part)
+                part.inflight = inflight = in_flight_of(batch)
+                try:
+                    links = self._w.trace_links(batch) if self._w.trace_links else ()
+                    token = await self._lc.process(part.tp, batch, self._w.handler,
+                                                   links=links)
+                except asyncio.CancelledError:
+                    raise
+                except BaseException as exc:
+                    if part.closing and isinstance(exc, Fenced):
+                        # Lost meanwhile and a newer owner committed: this process was a
+                        # zombie. Nothing of the batch applied; the lifetime ends (exit 3).
+                        log.warning("batch %s not applied: fenced after the partition was lost "
+                                    "(%s)", inflight.describe(), exc)
+                    self._fail(exc)
+                    return
+                finally:
+                    part.inflight = None
+            part.progress_s = self._w.clock()
+            self.kafka.commit(part.tp, token.frontier)
+
+    def _live(self) -> bool:
+        return self._lc.state is LifetimeState.LIVE
+
+
+def _bare(exc: BaseException | None) -> bool:
+    """A ``Retired`` refusal that names no cause (a call after the retirement began)."""
+    return isinstance(exc, Retired) and exc.__cause__ is None
+
+
+def _advice(exc: BaseException) -> str:
+    if isinstance(exc, SourceRefused):
+        return f"{exc} -- the source no longer matches the durable state; an operator must decide"
+    return str(exc) or type(exc).__name__
