@@ -1,5 +1,8 @@
 """The confluent-kafka adapter: one thread owns the ``Consumer``; callbacks block on the loop.
 
+Long because one Consumer handle's threading model, command queue, rebalance callbacks,
+pause reconciliation and error translation follow librdkafka rules that couple them.
+
 Threading model (deliberate; see the README's worker section)
 - librdkafka serves rebalance events inside ``poll()``/``consume()``/``close()`` on the
   calling thread, and the Python wrapper re-assigns by itself after a callback that did not

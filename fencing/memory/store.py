@@ -1,5 +1,8 @@
 """The in-memory fence store: the ``FenceStore`` semantics without a database, plus fault hooks.
 
+Long because every modeled persistence boundary carries its fault and interleave hooks,
+which the simulator selects per call.
+
 Rules
 - Same contract as ``fencing.store`` (epochs start at 0, one claim call for the whole
   assignment, ``process`` is one transaction); rows, journal, quarantine, members and

@@ -1,5 +1,8 @@
 """The asyncpg fence store (production implementation of ``fencing.store.FenceStore``).
 
+Long because each store operation sits with its phase-aware outcome classification and
+the checks of COMMIT; the SQL lives in ``fencing.postgres.sql``.
+
 Rules
 - ``PgFenceStore.connect`` refuses a schema whose version is not ``SCHEMA_VERSION``
   (``SchemaMismatch`` names both) before any fence call is possible.

@@ -1,6 +1,9 @@
 """Runs one trace: the production ``consumer.Lifecycle`` over ``MemoryFenceStore`` with
 logical time, serially, on a private asyncio loop; no real sleeps, no wall clock.
 
+Long because the serial schedule interpreter handles every actor and fault kind in one
+place, so a trace reads top to bottom against it.
+
 Rules
 - One step is one attempt: the store's call numbers restart and the step's faults apply.
 - A fetch cursor per (lifetime, partition) is set by ``seek`` and advances as soon as a

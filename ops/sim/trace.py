@@ -1,5 +1,8 @@
 """Trace format version 1 (``worker-schedule-v1``): parse strictly, dump canonically.
 
+Long because the trace format's strict validation (unknown fields, provenance, choices)
+is one reviewed unit.
+
 Rules
 - A trace is one JSON object with exactly the fields of ``Trace``; nested objects have
   exactly their documented fields. Unknown fields, trailing content, a different version
