@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ops.hints import fencectl
+
 __all__ = ["register", "run"]
 
 
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     _write(args.report, text)
     sys.stdout.write(text)
     if report["status"] != "PASS" and args.replay is None:
-        print(f"reproduce with: fencectl sim-worker --seed {args.seed} --class {args.klass} "
+        print(f"reproduce with: {fencectl()} sim-worker --seed {args.seed} --class {args.klass} "
               f"--steps {args.steps}{' --no-drain' if args.no_drain else ''}", file=sys.stderr)
     return 0 if report["status"] == "PASS" else 1
 

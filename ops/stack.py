@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from ops import stack_jaeger, stack_kafka, stack_postgres
+from ops.hints import fencectl
 from ops.stack_config import (
     PORT_ENV,
     SERVICE_PORTS,
@@ -148,7 +149,7 @@ def _wait_healthy(settings: StackSettings, service: Service, pid: int) -> None:
         raise StackError(
             f"{service.value} (pid {pid}) did not become healthy within {bound:.0f} s "
             f"(last check: {last}). Fix the cause in its log, then run "
-            f"`fencectl stack down && fencectl stack up`. {log}:\n{log_tail(log)}"
+            f"`{fencectl()} stack down && {fencectl()} stack up`. {log}:\n{log_tail(log)}"
         )
 
 
