@@ -289,7 +289,10 @@ class Worker:
             self._kafka.resume(part.tp)
 
     def _on_kafka_error(self, err: KafkaError, tp: TopicPartition | None) -> None:
-        if err.code() == KafkaError._AUTO_OFFSET_RESET:
+        if err.code() == KafkaError._AUTO_OFFSET_RESET and tp not in self._parts:
+            # not positioned by this lifetime (its assignment was refused): no position to lose
+            log.debug("kafka: %s: %s (partition not positioned; ignored)", tp, err.str())
+        elif err.code() == KafkaError._AUTO_OFFSET_RESET:
             self._fail(RetentionGap(
                 f"{tp}: the consumer position fell out of range while consuming (records were "
                 f"deleted before processing: {err.str()}); decide, then restart with or without "

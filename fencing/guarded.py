@@ -10,10 +10,13 @@ Rules
   and then, only while ``check_live`` passes, a fresh claim as the next call. The
   observed epoch is never adopted: only a claim reply installs a token.
 - ``check_live`` runs before every call and after every wait.
+- ``guarded_skip`` logs one warning once the frontier moved (the journal has its
+  ``gap-skip`` row): records were skipped unprocessed and an operator should know.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from opentelemetry import trace
@@ -27,6 +30,7 @@ from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition
 __all__ = ["Unresolved", "guarded_claim", "guarded_observe", "guarded_process", "guarded_skip"]
 
 _tracer = trace.get_tracer("fenceworker.fencing")
+log = logging.getLogger("fenceworker.fencing")
 
 
 class Unresolved(OutcomeUnknown):
@@ -188,4 +192,8 @@ async def guarded_skip(
         resolution = resolve_process(sent=token, batch_end=to_offset, observed=observed)
         return _settle(resolution, token, to_offset, observed, what=f"skip {tp}")
 
-    return await with_policy(one_call, wait=wait, check_live=check_live, on_retry=on_retry)
+    moved = await with_policy(one_call, wait=wait, check_live=check_live, on_retry=on_retry)
+    log.warning("%s: skipped offsets %d..%d unprocessed (%s, %d records; journaled gap-skip at "
+                "epoch %d)", tp, token.frontier, to_offset - 1, reason, to_offset - token.frontier,
+                moved.epoch)
+    return moved

@@ -33,6 +33,7 @@ from consumer.exits import ExitCode
 from consumer.source import KafkaSource, SourceUnavailable
 from consumer.worker import Worker
 from fencing.errors import ConfigError, SchemaMismatch, SourceRefused, StoreUnavailable
+from fencing.types import TopicPartition
 from ops.db import connect_mistake, connection
 from ops.hints import schema_advice
 from ops.observability import ObsOptions, WorkerObservability
@@ -213,7 +214,7 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
                           f"(no answer within {_PROBE_TIMEOUT_S:g} s at start); check the host "
                           "and port (and any -X security settings)")
     try:
-        await asyncio.to_thread(probe.topic_id, cfg.topic)
+        _topic_id, partition_count = await asyncio.to_thread(probe.topic_id, cfg.topic)
     except SourceRefused as exc:
         raise ConfigError(f"--topic {cfg.topic}: {exc}") from None
     except SourceUnavailable as exc:
@@ -225,6 +226,7 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
                               store=store, cooperative=cfg.cooperative,
                               lag_facts=source.facts, observe=store.observe,
                               group_id=cfg.group_id)
+    obs.instruments.export_zeros(TopicPartition(cfg.topic, p) for p in range(partition_count))
     try:
         await _ensure_handler_tables(cfg)
         settings = kafka_settings(cfg)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -58,6 +59,10 @@ def _write(path: Path | None, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from ops.sim import dumps, dumps_report, make_trace, parse, run_trace
     from ops.sim.trace import TraceError
+
+    # the production code's log lines (e.g. a gap-skip warning) are events of the report
+    # here, not output: keep Python's last-resort handler from printing them
+    logging.getLogger("fenceworker").addHandler(logging.NullHandler())
 
     if args.steps < 0:
         return _usage("--steps must be >= 0")
