@@ -1,0 +1,115 @@
+"""Newcomer mistakes that need no service: each is a real ``fencectl`` subprocess that
+exits 2 with exactly one line naming the setting to fix, and never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fencing.handler import load_handler
+
+ROOT = Path(__file__).resolve().parents[2]
+# nothing listens on port 1 of loopback: connecting is refused at once
+NOWHERE_KAFKA = "127.0.0.1:1"
+NOWHERE_DSN = "postgresql://fenceworker:NotTheSecret1@127.0.0.1:1/fenceworker"
+RUN = ["run", "--topic", "t", "--group", "g"]
+
+
+def fencectl(*args: str, env: dict[str, str] | None = None,
+             timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items()
+            if not k.startswith(("FENCE_", "KAFKA_", "OTEL_"))}
+    full.update({"PYTHONPATH": str(ROOT), "OTEL_TRACES_EXPORTER": "none",
+                 "FENCE_STACK_DIR": str(ROOT / ".stack-unit-absent"),
+                 "KAFKA_BOOTSTRAP_SERVERS": NOWHERE_KAFKA, "FENCE_DSN": NOWHERE_DSN})
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "ops.cli", *args], cwd=ROOT, env=full,
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
+def one_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The single line the command printed (stderr), after checking there is nothing else."""
+    out = done.stdout + done.stderr
+    assert "Traceback" not in out, out[-3000:]
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and not done.stdout.strip(), out[-3000:]
+    return lines[0]
+
+
+def test_bad_fence_http_port_is_refused_by_run_only() -> None:
+    done = fencectl(*RUN, env={"FENCE_HTTP_PORT": "abc"})
+    assert done.returncode == 2
+    line = one_line(done)
+    assert line.startswith("fencectl run: FENCE_HTTP_PORT='abc'") and "0..65535" in line
+    status = fencectl("status", env={"FENCE_HTTP_PORT": "abc", "FENCE_DSN": ""})
+    assert status.returncode == 2  # FENCE_DSN unset: status does not care about the port
+    assert "FENCE_HTTP_PORT" not in one_line(status) and "FENCE_DSN" in status.stderr
+    env_out = fencectl("stack", "env", env={"FENCE_HTTP_PORT": "abc"})
+    assert env_out.returncode == 0 and "Traceback" not in env_out.stderr
+
+
+def test_incoherent_handler_is_refused_at_load_naming_it_and_the_pair() -> None:
+    done = fencectl(*RUN, "--handler", "tests.unit.handlers_mixed:mailer")
+    assert done.returncode == 2
+    line = one_line(done)
+    assert "--handler tests.unit.handlers_mixed:mailer" in line
+    assert "durability=durable-critical effects=external-non-idempotent" in line
+    # the module imports, and its coherent handler loads
+    assert callable(load_handler("tests.unit.handlers_mixed:ledger"))
+
+
+@pytest.mark.parametrize("extra, env, needle", [
+    (["--group-protocol", "consumer", "--assignment-strategy", "range"], {},
+     "--assignment-strategy range cannot be used with --group-protocol consumer"),
+    (["--log-level", "foo"], {}, "--log-level 'foo'"),
+    ([], {"FENCE_LOG_LEVEL": "loud"}, "FENCE_LOG_LEVEL 'loud'"),
+    (["--db-idle-in-transaction-timeout-s", "30"], {},
+     "--db-idle-in-transaction-timeout-s 30: use more than 0 and less than the 20 s"),
+    (["-X", "bootstrap.servers=other:9092"], {}, "--bootstrap-servers"),
+    (["-X", "group.id=other"], {}, "set it once, with --group"),
+    ([], {"KAFKA_BOOTSTRAP_SERVERS": ""}, "no --bootstrap-servers given"),
+])
+def test_run_refuses_configuration_mistakes(extra: list[str], env: dict[str, str],
+                                            needle: str) -> None:
+    done = fencectl(*RUN, *extra, env=env)
+    assert done.returncode == 2
+    assert needle in one_line(done)
+
+
+def test_unreachable_bootstrap_flag_is_named_in_one_line() -> None:
+    done = fencectl(*RUN, "--bootstrap-servers", NOWHERE_KAFKA,
+                    env={"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:2"})
+    assert done.returncode == 2
+    line = one_line(done)  # no librdkafka log lines
+    assert line.startswith(f"fencectl run: --bootstrap-servers {NOWHERE_KAFKA}: cannot reach")
+    assert "KAFKA_BOOTSTRAP_SERVERS" not in line
+    from_env = fencectl(*RUN)
+    assert from_env.returncode == 2
+    assert one_line(from_env).startswith(
+        f"fencectl run: KAFKA_BOOTSTRAP_SERVERS {NOWHERE_KAFKA}: cannot reach Kafka")
+
+
+@pytest.mark.parametrize("flag", ["--bootstrap-servers", "--bootstrap"])
+def test_produce_takes_bootstrap_servers_and_the_old_spelling(flag: str) -> None:
+    done = fencectl("produce", "--topic", "t", "--count", "1", "--seed", "1", "--class",
+                    "valid", flag, NOWHERE_KAFKA)
+    assert done.returncode == 2
+    assert one_line(done).startswith(
+        f"fencectl produce: --bootstrap-servers {NOWHERE_KAFKA}: cannot reach Kafka")
+
+
+def test_help_texts_as_documented() -> None:
+    produce = fencectl("produce", "--help")
+    assert produce.returncode == 0
+    assert "--bootstrap-servers" in produce.stdout
+    assert "--bootstrap " not in produce.stdout  # the old spelling is a hidden alias
+    frontier = fencectl("reset", "frontier", "--help")
+    assert frontier.returncode == 0
+    assert "default" not in frontier.stdout.split("--partition PARTITION", 2)[-1].split(
+        "--to-offset")[0]
+    run = fencectl("run", "--help")
+    assert "refused with --group-protocol consumer" in " ".join(run.stdout.split())
