@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOWHERE_KAFKA = "127.0.0.1:1"
 NOWHERE_DSN = "postgresql://fenceworker:NotTheSecret1@127.0.0.1:1/fenceworker"
 RUN = ["run", "--topic", "t", "--group", "g"]
+NO_STACK_DIR = Path(tempfile.gettempdir()) / f"fence-unit-no-stack-{os.getuid()}"
 
 
 def fencectl(*args: str, env: dict[str, str] | None = None,
@@ -24,7 +26,7 @@ def fencectl(*args: str, env: dict[str, str] | None = None,
     full = {k: v for k, v in os.environ.items()
             if not k.startswith(("FENCE_", "KAFKA_", "OTEL_"))}
     full.update({"PYTHONPATH": str(ROOT), "OTEL_TRACES_EXPORTER": "none",
-                 "FENCE_STACK_DIR": str(ROOT / ".stack-unit-absent"),
+                 "FENCE_STACK_DIR": str(NO_STACK_DIR),
                  "KAFKA_BOOTSTRAP_SERVERS": NOWHERE_KAFKA, "FENCE_DSN": NOWHERE_DSN})
     full.update(env or {})
     return subprocess.run([sys.executable, "-m", "ops.cli", *args], cwd=ROOT, env=full,
