@@ -97,11 +97,12 @@ async def require_known_group(conn: Any, *, schema: str, group: str) -> None:
     if group in known:
         return
     if not known:
-        listed = f"no group has fence rows in schema {schema!r} yet"
-    elif len(known) <= _GROUPS_LISTED_MAX:
+        raise ConfigError(f"--group {group}: unknown group in schema {schema!r}: no group has "
+                          "fence rows there yet (a worker writes them when it is first assigned)")
+    if len(known) <= _GROUPS_LISTED_MAX:
         listed = "known groups: " + ", ".join(known)
     else:
         listed = (f"{len(known)} known groups, e.g. " + ", ".join(known[:_GROUPS_LISTED_MAX])
                   + f"; `{fencectl()} status` lists them all")
-    raise ConfigError(f"--group {group}: unknown group (no fence rows or members in schema "
-                      f"{schema!r}); {listed}")
+    raise ConfigError(f"--group {group}: unknown group in schema {schema!r} (no fence rows or "
+                      f"members); {listed}")
