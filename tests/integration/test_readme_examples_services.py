@@ -48,3 +48,23 @@ def test_migrate_then_status_as_typed(services: Any) -> None:
     assert typo.stderr.strip() == (
         f"fencectl status: --group docs-workers: unknown group in schema '{schema}': no group "
         "has fence rows there yet (a worker writes them when it is first assigned)")
+
+
+@pytest.mark.parametrize("activated", [True, False], ids=["activated", "venv-path"])
+def test_the_migrate_hint_runs_as_printed(services: Any, activated: bool) -> None:
+    """The hint names fencectl the way this shell can run it, and the hinted command works."""
+    schema = unique("hint")
+    env = {**os.environ, "FENCE_SCHEMA": schema, "OTEL_TRACES_EXPORTER": "none",
+           "PATH": os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                                   if Path(p) != BIN)}
+    if activated:
+        env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
+    script = "fencectl status" if activated else ".venv/bin/fencectl status"
+    refused = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=60, check=False)
+    assert refused.returncode == 2, refused.stderr
+    hint = refused.stderr.split("run `", 1)[1].split("`", 1)[0]
+    assert hint == f"{'fencectl' if activated else '.venv/bin/fencectl'} migrate --schema {schema}"
+    done = subprocess.run(["bash", "-c", hint], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr

@@ -99,3 +99,18 @@ def test_help_of_every_command_shown_runs_as_typed(tmp_path: Path) -> None:
         done = shell(f"fencectl {path} --help", cwd=ROOT, tmp_path=tmp_path)
         assert done.returncode == 0 and "usage: fencectl" in done.stdout, (path, done.stderr)
         assert "Traceback" not in done.stderr
+
+
+def test_readme_documents_every_source_record_field() -> None:
+    import dataclasses
+    import re
+
+    from fencing.types import SourceRecord
+    from tests.readme import README
+
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("`fencing.types.SourceRecord`"):]
+    section = section[:section.index("\n\n", section.index("| field |"))]
+    documented = set(re.findall(r"^\| ((?:`\w+`(?:, )?)+) \|", section, re.MULTILINE))
+    names = {n.strip("`") for cell in documented for n in cell.split(", ")}
+    assert names == {f.name for f in dataclasses.fields(SourceRecord)}
