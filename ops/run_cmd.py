@@ -249,7 +249,8 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
         try:
             obs.start()
         except OSError as exc:
-            raise ConfigError(f"--http-port {obs.options.http_port}: {exc}") from None
+            raise ConfigError(f"--http-host {obs.options.http_host} --http-port "
+                              f"{obs.options.http_port}: cannot serve there: {exc}") from None
         log.info("worker starting: topic=%s group=%s protocol=%s strategy=%s schema=%s",
                  cfg.topic, cfg.group_id, cfg.group_protocol.value,
                  settings.get("partition.assignment.strategy", "-"), cfg.schema)
