@@ -32,6 +32,7 @@ from consumer.decisions import AUTO_OFFSET_RESETS
 from fencing.errors import ConfigError
 
 __all__ = [
+    "DEFAULT_ASSIGNMENT_STRATEGY",
     "DEFAULT_HANDLER",
     "GroupProtocol",
     "WorkerConfig",
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 DEFAULT_HANDLER = "ops.reference.pg:ref_handler"
+DEFAULT_ASSIGNMENT_STRATEGY = "cooperative-sticky"
 
 _OWNED_FALSE = ("enable.auto.commit", "enable.auto.offset.store")
 _KIP848_FORBIDDEN = (
@@ -71,6 +73,8 @@ class WorkerConfig:
     """Consumer group id; also keys the PostgreSQL rows (``--group``)."""
     bootstrap_servers: str
     """Kafka bootstrap servers (``KAFKA_BOOTSTRAP_SERVERS`` or ``--bootstrap-servers``)."""
+    bootstrap_source: str = "KAFKA_BOOTSTRAP_SERVERS"
+    """Where ``bootstrap_servers`` came from, for messages: the flag or the env variable."""
     dsn: str = field(repr=False)
     """PostgreSQL DSN (``FENCE_DSN``; never a flag, never logged)."""
     handler: str = DEFAULT_HANDLER
@@ -79,8 +83,10 @@ class WorkerConfig:
     """PostgreSQL schema of the fence tables and the reference effect tables (``--schema``)."""
     group_protocol: GroupProtocol = GroupProtocol.CLASSIC
     """``--group-protocol classic|consumer`` (default classic)."""
-    assignment_strategy: str = "cooperative-sticky"
-    """Classic-protocol assignor (``--assignment-strategy``; default cooperative-sticky)."""
+    assignment_strategy: str | None = None
+    """Classic-protocol assignor (``--assignment-strategy``); None: cooperative-sticky with
+    the classic protocol. With ``--group-protocol consumer`` the broker assigns, so any value
+    is refused."""
     auto_offset_reset: str = "earliest"
     """Initial frontier of a partition the store has never seen: earliest|latest."""
     batch_max_records: int = 500
@@ -119,7 +125,8 @@ class WorkerConfig:
         if not self.group_id:
             raise ConfigError("--group is required")
         if not self.bootstrap_servers:
-            raise ConfigError("KAFKA_BOOTSTRAP_SERVERS is not set (or pass --bootstrap-servers)")
+            raise ConfigError("KAFKA_BOOTSTRAP_SERVERS is not set and no --bootstrap-servers "
+                              "given")
         if not self.dsn:
             raise ConfigError("FENCE_DSN is not set")
         for name, value in (("--batch-max-records", self.batch_max_records),
@@ -130,23 +137,39 @@ class WorkerConfig:
                 raise ConfigError(f"{name} must be >= 1 (got {value})")
         if self.shutdown_timeout_s <= 0:
             raise ConfigError(f"--shutdown-timeout-s must be > 0 (got {self.shutdown_timeout_s})")
-        if self.db_idle_in_transaction_timeout_s <= 0:
-            raise ConfigError("--db-idle-in-transaction-timeout-s must be > 0")
+        if not 0 < self.db_idle_in_transaction_timeout_s < self.budget_s:
+            raise ConfigError(
+                f"--db-idle-in-transaction-timeout-s {self.db_idle_in_transaction_timeout_s:g}: "
+                f"use more than 0 and less than the {self.budget_s:g} s lifetime budget (a "
+                "stopped member's open transaction must end before the next owner's claim "
+                "gives up; default 8)")
         if self.restart_lifetimes < 0:
             raise ConfigError("--restart-lifetimes must be >= 0")
         if self.auto_offset_reset not in AUTO_OFFSET_RESETS:
             raise ConfigError(f"--auto-offset-reset must be earliest or latest, "
                               f"not {self.auto_offset_reset!r}")
+        if self.group_protocol is GroupProtocol.CONSUMER and self.assignment_strategy is not None:
+            raise ConfigError(
+                f"--assignment-strategy {self.assignment_strategy} cannot be used with "
+                "--group-protocol consumer (KIP-848: the broker assigns partitions); drop "
+                "--assignment-strategy or use --group-protocol classic")
         if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", self.schema):
             raise ConfigError(f"--schema {self.schema!r} is not a lower-case SQL identifier "
                               "([a-z_][a-z0-9_]*)")
         kafka_settings(self)  # raises on conflicting -X
 
     @property
+    def strategy(self) -> str:
+        """The classic-protocol assignor in effect (``assignment_strategy`` or its default)."""
+        if self.assignment_strategy is None:
+            return DEFAULT_ASSIGNMENT_STRATEGY
+        return self.assignment_strategy
+
+    @property
     def cooperative(self) -> bool:
         """Incremental rebalancing: KIP-848 or a cooperative classic assignor."""
         return (self.group_protocol is GroupProtocol.CONSUMER
-                or self.assignment_strategy.strip() in _COOPERATIVE)
+                or self.strategy.strip() in _COOPERATIVE)
 
     @property
     def queue_max_records(self) -> int:
@@ -181,10 +204,13 @@ def kafka_settings(cfg: WorkerConfig) -> dict[str, str]:
             raise ConfigError(
                 f"-X {key}={x[key]} conflicts with the worker: it commits offsets itself after "
                 "each PostgreSQL commit; remove the option")
-    for key, mine in (("group.id", cfg.group_id), ("bootstrap.servers", cfg.bootstrap_servers)):
+    for key, mine, where in (
+            ("group.id", cfg.group_id, "--group"),
+            ("bootstrap.servers", cfg.bootstrap_servers,
+             "--bootstrap-servers or KAFKA_BOOTSTRAP_SERVERS")):
         if key in x and x[key] != mine:
             raise ConfigError(f"-X {key}={x[key]} conflicts with the worker's {key} {mine!r}; "
-                              "set it once (--group / KAFKA_BOOTSTRAP_SERVERS)")
+                              f"set it once, with {where}, and drop the -X")
     if "auto.offset.reset" in x:
         raise ConfigError("-X auto.offset.reset: use --auto-offset-reset (the worker positions "
                           "the consumer from PostgreSQL and keeps librdkafka's reset at 'error')")
@@ -208,10 +234,10 @@ def kafka_settings(cfg: WorkerConfig) -> dict[str, str]:
                 raise ConfigError(f"-X {key} cannot be set with --group-protocol consumer "
                                   "(KIP-848 keeps it on the broker)")
     else:
-        strategy = x.pop("partition.assignment.strategy", cfg.assignment_strategy)
-        if strategy != cfg.assignment_strategy:
+        strategy = x.pop("partition.assignment.strategy", cfg.strategy)
+        if strategy != cfg.strategy:
             raise ConfigError(f"-X partition.assignment.strategy={strategy} conflicts with "
-                              f"--assignment-strategy {cfg.assignment_strategy}")
+                              f"--assignment-strategy {cfg.strategy}")
         names = {s.strip() for s in strategy.split(",") if s.strip()}
         if not names or not names <= (_EAGER | _COOPERATIVE) or (names & _EAGER and
                                                                   names & _COOPERATIVE):

@@ -107,7 +107,13 @@ class RetentionGap(SourceRefused):
 
 
 class SchemaMismatch(FenceError):
-    """The schema version is not the one this build knows (the operator's: `fencectl migrate`)."""
+    """The schema version is not the one this build knows (the operator's: `fencectl migrate`).
+
+    ``migrate`` is True when migrating would fix it (missing or older schema)."""
+
+    def __init__(self, message: str, *, migrate: bool = False) -> None:
+        super().__init__(message)
+        self.migrate = migrate
 
 
 class HandlerDeclarationError(FenceError, ValueError):

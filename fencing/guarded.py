@@ -11,10 +11,13 @@ Rules
   and then, only while ``check_live`` passes, a fresh claim as the next call. The
   observed epoch is never adopted: only a claim reply installs a token.
 - ``check_live`` runs before every call and after every wait.
+- ``guarded_skip`` logs one warning once the frontier moved (the journal has its
+  ``gap-skip`` row): records were skipped unprocessed and an operator should know.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -33,6 +36,8 @@ __all__ = [
     "guarded_process",
     "guarded_skip",
 ]
+
+log = logging.getLogger("fenceworker.fencing")
 
 
 OnRetry = Callable[[BaseException, float], None] | None
@@ -200,5 +205,9 @@ async def guarded_skip(
         resolution = resolve_process(sent=token, batch_end=to_offset, observed=observed)
         return _settle(resolution, token, to_offset, observed, what=f"skip {tp}")
 
-    return await with_policy(one_call, wait=wait, check_live=check_live,
-                             on_retry=hooks.on_retry)
+    moved = await with_policy(one_call, wait=wait, check_live=check_live,
+                              on_retry=hooks.on_retry)
+    log.warning("%s: skipped offsets %d..%d unprocessed (%s, %d records; journaled gap-skip at "
+                "epoch %d)", tp, token.frontier, to_offset - 1, reason, to_offset - token.frontier,
+                moved.epoch)
+    return moved

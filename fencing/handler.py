@@ -7,7 +7,9 @@ Rules
 - Exactly-once effects exist only for ``transactional`` effects (written through the
   given connection). ``durable-critical`` with ``external-non-idempotent`` effects is
   incoherent (a replay after a lost COMMIT would repeat the external effect) and is
-  refused at start.
+  refused at start: ``@handler(...)`` only records what was declared (so importing a module
+  never fails because of one handler, and its other handlers still load);
+  ``declaration_of`` / ``load_handler`` check it and name the handler and the pair.
 - A handler must return exactly one verdict per record; anything else raises
   ``HandlerDeclarationError`` inside the transaction, which then rolls back.
 """
@@ -76,26 +78,51 @@ _ATTR = "__fence_declaration__"
 _VERDICT_TYPES = (Accept, Reject)
 
 
+@dataclass(frozen=True, slots=True)
+class _Declared:
+    """What ``@handler(...)`` was given, unchecked until the handler is loaded."""
+
+    durability: str
+    effects: str
+
+    def parse(self) -> Declaration:
+        """The checked ``Declaration``; raises ``HandlerDeclarationError`` naming the pair."""
+        try:
+            decl = Declaration(Durability(self.durability), Effects(self.effects))
+        except ValueError as exc:
+            raise HandlerDeclarationError(
+                f"{exc}: use durability {' | '.join(d.value for d in Durability)} and effects "
+                f"{' | '.join(e.value for e in Effects)}") from exc
+        try:
+            decl.check()
+        except HandlerDeclarationError as exc:
+            raise HandlerDeclarationError(
+                f"declared durability={self.durability} effects={self.effects}: {exc}") from exc
+        return decl
+
+
 def handler(
     *, durability: str = "durable-critical", effects: str = "transactional"
 ) -> Callable[[HandlerFn], HandlerFn]:
-    """Declare a handler's durability class and effect semantics; refuses incoherent pairs."""
-    try:
-        decl = Declaration(Durability(durability), Effects(effects))
-    except ValueError as exc:
-        raise HandlerDeclarationError(str(exc)) from exc
-    decl.check()
+    """Declare a handler's durability class and effect semantics.
+
+    Never raises: an incoherent or unknown pair is refused when the handler is loaded
+    (``declaration_of``, ``load_handler``), not when its module is imported."""
+    declared = _Declared(durability, effects)
 
     def mark(fn: HandlerFn) -> HandlerFn:
-        setattr(fn, _ATTR, decl)
+        setattr(fn, _ATTR, declared)
         return fn
 
     return mark
 
 
 def declaration_of(fn: HandlerFn) -> Declaration:
-    """The handler's checked declaration (the default when undeclared)."""
+    """The handler's checked declaration (the default when undeclared); raises
+    ``HandlerDeclarationError`` for an unknown or incoherent pair."""
     decl = getattr(fn, _ATTR, Declaration())
+    if isinstance(decl, _Declared):
+        return decl.parse()
     if not isinstance(decl, Declaration):
         raise HandlerDeclarationError(f"{_ATTR} of {fn!r} is not a Declaration")
     decl.check()
@@ -117,7 +144,7 @@ def load_handler(spec: str) -> HandlerFn:
     try:
         declaration_of(fn)
     except HandlerDeclarationError as exc:
-        raise ConfigError(f"--handler {spec!r}: {exc}") from exc
+        raise ConfigError(f"--handler {spec}: refused: {exc}") from exc
     return fn  # type: ignore[no-any-return,unused-ignore]
 
 

@@ -61,14 +61,17 @@ def decide_validation(check: SourceCheck, row: tuple[int, int, str | None] | Non
     facts = check.facts
     if topic_id is not None and facts.topic_id is not None and topic_id != facts.topic_id:
         return Validation(check.tp, RecreatedTopic(
-            f"{check.tp}: topic id is {facts.topic_id}, the fence recorded {topic_id}"), durable)
+            f"{check.tp}: topic id is {facts.topic_id}, the fence recorded {topic_id}: the "
+            "topic was recreated; choose where it restarts with `fencectl reset adopt-topic`"),
+            durable)
     if frontier < facts.low_watermark:
         if check.allow_retention_gap:
             return Validation(check.tp, None, durable, gap_skipped_to=facts.low_watermark)
         return Validation(check.tp, RetentionGap(
             f"{check.tp}: durable frontier {frontier} is below the low watermark "
             f"{facts.low_watermark}: {facts.low_watermark - frontier} records were deleted "
-            "unprocessed"), durable)
+            "unprocessed; re-produce them, or accept the loss with `fencectl reset accept-gap` "
+            "(or run with --allow-retention-gap)"), durable)
     return Validation(check.tp, None, durable)
 
 

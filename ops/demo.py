@@ -23,6 +23,7 @@ from pathlib import Path
 
 import asyncpg
 
+from ops.hints import fencectl
 from ops.operator.db import connection
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +72,8 @@ def main() -> int:
     env = dict(os.environ)
     dsn = env.get("FENCE_DSN")
     if not dsn or not env.get("KAFKA_BOOTSTRAP_SERVERS"):
-        print("demo: run `eval \"$(fencectl stack env)\"` first (make demo does)", file=sys.stderr)
+        print(f"demo: run `eval \"$({fencectl()} stack env)\"` first (make demo does)",
+              file=sys.stderr)
         return 2
     run_id = uuid.uuid4().hex[:6]
     schema, topic, group = f"demo_{run_id}", f"demo-docs-{run_id}", f"demo-group-{run_id}"

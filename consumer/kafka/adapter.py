@@ -119,6 +119,7 @@ class KafkaThread:
         self._close = threading.Event()
         self._closed: Future[None] = Future()
         self._assigned: set[TopicPartition] = set()
+        self._positioned: set[TopicPartition] = set()  # assigned at a durable frontier
         # assignment generation per partition: commands of an older one are dropped
         self._generation: dict[TopicPartition, int] = {}
         self.member_id: str | None = None  # the group member id, read at each assignment
@@ -215,6 +216,10 @@ class KafkaThread:
         else librdkafka retries by itself and is only logged."""
         if not isinstance(err, KafkaError):
             self._rb.failed(KafkaClientFailed(f"consumer error: {err}"))
+        elif err.code() == KafkaError._AUTO_OFFSET_RESET and tp not in self._positioned:
+            # a partition this lifetime never positioned (its assignment was refused, e.g. a
+            # recreated topic): librdkafka reports it has no offset; there is nothing to lose
+            log.debug("kafka: %s: %s (partition not positioned; ignored)", tp, err.str())
         elif err.code() == KafkaError._AUTO_OFFSET_RESET:
             self._rb.failed(RetentionGap(
                 f"{tp}: the consumer position fell out of range while consuming (records "
@@ -294,7 +299,10 @@ class KafkaThread:
             return
         if not self._cooperative:
             self._assigned.clear()
+            self._positioned.clear()
         self._assigned.update(tps)
+        if positions is not None:
+            self._positioned.update(tps)
         if not ktps:
             return
         if positions is None:
@@ -330,6 +338,7 @@ class KafkaThread:
         else:
             consumer.unassign()
         self._assigned.difference_update(tps)
+        self._positioned.difference_update(tps)
 
 
 def _kafka_message(exc: BaseException) -> str:

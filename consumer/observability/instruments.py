@@ -8,9 +8,11 @@ Rules
 - Lag is a gauge read at collection time from the last value set per partition; a partition
   whose lag is cleared (revoked, lost, retired) disappears from the next scrape.
 - Every method is cheap and never raises on telemetry failure paths it does not own.
-
-Prometheus names (OpenTelemetry name -> exposition): ``fence.records.processed`` ->
-``fence_records_processed_total`` and so on; durations are in seconds.
+- Every counter is exported from the start at 0, so a dashboard or alert sees "none yet"
+  rather than "no data": label values known in advance (unknown outcomes by operation and
+  resolution, retries by operation, retirement reasons) at construction, per-partition
+  series with ``export_zeros(tps)`` (``fencectl run`` passes every partition of its topic
+  at start). Histograms and the lag gauge appear with their first observation.
 """
 
 from __future__ import annotations
@@ -22,14 +24,29 @@ from typing import Any
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from fencing.errors import Fenced, OutcomeUnknown, RecreatedTopic, RetentionGap, Retired
+from fencing.resolution import Resolution
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, Reject, SourceRecord, TopicPartition, Verdict
 
-__all__ = ["BATCH_BUCKETS_S", "REBALANCE_BUCKETS_S", "Instruments"]
+__all__ = [
+    "BATCH_BUCKETS_S",
+    "REBALANCE_BUCKETS_S",
+    "RETIREMENT_REASONS",
+    "RETRY_OPERATIONS",
+    "UNKNOWN_OUTCOME_LABELS",
+    "Instruments",
+]
 
 METER_NAME = "fenceworker"
 BATCH_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 REBALANCE_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+# label values known before anything happens (fencing.guarded on_resolve; lifecycle hooks)
+UNKNOWN_OUTCOME_LABELS = (*(("process", r.value) for r in Resolution), ("claim", "reclaim"))
+RETRY_OPERATIONS = ("validate", "claim", "observe", "process")
+# the failures that retire a lifetime (the worker's ``failed`` event names the class)
+RETIREMENT_REASONS = tuple(c.__name__ for c in (Fenced, Retired, OutcomeUnknown, RecreatedTopic,
+                                                RetentionGap))
 
 
 def _tp_attrs(tp: TopicPartition) -> dict[str, str | int]:
@@ -82,6 +99,21 @@ class Instruments:
             "fence.partitions.stalled", callbacks=[self._observe_stalled], unit="{partition}",
             description="Owned partitions with lag and no fetch or commit progress for "
                         "--stall-timeout-s")
+        for operation, resolution in UNKNOWN_OUTCOME_LABELS:
+            self._unknown.add(0, {"operation": operation, "resolution": resolution})
+        for operation in RETRY_OPERATIONS:
+            self._retries.add(0, {"operation": operation})
+        for reason in RETIREMENT_REASONS:
+            self._retirements.add(0, {"reason": reason})
+
+    def export_zeros(self, tps: Iterable[TopicPartition]) -> None:
+        """Export the per-partition counters of ``tps`` at 0 (records, rejects, fences,
+        committed batches); a series that already moved keeps its value."""
+        for tp in tps:
+            attrs = _tp_attrs(tp)
+            for counter in (self._records, self._rejects, self._fences):
+                counter.add(0, attrs)
+            self._batches.add(0, {**attrs, "outcome": "committed"})
 
     # batches -----------------------------------------------------------------------------
 

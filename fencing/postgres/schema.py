@@ -82,11 +82,10 @@ async def check_version(conn: Any, schema: str) -> None:
     found = await current_version(conn, schema)
     if found != SCHEMA_VERSION:
         shown = "no fence schema" if found is None else f"version {found}"
-        hint = ("run `fencectl migrate`" if found is None or found < SCHEMA_VERSION
-                else "upgrade the worker")
+        older = found is None or found < SCHEMA_VERSION
         raise SchemaMismatch(
-            f"schema {schema!r}: found {shown}, this build needs version {SCHEMA_VERSION} ({hint})"
-        )
+            f"schema {schema!r}: found {shown}, this build needs version {SCHEMA_VERSION}"
+            + ("" if older else " (upgrade the worker)"), migrate=older)
 
 
 async def migrate(conn: Any, schema: str = DEFAULT_SCHEMA) -> list[int]:
@@ -111,7 +110,7 @@ async def migrate(conn: Any, schema: str = DEFAULT_SCHEMA) -> list[int]:
             if have > SCHEMA_VERSION:
                 raise SchemaMismatch(
                     f"schema {schema!r}: found version {have}, this build knows up to "
-                    f"{SCHEMA_VERSION} (upgrade fencectl)"
+                    f"{SCHEMA_VERSION} (upgrade fenceworker)"
                 )
             if have >= mig.version:
                 continue

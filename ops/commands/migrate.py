@@ -20,6 +20,7 @@ from fencing.postgres.schema import (
     migrate,
     quote_schema,
 )
+from ops.hints import schema_advice
 from ops.operator.db import connection, dsn_from_env
 
 __all__ = ["register", "run_migrate"]
@@ -52,8 +53,11 @@ def _main(args: argparse.Namespace) -> int:
     try:
         quote_schema(args.schema)
         applied = asyncio.run(run_migrate(dsn, schema=args.schema, grant_role=args.grant_worker))
-    except (ConfigError, SchemaMismatch) as exc:
+    except ConfigError as exc:
         print(f"fencectl migrate: {exc}", file=sys.stderr)
+        return 2
+    except SchemaMismatch as exc:
+        print(f"fencectl migrate: {schema_advice(exc, args.schema)}", file=sys.stderr)
         return 2
     except Exception as exc:  # the database refused: report without the DSN
         print(f"fencectl migrate: {type(exc).__name__}: {exc}", file=sys.stderr)

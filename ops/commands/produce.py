@@ -59,6 +59,7 @@ class ProduceOptions:
     klass: str
     partitions: int = 6  # partitions of the generated source (and of a created topic)
     bootstrap: str = ""  # Kafka bootstrap servers
+    bootstrap_source: str = "KAFKA_BOOTSTRAP_SERVERS"  # the flag or variable it came from
     replication_factor: int = 1  # of a created topic
     span_every: int = 0  # export the span of every Nth record; 0: automatic
     flush_timeout_s: float = 60.0  # bound on waiting for deliveries
@@ -72,8 +73,10 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, required=True, help="generator seed")
     p.add_argument("--class", dest="klass", choices=CLASSES, required=True)
     p.add_argument("--partitions", type=int, default=6, help="partitions (default 6)")
-    p.add_argument("--bootstrap", default=None,
-                   help="bootstrap servers (default $KAFKA_BOOTSTRAP_SERVERS)")
+    p.add_argument("--bootstrap-servers", dest="bootstrap", default=None,
+                   help="Kafka bootstrap servers (default $KAFKA_BOOTSTRAP_SERVERS)")
+    # the old spelling, kept working for existing scripts and hidden from --help
+    p.add_argument("--bootstrap", dest="bootstrap", default=None, help=argparse.SUPPRESS)
     p.add_argument("--replication-factor", type=int, default=1)
     p.add_argument("--span-every", type=int, default=0,
                    help=f"export every Nth record's span (default: at most {_SPANS_EXPORTED_MAX})")
@@ -94,7 +97,7 @@ def options_from_args(
         return "--span-every must be >= 0 and --flush-timeout-s > 0"
     bootstrap = args.bootstrap or env.get("KAFKA_BOOTSTRAP_SERVERS", "")
     if not bootstrap:
-        return "--bootstrap (or KAFKA_BOOTSTRAP_SERVERS) is required"
+        return "KAFKA_BOOTSTRAP_SERVERS is not set and no --bootstrap-servers given"
     endpoint = (env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
                 or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None)
     if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
@@ -102,6 +105,7 @@ def options_from_args(
     return ProduceOptions(
         topic=args.topic, count=args.count, seed=args.seed, klass=args.klass,
         partitions=args.partitions, bootstrap=bootstrap,
+        bootstrap_source="--bootstrap-servers" if args.bootstrap else "KAFKA_BOOTSTRAP_SERVERS",
         replication_factor=args.replication_factor,
         span_every=args.span_every or max(1, -(-args.count // _SPANS_EXPORTED_MAX)),
         flush_timeout_s=args.flush_timeout_s, otlp_endpoint=endpoint,
@@ -149,7 +153,8 @@ def ensure_topic(admin: AdminClient, opts: ProduceOptions) -> str | None:
     try:
         meta = admin.list_topics(timeout=10)
     except KafkaException as exc:
-        return f"--bootstrap {opts.bootstrap}: cannot reach Kafka: {exc}"
+        return (f"{opts.bootstrap_source} {opts.bootstrap}: cannot reach Kafka ({exc}); "
+                "check the host and port")
     existing = meta.topics.get(opts.topic)
     if existing is None or existing.error is not None:
         fut = admin.create_topics([NewTopic(opts.topic, opts.partitions, opts.replication_factor)])
@@ -224,9 +229,9 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(opts, str):
         print(f"fencectl produce: {opts}", file=sys.stderr)
         return 2
-    # log_level 2: connection failures are reported once, by ensure_topic, not per retry
+    # log_level 0: connection failures are reported once, by ensure_topic, not per retry
     admin = AdminClient(
-        {"bootstrap.servers": opts.bootstrap, "client.id": SERVICE_NAME, "log_level": 2}
+        {"bootstrap.servers": opts.bootstrap, "client.id": SERVICE_NAME, "log_level": 0}
     )
     refusal = ensure_topic(admin, opts)
     if refusal is not None:

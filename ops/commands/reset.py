@@ -9,7 +9,8 @@ Without ``--yes-i-understand`` the plan is printed and nothing changes (exit 2).
 one transaction locks the rows, re-plans against the locked values (``ops.operator.reset_plan``),
 bumps each epoch (the current owner is fenced at its next commit), writes the new frontier /
 topic id and one journal row per partition, and commits. Exit codes: 0 applied, 1 refused
-or the database failed, 2 bad usage or confirmation missing.
+or the database failed, 2 bad usage or configuration (``FENCE_DSN`` unset or refused, schema
+not migrated, unknown ``--group``) or confirmation missing.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from typing import Any
 from fencing.errors import ConfigError, SchemaMismatch
 from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
 from fencing.types import SourceFacts, TopicPartition
-from ops.operator.db import connection, dsn_from_env
+from ops.hints import schema_advice
+from ops.operator.db import connection, dsn_from_env, require_known_group
 from ops.operator.reset_plan import Action, Current, Plan, ResetRefused, plan_reset
 
 __all__ = ["apply_reset", "operator_identity", "register"]
@@ -55,8 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
         a = actions.add_parser(action.value, help=helps[action])
         a.add_argument("--group", required=True, help="consumer group")
         a.add_argument("--topic", required=True)
-        a.add_argument("--partition", type=int, required=action is Action.FRONTIER,
-                       help="one partition (default: every fenced partition of the topic)")
+        if action is Action.FRONTIER:
+            a.add_argument("--partition", type=int, required=True, help="the partition")
+        else:
+            a.add_argument("--partition", type=int, default=None,
+                           help="one partition (default: every partition of the topic with "
+                                "fence rows)")
         if action is Action.FRONTIER:
             a.add_argument("--to-offset", type=int, required=True,
                            help="new frontier (next offset to process)")
@@ -139,6 +145,7 @@ async def apply_reset(conn: Any, *, schema: str, group: str, plans: Sequence[Pla
 async def _run(dsn: str, args: argparse.Namespace) -> tuple[bool, list[Plan]]:
     q = quote_schema(args.schema)
     async with connection(dsn, schema=args.schema) as conn:
+        await require_known_group(conn, schema=args.schema, group=args.group)
         rows = await _rows(conn, q, args.group, args.topic, args.partition, lock=False)
         if not rows:
             raise ResetRefused(f"no fence rows for group {args.group!r} topic {args.topic!r}"
@@ -174,8 +181,11 @@ def _main(args: argparse.Namespace) -> int:
     try:
         quote_schema(args.schema)
         applied, plans = asyncio.run(_run(dsn, args))
-    except (ConfigError, SchemaMismatch) as exc:
+    except ConfigError as exc:
         print(f"fencectl reset: {exc}", file=sys.stderr)
+        return 2
+    except SchemaMismatch as exc:
+        print(f"fencectl reset: {schema_advice(exc, args.schema)}", file=sys.stderr)
         return 2
     except ResetRefused as exc:
         print(f"fencectl reset: refused: {exc}", file=sys.stderr)

@@ -39,7 +39,9 @@ from fencing.errors import (
     SourceUnavailable,
     StoreUnavailable,
 )
-from ops.operator.db import connection
+from fencing.types import TopicPartition
+from ops.hints import schema_advice
+from ops.operator.db import connect_mistake, connection
 from ops.worker.observability import ObsOptions, WorkerObservability
 from ops.worker.observability import add_arguments as add_obs_arguments
 from ops.worker.observability import options_from_args as obs_options_from_args
@@ -50,6 +52,8 @@ log = logging.getLogger("fenceworker.run")
 
 _EARLY_STOP = threading.Event()
 _ADMIN_PREFIXES = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.")
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_PROBE_TIMEOUT_S = 5.0
 
 
 def register(sub: Any) -> None:
@@ -61,7 +65,7 @@ def register(sub: Any) -> None:
     p.add_argument("-X", dest="x", action="append", default=[], metavar="KEY=VALUE",
                    help="librdkafka consumer property (repeatable)")
     p.add_argument("--bootstrap-servers", default=None,
-                   help="default: $KAFKA_BOOTSTRAP_SERVERS")
+                   help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS)")
     p.add_argument("--schema", default=None, help="PostgreSQL schema (default $FENCE_SCHEMA "
                    "or fence)")
     p.add_argument("--batch-max-records", type=int, default=500)
@@ -72,16 +76,20 @@ def register(sub: Any) -> None:
     p.add_argument("--shutdown-timeout-s", type=float, default=15.0)
     p.add_argument("--group-protocol", choices=[g.value for g in GroupProtocol],
                    default="classic")
-    p.add_argument("--assignment-strategy", default="cooperative-sticky",
-                   help="classic protocol: range, roundrobin or cooperative-sticky")
+    p.add_argument("--assignment-strategy", default=None,
+                   help="classic protocol only: range, roundrobin or cooperative-sticky "
+                        "(default cooperative-sticky); refused with --group-protocol consumer")
     p.add_argument("--auto-offset-reset", choices=["earliest", "latest"], default="earliest")
     p.add_argument("--allow-retention-gap", action="store_true",
                    help="skip (and journal) records deleted before processing")
     p.add_argument("--db-idle-in-transaction-timeout-s", type=float, default=8.0,
-                   help="PostgreSQL idle_in_transaction_session_timeout of worker sessions")
+                   help="PostgreSQL idle_in_transaction_session_timeout of worker sessions, "
+                        "seconds (default 8; must be below the 20 s lifetime budget)")
     p.add_argument("--restart-lifetimes", type=int, default=0,
                    help="start up to N fresh lifetimes after a retirement before exiting 3")
-    p.add_argument("--log-level", default=os.environ.get("FENCE_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-level", default=None,
+                   help=f"{' | '.join(n.lower() for n in _LOG_LEVELS)} (default "
+                        "$FENCE_LOG_LEVEL or info)")
     add_obs_arguments(p)
     p.set_defaults(func=main)
 
@@ -91,6 +99,8 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
     cfg = WorkerConfig(
         topic=args.topic, group_id=args.group,
         bootstrap_servers=args.bootstrap_servers or env.get("KAFKA_BOOTSTRAP_SERVERS", ""),
+        bootstrap_source=("--bootstrap-servers" if args.bootstrap_servers
+                          else "KAFKA_BOOTSTRAP_SERVERS"),
         dsn=env.get("FENCE_DSN", ""), handler=args.handler,
         schema=args.schema or env.get("FENCE_SCHEMA") or "fence",
         group_protocol=GroupProtocol(args.group_protocol),
@@ -105,10 +115,26 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
     return cfg
 
 
+def log_level_from(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """The logging level of ``--log-level`` or ``FENCE_LOG_LEVEL`` (default info); raises
+    ``ConfigError`` naming the one that holds an unknown level."""
+    name, where = (args.log_level, "--log-level") if args.log_level is not None else (
+        env.get("FENCE_LOG_LEVEL") or "info", "FENCE_LOG_LEVEL")
+    if str(name).upper() not in _LOG_LEVELS:
+        raise ConfigError(f"{where} {name!r}: use one of "
+                          f"{', '.join(n.lower() for n in _LOG_LEVELS)}")
+    return int(getattr(logging, str(name).upper()))
+
+
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s pid=%(process)d %(message)s")
     dsn = os.environ.get("FENCE_DSN", "")
+    try:
+        level = log_level_from(args, os.environ)
+    except ConfigError as exc:
+        print(f"fencectl run: {exc}", file=sys.stderr)
+        return int(ExitCode.CONFIG)
+    logging.basicConfig(level=level,
+                        format="%(asctime)s %(levelname)s %(name)s pid=%(process)d %(message)s")
     for sig in (signal.SIGTERM, signal.SIGINT):  # a stop during start-up is honoured (exit 0)
         signal.signal(sig, lambda _sig, _frame: _EARLY_STOP.set())
     try:
@@ -139,6 +165,12 @@ def _admin_conf(cfg: WorkerConfig) -> dict[str, str]:
     return conf
 
 
+def _probe_conf(cfg: WorkerConfig) -> dict[str, str]:
+    """The start-up probe's AdminClient: librdkafka's own log is off (an unreachable broker
+    would print a line per connection attempt); the probe's result is the one message."""
+    return {**_admin_conf(cfg), "log_level": "0"}
+
+
 async def _open_store(cfg: WorkerConfig) -> Any:
     from fencing.postgres.store import PgFenceStore
 
@@ -150,11 +182,12 @@ async def _open_store(cfg: WorkerConfig) -> Any:
                                                   cfg.db_idle_in_transaction_timeout_s * 1000)),
                                               "application_name": "fenceworker"})
     except SchemaMismatch as exc:
-        raise ConfigError(f"{exc}; the worker never migrates: run `fencectl migrate "
-                          f"--schema {cfg.schema}`") from exc
+        raise ConfigError(f"{schema_advice(exc, cfg.schema)} (the worker never migrates)") \
+            from exc
     except StoreUnavailable as exc:
-        raise ConfigError(f"FENCE_DSN: PostgreSQL unreachable at start: "
-                          f"{redact(str(exc), dsn=cfg.dsn)}") from None
+        raise ConfigError(connect_mistake(exc, dsn=cfg.dsn) or (
+            f"FENCE_DSN: PostgreSQL unreachable at start: {redact(str(exc), dsn=cfg.dsn)}")) \
+            from None
 
 
 def _schema_bound(handler: Any, cfg: WorkerConfig) -> Any:
@@ -192,22 +225,25 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
 
     os.environ["FENCE_SCHEMA"] = cfg.schema  # the reference handler reads it at import
     handler = _schema_bound(load_handler(cfg.handler), cfg)
-    source = KafkaSource(_admin_conf(cfg))
-    if not await asyncio.to_thread(source.list_topics_ok, 5.0):
-        raise ConfigError(f"KAFKA_BOOTSTRAP_SERVERS={cfg.bootstrap_servers}: Kafka unreachable "
-                          "at start")
+    probe = KafkaSource(_probe_conf(cfg), request_timeout_s=_PROBE_TIMEOUT_S)
+    if not await asyncio.to_thread(probe.list_topics_ok, _PROBE_TIMEOUT_S):
+        raise ConfigError(f"{cfg.bootstrap_source} {cfg.bootstrap_servers}: cannot reach Kafka "
+                          f"(no answer within {_PROBE_TIMEOUT_S:g} s at start); check the host "
+                          "and port (and any -X security settings)")
     try:
-        await asyncio.to_thread(source.topic_id, cfg.topic)
+        _topic_id, partition_count = await asyncio.to_thread(probe.topic_id, cfg.topic)
     except SourceRefused as exc:
         raise ConfigError(f"--topic {cfg.topic}: {exc}") from None
     except SourceUnavailable as exc:
-        raise ConfigError(f"KAFKA_BOOTSTRAP_SERVERS: {exc}") from None
+        raise ConfigError(f"{cfg.bootstrap_source} {cfg.bootstrap_servers}: {exc}") from None
+    source = KafkaSource(_admin_conf(cfg))
     store = await _open_store(cfg)
     telemetry = setup_telemetry()  # OTEL_SERVICE_NAME, default fenceworker
     obs = WorkerObservability(options=obs_options or ObsOptions(), telemetry=telemetry,
                               store=store, cooperative=cfg.cooperative,
                               lag_facts=source.facts, observe=store.observe,
                               group_id=cfg.group_id)
+    obs.instruments.export_zeros(TopicPartition(cfg.topic, p) for p in range(partition_count))
     try:
         await _ensure_handler_tables(cfg)
         settings = kafka_settings(cfg)
@@ -233,7 +269,8 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
         try:
             obs.start()
         except OSError as exc:
-            raise ConfigError(f"--http-port {obs.options.http_port}: {exc}") from None
+            raise ConfigError(f"--http-host {obs.options.http_host} --http-port "
+                              f"{obs.options.http_port}: cannot serve there: {exc}") from None
         log.info("worker starting: topic=%s group=%s protocol=%s strategy=%s schema=%s",
                  cfg.topic, cfg.group_id, cfg.group_protocol.value,
                  settings.get("partition.assignment.strategy", "-"), cfg.schema)

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from ops.hints import fencectl
 
 __all__ = ["register", "run"]
 
@@ -57,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
     from ops.sim import dumps, dumps_report, make_trace, parse, run_trace
     from ops.sim.trace import TraceError
 
+    # the production code's log lines (e.g. a gap-skip warning) are events of the report
+    # here, not output: keep Python's last-resort handler from printing them
+    logging.getLogger("fenceworker").addHandler(logging.NullHandler())
+
     if args.steps < 0:
         return _usage("--steps must be >= 0")
     if args.sweep is not None:
@@ -84,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     _write(args.report, text)
     sys.stdout.write(text)
     if report["status"] != "PASS" and args.replay is None:
-        print(f"reproduce with: fencectl sim-worker --seed {args.seed} --class {args.klass} "
+        print(f"reproduce with: {fencectl()} sim-worker --seed {args.seed} --class {args.klass} "
               f"--steps {args.steps}{' --no-drain' if args.no_drain else ''}", file=sys.stderr)
     return 0 if report["status"] == "PASS" else 1
 

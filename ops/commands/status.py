@@ -4,7 +4,9 @@
 heartbeats from PostgreSQL (``FENCE_DSN``) and the watermarks and topic ids from Kafka
 (``KAFKA_BOOTSTRAP_SERVERS``). ``fencectl status --history --topic T --partition P`` prints
 the ownership journal of one partition. Read-only. Exit codes: 0 shown (Kafka facts may be
-missing, see ``kafka.answered``), 1 the database failed, 2 bad usage or configuration.
+missing, see ``kafka.answered``), 1 the database failed, 2 bad usage or configuration
+(``FENCE_DSN`` unset or refused, schema not migrated, a ``--group`` with neither fence rows
+nor members: the known groups are listed).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any
 from fencing.errors import ConfigError, FenceError, SchemaMismatch, SourceRefused
 from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
 from fencing.types import SourceFacts, TopicPartition
-from ops.operator.db import connection, dsn_from_env
+from ops.hints import schema_advice
+from ops.operator.db import connection, dsn_from_env, require_known_group
 from ops.operator.status_view import (
     DEFAULT_BOUND_S,
     MemberRow,
@@ -183,6 +186,8 @@ def _render_history(rows: Sequence[Mapping[str, Any]]) -> str:
 
 async def _collect(dsn: str, args: argparse.Namespace) -> dict[str, Any] | list[dict[str, Any]]:
     async with connection(dsn, schema=args.schema) as conn:
+        if args.group is not None:
+            await require_known_group(conn, schema=args.schema, group=args.group)
         if args.history:
             tp = TopicPartition(args.topic, args.partition)
             return await read_history(conn, schema=args.schema, group=args.group, tp=tp,
@@ -206,8 +211,11 @@ def _main(args: argparse.Namespace) -> int:
     try:
         quote_schema(args.schema)
         result = asyncio.run(_collect(dsn, args))
-    except (ConfigError, SchemaMismatch) as exc:
+    except ConfigError as exc:
         print(f"fencectl status: {exc}", file=sys.stderr)
+        return 2
+    except SchemaMismatch as exc:
+        print(f"fencectl status: {schema_advice(exc, args.schema)}", file=sys.stderr)
         return 2
     except Exception as exc:  # the database failed: report without the DSN
         print(f"fencectl status: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -5,6 +5,10 @@ Rules
   argv) and is never printed.
 - ``connection`` closes its connection on every exit path; with ``schema`` it first checks
   that schema's fence version (``SchemaMismatch`` otherwise) before yielding.
+- A connection that cannot be set up (wrong user or password, unknown database, host not
+  answering, malformed DSN) is a configuration mistake: ``connection`` raises
+  ``ConfigError`` naming ``FENCE_DSN`` (every command exits 2 for it), with the password
+  redacted.
 """
 
 from __future__ import annotations
@@ -15,30 +19,90 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fencing.postgres.schema import check_version
+from consumer.config import redact
+from fencing.errors import ConfigError
+from fencing.postgres.schema import check_version, quote_schema
+from ops.hints import fencectl
 
-__all__ = ["connection", "dsn_from_env"]
+__all__ = ["connect_mistake", "connection", "dsn_from_env", "require_known_group"]
+
+_GROUPS_LISTED_MAX = 10
+
+# SQLSTATE classes of a login the server refused: 28 authorization, 3D unknown database
+_LOGIN_REFUSED_CLASSES = ("28", "3D")
 
 
 def dsn_from_env(command: str) -> str | None:
     """``FENCE_DSN``; None after telling ``command``'s user how to set it (then exit 2)."""
     dsn = os.environ.get("FENCE_DSN")
     if not dsn:
-        print(f"{command}: FENCE_DSN is not set (eval \"$(fencectl stack env)\")",
-              file=sys.stderr)
+        print(f"{command}: FENCE_DSN is not set (for the local stack: "
+              f"eval \"$({fencectl()} stack env)\")", file=sys.stderr)
         return None
     return dsn
 
 
-@asynccontextmanager
-async def connection(dsn: str, *, schema: str | None = None) -> AsyncIterator[Any]:
-    """One asyncpg connection, version-checked against ``schema`` when given, then closed."""
+def connect_mistake(exc: BaseException, *, dsn: str) -> str | None:
+    """One line naming ``FENCE_DSN`` when ``exc`` (or its cause) shows the connection could
+    not be set up; None for any other failure. The password never appears in it."""
     import asyncpg
 
-    conn = await asyncpg.connect(dsn)
+    seen: BaseException | None = exc
+    while seen is not None:
+        state = str(getattr(seen, "sqlstate", "") or "")
+        if isinstance(seen, asyncpg.PostgresError) and state[:2] in _LOGIN_REFUSED_CLASSES:
+            return redact(f"FENCE_DSN: PostgreSQL refused the connection: {seen}; check the "
+                          "user, password and database name in FENCE_DSN", dsn=dsn)
+        if isinstance(seen, OSError | TimeoutError):
+            return redact(f"FENCE_DSN: PostgreSQL unreachable: {seen or type(seen).__name__}; "
+                          "check the host and port in FENCE_DSN and that the server runs",
+                          dsn=dsn)
+        if isinstance(seen, asyncpg.ClientConfigurationError | ValueError) \
+                and not isinstance(seen, ConfigError):
+            return redact(f"FENCE_DSN: not a usable PostgreSQL DSN: {seen}", dsn=dsn)
+        seen = seen.__cause__
+    return None
+
+
+@asynccontextmanager
+async def connection(dsn: str, *, schema: str | None = None) -> AsyncIterator[Any]:
+    """One asyncpg connection, version-checked against ``schema`` when given, then closed.
+
+    Raises ``ConfigError`` (naming ``FENCE_DSN``) when the connection cannot be set up."""
+    import asyncpg
+
+    try:
+        conn = await asyncpg.connect(dsn, timeout=10)
+    except Exception as exc:
+        message = connect_mistake(exc, dsn=dsn)
+        if message is None:
+            raise
+        raise ConfigError(message) from None
     try:
         if schema is not None:
             await check_version(conn, schema)
         yield conn
     finally:
         await conn.close()
+
+
+async def require_known_group(conn: Any, *, schema: str, group: str) -> None:
+    """Return when ``group`` has fence rows or member rows in ``schema``; otherwise raise
+    ``ConfigError`` saying so and listing the known groups (the first few when many)."""
+    q = quote_schema(schema)
+    rows = await conn.fetch(
+        f"SELECT group_id FROM {q}.partitions UNION SELECT group_id FROM {q}.members"
+        " ORDER BY 1")
+    known = [r["group_id"] for r in rows]
+    if group in known:
+        return
+    if not known:
+        raise ConfigError(f"--group {group}: unknown group in schema {schema!r}: no group has "
+                          "fence rows there yet (a worker writes them when it is first assigned)")
+    if len(known) <= _GROUPS_LISTED_MAX:
+        listed = "known groups: " + ", ".join(known)
+    else:
+        listed = (f"{len(known)} known groups, e.g. " + ", ".join(known[:_GROUPS_LISTED_MAX])
+                  + f"; `{fencectl()} status` lists them all")
+    raise ConfigError(f"--group {group}: unknown group in schema {schema!r} (no fence rows or "
+                      f"members); {listed}")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from fencing.errors import FenceError
 from fencing.types import SourceFacts, TopicPartition
+from ops.hints import fencectl
 
 __all__ = ["Action", "Current", "Plan", "ResetRefused", "plan_reset"]
 
@@ -89,7 +90,7 @@ def plan_reset(
     tp = current.tp
     if expect_epoch is not None and expect_epoch != current.epoch:
         raise ResetRefused(f"{tp}: epoch is {current.epoch}, not the expected {expect_epoch}: "
-                           "the partition moved; look again (fencectl status)")
+                           f"the partition moved; look again ({fencectl()} status)")
     new_frontier, new_topic_id = current.frontier, current.topic_id
     if action is Action.FRONTIER:
         if to_offset is None or to_offset < 0:

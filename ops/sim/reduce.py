@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ops.hints import fencectl
 from ops.sim.trace import Trace, TraceError, dumps, parse
 
 __all__ = ["Predicate", "artifact_dir", "failure_of", "reduce_trace", "save_failure"]
@@ -95,4 +96,4 @@ def save_failure(original: Trace, reduced: Trace, name: str) -> list[str]:
     paths = [folder / f"{name}.json", folder / f"{name}-reduced.json"]
     for path, trace in zip(paths, (original, reduced), strict=True):
         path.write_text(dumps(trace), encoding="utf-8")
-    return [f"fencectl sim-worker --replay {p}" for p in paths]
+    return [f"{fencectl()} sim-worker --replay {p}" for p in paths]

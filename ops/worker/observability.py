@@ -19,7 +19,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from consumer.events import WorkerEvent
@@ -53,9 +53,9 @@ class ObsOptions:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    env_port = os.environ.get("FENCE_HTTP_PORT")
-    parser.add_argument("--http-port", type=int,
-                        default=int(env_port) if env_port else None,
+    """Add the flags; reads no environment (``options_from_args`` does, so a bad
+    ``FENCE_HTTP_PORT`` concerns only the command that uses it)."""
+    parser.add_argument("--http-port", type=int, default=None,
                         help="serve /metrics /healthz /readyz on this port (default "
                              "$FENCE_HTTP_PORT; unset: off; 0: any free port)")
     parser.add_argument("--http-host", default=os.environ.get("FENCE_HTTP_HOST", "127.0.0.1"),
@@ -69,12 +69,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default 30)")
 
 
-def options_from_args(args: argparse.Namespace) -> ObsOptions:
-    """Checked options from ``args`` parsed with ``add_arguments``; ``ConfigError`` names
-    the bad flag."""
-    port, interval = args.http_port, float(args.heartbeat_interval_s)
-    if port is not None and not 0 <= port <= 65535:
-        raise ConfigError(f"--http-port {port}: use 0..65535")
+def _port_from(args: argparse.Namespace, env: Mapping[str, str]) -> int | None:
+    if args.http_port is not None:
+        if not 0 <= args.http_port <= 65535:
+            raise ConfigError(f"--http-port {args.http_port}: use 0..65535")
+        return int(args.http_port)
+    raw = env.get("FENCE_HTTP_PORT", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or not 0 <= int(raw) <= 65535:
+        raise ConfigError(f"FENCE_HTTP_PORT={raw!r}: not a port number; use 0..65535 (0: any "
+                          "free port) or unset it (no HTTP server)")
+    return int(raw)
+
+
+def options_from_args(args: argparse.Namespace,
+                      env: Mapping[str, str] | None = None) -> ObsOptions:
+    """Checked options from ``args`` parsed with ``add_arguments`` and ``env`` (default
+    ``os.environ``: ``FENCE_HTTP_PORT`` when ``--http-port`` is not given); ``ConfigError``
+    names the bad flag or variable."""
+    port = _port_from(args, os.environ if env is None else env)
+    interval = float(args.heartbeat_interval_s)
     if not 0 < interval <= 300:
         raise ConfigError(f"--heartbeat-interval-s {interval}: use (0, 300]")
     stall_s = float(args.stall_timeout_s)

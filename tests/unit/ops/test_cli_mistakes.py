@@ -1,0 +1,123 @@
+"""Newcomer mistakes that need no service: each is a real ``fencectl`` subprocess that
+exits 2 with exactly one line naming the setting to fix, and never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from fencing.handler import load_handler
+
+ROOT = Path(__file__).resolve().parents[3]
+# nothing listens on port 1 of loopback: connecting is refused at once
+NOWHERE_KAFKA = "127.0.0.1:1"
+NOWHERE_DSN = "postgresql://fenceworker:NotTheSecret1@127.0.0.1:1/fenceworker"
+RUN = ["run", "--topic", "t", "--group", "g"]
+NO_STACK_DIR = Path(tempfile.gettempdir()) / f"fence-unit-no-stack-{os.getuid()}"
+
+
+def fencectl(*args: str, env: dict[str, str] | None = None,
+             timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items()
+            if not k.startswith(("FENCE_", "KAFKA_", "OTEL_"))}
+    full.update({"PYTHONPATH": str(ROOT), "OTEL_TRACES_EXPORTER": "none",
+                 "FENCE_STACK_DIR": str(NO_STACK_DIR),
+                 "KAFKA_BOOTSTRAP_SERVERS": NOWHERE_KAFKA, "FENCE_DSN": NOWHERE_DSN})
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "ops.cli", *args], cwd=ROOT, env=full,
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
+def one_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The single line the command printed (stderr), after checking there is nothing else."""
+    out = done.stdout + done.stderr
+    assert "Traceback" not in out, out[-3000:]
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and not done.stdout.strip(), out[-3000:]
+    return lines[0]
+
+
+def test_bad_fence_http_port_is_refused_by_run_only() -> None:
+    done = fencectl(*RUN, env={"FENCE_HTTP_PORT": "abc"})
+    assert done.returncode == 2
+    line = one_line(done)
+    assert line.startswith("fencectl run: FENCE_HTTP_PORT='abc'") and "0..65535" in line
+    status = fencectl("status", env={"FENCE_HTTP_PORT": "abc", "FENCE_DSN": ""})
+    assert status.returncode == 2  # FENCE_DSN unset: status does not care about the port
+    assert "FENCE_HTTP_PORT" not in one_line(status) and "FENCE_DSN" in status.stderr
+    env_out = fencectl("stack", "env", env={"FENCE_HTTP_PORT": "abc"})
+    assert env_out.returncode == 0 and "Traceback" not in env_out.stderr
+
+
+def test_incoherent_handler_is_refused_at_load_naming_it_and_the_pair() -> None:
+    done = fencectl(*RUN, "--handler", "tests.unit.ops.handlers_mixed:mailer")
+    assert done.returncode == 2
+    line = one_line(done)
+    assert "--handler tests.unit.ops.handlers_mixed:mailer" in line
+    assert "durability=durable-critical effects=external-non-idempotent" in line
+    # the module imports, and its coherent handler loads
+    assert callable(load_handler("tests.unit.ops.handlers_mixed:ledger"))
+
+
+@pytest.mark.parametrize("extra, env, needle", [
+    (["--group-protocol", "consumer", "--assignment-strategy", "range"], {},
+     "--assignment-strategy range cannot be used with --group-protocol consumer"),
+    (["--log-level", "foo"], {}, "--log-level 'foo'"),
+    ([], {"FENCE_LOG_LEVEL": "loud"}, "FENCE_LOG_LEVEL 'loud'"),
+    (["--db-idle-in-transaction-timeout-s", "30"], {},
+     "--db-idle-in-transaction-timeout-s 30: use more than 0 and less than the 20 s"),
+    (["-X", "bootstrap.servers=other:9092"], {}, "--bootstrap-servers"),
+    (["-X", "group.id=other"], {}, "set it once, with --group"),
+    ([], {"KAFKA_BOOTSTRAP_SERVERS": ""}, "no --bootstrap-servers given"),
+])
+def test_run_refuses_configuration_mistakes(extra: list[str], env: dict[str, str],
+                                            needle: str) -> None:
+    done = fencectl(*RUN, *extra, env=env)
+    assert done.returncode == 2
+    assert needle in one_line(done)
+
+
+def test_unreachable_kafka_is_one_line_naming_where_the_address_came_from() -> None:
+    """Each waits out its Kafka timeout (5 s for run, 10 s for produce): run concurrently."""
+    produce = ["produce", "--topic", "t", "--count", "1", "--seed", "1", "--class", "valid"]
+    cases = {
+        "run flag": ((*RUN, "--bootstrap-servers", NOWHERE_KAFKA),
+                     {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:2"},
+                     f"fencectl run: --bootstrap-servers {NOWHERE_KAFKA}: cannot reach Kafka"),
+        "run env": (tuple(RUN), {},
+                    f"fencectl run: KAFKA_BOOTSTRAP_SERVERS {NOWHERE_KAFKA}: cannot reach Kafka"),
+        "produce flag": ((*produce, "--bootstrap-servers", NOWHERE_KAFKA), {},
+                         f"fencectl produce: --bootstrap-servers {NOWHERE_KAFKA}: cannot reach"),
+        # the old spelling is a hidden alias of the same flag
+        "produce alias": ((*produce, "--bootstrap", NOWHERE_KAFKA), {},
+                          f"fencectl produce: --bootstrap-servers {NOWHERE_KAFKA}: cannot reach"),
+    }
+    with ThreadPoolExecutor(len(cases)) as pool:
+        done = {name: pool.submit(fencectl, *argv, env=env)
+                for name, (argv, env, _) in cases.items()}
+    for name, (_argv, _env, prefix) in cases.items():
+        got = done[name].result()
+        assert got.returncode == 2, (name, got.stderr[-2000:])
+        line = one_line(got)  # no librdkafka log lines
+        assert line.startswith(prefix), (name, line)
+        if "flag" in name or "alias" in name:
+            assert "KAFKA_BOOTSTRAP_SERVERS" not in line, (name, line)
+
+
+def test_help_texts_as_documented() -> None:
+    produce = fencectl("produce", "--help")
+    assert produce.returncode == 0
+    assert "--bootstrap-servers" in produce.stdout
+    assert "--bootstrap " not in produce.stdout  # the old spelling is a hidden alias
+    frontier = fencectl("reset", "frontier", "--help")
+    assert frontier.returncode == 0
+    assert "default" not in frontier.stdout.split("--partition PARTITION", 2)[-1].split(
+        "--to-offset")[0]
+    run = fencectl("run", "--help")
+    assert "refused with --group-protocol consumer" in " ".join(run.stdout.split())
