@@ -42,7 +42,7 @@ __all__ = [
     "redact_dsn",
 ]
 
-DEFAULT_HANDLER = "ops.reference.pg:ref_handler"
+DEFAULT_HANDLER = "ops.reference.pg:reference"
 DEFAULT_ASSIGNMENT_STRATEGY = "cooperative-sticky"
 
 _OWNED_FALSE = ("enable.auto.commit", "enable.auto.offset.store")
@@ -117,6 +117,8 @@ class WorkerConfig:
     """Fresh lifetimes to start after a retirement before exiting 3 (default 0)."""
     x_options: Mapping[str, str] = field(default_factory=dict)
     """Extra librdkafka properties from ``-X key=value``."""
+    handler_settings: Mapping[str, str] = field(default_factory=dict)
+    """Settings for a handler factory from ``--handler-setting key=value`` (repeatable)."""
 
     def check(self) -> None:
         """Raise ``ConfigError`` naming the first invalid setting."""

@@ -12,15 +12,20 @@ Rules
   ``declaration_of`` / ``load_handler`` check it and name the handler and the pair.
 - A handler must return exactly one verdict per record; anything else raises
   ``HandlerDeclarationError`` inside the transaction, which then rolls back.
+- ``--handler module:name`` names a handler or a *factory*: a callable marked with
+  ``@handler_factory(...)`` that is given a ``HandlerContext`` (schema, group, topics,
+  settings) and returns the handler. A factory may bring ``ensure_tables(conn, context)``,
+  run once at start before any batch. Nothing is read from the environment and no handler
+  name is special: the reference handler is a factory like any user's.
 """
 
 from __future__ import annotations
 
 import enum
 import importlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from fencing.errors import ConfigError, HandlerDeclarationError
 from fencing.store import HandlerFn
@@ -30,9 +35,13 @@ __all__ = [
     "Declaration",
     "Durability",
     "Effects",
+    "HandlerContext",
+    "LoadedHandler",
+    "build_handler",
     "check_verdicts",
     "declaration_of",
     "handler",
+    "handler_factory",
     "load_handler",
 ]
 
@@ -129,8 +138,43 @@ def declaration_of(fn: HandlerFn) -> Declaration:
     return decl
 
 
-def load_handler(spec: str) -> HandlerFn:
-    """Import ``module:callable`` and check its declaration; raises ``ConfigError``."""
+@dataclass(frozen=True, slots=True)
+class HandlerContext:
+    """What a handler factory is given when ``fencectl run`` starts."""
+
+    schema: str  # the PostgreSQL schema of the fence tables (``--schema``)
+    group_id: str  # the consumer group (``--group``)
+    topics: tuple[str, ...]  # the topics consumed (``--topic``)
+    settings: Mapping[str, str] = field(default_factory=dict)  # ``--handler-setting K=V``
+
+
+EnsureTables = Callable[[Any, HandlerContext], Awaitable[None]]
+F = TypeVar("F", bound=Callable[..., Any])
+_FACTORY = "__fence_factory__"
+
+
+@dataclass(frozen=True, slots=True)
+class _Factory:
+    ensure_tables: EnsureTables | None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedHandler:
+    """A checked handler and, for a factory that has one, its table set-up."""
+
+    fn: HandlerFn
+    ensure_tables: Callable[[Any], Awaitable[None]] | None = None
+
+
+def handler_factory(*, ensure_tables: EnsureTables | None = None) -> Callable[[F], F]:
+    """Mark ``build(context) -> handler`` as a factory (see the module Rules)."""
+    def mark(build: F) -> F:
+        setattr(build, _FACTORY, _Factory(ensure_tables))
+        return build
+    return mark
+
+
+def _resolve(spec: str) -> Any:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"--handler {spec!r}: expected module:callable")
@@ -138,14 +182,47 @@ def load_handler(spec: str) -> HandlerFn:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"--handler {spec!r}: cannot import {module_name!r}: {exc}") from exc
-    fn: Any = getattr(module, attr, None)
-    if fn is None or not callable(fn):
+    target: Any = getattr(module, attr, None)
+    if target is None or not callable(target):
         raise ConfigError(f"--handler {spec!r}: {module_name!r} has no callable {attr!r}")
+    return target
+
+
+def _checked(spec: str, fn: Any) -> HandlerFn:
+    if not callable(fn):
+        raise ConfigError(f"--handler {spec}: the factory returned {fn!r}, not a handler")
     try:
         declaration_of(fn)
     except HandlerDeclarationError as exc:
         raise ConfigError(f"--handler {spec}: refused: {exc}") from exc
     return fn  # type: ignore[no-any-return,unused-ignore]
+
+
+def load_handler(spec: str) -> HandlerFn:
+    """Import the handler ``module:callable`` and check its declaration; raises
+    ``ConfigError`` (also for a factory: use ``build_handler``)."""
+    target = _resolve(spec)
+    if getattr(target, _FACTORY, None) is not None:
+        raise ConfigError(f"--handler {spec}: is a handler factory; build it with a context")
+    return _checked(spec, target)
+
+
+def build_handler(spec: str, context: HandlerContext) -> LoadedHandler:
+    """The handler ``spec`` names: a handler as it is, or what its factory builds for
+    ``context``; its declaration checked. Raises ``ConfigError`` naming ``--handler``."""
+    target = _resolve(spec)
+    factory = getattr(target, _FACTORY, None)
+    if not isinstance(factory, _Factory):
+        return LoadedHandler(_checked(spec, target))
+    fn = _checked(spec, target(context))
+    ensure = factory.ensure_tables
+    if ensure is None:
+        return LoadedHandler(fn)
+
+    async def ensure_tables(conn: Any) -> None:
+        await ensure(conn, context)
+
+    return LoadedHandler(fn, ensure_tables)
 
 
 def check_verdicts(verdicts: Sequence[Verdict], count: int) -> Sequence[Verdict]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import os
 import signal
@@ -39,6 +38,7 @@ from fencing.errors import (
     SourceUnavailable,
     StoreUnavailable,
 )
+from fencing.handler import HandlerContext, LoadedHandler, build_handler
 from fencing.types import TopicPartition
 from ops.hints import schema_advice
 from ops.operator.db import connect_mistake, connection
@@ -61,7 +61,10 @@ def register(sub: Any) -> None:
                        description="Consume a topic with exactly-once effects in PostgreSQL.")
     p.add_argument("--topic", required=True)
     p.add_argument("--group", required=True, help="consumer group id")
-    p.add_argument("--handler", default=DEFAULT_HANDLER, help="effect handler module:callable")
+    p.add_argument("--handler", default=DEFAULT_HANDLER,
+                   help="effect handler, or handler factory, as module:name")
+    p.add_argument("--handler-setting", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting given to a handler factory (repeatable)")
     p.add_argument("-X", dest="x", action="append", default=[], metavar="KEY=VALUE",
                    help="librdkafka consumer property (repeatable)")
     p.add_argument("--bootstrap-servers", default=None,
@@ -110,7 +113,8 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
         shutdown_timeout_s=args.shutdown_timeout_s, allow_retention_gap=args.allow_retention_gap,
         restart_lifetimes=args.restart_lifetimes,
         db_idle_in_transaction_timeout_s=args.db_idle_in_transaction_timeout_s,
-        x_options=parse_x_options(args.x))
+        x_options=parse_x_options(args.x),
+        handler_settings=parse_handler_settings(args.handler_setting))
     cfg.check()
     return cfg
 
@@ -190,27 +194,26 @@ async def _open_store(cfg: WorkerConfig) -> Any:
             from None
 
 
-def _schema_bound(handler: Any, cfg: WorkerConfig) -> Any:
-    """The reference handler follows ``--schema`` even if its module was imported earlier."""
-    module_name, _, attr = cfg.handler.partition(":")
-    module = importlib.import_module(module_name)
-    factory = getattr(module, "make_pg_handler", None)
-    if attr == "ref_handler" and callable(factory):
-        return factory(schema=cfg.schema)
-    return handler
+def parse_handler_settings(items: list[str]) -> dict[str, str]:
+    """``["k=v", ...]`` from ``--handler-setting``; ``ConfigError`` names a malformed one."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--handler-setting {item!r}: expected key=value")
+        out[key.strip()] = value
+    return out
 
 
-async def _ensure_handler_tables(cfg: WorkerConfig) -> None:
-    """Call the handler module's ``ensure_tables(conn, schema)`` if it provides one."""
+async def _ensure_handler_tables(cfg: WorkerConfig, loaded: LoadedHandler) -> None:
+    """Run the handler factory's ``ensure_tables`` once, before any batch."""
     import asyncpg
 
-    module = importlib.import_module(cfg.handler.partition(":")[0])
-    ensure = getattr(module, "ensure_tables", None)
-    if ensure is None:
+    if loaded.ensure_tables is None:
         return
     try:
         async with connection(cfg.dsn) as conn:
-            await ensure(conn, cfg.schema)
+            await loaded.ensure_tables(conn)
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise ConfigError(f"FENCE_DSN: creating the handler's tables failed: "
                           f"{redact(str(exc), dsn=cfg.dsn)}") from None
@@ -220,11 +223,11 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
     from consumer.lifecycle import Lifecycle
     from consumer.observability.otel_tracing import OtelTracing
     from consumer.observability.tracecontext import links_for_records
-    from fencing.handler import load_handler
     from ops.worker.telemetry import setup_telemetry
 
-    os.environ["FENCE_SCHEMA"] = cfg.schema  # the reference handler reads it at import
-    handler = _schema_bound(load_handler(cfg.handler), cfg)
+    loaded = build_handler(cfg.handler, HandlerContext(
+        schema=cfg.schema, group_id=cfg.group_id, topics=(cfg.topic,),
+        settings=cfg.handler_settings))
     probe = KafkaSource(_probe_conf(cfg), request_timeout_s=_PROBE_TIMEOUT_S)
     if not await asyncio.to_thread(probe.list_topics_ok, _PROBE_TIMEOUT_S):
         raise ConfigError(f"{cfg.bootstrap_source} {cfg.bootstrap_servers}: cannot reach Kafka "
@@ -245,10 +248,10 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
                               group_id=cfg.group_id)
     obs.instruments.export_zeros(TopicPartition(cfg.topic, p) for p in range(partition_count))
     try:
-        await _ensure_handler_tables(cfg)
+        await _ensure_handler_tables(cfg, loaded)
         settings = kafka_settings(cfg)
         worker = Worker(
-            config=cfg, handler=handler, source=source,
+            config=cfg, handler=loaded.fn, source=source,
             lifecycle_factory=lambda lid: Lifecycle(
                 store=store, lifetime_id=lid, clock=time.monotonic, wait=asyncio.sleep,
                 budget_s=cfg.budget_s, auto_offset_reset=cfg.auto_offset_reset,

@@ -37,7 +37,7 @@ from ops.reference.generate import (
 )
 from ops.reference.memory import memory_ref_handler
 from ops.reference.oracle import Expected, check, diff, fold, fold_prefix
-from ops.reference.pg import ddl, ensure_tables, grant_sql, make_pg_handler, ref_handler
+from ops.reference.pg import ddl, ensure_tables, grant_sql, make_pg_handler, reference
 
 __all__ = [
     "CLASSES",
@@ -56,6 +56,6 @@ __all__ = [
     "memory_ref_handler",
     "parse_record",
     "partition_for",
-    "ref_handler",
+    "reference",
     "to_source_records",
 ]

@@ -1,8 +1,11 @@
 """The reference handler over asyncpg, and its effect tables.
 
 Rules
-- ``ensure_tables(conn, schema)`` creates the schema and the tables ``ref_documents`` and
-  ``ref_outbox`` if missing; idempotent and safe to run concurrently (advisory lock).
+- ``reference`` is the handler factory ``fencectl run`` uses by default: it builds the
+  handler for the run's ``--schema`` (``make_pg_handler``), and its ``ensure_tables`` runs at
+  start. ``ensure_tables(conn, schema)`` creates the schema and the tables
+  ``ref_documents`` and ``ref_outbox`` if missing; idempotent and safe to run concurrently
+  (advisory lock).
 - The handler makes two round trips per batch of one topic, whatever its size: one read
   of the current rows of every document in the batch (locked ``FOR UPDATE`` in doc-id
   order, one read per topic), then one statement writing the final document rows and
@@ -16,11 +19,10 @@ Rules
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
-from fencing.handler import handler
+from fencing.handler import HandlerContext, handler, handler_factory
 from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
 from fencing.store import HandlerFn
 from fencing.types import SourceRecord, Verdict
@@ -32,7 +34,7 @@ __all__ = [
     "ensure_tables",
     "grant_sql",
     "make_pg_handler",
-    "ref_handler",
+    "reference",
 ]
 
 
@@ -173,4 +175,11 @@ def make_pg_handler(*, schema: str = DEFAULT_SCHEMA) -> HandlerFn:
     return handle
 
 
-ref_handler: HandlerFn = make_pg_handler(schema=os.environ.get("FENCE_SCHEMA") or DEFAULT_SCHEMA)
+async def _ensure(conn: Any, context: HandlerContext) -> None:
+    await ensure_tables(conn, context.schema)
+
+
+@handler_factory(ensure_tables=_ensure)
+def reference(context: HandlerContext) -> HandlerFn:
+    """The reference handler for ``context.schema`` (``--handler ops.reference.pg:reference``)."""
+    return make_pg_handler(schema=context.schema)
