@@ -104,7 +104,7 @@ class WorkerConfig:
     """Bound for finishing in-flight batches after SIGTERM/SIGINT (default 15 s)."""
     budget_s: float = 20.0
     """Budget of every guarded lifecycle call (assign, seek, process, revoke), counted from
-    before the mutex wait; rebalance callbacks wait this plus a margin (DESIGN: 20 s)."""
+    before the mutex wait; rebalance callbacks wait this plus a margin (20 s)."""
     poll_timeout_s: float = 0.05
     """Longest single consume() wait on the Kafka thread (default 50 ms)."""
     allow_retention_gap: bool = False

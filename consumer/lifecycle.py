@@ -3,7 +3,7 @@
 Long because each public operation keeps its rule next to its guarded body (the frame,
 retirement and budget live in ``consumer.lifetime_frame``).
 
-Rules (DESIGN "Lifecycle"; the decisions live in ``consumer.decisions``)
+Rules (docs/ARCHITECTURE.md, "Lifecycle"; the decisions live in ``consumer.decisions``)
 - ``assign``/``seek``/``revoke`` run under the assignment mutex. ``process`` takes the
   mutex only to read the token and take the partition's guard; its I/O runs under the
   guard alone, so partitions proceed concurrently. ``revoke``, ``seek`` and ``assign`` wait

@@ -1,4 +1,4 @@
-"""The three-call policy (DESIGN: "The three-call policy").
+"""The three-call policy (docs/ARCHITECTURE.md: "The three-call policy").
 
 Rules
 - A guarded store operation makes at most ``MAX_CALLS`` (3) calls.

@@ -1,5 +1,5 @@
-"""Pure decisions about tokens, unknown outcomes (DESIGN: "Resolving unknown outcomes"),
-source validation and batches; both stores use them.
+"""Pure decisions about tokens, unknown outcomes ("Resolving unknown outcomes" in
+docs/ARCHITECTURE.md), source validation and batches; both stores use them.
 
 Rules
 - Unknown process commit, re-read ``observed``:

@@ -117,7 +117,7 @@ class ClaimRequest:
 
 
 class Outcome(enum.Enum):
-    """How a mutating store call ended (DESIGN: commit-outcome classification)."""
+    """How a mutating store call ended (docs/ARCHITECTURE.md: commit-outcome classification)."""
 
     COMMITTED = "committed"
     NOT_COMMITTED = "not-committed"

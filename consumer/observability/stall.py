@@ -1,6 +1,6 @@
 """Stall detection (pure): an owned, positioned partition with lag that makes no progress.
 
-Rules (DESIGN "Liveness")
+Rules (docs/ARCHITECTURE.md, "Liveness")
 - Progress is records fetched into the partition's buffer or a batch committed; the worker
   reports the time of the last one per owned partition (``progress_s``, its clock).
 - Lag comes from samples (Kafka's high watermark minus the durable frontier). A partition's

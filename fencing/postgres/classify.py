@@ -1,4 +1,5 @@
-"""Translate asyncpg and OS errors into the fence's error tree (DESIGN: outcome classification).
+"""Translate asyncpg and OS errors into the fence's error tree (outcome classification,
+docs/ARCHITECTURE.md).
 
 Rules (each verified against PostgreSQL 15 + asyncpg 0.32 through ``ops.testing.pgproxy``; see
 tests/integration/test_lost_commit.py and tests/unit/test_classify.py)

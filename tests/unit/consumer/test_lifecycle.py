@@ -1,4 +1,4 @@
-"""Lifecycle over MemoryFenceStore with a logical clock: the DESIGN rules, one by one."""
+"""Lifecycle over MemoryFenceStore with a logical clock: the lifecycle rules, one by one."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pure resolution of unknown outcomes (DESIGN: "Resolving unknown outcomes")."""
+"""Pure resolution of unknown outcomes (docs/ARCHITECTURE.md: "Resolving unknown outcomes")."""
 
 from __future__ import annotations
 
