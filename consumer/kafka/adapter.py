@@ -63,7 +63,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 from fencing.errors import ConfigError, KafkaClientFailed, RetentionGap
 from fencing.types import SourceRecord, TopicPartition
 
-__all__ = ["KafkaThread", "Rebalancer", "call_on_loop", "to_record"]
+__all__ = ["KafkaThread", "Rebalancer", "call_on_loop", "check_consumer_settings", "to_record"]
 
 log = logging.getLogger("fenceworker.adapter")
 
@@ -339,6 +339,18 @@ class KafkaThread:
             consumer.unassign()
         self._assigned.difference_update(tps)
         self._positioned.difference_update(tps)
+
+
+def check_consumer_settings(settings: dict[str, str]) -> None:
+    """Build and close a consumer with ``settings`` (no group join, no fetch); raise
+    ``ConfigError`` with librdkafka's reason when it refuses them."""
+    try:
+        consumer = Consumer(dict(settings))
+    except (KafkaException, ValueError, TypeError) as exc:
+        raise ConfigError(f"librdkafka refused the consumer configuration: "
+                          f"{_kafka_message(exc)} (fix the -X option or the flag that sets "
+                          "it)") from exc
+    consumer.close()
 
 
 def _kafka_message(exc: BaseException) -> str:

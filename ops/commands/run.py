@@ -28,7 +28,7 @@ from consumer.config import (
     redact,
 )
 from consumer.exits import ExitCode
-from consumer.kafka.adapter import KafkaThread
+from consumer.kafka.adapter import KafkaThread, check_consumer_settings
 from consumer.kafka.source import KafkaSource
 from consumer.worker import Worker
 from fencing.errors import (
@@ -144,6 +144,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args, os.environ)
         obs_options = obs_options_from_args(args)
+        check_consumer_settings(kafka_settings(cfg))  # librdkafka's own refusals, up front
     except ConfigError as exc:
         print(f"fencectl run: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
         return int(ExitCode.CONFIG)

@@ -102,7 +102,6 @@ def test_unknown_group_is_exit_2_listing_known_groups(
     assert "billing" in known.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="Kafka thread fix pending (issue 9)")
 def test_unknown_librdkafka_property_exits_2_naming_it(target: tuple[str, str]) -> None:
     """Item 1 of issue 17: the worker must not hang on a property librdkafka refuses.
     (``subprocess.run`` kills it and raises ``TimeoutExpired`` after 20 s.)"""
