@@ -344,8 +344,9 @@ class KafkaThread:
 def check_consumer_settings(settings: dict[str, str]) -> None:
     """Build and close a consumer with ``settings`` (no group join, no fetch); raise
     ``ConfigError`` with librdkafka's reason when it refuses them."""
+    quiet = {"log_level": "0", **settings}  # its connection attempts would log otherwise
     try:
-        consumer = Consumer(dict(settings))
+        consumer = Consumer(quiet)
     except (KafkaException, ValueError, TypeError) as exc:
         raise ConfigError(f"librdkafka refused the consumer configuration: "
                           f"{_kafka_message(exc)} (fix the -X option or the flag that sets "
