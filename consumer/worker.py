@@ -7,7 +7,9 @@ Rules
   those partitions finish, then calls ``lifecycle.revoke``; ``lost`` is local only.
 - One runner task per owned partition takes batches from its buffer and submits them with
   ``lifecycle.process``; at most ``db_concurrency`` batches are in flight across partitions.
-- After each commit the frontier is queued as an asynchronous Kafka commit (advisory).
+- After each commit the frontier is queued for Kafka (advisory; ``consumer.committer``),
+  also when the batch's COMMIT reply was lost and the re-read resolved it as committed:
+  ``lifecycle.process`` returns the resolved token either way.
 - A fenced batch means this process was a zombie (its partition was lost and a newer owner
   committed): nothing of it applied, and the lifetime ends with exit 3 even though the
   lifecycle would allow rejoining -- a supervisor (or ``--restart-lifetimes``) starts fresh.
@@ -43,6 +45,7 @@ from consumer.batching import Flow, InFlight, PartitionBuffer, in_flight_of
 from consumer.config import WorkerConfig
 from consumer.decisions import LifetimeState
 from consumer.exits import ExitCode, exit_code_for
+from consumer.mirror import MirrorState
 from consumer.ports import FactsPort, KafkaPort, Partition
 from consumer.source import build_checks
 from consumer.tracecontext import links_for_records
@@ -101,6 +104,10 @@ class Worker:
     @property
     def in_flight(self) -> list[InFlight]:
         return [p.inflight for p in self._parts.values() if p.inflight is not None]
+
+    def offset_mirror(self) -> dict[TopicPartition, MirrorState]:
+        """Per positioned partition of the current lifetime: Kafka's offset mirror."""
+        return {} if self._kafka is None else self._kafka.mirror()
 
     def progress(self) -> dict[TopicPartition, float]:
         """Per owned partition: the clock time of its last fetch or commit progress."""

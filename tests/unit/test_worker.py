@@ -48,6 +48,9 @@ class FakeKafka:
         with self.lock:
             self.commands.append(("commit", tp, frontier))
 
+    def mirror(self) -> dict[TopicPartition, Any]:
+        return {}
+
     def stop_fetching(self) -> None:
         pass
 
