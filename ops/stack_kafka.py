@@ -34,10 +34,10 @@ __all__ = [
     "check",
     "classpath",
     "cluster_id",
-    "marker",
-    "server_properties",
     "cp_file",
     "java_binary",
+    "marker",
+    "server_properties",
     "start",
 ]
 
