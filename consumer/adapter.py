@@ -147,6 +147,10 @@ class KafkaThread:
         """Mirror the durable ``frontier`` of ``tp`` into Kafka (advisory: lag tools only)."""
         self._committer.queue(tp, frontier)
 
+    def freeze_mirror(self) -> None:
+        """The lifetime failed: commit nothing more to Kafka (``consumer.committer``)."""
+        self._committer.freeze()
+
     def mirror(self) -> dict[TopicPartition, MirrorState]:
         """The offset mirror of every positioned partition (``consumer.mirror``)."""
         return self._committer.snapshot()

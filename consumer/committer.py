@@ -26,6 +26,9 @@ Rules
   stops waiting for the Kafka thread after its close bound (``budget_s`` + 10 s).
 - A lost assignment drops what Kafka lacks (counted as ``lost``); a commit queued for a
   partition no longer assigned is dropped (counted as ``not-assigned``).
+- ``freeze`` (the lifetime failed): nothing more is sent. A retired lifetime's frontier may
+  be stale (it was fenced by a newer owner or an operator reset); the next owner converges
+  Kafka when it is assigned the partition.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class Committer:
         self._pending: dict[TopicPartition, int] = {}
         self._states: dict[TopicPartition, MirrorState] = {}
         self._retry_at: dict[TopicPartition, float] = {}
+        self._frozen = False
 
     # ---- loop side --------------------------------------------------------------------------
 
@@ -74,6 +78,13 @@ class Committer:
                     return  # a late report from an earlier assignment of the partition
                 self._states[tp] = mirror.durable_moved(state, frontier, self._clock())
             self._pending[tp] = frontier
+
+    def freeze(self) -> None:
+        """The lifetime failed: send nothing more (see Rules)."""
+        with self._lock:
+            self._frozen = True
+            self._pending.clear()
+            self._retry_at.clear()
 
     def snapshot(self) -> dict[TopicPartition, MirrorState]:
         """The mirror of every positioned partition (for the lag warning)."""
@@ -131,7 +142,7 @@ class Committer:
                 self._retry_at.pop(tp, None)
             send = {tp: s.durable for tp, s in self._states.items()
                     if tp in wanted and mirror.needs_commit(s)}
-        if not send:
+        if not send or self._frozen:
             return
         try:
             results = consumer.commit(offsets=_ktps(send), asynchronous=False)
@@ -196,6 +207,8 @@ class Committer:
                 if p.error is None and p.offset >= 0}
 
     def _send_async(self, consumer: Any, send: dict[TopicPartition, int]) -> None:
+        if self._frozen:
+            return
         try:
             consumer.commit(offsets=_ktps(send), asynchronous=True)
         except KafkaException as exc:  # refused before sending (e.g. a fatal error)

@@ -201,6 +201,8 @@ class Worker:
                   exc_info=exc if code is ExitCode.INTERNAL else None)
         if first:
             self._event("failed", error=type(exc).__name__, exit_code=int(exit_code_for(exc)))
+            if self._kafka is not None:  # its frontiers may be stale (fenced): stop mirroring
+                self._kafka.freeze_mirror()
         self._failed.set()
 
     # ---- Rebalancer (called from the Kafka thread) ---------------------------------------------

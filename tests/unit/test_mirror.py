@@ -215,3 +215,14 @@ def test_the_observer_warns_once_when_the_mirror_lags_past_the_bound(
         states[A] = MirrorState(300, 300, None)
         obs._check_mirror()
         assert "caught up" in caplog.records[-1].getMessage()
+
+
+def test_a_frozen_committer_sends_nothing_more() -> None:
+    c, _now, _f = _committer()
+    consumer = Consumer({A: 0})
+    c.positioned(consumer, {A: 0})
+    c.queue(A, 10)
+    c.freeze()
+    c.flush(consumer, {A})
+    c.commit_sync(consumer, [A])
+    assert consumer.sent == []
