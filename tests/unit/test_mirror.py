@@ -226,3 +226,11 @@ def test_a_frozen_committer_sends_nothing_more() -> None:
     c.flush(consumer, {A})
     c.commit_sync(consumer, [A])
     assert consumer.sent == []
+
+
+def test_module_exports() -> None:
+    from consumer import committer
+    from ops import kafka_tools
+
+    for module in (mirror, committer, kafka_tools):
+        assert all(hasattr(module, name) for name in module.__all__), module
