@@ -10,7 +10,9 @@ Rules (the worker's; see ``consumer.worker`` for the process around it)
   current lifetime's tokens or partitions.
 - One runner task per owned partition takes batches from its buffer and submits them with
   ``lifecycle.process``; at most ``db_concurrency`` batches are in flight across partitions.
-  After each commit the frontier is queued as an asynchronous Kafka commit (advisory).
+  After each commit the frontier is queued for Kafka (advisory; ``consumer.kafka.committer``),
+  also when the batch's COMMIT reply was lost and the re-read resolved it as committed:
+  ``lifecycle.process`` returns the resolved token either way.
 - A fenced batch means this process was a zombie (its partition was lost and a newer owner
   committed): nothing of it applied, and the lifetime ends with exit 3.
 - A failure ends the run with ``exit_code_for(exc)``: stop fetching, leave the group
@@ -140,6 +142,7 @@ class LifetimeRun:
                   exc_info=exc if code is ExitCode.INTERNAL else None)
         if first:
             self._w.emit(ev.Failed(type(exc).__name__, int(code)))
+            self.kafka.freeze_mirror()  # its frontiers may be stale (fenced): stop mirroring
         self._failed.set()
 
     # ---- Rebalancer (called from the Kafka thread) ---------------------------------------

@@ -25,6 +25,7 @@ from consumer.batching import InFlight
 from consumer.config import WorkerConfig
 from consumer.exits import ExitCode
 from consumer.lifetime_run import LifetimeRun
+from consumer.mirror import MirrorState
 from consumer.ports import FactsPort, KafkaPort, LifecyclePort
 from fencing.store import HandlerFn
 from fencing.types import SourceRecord, TopicPartition
@@ -78,6 +79,10 @@ class Worker:
     @property
     def in_flight(self) -> list[InFlight]:
         return [] if self.current is None else self.current.in_flight
+
+    def offset_mirror(self) -> dict[TopicPartition, MirrorState]:
+        """Per positioned partition of the current lifetime: Kafka's offset mirror."""
+        return {} if self.current is None else self.current.kafka.mirror()
 
     def progress(self) -> dict[TopicPartition, float]:
         """Per owned partition of the current lifetime: its last fetch or commit progress."""

@@ -44,6 +44,9 @@ Threading model (deliberate; see the README's worker section)
 - librdkafka errors are translated here and never leave this module: a position out of
   range is ``RetentionGap``, a fatal error ``KafkaClientFailed``; transient ones are logged
   (librdkafka retries them).
+- Kafka commits mirror the durable frontier (``consumer.kafka.committer``): converged once per
+  assignment after positioning, asynchronous per batch with results through ``on_commit``,
+  synchronous on revoke and on graceful shutdown, dropped (counted) on a lost assignment.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -60,6 +64,8 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
+from consumer.kafka.committer import Committer, OnFailure
+from consumer.mirror import MirrorState
 from fencing.errors import ConfigError, KafkaClientFailed, RetentionGap
 from fencing.types import SourceRecord, TopicPartition
 
@@ -104,7 +110,9 @@ class KafkaThread:
 
     def __init__(self, *, settings: dict[str, str], topic: str, cooperative: bool,
                  rebalancer: Rebalancer, poll_timeout_s: float = 0.05,
-                 consume_max_records: int = 1000, max_outstanding: int = 2) -> None:
+                 consume_max_records: int = 1000, max_outstanding: int = 2,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_commit_failure: OnFailure | None = None) -> None:
         self._settings = settings
         self._topic = topic
         self._cooperative = cooperative
@@ -112,8 +120,7 @@ class KafkaThread:
         self._poll_timeout_s = poll_timeout_s
         self._consume_max = consume_max_records
         self._commands: queue.SimpleQueue[Callable[[Consumer], None]] = queue.SimpleQueue()
-        self._commit_lock = threading.Lock()
-        self._pending_commits: dict[TopicPartition, int] = {}
+        self._committer = Committer(clock=clock, on_failure=on_commit_failure)
         self._outstanding = threading.Semaphore(max_outstanding)
         self._stop_fetching = threading.Event()
         self._close = threading.Event()
@@ -141,9 +148,16 @@ class KafkaThread:
         self._commands.put(lambda c: self._resume_if_current(c, tp, gen))
 
     def commit(self, tp: TopicPartition, frontier: int) -> None:
-        """Queue an asynchronous Kafka commit of ``frontier`` (advisory: lag tools only)."""
-        with self._commit_lock:
-            self._pending_commits[tp] = frontier
+        """Mirror the durable ``frontier`` of ``tp`` into Kafka (advisory: lag tools only)."""
+        self._committer.queue(tp, frontier)
+
+    def freeze_mirror(self) -> None:
+        """The lifetime failed: commit nothing more to Kafka (``consumer.kafka.committer``)."""
+        self._committer.freeze()
+
+    def mirror(self) -> dict[TopicPartition, MirrorState]:
+        """The offset mirror of every positioned partition (``consumer.mirror``)."""
+        return self._committer.snapshot()
 
     def stop_fetching(self) -> None:
         """Pause every assigned partition and keep them paused (shutdown)."""
@@ -162,7 +176,7 @@ class KafkaThread:
         consumer: Consumer | None = None
         try:
             try:
-                consumer = Consumer(dict(self._settings))
+                consumer = Consumer({**self._settings, "on_commit": self._committer.results})
             except (KafkaException, ValueError, TypeError) as exc:
                 raise ConfigError(f"librdkafka refused the consumer configuration: "
                                   f"{_kafka_message(exc)} (fix the -X option or the flag "
@@ -180,7 +194,9 @@ class KafkaThread:
                     self._consumer_error(exc.args[0] if exc.args else exc, None)
                     continue
                 self._hand_over(msgs)
-            self._drain(consumer)
+            self._run_commands(consumer)
+            # graceful shutdown: Kafka gets every durable frontier before we leave
+            self._committer.commit_sync(consumer, set(self._assigned))
         except BaseException as exc:  # report, never die silently
             if not isinstance(exc, ConfigError):
                 log.exception("kafka thread failed")
@@ -231,6 +247,10 @@ class KafkaThread:
             log.warning("kafka: %s", err.str())
 
     def _drain(self, consumer: Consumer) -> None:
+        self._run_commands(consumer)
+        self._committer.flush(consumer, self._assigned)
+
+    def _run_commands(self, consumer: Consumer) -> None:
         while True:
             try:
                 cmd = self._commands.get_nowait()
@@ -240,24 +260,6 @@ class KafkaThread:
                 cmd(consumer)
             except KafkaException as exc:
                 log.debug("consumer command failed: %s", exc)
-        self._flush_commits(consumer, None)
-
-    def _flush_commits(self, consumer: Consumer, only: set[TopicPartition] | None) -> None:
-        with self._commit_lock:
-            if only is None:
-                pending, self._pending_commits = self._pending_commits, {}
-            else:
-                pending = {tp: o for tp, o in self._pending_commits.items() if tp in only}
-                for tp in pending:
-                    del self._pending_commits[tp]
-        pending = {tp: o for tp, o in pending.items() if tp in self._assigned}
-        if not pending:
-            return
-        offsets = [KafkaTP(tp.topic, tp.partition, off) for tp, off in pending.items()]
-        try:
-            consumer.commit(offsets=offsets, asynchronous=True)
-        except KafkaException as exc:  # advisory only: PostgreSQL holds the frontier
-            log.debug("kafka commit failed: %s", exc)
 
     def _pause_all(self, consumer: Consumer) -> None:
         if self._assigned:
@@ -309,6 +311,7 @@ class KafkaThread:
             consumer.pause(ktps)
         else:  # reconcile: an application pause survives unassign/assign (see Rules)
             consumer.resume(ktps)
+            self._committer.positioned(consumer, positions)
 
     def _assign(self, consumer: Consumer, ktps: list[KafkaTP]) -> None:
         """``incremental_assign`` or ``assign`` (a seam for the fail-stop test)."""
@@ -319,15 +322,14 @@ class KafkaThread:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[KafkaTP]) -> None:
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
-        self._rb.revoked(tps)
-        self._flush_commits(consumer, set(tps))
+        self._rb.revoked(tps)  # in-flight batches ended: their frontiers are queued
+        self._committer.commit_sync(consumer, tps)
+        self._committer.forget(tps)
         self._unassign(consumer, partitions, tps)
 
     def _on_lost(self, consumer: Consumer, partitions: list[KafkaTP]) -> None:
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
-        with self._commit_lock:
-            for tp in tps:
-                self._pending_commits.pop(tp, None)
+        self._committer.lost(tps)
         self._rb.lost(tps)
         self._unassign(consumer, partitions, tps)
 

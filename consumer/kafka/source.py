@@ -8,6 +8,9 @@ Rules
   ``OffsetSpec.latest()`` (the low watermark is the first offset still stored).
 - The AdminClient is its own librdkafka handle, so these calls are safe from any thread,
   including while the consumer's thread sits inside a rebalance callback.
+- ``committed_offsets`` reads a group's committed offsets with
+  ``AdminClient.list_consumer_group_offsets`` (one group per request); a partition without
+  a committed offset reads as None.
 - Foreign errors become ``SourceUnavailable`` (a ``StoreUnavailable``-like transient error
   of the source, not a refusal); a missing topic or partition is a ``SourceRefused``.
 """
@@ -16,7 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from confluent_kafka import KafkaError, KafkaException, TopicCollection
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    TopicCollection,
+)
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
@@ -89,6 +97,28 @@ class KafkaSource:
                 raise SourceUnavailable(f"list_offsets({ktp.topic}[{ktp.partition}]) failed: "
                                         f"{exc}") from exc
             out[TopicPartition(ktp.topic, ktp.partition)] = int(info.offset)
+        return out
+
+    def committed_offsets(self, group: str, tps: Sequence[TopicPartition]
+                          ) -> dict[TopicPartition, int | None]:
+        """Kafka's committed offset of ``group`` per partition (None: none committed)."""
+        if not tps:
+            return {}
+        req = ConsumerGroupTopicPartitions(group, [KafkaTP(tp.topic, tp.partition)
+                                                   for tp in tps])
+        futures = self._admin.list_consumer_group_offsets([req],
+                                                          request_timeout=self._timeout_s)
+        try:
+            got = futures[group].result(timeout=self._timeout_s + 1)
+        except (KafkaException, TimeoutError) as exc:
+            raise SourceUnavailable(f"list_consumer_group_offsets({group!r}) failed: "
+                                    f"{exc}") from exc
+        out: dict[TopicPartition, int | None] = {}
+        for p in got.topic_partitions or ():
+            if p.error is not None:
+                raise SourceUnavailable(f"list_consumer_group_offsets({group!r}): "
+                                        f"{p.topic}[{p.partition}]: {p.error}")
+            out[TopicPartition(p.topic, p.partition)] = p.offset if p.offset >= 0 else None
         return out
 
     def list_topics_ok(self, timeout_s: float) -> bool:

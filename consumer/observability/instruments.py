@@ -5,6 +5,8 @@ Rules
   a no-op until ``ops.worker.telemetry.setup_telemetry`` installs a provider).
 - Labels are bounded: ``topic``, ``partition``, ``operation``, ``resolution``, ``reason``,
   ``kind``, ``outcome``; never record keys, offsets or lifetime ids.
+- ``fence.kafka.commits.failed`` is exported from the start with 0 for every reason
+  (``consumer.mirror.CommitFailure``), so an alert on its rate needs no first failure.
 - Lag is a gauge read at collection time from the last value set per partition; a partition
   whose lag is cleared (revoked, lost, retired) disappears from the next scrape.
 - Every method is cheap and never raises on telemetry failure paths it does not own.
@@ -24,6 +26,7 @@ from typing import Any
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from consumer.mirror import CommitFailure
 from fencing.errors import Fenced, OutcomeUnknown, RecreatedTopic, RetentionGap, Retired
 from fencing.resolution import Resolution
 from fencing.store import HandlerFn
@@ -88,6 +91,13 @@ class Instruments:
             "fence.rebalance.duration", unit="s",
             description="Wall time of a rebalance callback (assign, revoke, lost)",
             explicit_bucket_boundaries_advisory=REBALANCE_BUCKETS_S)
+        self._kafka_commits_failed = m.create_counter(
+            "fence.kafka.commits.failed", unit="{partition}",
+            description="Kafka commits of the durable frontier that failed or were dropped, "
+                        "per partition, by reason (rejected, unavailable, error, lost, "
+                        "not-assigned)")
+        for failure in CommitFailure:
+            self._kafka_commits_failed.add(0, {"reason": failure.value})
         self._lock = threading.Lock()
         self._lag: dict[TopicPartition, int] = {}
         self._last_rejects: dict[TopicPartition, int] = {}
@@ -191,6 +201,10 @@ class Instruments:
             self.retry(operation=operation)
 
         return callback
+
+    def kafka_commit_failed(self, reason: CommitFailure, partitions: int = 1) -> None:
+        """Kafka commits of ``partitions`` partitions failed or were dropped (the mirror)."""
+        self._kafka_commits_failed.add(partitions, {"reason": reason.value})
 
     # rebalance and lag -------------------------------------------------------------------
 

@@ -20,6 +20,9 @@ Rules
   readiness (``/readyz`` names them), the ``fence.partitions.stalled`` gauge and the member
   row (``detail.stalled``, shown by ``fencectl status``), and each newly stalled partition
   is logged as a warning.
+- Offset mirror: every beat, the partitions whose Kafka committed offset has been behind
+  the durable frontier for ``mirror_warn_s`` (``consumer.mirror.lagging``; ``mirror``, the
+  worker's view) are logged as a warning once per episode; catching up is logged as info.
 - Spans: ``fence.shutdown`` runs from ``stopping`` to ``lifetime.end`` (exit code, what was
   still in flight past the bound); ``fence.retire`` marks a failure with its reason.
 """
@@ -35,6 +38,8 @@ from opentelemetry import trace
 
 from consumer import events as ev
 from consumer.events import WorkerEvent
+from consumer.mirror import MirrorState
+from consumer.mirror import lagging as mirror_lagging
 from consumer.observability.heartbeat import MemberHeartbeat, MemberState, state_for_phase
 from consumer.observability.instruments import Instruments
 from consumer.observability.otel_tracing import TRACER_NAME
@@ -67,6 +72,7 @@ log = logging.getLogger("fenceworker.observer")
 LagFacts = Callable[[list[TopicPartition]], Mapping[TopicPartition, SourceFacts]]
 Observe = Callable[[Sequence[TopicPartition]], Awaitable[Mapping[TopicPartition, Token | None]]]
 Progress = Callable[[], Mapping[TopicPartition, float]]
+Mirror = Callable[[], Mapping[TopicPartition, MirrorState]]
 
 
 class WorkerObserver:
@@ -87,6 +93,7 @@ class WorkerObserver:
         lag_interval_s: float = 5.0,
         span_attrs: Mapping[str, str] | None = None,
         stall_timeout_s: float = 30.0,
+        mirror_warn_s: float = 30.0,
     ) -> None:
         self.instruments = instruments
         self.readiness = readiness
@@ -110,6 +117,10 @@ class WorkerObserver:
         self._stalls = StallTracker(timeout_s=stall_timeout_s)
         # the worker's last fetch/commit progress per owned partition (set once it exists)
         self.progress: Progress | None = None
+        # the worker's Kafka offset mirror per positioned partition (set once it exists)
+        self.mirror: Mirror | None = None
+        self._mirror_warn_s = mirror_warn_s
+        self._mirror_lagging: frozenset[TopicPartition] = frozenset()
 
     # ---- events ------------------------------------------------------------------------------
 
@@ -222,6 +233,7 @@ class WorkerObserver:
                 await member.tick()
                 timeout_s = min(timeout_s, max(member.delay_s(), 0.01))
             await self._sample_lag()
+            self._check_mirror()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout_s)
             except TimeoutError:
@@ -269,6 +281,23 @@ class WorkerObserver:
         if stalled != before:
             self._apply(StallChanged(stalled))
             self._sync_member_state()
+
+    def _check_mirror(self) -> None:
+        if self.mirror is None:
+            return
+        states, now = self.mirror(), self._clock()
+        lagging = mirror_lagging(states, now_s=now, bound_s=self._mirror_warn_s)
+        for tp in sorted(lagging - self._mirror_lagging):
+            s = states[tp]
+            log.warning("kafka offset of %s lags the durable frontier for %.0f s: Kafka has %s, "
+                        "PostgreSQL %d (lag tools read a wrong lag; see "
+                        "fence_kafka_commits_failed_total and this log)", tp,
+                        now - (s.behind_since_s or now),
+                        "no offset" if s.kafka is None else s.kafka, s.durable)
+        for tp in sorted(self._mirror_lagging - lagging):
+            if tp in states:
+                log.info("kafka offset of %s caught up with the durable frontier", tp)
+        self._mirror_lagging = lagging
 
     async def close(self, *, timeout_s: float = 3.0) -> None:
         """Stop ``run``, write the final member rows (bounded), mark the loop stopped."""

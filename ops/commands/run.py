@@ -260,11 +260,13 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
                 tracing=OtelTracing()),
             kafka_factory=lambda rb: KafkaThread(
                 settings=settings, topic=cfg.topic, cooperative=cfg.cooperative,
-                rebalancer=rb, poll_timeout_s=cfg.poll_timeout_s),
+                rebalancer=rb, poll_timeout_s=cfg.poll_timeout_s, clock=time.monotonic,
+                on_commit_failure=obs.instruments.kafka_commit_failed),
             on_event=obs.on_event,
             trace_links=links_for_records if telemetry.exporting else None)
         obs.member_id_source = lambda: worker.member_id
         obs.observer.progress = worker.progress
+        obs.observer.mirror = worker.offset_mirror
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.request_stop)

@@ -1,12 +1,12 @@
 """``fencectl status``: who owns which partition at which epoch, how far behind, who is alive.
 
 ``fencectl status [--json] [--group G] [--schema S]`` reads the fence rows and the member
-heartbeats from PostgreSQL (``FENCE_DSN``) and the watermarks and topic ids from Kafka
-(``KAFKA_BOOTSTRAP_SERVERS``). ``fencectl status --history --topic T --partition P`` prints
-the ownership journal of one partition. Read-only. Exit codes: 0 shown (Kafka facts may be
-missing, see ``kafka.answered``), 1 the database failed, 2 bad usage or configuration
-(``FENCE_DSN`` unset or refused, schema not migrated, a ``--group`` with neither fence rows
-nor members: the known groups are listed).
+heartbeats from PostgreSQL (``FENCE_DSN``) and the watermarks, topic ids and each group's
+committed offsets from Kafka (``KAFKA_BOOTSTRAP_SERVERS``). ``fencectl status --history
+--topic T --partition P`` prints the ownership journal of one partition. Read-only. Exit
+codes: 0 shown (Kafka facts may be missing, see ``kafka.answered``), 1 the database
+failed, 2 bad usage or configuration (``FENCE_DSN`` unset or refused, schema not migrated,
+a ``--group`` with neither fence rows nor members: the known groups are listed).
 """
 
 from __future__ import annotations
@@ -27,15 +27,19 @@ from ops.hints import schema_advice
 from ops.operator.db import connection, dsn_from_env, require_known_group
 from ops.operator.status_view import (
     DEFAULT_BOUND_S,
+    DEFAULT_MIRROR_WARN_S,
+    KafkaCommitted,
     MemberRow,
     PartitionRow,
     classify_member,
     view_partition,
 )
 
-__all__ = ["build_status", "read_history", "read_rows", "register", "render_text"]
+__all__ = ["build_status", "kafka_committed", "read_history", "read_rows", "register",
+           "render_text"]
 
 Facts = Mapping[TopicPartition, SourceFacts]
+Committed = Mapping[tuple[str, TopicPartition], int | None]
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -53,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                         "owner (default 3600)")
     p.add_argument("--default-bound-s", type=float, default=DEFAULT_BOUND_S,
                    help="unavailability bound for rows that store none, seconds (default 15)")
+    p.add_argument("--offset-mirror-warn-s", type=float, default=DEFAULT_MIRROR_WARN_S,
+                   help="flag a Kafka committed offset that differs from a frontier which "
+                        "last moved longer ago than this, seconds (default 30)")
     p.add_argument("--history", action="store_true",
                    help="print the ownership journal of --topic/--partition")
     p.add_argument("--topic", default=None)
@@ -125,19 +132,53 @@ def kafka_facts(
     return facts, notes
 
 
+def kafka_committed(
+    bootstrap: str | None, parts: Sequence[PartitionRow], *, timeout_s: float
+) -> tuple[dict[tuple[str, TopicPartition], int | None], dict[str, str]]:
+    """Each group's committed offsets in Kafka, plus a note per group Kafka did not answer."""
+    out: dict[tuple[str, TopicPartition], int | None] = {}
+    notes: dict[str, str] = {}
+    groups: dict[str, list[TopicPartition]] = {}
+    for r in parts:
+        groups.setdefault(r.group_id, []).append(TopicPartition(r.topic, r.partition))
+    if bootstrap is None or not groups:
+        return out, notes
+    from consumer.kafka.source import KafkaSource
+
+    source = KafkaSource({"bootstrap.servers": bootstrap}, request_timeout_s=timeout_s)
+    for group, tps in sorted(groups.items()):
+        try:
+            got = source.committed_offsets(group, tps)
+        except FenceError as exc:
+            notes[f"group {group}"] = f"committed offsets unknown: {exc}"
+            continue
+        out.update({(group, tp): got.get(tp) for tp in tps})
+    return out, notes
+
+
 def build_status(
     *, now: datetime, partitions: Sequence[PartitionRow], members: Sequence[MemberRow],
     facts: Facts, topic_notes: Mapping[str, str], default_bound_s: float = DEFAULT_BOUND_S,
+    committed: Committed | None = None, group_notes: Mapping[str, str] | None = None,
+    mirror_warn_s: float = DEFAULT_MIRROR_WARN_S,
 ) -> dict[str, Any]:
-    """Pure: the status document (``--json`` prints exactly this)."""
+    """Pure: the status document (``--json`` prints exactly this). ``committed`` holds the
+    Kafka committed offsets that Kafka answered for, by (group, partition)."""
     views = {m.lifetime_id: classify_member(m, now=now, default_bound_s=default_bound_s)
              for m in members}
-    parts = [view_partition(r, facts=facts.get(TopicPartition(r.topic, r.partition)),
-                            members=views, source_note=topic_notes.get(r.topic))
-             for r in partitions]
+    committed = committed or {}
+    parts = []
+    for r in partitions:
+        tp = TopicPartition(r.topic, r.partition)
+        key = (r.group_id, tp)
+        parts.append(view_partition(
+            r, facts=facts.get(tp), members=views, source_note=topic_notes.get(r.topic),
+            committed=KafkaCommitted(committed[key]) if key in committed else None,
+            now=now, mirror_warn_s=mirror_warn_s))
+    notes = {**topic_notes, **(group_notes or {})}
     return {
         "at": now.isoformat(),
-        "kafka": {"answered": not topic_notes, "notes": dict(topic_notes)},
+        "kafka": {"answered": not notes, "notes": notes},
         "partitions": [p.as_dict() for p in parts],
         "members": [v.as_dict() for v in views.values()],
     }
@@ -154,12 +195,12 @@ def render_text(status: Mapping[str, Any]) -> str:
     """Human-readable tables of ``build_status`` output."""
     out = [f"fence status at {status['at']}", "", "PARTITIONS"]
     prow = [(p["group"], p["topic"], p["partition"], p["epoch"], p["frontier"],
-             p["high_watermark"], p["lag"], p["owner"],
+             _kafka_cell(p), p["high_watermark"], p["lag"], p["owner"],
              p["owner_availability"] if p["owner_state"] is None
              else f"{p['owner_availability']}/{p['owner_state']}")
             for p in status["partitions"]]
-    out += _table(("GROUP", "TOPIC", "PART", "EPOCH", "FRONTIER", "HIGH", "LAG", "OWNER",
-                   "OWNER-STATE"), prow) if prow else ["(no partition rows)"]
+    out += _table(("GROUP", "TOPIC", "PART", "EPOCH", "FRONTIER", "KAFKA", "HIGH", "LAG",
+                   "OWNER", "OWNER-STATE"), prow) if prow else ["(no partition rows)"]
     notes = [f"  {p['topic']}[{p['partition']}]: {n}" for p in status["partitions"]
              for n in p["notes"]]
     if notes:
@@ -174,6 +215,14 @@ def render_text(status: Mapping[str, Any]) -> str:
     out += _table(("GROUP", "LIFETIME", "HOST", "PID", "AVAILABILITY", "STATE", "LAST-SEEN",
                    "LAST-OBSERVED"), mrow) if mrow else ["(no members seen recently)"]
     return "\n".join(out)
+
+
+def _kafka_cell(p: Mapping[str, Any]) -> str:
+    """KAFKA column: the committed offset (``none``, ``?`` unknown), ``!`` on a mismatch."""
+    if p["kafka_mirror"] == "unknown":
+        return "?"
+    value = "none" if p["kafka_committed"] is None else str(p["kafka_committed"])
+    return f"{value} !" if p["kafka_mirror"] == "mismatch" else value
 
 
 def _render_history(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -197,8 +246,12 @@ async def _collect(dsn: str, args: argparse.Namespace) -> dict[str, Any] | list[
     tps = [TopicPartition(p.topic, p.partition) for p in parts]
     facts, notes = await asyncio.to_thread(kafka_facts, args.bootstrap_servers, tps,
                                            timeout_s=args.kafka_timeout_s)
+    committed, group_notes = await asyncio.to_thread(
+        kafka_committed, args.bootstrap_servers, parts, timeout_s=args.kafka_timeout_s)
     return build_status(now=now, partitions=parts, members=members, facts=facts,
-                        topic_notes=notes, default_bound_s=args.default_bound_s)
+                        topic_notes=notes, default_bound_s=args.default_bound_s,
+                        committed=committed, group_notes=group_notes,
+                        mirror_warn_s=args.offset_mirror_warn_s)
 
 
 def _main(args: argparse.Namespace) -> int:

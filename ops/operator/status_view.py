@@ -13,6 +13,11 @@ Rules
   negative: a frontier above the high watermark is reported as a note instead (the topic
   was recreated or truncated). A frontier below the low watermark is a retention gap note;
   a topic id that differs from the recorded one is a recreated-topic note.
+- Kafka's committed offset of the group (the offset mirror, advisory) is shown beside the
+  frontier: *in-sync* when equal, *converging* while it differs but the frontier moved
+  within the bound (``--offset-mirror-warn-s``; the row's ``updated_at`` is when the
+  frontier last moved), *mismatch* (flagged with a note) when it differs longer than that,
+  *unknown* when Kafka did not answer. No committed offset at all differs too.
 - A partition is *stalled* while its owner is observed and lists it in its member row's
   ``detail.stalled`` (``consumer.observability.stall``); OWNER-STATE then reads
   ``observed/running/stalled`` and a note says so.
@@ -31,16 +36,20 @@ from fencing.types import SourceFacts
 __all__ = [
     "FINAL_STATES",
     "Availability",
+    "KafkaCommitted",
     "MemberRow",
     "MemberView",
+    "MirrorView",
     "PartitionRow",
     "PartitionView",
     "classify_member",
+    "classify_mirror",
     "view_partition",
 ]
 
 FINAL_STATES = frozenset({"stopped", "retired"})
 DEFAULT_BOUND_S = 15.0
+DEFAULT_MIRROR_WARN_S = 30.0
 
 
 class Availability(enum.Enum):
@@ -140,6 +149,43 @@ class PartitionRow:
     updated_at: datetime
 
 
+class MirrorView(enum.Enum):
+    """Kafka's committed offset compared with the durable frontier (see Rules)."""
+
+    IN_SYNC = "in-sync"
+    CONVERGING = "converging"
+    MISMATCH = "mismatch"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaCommitted:
+    """Kafka answered: the group's committed offset of a partition (None: none committed)."""
+
+    offset: int | None
+
+
+def classify_mirror(frontier: int, committed: KafkaCommitted | None, *, updated_at: datetime,
+                    now: datetime, bound_s: float) -> MirrorView:
+    """Pure: how Kafka's committed offset stands against the frontier at ``now``."""
+    if committed is None:
+        return MirrorView.UNKNOWN
+    if committed.offset == frontier:
+        return MirrorView.IN_SYNC
+    age_s = (now - updated_at).total_seconds()
+    return MirrorView.MISMATCH if age_s > bound_s else MirrorView.CONVERGING
+
+
+def _mirror_note(row: PartitionRow, committed: int | None, *, now: datetime,
+                 bound_s: float) -> str:
+    kafka = "no committed offset" if committed is None else f"committed offset {committed}"
+    age_s = max(0.0, (now - row.updated_at).total_seconds())
+    return (f"offset mirror: Kafka has {kafka} for this group, the frontier is {row.frontier} "
+            f"and last moved {age_s:.0f} s ago (> {bound_s:g} s): Kafka's lag tools show a "
+            "wrong lag. The owner commits the frontier when it is assigned the partition; "
+            "check its log and fence_kafka_commits_failed_total")
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionView:
     row: PartitionRow
@@ -150,6 +196,8 @@ class PartitionView:
     owner_state: str | None  # the owner's current state (None unless observed)
     notes: tuple[str, ...]
     stalled: bool = False  # its owner (observed now) reports it stalled
+    kafka_committed: int | None = None  # the group's committed offset in Kafka
+    mirror: MirrorView = MirrorView.UNKNOWN
 
     def as_dict(self) -> dict[str, Any]:
         r = self.row
@@ -159,15 +207,18 @@ class PartitionView:
             "owner_state": self.owner_state, "epoch": r.epoch, "frontier": r.frontier,
             "low_watermark": self.low_watermark, "high_watermark": self.high_watermark,
             "lag": self.lag, "topic_id": r.topic_id, "updated_at": r.updated_at.isoformat(),
+            "kafka_committed": self.kafka_committed, "kafka_mirror": self.mirror.value,
             "stalled": self.stalled, "notes": list(self.notes),
         }
 
 
 def view_partition(
     row: PartitionRow, *, facts: SourceFacts | None, members: Mapping[str, MemberView],
-    source_note: str | None = None,
+    source_note: str | None = None, committed: KafkaCommitted | None = None,
+    now: datetime | None = None, mirror_warn_s: float = DEFAULT_MIRROR_WARN_S,
 ) -> PartitionView:
-    """Pure: lag and notes of one partition from Kafka's facts (None: Kafka did not answer)."""
+    """Pure: lag and notes of one partition from Kafka's facts (None: Kafka did not answer)
+    and the group's committed offset (None: not known; ``now`` is the database clock)."""
     notes: list[str] = [] if source_note is None else [source_note]
     lag: int | None = None
     if facts is not None:
@@ -190,6 +241,10 @@ def view_partition(
         owner_state = f"{owner_state}/stalled"
         notes.append("stalled: its owner reports lag and no fetch or commit progress for "
                      "--stall-timeout-s (see the owner's /readyz and log)")
+    mirror = classify_mirror(row.frontier, committed, updated_at=row.updated_at,
+                             now=row.updated_at if now is None else now, bound_s=mirror_warn_s)
+    if mirror is MirrorView.MISMATCH and committed is not None and now is not None:
+        notes.append(_mirror_note(row, committed.offset, now=now, bound_s=mirror_warn_s))
     return PartitionView(
         row=row,
         high_watermark=None if facts is None else facts.high_watermark,
@@ -200,4 +255,6 @@ def view_partition(
         owner_state=owner_state,
         stalled=stalled,
         notes=tuple(notes),
+        kafka_committed=None if committed is None else committed.offset,
+        mirror=mirror,
     )

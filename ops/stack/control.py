@@ -111,7 +111,7 @@ def _first_time_note(settings: StackSettings, service: Service) -> str:
     cache = settings.paths.cache
     if service is Service.JAEGER and not settings.paths.jaeger_binary.exists():
         return f" (building Jaeger once into {cache}, several minutes; log {cache}/jaeger)"
-    if service is Service.KAFKA and not (settings.paths.kafka_cache / "cp.txt").exists():
+    if service is Service.KAFKA and not stack_kafka.cp_file(settings).exists():
         return f" (resolving the Kafka jars with mvn once into {cache}/m2)"
     return ""
 

@@ -1,9 +1,11 @@
 """Apache Kafka for the local stack: one KRaft node (broker + controller) on loopback.
 
 Rules:
-- The jars come from Maven Central through ``mvn`` and ``ops/stack/kafka-pom.xml``; the
-  resolved classpath is cached in ``<cache>/kafka-<version>/cp.txt`` (local repo
-  ``<cache>/m2``) and reused by every checkout on the machine.
+- The jars come from Maven Central through ``mvn`` and ``ops/stack/kafka-pom.xml`` (broker and
+  the command-line tools, ``kafka-tools``); the resolved classpath is cached in
+  ``<cache>/kafka-<version>/cp-<pom digest>.txt`` (local repo ``<cache>/m2``) and reused by
+  every checkout on the machine with the same pom: a changed pom resolves afresh.
+- ``ops.stack.kafka_tools`` runs Kafka's command-line tools with that classpath.
 - Settings favour fast tests: no initial rebalance delay, one offsets partition,
   replication 1, and low KIP-848 (``consumer`` protocol) and classic session bounds.
 - Healthy means a message produced to ``__fence_stack_health`` is fetched back.
@@ -12,6 +14,7 @@ Rules:
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import os
 import shutil
@@ -31,6 +34,8 @@ __all__ = [
     "check",
     "classpath",
     "cluster_id",
+    "cp_file",
+    "java_binary",
     "marker",
     "server_properties",
     "start",
@@ -125,6 +130,12 @@ logger.request.level = WARN
 """
 
 
+def cp_file(settings: StackSettings) -> Path:
+    """Where the classpath resolved from the current ``kafka-pom.xml`` is cached."""
+    digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:12]
+    return settings.paths.kafka_cache / f"cp-{digest}.txt"
+
+
 def cluster_id() -> str:
     """A fresh KRaft cluster id (base64url of 16 random bytes, not starting with '-')."""
     while True:
@@ -134,11 +145,12 @@ def cluster_id() -> str:
 
 
 def classpath(settings: StackSettings) -> str:
-    """The broker classpath, resolved with mvn on first use; raises StackError naming the fix."""
+    """The broker and tools classpath, resolved with mvn on first use; raises StackError
+    naming the fix."""
     cache = settings.paths.kafka_cache
-    cp_file = cache / "cp.txt"
-    if cp_file.exists():
-        cp = cp_file.read_text().strip()
+    cached = cp_file(settings)
+    if cached.exists():
+        cp = cached.read_text().strip()
         if cp and all(Path(j).exists() for j in cp.split(os.pathsep)):
             return cp
     mvn = shutil.which("mvn")
@@ -148,7 +160,7 @@ def classpath(settings: StackSettings) -> str:
             "Install it: sudo apt-get install -y maven"
         )
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = cache / "cp.txt.tmp"
+    tmp = cache / f"{cached.name}.{os.getpid()}.tmp"
     argv = [
         mvn,
         "-q",
@@ -169,11 +181,11 @@ def classpath(settings: StackSettings) -> str:
             f"Maven could not resolve Kafka {KAFKA_VERSION} (exit {done.returncode}); check access "
             f"to Maven Central (proxy settings in ~/.m2/settings.xml). Log {log}:\n{tail}"
         )
-    tmp.replace(cp_file)
-    return cp_file.read_text().strip()
+    tmp.replace(cached)
+    return cached.read_text().strip()
 
 
-def _java() -> str:
+def java_binary() -> str:
     java = shutil.which("java")
     if java is None:
         raise StackError(
@@ -209,7 +221,7 @@ def _format(java: str, cp: str, props: Path, data: Path, log: Path) -> None:
 
 def start(settings: StackSettings) -> int:
     """Resolve jars, write config, format storage once, start the broker detached; return pid."""
-    java = _java()
+    java = java_binary()
     cp = classpath(settings)
     svc = _svc(settings)
     svc.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,8 @@ Flags: ``--http-port`` (default ``$FENCE_HTTP_PORT``; unset: no HTTP server; 0: 
 port, logged), ``--http-host`` (default ``$FENCE_HTTP_HOST`` or 127.0.0.1),
 ``--heartbeat-interval-s`` (default 5;
 a member is shown unavailable after 3 intervals without a heartbeat), ``--stall-timeout-s``
-(default 30; ``consumer.observability.stall``).
+(default 30; ``consumer.observability.stall``), ``--offset-mirror-warn-s`` (default 30;
+``consumer.mirror``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class ObsOptions:
     lag_interval_s: float = 5.0
     # an owned partition with lag and no fetch or commit progress this long is stalled (s)
     stall_timeout_s: float = 30.0
+    # warn when Kafka's committed offset has lagged the durable frontier this long (s)
+    offset_mirror_warn_s: float = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="report an owned partition with lag and no fetch or commit "
                              "progress for this long as stalled (/readyz, metrics, status; "
                              "default 30)")
+    parser.add_argument("--offset-mirror-warn-s", type=float, default=30.0,
+                        help="warn when Kafka's committed offset of an owned partition has "
+                             "differed from the durable frontier this long without a "
+                             "successful commit, seconds (default 30)")
 
 
 def _port_from(args: argparse.Namespace, env: Mapping[str, str]) -> int | None:
@@ -95,10 +102,14 @@ def options_from_args(args: argparse.Namespace,
     stall_s = float(args.stall_timeout_s)
     if not 0 < stall_s <= 86_400:
         raise ConfigError(f"--stall-timeout-s {stall_s}: use (0, 86400]")
+    mirror_s = float(args.offset_mirror_warn_s)
+    if not 0 < mirror_s <= 86_400:
+        raise ConfigError(f"--offset-mirror-warn-s {mirror_s}: use (0, 86400]")
     return ObsOptions(http_port=port, http_host=args.http_host,
                       heartbeat_interval_s=interval,
                       health_bound_s=max(15.0, 3 * interval),
-                      lag_interval_s=min(5.0, stall_s / 3), stall_timeout_s=stall_s)
+                      lag_interval_s=min(5.0, stall_s / 3), stall_timeout_s=stall_s,
+                      offset_mirror_warn_s=mirror_s)
 
 
 class WorkerObservability:
@@ -135,6 +146,7 @@ class WorkerObservability:
             heartbeat_factory=member, cooperative=cooperative, lag_facts=lag_facts,
             observe=observe, lag_interval_s=options.lag_interval_s,
             stall_timeout_s=options.stall_timeout_s,
+            mirror_warn_s=options.offset_mirror_warn_s,
             span_attrs={"messaging.system": "kafka", "messaging.consumer.group.name": group_id})
         self.http: HttpServer | None = None
         self._task: asyncio.Task[None] | None = None

@@ -64,6 +64,8 @@ def test_counters_after_known_records_and_one_fenced_commit(services: ServiceSet
         assert frontier == 20
         before = scrape()
         assert metric(before, "fence_fences_total") == 0
+        for reason in ("rejected", "unavailable", "error", "lost", "not-assigned"):
+            assert f'fence_kafka_commits_failed_total{{reason="{reason}"}} 0.0' in before
         assert metric(before, "fence_batches_total", outcome="committed") >= 1
         assert metric(before, "fence_partition_lag", topic=topic) in (0, 20)  # sampled every 5 s
 

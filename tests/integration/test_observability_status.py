@@ -17,6 +17,9 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from confluent_kafka import ConsumerGroupTopicPartitions
+from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka.admin import AdminClient
 
 from ops.reference import generate
 from ops.stack.config import ServiceSettings
@@ -78,6 +81,11 @@ def test_live_and_killed_members(services: ServiceSettings) -> None:
         a_member = _member(settled, a.pid)
         assert b_member is not None and a_member is not None
         assert (b_member["availability"], b_member["state"]) == ("observed", "running")
+        in_sync = wait_until(lambda: (s := _status(group, schema)) and all(
+            p["kafka_mirror"] == "in-sync" for p in s["partitions"]) and s, timeout_s=30,
+            what="Kafka's committed offsets mirror the frontiers")
+        assert [p["kafka_committed"] for p in in_sync["partitions"]] == \
+            [p["frontier"] for p in in_sync["partitions"]]
         b_epoch = _part(settled, pb)["epoch"]
         assert _part(settled, pb)["owner"] == b_member["lifetime"]
 
@@ -135,6 +143,23 @@ def test_live_and_killed_members(services: ServiceSettings) -> None:
         assert stopped is not None
         assert (stopped["availability"], stopped["state"]) == ("observed", "stopped")
         assert stopped["last_observed"] is None
+        assert all(p["kafka_committed"] == p["frontier"] for p in final["partitions"])
+
+        # Kafka's offsets made stale while the group is empty: flagged once older than the bound
+        admin = AdminClient({"bootstrap.servers": services.kafka_bootstrap})
+        admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(
+            group, [KafkaTP(topic, pa, 1)])])[group].result(timeout=30)
+        flagged = json.loads(run_fencectl(
+            "status", "--json", "--group", group, "--schema", schema,
+            "--offset-mirror-warn-s", "0.001").stdout)
+        bad = _part(flagged, pa)
+        assert (bad["kafka_committed"], bad["kafka_mirror"]) == (1, "mismatch")
+        assert any(n.startswith("offset mirror: Kafka has committed offset 1") for n in
+                   bad["notes"])
+        assert _part(flagged, pb)["kafka_mirror"] == "in-sync"
+        table = run_fencectl("status", "--group", group, "--schema", schema,
+                             "--offset-mirror-warn-s", "0.001").stdout
+        assert " 1 !" in table and "offset mirror:" in table
     finally:
         a.ensure_dead()
         if b is not None:

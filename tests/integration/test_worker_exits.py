@@ -135,7 +135,10 @@ def test_commit_answered_rollback_applies_nothing_and_exits_1(services) -> None:
     assert "answered COMMIT with ROLLBACK" in log and "SAVEPOINT" in log
     rows = asyncio.run(durable_rows(services.dsn, schema, group, topic))
     assert rows and {f for _e, f in rows.values()} == {0}  # nothing reported applied
-    assert all(o < 0 for o in _kafka_committed(services.kafka_bootstrap, group, topic, 2))
+    # Kafka's offset does not move past the unapplied batch: none committed, or the
+    # assignment's convergence commit of the unchanged frontier 0 (issue 16)
+    assert all(o < 0 or o == 0 for o in _kafka_committed(services.kafka_bootstrap, group,
+                                                         topic, 2))
 
 
 def test_shutdown_bound_is_final_even_for_work_ignoring_cancellation(services) -> None:

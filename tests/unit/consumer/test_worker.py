@@ -49,6 +49,13 @@ class FakeKafka:
         with self.lock:
             self.commands.append(("commit", tp, frontier))
 
+    def mirror(self) -> dict[TopicPartition, Any]:
+        return {}
+
+    def freeze_mirror(self) -> None:
+        with self.lock:
+            self.commands.append(("freeze", TopicPartition("", -1), -1))
+
     def stop_fetching(self) -> None:
         pass
 
@@ -244,6 +251,8 @@ async def test_fenced_batch_without_restarts_exits_3() -> None:
     await asyncio.to_thread(fakes[0].deliver, records(TP0, 0, 5))
     assert await run is ExitCode.RETIRED
     assert store.token_of(TP0).frontier == 0  # type: ignore[union-attr]
+    # its frontier is stale (fenced): it stops mirroring into Kafka before it leaves
+    assert [c for c, _t, _f in fakes[0].commands if c == "freeze"] == ["freeze"]
 
 
 async def test_callbacks_of_an_earlier_lifetime_are_ignored(caplog: Any) -> None:

@@ -13,9 +13,12 @@ from fencing.types import SourceFacts, TopicPartition
 from ops.commands.status import build_status, render_text
 from ops.operator.status_view import (
     Availability,
+    KafkaCommitted,
     MemberRow,
+    MirrorView,
     PartitionRow,
     classify_member,
+    classify_mirror,
     view_partition,
 )
 
@@ -118,3 +121,54 @@ def test_partition_stalled_by_its_observed_owner_is_shown_stalled() -> None:
         stalled_row, last_seen=NOW - timedelta(seconds=60)), now=NOW)}
     v = view_partition(prow(90), facts=SourceFacts("id1", 0, 100), members=gone)
     assert not v.stalled  # an unavailable owner's last report is not a current state
+
+
+# ---- Kafka's committed offset beside the frontier (the offset mirror) -----------------------
+
+def test_mirror_is_judged_by_how_long_ago_the_frontier_moved() -> None:
+    def mirror(committed: KafkaCommitted | None, age_s: float) -> MirrorView:
+        return classify_mirror(90, committed, updated_at=NOW,
+                               now=NOW + timedelta(seconds=age_s), bound_s=30)
+
+    assert mirror(KafkaCommitted(90), 3600) is MirrorView.IN_SYNC
+    assert mirror(KafkaCommitted(80), 30) is MirrorView.CONVERGING
+    assert mirror(KafkaCommitted(80), 31) is MirrorView.MISMATCH
+    assert mirror(KafkaCommitted(None), 31) is MirrorView.MISMATCH  # none committed at all
+    assert mirror(None, 3600) is MirrorView.UNKNOWN
+
+
+def test_a_stale_kafka_offset_is_flagged_with_a_note_and_in_json() -> None:
+    later = NOW + timedelta(seconds=45)
+    v = view_partition(prow(5370), facts=SourceFacts("id1", 0, 5370), members={},
+                       committed=KafkaCommitted(5055), now=later, mirror_warn_s=30)
+    assert v.mirror is MirrorView.MISMATCH and v.lag == 0
+    (note,) = [n for n in v.notes if n.startswith("offset mirror:")]
+    assert "committed offset 5055" in note and "frontier is 5370" in note and "45 s ago" in note
+    d = v.as_dict()
+    assert (d["kafka_committed"], d["kafka_mirror"]) == (5055, "mismatch")
+    fresh = view_partition(prow(5370), facts=None, members={}, committed=KafkaCommitted(5055),
+                           now=NOW + timedelta(seconds=5), mirror_warn_s=30)
+    assert fresh.mirror is MirrorView.CONVERGING and fresh.notes == ()
+
+
+def test_status_shows_the_kafka_column_and_group_notes() -> None:
+    tp0, tp1 = TopicPartition("orders", 0), TopicPartition("orders", 1)
+    parts = [prow(7, owner=None),
+             dataclasses.replace(prow(9, owner=None), partition=1),
+             dataclasses.replace(prow(3, owner=None), group_id="other")]
+    facts = {tp0: SourceFacts("id1", 0, 7), tp1: SourceFacts("id1", 0, 9)}
+    status = build_status(now=NOW + timedelta(seconds=60), partitions=parts, members=[],
+                          facts=facts, topic_notes={},
+                          committed={("g", tp0): 7, ("g", tp1): None},
+                          group_notes={"group other": "committed offsets unknown: down"},
+                          mirror_warn_s=30)
+    mirrors = [(p["group"], p["partition"], p["kafka_committed"], p["kafka_mirror"])
+               for p in status["partitions"]]
+    assert mirrors == [("g", 0, 7, "in-sync"), ("g", 1, None, "mismatch"),
+                       ("other", 0, None, "unknown")]
+    assert status["kafka"]["answered"] is False
+    lines = render_text(status).splitlines()
+    header = next(ln for ln in lines if ln.startswith("GROUP ") and "KAFKA" in ln)
+    assert header.split()[4:7] == ["FRONTIER", "KAFKA", "HIGH"]
+    cells = [ln.split() for ln in lines if ln.startswith(("g ", "other "))]
+    assert [c[5] for c in cells[:3]] == ["7", "none", "?"] and cells[1][6] == "!"
