@@ -48,7 +48,10 @@ class KafkaSource:
     """Reads topic identity and watermarks for partitions of one topic."""
 
     def __init__(self, admin_conf: dict[str, str], *, request_timeout_s: float = 10.0) -> None:
-        self._admin = AdminClient(dict[str, str | int | float | bool](admin_conf))
+        # librdkafka's informational lines (e.g. "Purging 1 unserved events from background
+        # queue" when the client is destroyed) are noise on a command's output: warnings up
+        conf = {"log_level": "4", **admin_conf}
+        self._admin = AdminClient(dict[str, str | int | float | bool](conf))
         self._timeout_s = request_timeout_s
 
     def topic_id(self, topic: str) -> tuple[str | None, int]:

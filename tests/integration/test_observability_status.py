@@ -38,6 +38,7 @@ pytestmark = pytest.mark.integration
 def _status(group: str, schema: str) -> dict[str, Any]:
     got = run_fencectl("status", "--json", "--group", group, "--schema", schema)
     assert got.returncode == 0, got.stderr
+    assert "rdkafka#" not in got.stderr, got.stderr  # no librdkafka info lines on the output
     return dict(json.loads(got.stdout))
 
 
