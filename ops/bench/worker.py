@@ -164,6 +164,7 @@ def rebalance_time(setup: str, dsn: str, partitions: int) -> dict[str, Any]:
             seed += 1
 
     logs = ROOT / "artifacts" / "bench"
+    logs.mkdir(parents=True, exist_ok=True)  # a fresh checkout has no artifacts/ folder
     argv = [PY, "-m", "ops.cli", "run", "--topic", topic, "--group", group, "--schema", schema,
             *SETUPS[setup]]
     a = subprocess.Popen(argv, env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL,
