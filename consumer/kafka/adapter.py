@@ -60,6 +60,7 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
+from fencing.crashpoints import crash_point
 from fencing.errors import ConfigError, KafkaClientFailed, RetentionGap
 from fencing.types import SourceRecord, TopicPartition
 
@@ -162,7 +163,7 @@ class KafkaThread:
         consumer: Consumer | None = None
         try:
             try:
-                consumer = Consumer(dict(self._settings))
+                consumer = Consumer({**self._settings, "on_commit": self._on_commit})
             except (KafkaException, ValueError, TypeError) as exc:
                 raise ConfigError(f"librdkafka refused the consumer configuration: "
                                   f"{_kafka_message(exc)} (fix the -X option or the flag "
@@ -259,6 +260,16 @@ class KafkaThread:
         except KafkaException as exc:  # advisory only: PostgreSQL holds the frontier
             log.debug("kafka commit failed: %s", exc)
 
+    def _on_commit(self, err: Any, partitions: list[KafkaTP]) -> None:
+        """librdkafka's answer to an (advisory) offset commit, served inside consume()."""
+        if err is not None:
+            log.debug("kafka commit failed: %s", err)
+            return
+        for p in partitions:
+            if p.error is None and p.offset >= 0:
+                crash_point("after-kafka-commit", partition=f"{p.topic}[{p.partition}]",
+                            frontier=p.offset)
+
     def _pause_all(self, consumer: Consumer) -> None:
         if self._assigned:
             consumer.pause([KafkaTP(tp.topic, tp.partition) for tp in self._assigned])
@@ -309,6 +320,7 @@ class KafkaThread:
             consumer.pause(ktps)
         else:  # reconcile: an application pause survives unassign/assign (see Rules)
             consumer.resume(ktps)
+            crash_point("after-seek", positions={str(tp): positions[tp] for tp in tps})
 
     def _assign(self, consumer: Consumer, ktps: list[KafkaTP]) -> None:
         """``incremental_assign`` or ``assign`` (a seam for the fail-stop test)."""
