@@ -307,7 +307,8 @@ class LifetimeRun:
                     part.inflight = None
             part.progress_s = self._w.clock()
             crash_point("after-commit", partition=str(part.tp), epoch=token.epoch,
-                        first_offset=inflight.first_offset, frontier=token.frontier)
+                        first_offset=inflight.first_offset, last_offset=inflight.last_offset,
+                        batch_end=token.frontier)
             self.kafka.commit(part.tp, token.frontier)
 
     def _live(self) -> bool:
