@@ -5,8 +5,9 @@ Rules
   byte; an SSLRequest/GSSENCRequest first is answered ``N`` by the proxy, so clients fall
   back to plaintext), every message is a type byte plus an int32 length.
 - A ``Rule`` matches a case-insensitive substring of the SQL of a simple ``Query`` or of a
-  ``Parse`` (or, with ``exact``, the whole statement); for the extended protocol it fires on the ``Bind`` that executes the matched
-  statement (so prepared, cached statements match on every execution).
+  ``Parse`` (with ``exact``: the whole statement); for the extended protocol it fires on the
+  ``Bind`` that executes the matched statement (so prepared, cached statements match on
+  every execution).
 - Actions: ``CUT_BEFORE`` closes both sides instead of forwarding the message (the server
   never sees it); ``CUT_AFTER`` forwards it, drops every server byte from then on, and closes
   both sides once the server sent ReadyForQuery (the server finished the command; the client

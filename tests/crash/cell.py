@@ -143,7 +143,8 @@ class _Cell:
         self.s, self.plan, self.successor = services, plan, successor
         self.setup = next(g for g in GROUP_SETUPS if g.name == protocol)
         self.topic, self.group = unique("crash"), unique("gcrash")
-        self.dir = CELLS / f"{plan.point}--{protocol}--{uuid.uuid4().hex[:6]}"
+        broken = "" if successor is CORRECT else f"--broken-{successor.name}"
+        self.dir = CELLS / f"{plan.point}--{protocol}{broken}--{uuid.uuid4().hex[:6]}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.marker = self.dir / "marker.jsonl"
         self.clock = _Clock()
@@ -209,24 +210,25 @@ class _Cell:
 
     def crash(self) -> None:
         self.start_a()
-        assert self.a is not None
+        a = self.a
+        assert a is not None
         if self.plan.trigger in (Trigger.JOIN, Trigger.SIGTERM):
             wait_until(lambda: sum(self._frontiers().values()) > 0 or self.marker.exists(),
                        timeout_s=self.clock.left(), what="A committing a batch")
             if self.plan.trigger is Trigger.JOIN:
                 self.start_b()
             else:
-                self.a.terminate()
-        wait_until(lambda: _complete(self.marker) or not self.a.alive(),
+                a.terminate()
+        wait_until(lambda: _complete(self.marker) or not a.alive(),
                    timeout_s=self.clock.left(), what=f"A reaching {self.plan.arm}")
         if not _complete(self.marker):
-            raise PhaseFailed(f"phase crash: A ended ({self.a.proc.returncode}) without firing "
+            raise PhaseFailed(f"phase crash: A ended ({a.proc.returncode}) without firing "
                               f"{self.plan.arm}")
         if self.plan.signal_name == "STOP":
-            self.a_stopped = wait_until(lambda: _proc_state(self.a.pid) == "T",
-                                        timeout_s=5, what="A frozen") == "T"
+            self.a_stopped = bool(wait_until(lambda: _proc_state(a.pid) == "T",
+                                             timeout_s=5, what="A frozen"))
         else:
-            self.a.wait(self.clock.left())
+            a.wait(self.clock.left())
         self.at_death = _db(_with_conn(self.s.dsn, lambda c: read_partitions(
             c, self.schema, self.group, self.topic)), self.clock.left())
         if self.rule is not None:
@@ -263,8 +265,18 @@ class _Cell:
             [TopicPartition(self.topic, p) for p in range(PARTITIONS)])
         return {tp.partition: f.high_watermark for tp, f in facts.items()}
 
+    def _b_running(self) -> bool:
+        assert self.b is not None
+        rows = _db(_with_conn(self.s.dsn, lambda c: read_rows(
+            c, self.schema, self.group, self.topic)), 10)["members"]
+        return any(m.pid == self.b.pid and m.state == "running" for m in rows)
+
     def gather(self) -> CellFacts:
         assert self.a is not None and self.b is not None
+        # B joined and owns its assignment before it is asked to stop (even when A had
+        # left nothing to do): a stop during start-up would say nothing about B
+        wait_until(lambda: self._b_ok() and self._b_running(), timeout_s=self.clock.left(),
+                   what="B running (member row)")
         self.b.terminate()
         b_exit = self.b.wait(min(30, self.clock.left()))
         oracle = _db(exactly_once_problems(self.s.dsn, self.schema, self.group, self.topic,

@@ -34,7 +34,7 @@ def distribution(results: Sequence[CellResult]) -> dict[str, float | int]:
     xs = sorted(r.recovery_s for r in results if r.passed and r.recovery_s is not None)
     if not xs:
         return {"count": 0}
-    p90 = xs[min(len(xs) - 1, int(round(0.9 * (len(xs) - 1))))]
+    p90 = xs[min(len(xs) - 1, round(0.9 * (len(xs) - 1)))]
     return {"count": len(xs), "min": xs[0], "median": round(statistics.median(xs), 2),
             "p90": p90, "max": xs[-1]}
 
