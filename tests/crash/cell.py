@@ -1,5 +1,8 @@
 """Run one cell of the crash-point matrix against real services.
 
+Long because the five phases share one cell's processes, proxy and deadlines; the judgement
+lives in ``tests.crash.verdict`` and the reads in ``tests.crash.facts``.
+
 Rules
 - A cell is fresh: its own topic (3 partitions), group and schema (with the audit trigger of
   ``tests.crash.facts``), and a seeded reference source of class ``conflict`` (stale and
