@@ -10,7 +10,8 @@ SEED ?= 17
 PYTEST_ARGS ?=
 
 .PHONY: setup stack-up stack-down stack-status test test-unit test-integration \
-        test-sim-worker sim-worker evidence lint bench bench-store demo migrate clean
+        test-sim-worker sim-worker evidence lint bench bench-store demo migrate clean \
+        crash-matrix
 
 setup: $(STAMP)
 
@@ -40,6 +41,11 @@ test-integration: setup
 
 test-sim-worker: setup
 	$(BIN)/pytest -q tests/sim tests/unit/consumer/test_lifecycle*.py tests/unit/consumer/test_decisions.py tests/unit/fencing/test_memstore*.py $(PYTEST_ARGS)
+
+# the crash-point matrix: every point x every group protocol (make test runs one protocol per
+# point); prints the table, writes artifacts/crash-matrix/full.json, keeps failed cells' logs
+crash-matrix: setup
+	FENCE_CRASH_MATRIX=full $(BIN)/pytest -q tests/integration/test_crash_matrix.py $(PYTEST_ARGS)
 
 sim-worker: setup
 	mkdir -p artifacts

@@ -34,7 +34,7 @@ Rules (docs/ARCHITECTURE.md, "Lifecycle"; the decisions live in ``consumer.decis
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
@@ -43,6 +43,7 @@ from consumer import decisions as d
 from consumer.decisions import LifetimeState
 from consumer.lifetime_frame import LifetimeFrame
 from consumer.observability.instruments import Instruments
+from fencing.crashpoints import crash_point
 from fencing.errors import Fenced, FenceError
 from fencing.guarded import (
     CallHooks,
@@ -181,6 +182,7 @@ class Lifecycle(LifetimeFrame):
                 refusal = validations[c.tp].refusal
                 if refusal is not None:
                     raise refusal
+            crash_point("after-validate", lifetime=self.lifetime_id, partitions=_names(tps))
             await self._settle(tps)  # never fence our own in-flight batch with a new epoch
             claims = [ClaimRequest(c.tp, d.initial_frontier(c.facts, self._reset),
                                    c.facts.topic_id) for c in checks]
@@ -202,6 +204,9 @@ class Lifecycle(LifetimeFrame):
                                                check_live=live)
                 retained[c.tp] = token
             self._tokens.update(retained)
+            crash_point("after-claim", lifetime=self.lifetime_id, partitions=_names(retained),
+                        epochs={str(tp): t.epoch for tp, t in retained.items()},
+                        frontiers={str(tp): t.frontier for tp, t in retained.items()})
             if len(retained) == 1:
                 (only,) = retained.values()
                 outer.set_attribute("fence.epoch", only.epoch)
@@ -342,6 +347,10 @@ class Lifecycle(LifetimeFrame):
         with self._span("fence.revoke", tps[0] if len(tps) == 1 else None,
                   {"fence.partitions": len(tps)}):
             released: dict[TopicPartition, Token] = {}
+            if tps:
+                crash_point("in-revoke", lifetime=self.lifetime_id, partitions=_names(tps),
+                            epochs={str(tp): t.epoch for tp, t in self._tokens.items()
+                                    if tp in tps})
             await self._settle(tps)  # in-flight batches of these partitions end first
             for tp in sorted(set(tps)):
                 token = self._tokens.pop(tp, None)
@@ -353,3 +362,8 @@ class Lifecycle(LifetimeFrame):
                                               event="release", epoch=token.epoch)
                 except FenceError:
                     pass  # best effort
+
+
+def _names(tps: Iterable[TopicPartition]) -> list[str]:
+    """Partitions as ``topic[p]`` for a crash marker."""
+    return [str(tp) for tp in sorted(tps)]

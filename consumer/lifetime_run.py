@@ -41,6 +41,7 @@ from consumer.exits import ExitCode, exit_code_for
 from consumer.kafka.adapter import call_on_loop
 from consumer.kafka.source import build_checks
 from consumer.ports import KafkaPort, LifecyclePort, Partition
+from fencing.crashpoints import crash_point
 from fencing.errors import Fenced, FenceError, Retired, SourceRefused
 from fencing.types import SourceRecord, TopicPartition
 
@@ -95,6 +96,9 @@ class LifetimeRun:
         for part in self._parts.values():
             part.buffer.clear()
             part.wake.set()
+        if self._failure is None:  # a requested stop (SIGTERM/SIGINT), not a failure
+            crash_point("in-shutdown", lifetime=self.lifetime_id,
+                        in_flight=[i.describe() for i in self.in_flight])
         tasks = [p.task for p in self._parts.values() if p.task is not None and not p.task.done()]
         pending: set[asyncio.Task[None]] = set()
         if tasks:
@@ -305,6 +309,9 @@ class LifetimeRun:
                 finally:
                     part.inflight = None
             part.progress_s = self._w.clock()
+            crash_point("after-commit", partition=str(part.tp), epoch=token.epoch,
+                        first_offset=inflight.first_offset, last_offset=inflight.last_offset,
+                        batch_end=token.frontier)
             self.kafka.commit(part.tp, token.frontier)
 
     def _live(self) -> bool:

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from fencing.crashpoints import crash_point
 from fencing.errors import Fenced, NotCommitted, OutcomeUnknown, ReadFailed, Unresolved
 from fencing.policy import Wait, with_policy
 from fencing.resolution import Resolution, resolve_process
@@ -207,6 +208,8 @@ async def guarded_skip(
 
     moved = await with_policy(one_call, wait=wait, check_live=check_live,
                               on_retry=hooks.on_retry)
+    crash_point("in-gap-skip", partition=str(tp), epoch=moved.epoch, first_offset=token.frontier,
+                frontier=moved.frontier)
     log.warning("%s: skipped offsets %d..%d unprocessed (%s, %d records; journaled gap-skip at "
                 "epoch %d)", tp, token.frontier, to_offset - 1, reason, to_offset - token.frontier,
                 moved.epoch)

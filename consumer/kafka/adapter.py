@@ -66,6 +66,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from consumer.kafka.committer import Committer, OnFailure
 from consumer.mirror import MirrorState
+from fencing.crashpoints import crash_point
 from fencing.errors import ConfigError, KafkaClientFailed, RetentionGap
 from fencing.types import SourceRecord, TopicPartition
 
@@ -176,7 +177,7 @@ class KafkaThread:
         consumer: Consumer | None = None
         try:
             try:
-                consumer = Consumer({**self._settings, "on_commit": self._committer.results})
+                consumer = Consumer({**self._settings, "on_commit": self._on_commit})
             except (KafkaException, ValueError, TypeError) as exc:
                 raise ConfigError(f"librdkafka refused the consumer configuration: "
                                   f"{_kafka_message(exc)} (fix the -X option or the flag "
@@ -261,6 +262,17 @@ class KafkaThread:
             except KafkaException as exc:
                 log.debug("consumer command failed: %s", exc)
 
+    def _on_commit(self, err: Any, partitions: list[KafkaTP]) -> None:
+        """librdkafka's answer to an (advisory) offset commit, served inside consume(): the
+        mirror's bookkeeping (``consumer.kafka.committer``), then the crash point."""
+        self._committer.results(err, partitions)
+        if err is not None:
+            return
+        for p in partitions:
+            if p.error is None and p.offset >= 0:
+                crash_point("after-kafka-commit", partition=f"{p.topic}[{p.partition}]",
+                            frontier=p.offset)
+
     def _pause_all(self, consumer: Consumer) -> None:
         if self._assigned:
             consumer.pause([KafkaTP(tp.topic, tp.partition) for tp in self._assigned])
@@ -311,6 +323,7 @@ class KafkaThread:
             consumer.pause(ktps)
         else:  # reconcile: an application pause survives unassign/assign (see Rules)
             consumer.resume(ktps)
+            crash_point("after-seek", positions={str(tp): positions[tp] for tp in tps})
             self._committer.positioned(consumer, positions)
 
     def _assign(self, consumer: Consumer, ktps: list[KafkaTP]) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from consumer.observability.readiness import Phase
+from fencing.crashpoints import crash_point
 from fencing.errors import FenceError
 
 __all__ = [
@@ -172,6 +173,7 @@ class MemberHeartbeat:
             return False
         self._failed = False
         self._written = state
+        crash_point("in-heartbeat", lifetime=self.identity.lifetime_id, state=state.value)
         return True
 
     async def close(self, final: MemberState = MemberState.STOPPED, **detail: Any) -> None:

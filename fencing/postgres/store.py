@@ -35,6 +35,7 @@ from typing import Any
 
 import asyncpg
 
+from fencing.crashpoints import crash_point, is_armed_for
 from fencing.errors import Fenced, HandlerMisuse
 from fencing.handler import check_verdicts
 from fencing.postgres.classify import Phase, connection_suspect, translate
@@ -247,9 +248,13 @@ class PgFenceStore:
                         "(COMMIT or ROLLBACK on the given connection): the batch is not "
                         "reported applied; never end or restart the transaction in a "
                         "handler (use SAVEPOINT for partial rollback)")
+                marker = {"partition": str(tp), "epoch": token.epoch,
+                          "first_offset": records[0].offset, "last_offset": records[-1].offset,
+                          "frontier": token.frontier, "batch_end": end}
+                crash_point("in-handler", **marker)
                 phase = Phase.IN_FLIGHT
                 try:
-                    status = await conn.execute("COMMIT")
+                    status = await _commit(conn, marker)
                 except BaseException as exc:
                     if isinstance(exc, asyncio.CancelledError):
                         exc.add_note(_UNKNOWN_NOTE)
@@ -343,6 +348,17 @@ class PgFenceStore:
         await self._fetch(Phase.IN_FLIGHT, f"heartbeat {lifetime}", self._sql.heartbeat,
                           lifetime, self.group_id, member_id, host, pid, state,
                           json.dumps(dict(detail or {})))
+
+
+async def _commit(conn: Any, marker: Mapping[str, Any]) -> str:
+    """COMMIT; with ``commit-in-flight`` armed the point fires once the COMMIT message is
+    written to the socket (the task's first step) and before its reply is read."""
+    if not is_armed_for("commit-in-flight"):
+        return str(await conn.execute("COMMIT"))
+    sending = asyncio.ensure_future(conn.execute("COMMIT"))
+    await asyncio.sleep(0)  # the task runs first: asyncpg writes the Query, awaits the reply
+    crash_point("commit-in-flight", **marker)
+    return str(await sending)
 
 
 async def _abandon(conn: Any, exc: BaseException) -> None:

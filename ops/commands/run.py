@@ -31,6 +31,7 @@ from consumer.exits import ExitCode
 from consumer.kafka.adapter import KafkaThread, check_consumer_settings
 from consumer.kafka.source import KafkaSource
 from consumer.worker import Worker
+from fencing import crashpoints
 from fencing.errors import (
     ConfigError,
     SchemaMismatch,
@@ -145,9 +146,13 @@ def main(args: argparse.Namespace) -> int:
         cfg = config_from_args(args, os.environ)
         obs_options = obs_options_from_args(args)
         check_consumer_settings(kafka_settings(cfg))  # librdkafka's own refusals, up front
+        crash = crashpoints.armed()  # FENCE_CRASH_AT (the crash-point matrix)
     except ConfigError as exc:
         print(f"fencectl run: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
         return int(ExitCode.CONFIG)
+    if crash is not None:
+        log.warning("crash point armed: %s@%d (SIG%s, marker %s)", crash.point, crash.nth,
+                    crash.signal_name, crash.marker)
     with asyncio.Runner() as runner:
         try:
             code = runner.run(_run(cfg, obs_options))

@@ -5,8 +5,9 @@ Rules
   byte; an SSLRequest/GSSENCRequest first is answered ``N`` by the proxy, so clients fall
   back to plaintext), every message is a type byte plus an int32 length.
 - A ``Rule`` matches a case-insensitive substring of the SQL of a simple ``Query`` or of a
-  ``Parse``; for the extended protocol it fires on the ``Bind`` that executes the matched
-  statement (so prepared, cached statements match on every execution).
+  ``Parse`` (with ``exact``: the whole statement); for the extended protocol it fires on the
+  ``Bind`` that executes the matched statement (so prepared, cached statements match on
+  every execution).
 - Actions: ``CUT_BEFORE`` closes both sides instead of forwarding the message (the server
   never sees it); ``CUT_AFTER`` forwards it, drops every server byte from then on, and closes
   both sides once the server sent ReadyForQuery (the server finished the command; the client
@@ -55,9 +56,14 @@ class Rule:
     times: int = 1
     count: int = 0
     fired: asyncio.Event = field(default_factory=asyncio.Event)
+    exact: bool = False  # the whole statement is the needle (``COMMIT``, not ``COMMIT;``)
 
     def matches(self, payload: bytes) -> bool:
-        return self.count < self.times and self.needle.lower().encode() in payload.lower()
+        if self.count >= self.times:
+            return False
+        if self.exact:
+            return payload.rstrip(b"\0").strip().lower() == self.needle.lower().encode()
+        return self.needle.lower().encode() in payload.lower()
 
 
 def rewrite_dsn(dsn: str, host: str, port: int) -> str:
@@ -117,8 +123,9 @@ class PgProxy:
     def dsn(self, upstream_dsn: str) -> str:
         return rewrite_dsn(upstream_dsn, self.host, self.port)
 
-    def add_rule(self, needle: str, action: Action, *, times: int = 1) -> Rule:
-        rule = Rule(needle, action, times)
+    def add_rule(self, needle: str, action: Action, *, times: int = 1,
+                 exact: bool = False) -> Rule:
+        rule = Rule(needle, action, times, exact=exact)
         self.rules.append(rule)
         return rule
 

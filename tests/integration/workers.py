@@ -170,14 +170,18 @@ class WorkerProc:
 
     def __init__(self, *, topic: str, group: str, schema: str, setup: GroupSetup,
                  extra: Sequence[str] = (), env: dict[str, str] | None = None,
-                 name: str = "w") -> None:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        self.log_path = ARTIFACTS / f"{group}-{name}-{uuid.uuid4().hex[:6]}.log"
+                 name: str = "w", log_dir: Path | None = None,
+                 command: Sequence[str] = FENCECTL) -> None:
+        """``command``: the ``fencectl`` to run (a test may run a patched one);
+        ``log_dir``: where the log goes (default ``artifacts/test-workers/``)."""
+        log_dir = log_dir or ARTIFACTS
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{group}-{name}-{uuid.uuid4().hex[:6]}.log"
         full_env = dict(os.environ)
         full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
         full_env.setdefault("OTEL_TRACES_EXPORTER", "none")
         full_env.update(env or {})
-        self.argv = [*FENCECTL, "run", "--topic", topic, "--group", group, "--schema", schema,
+        self.argv = [*command, "run", "--topic", topic, "--group", group, "--schema", schema,
                      "--shutdown-timeout-s", "10", *setup.args, *extra]
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=full_env, stdout=self._log,
@@ -234,9 +238,9 @@ class ProxyThread:
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
 
-    def add_rule(self, needle: str, action: Action, times: int) -> Rule:
+    def add_rule(self, needle: str, action: Action, times: int, *, exact: bool = False) -> Rule:
         async def add() -> Rule:
-            return self.proxy.add_rule(needle, action, times=times)
+            return self.proxy.add_rule(needle, action, times=times, exact=exact)
         return self._call(add())
 
     def refuse(self, refusing: bool) -> None:

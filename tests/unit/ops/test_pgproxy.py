@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from ops.testing.pgproxy import Action, PgProxy, rewrite_dsn
+from ops.testing.pgproxy import Action, PgProxy, Rule, rewrite_dsn
 
 
 def msg(kind: bytes, body: bytes) -> bytes:
@@ -142,3 +142,10 @@ def test_rewrite_dsn() -> None:
     assert rewrite_dsn("postgresql://u:p@db:5432/x?sslmode=disable", "127.0.0.1", 7) == (
         "postgresql://u:p@127.0.0.1:7/x?sslmode=disable")
     assert rewrite_dsn("postgresql://db/x", "h", 1) == "postgresql://h:1/x"
+
+
+def test_exact_rule_matches_the_whole_statement_only() -> None:
+    exact = Rule("COMMIT", Action.HOLD_REPLY, exact=True)
+    assert exact.matches(b"commit\0") and exact.matches(b" COMMIT \0")
+    assert not exact.matches(b"COMMIT;\0") and not exact.matches(b"SELECT 'commit'\0")
+    assert Rule("COMMIT", Action.HOLD_REPLY).matches(b"COMMIT;\0")

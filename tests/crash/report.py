@@ -1,0 +1,69 @@
+"""The printed matrix and its JSON: rows = points, columns = protocols, cells = PASS/FAIL
+with recovery seconds (A's death to the successor's first commit on A's partitions).
+
+``render`` is pure; ``write_json`` writes ``artifacts/crash-matrix/<name>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from tests.crash.cell import CellResult
+from tests.crash.plans import PLANS, PROTOCOLS
+
+__all__ = ["distribution", "render", "write_json"]
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "artifacts" / "crash-matrix"
+
+
+def _cell_text(r: CellResult | None) -> str:
+    if r is None:
+        return "-"
+    status = "PASS" if r.passed else "FAIL"
+    return f"{status} {r.recovery_s:.1f}s" if r.recovery_s is not None else status
+
+
+def distribution(results: Sequence[CellResult]) -> dict[str, float | int]:
+    """Recovery seconds of the passed cells: count, min, median, p90, max."""
+    xs = sorted(r.recovery_s for r in results if r.passed and r.recovery_s is not None)
+    if not xs:
+        return {"count": 0}
+    p90 = xs[min(len(xs) - 1, round(0.9 * (len(xs) - 1)))]
+    return {"count": len(xs), "min": xs[0], "median": round(statistics.median(xs), 2),
+            "p90": p90, "max": xs[-1]}
+
+
+def render(results: Sequence[CellResult]) -> str:
+    """The matrix as a Markdown table, then failures and the recovery distribution."""
+    by = {(r.point, r.protocol): r for r in results}
+    lines = ["| point | " + " | ".join(PROTOCOLS) + " |",
+             "|---|" + "---|" * len(PROTOCOLS)]
+    for plan in PLANS:
+        if not any((plan.point, g) in by for g in PROTOCOLS):
+            continue
+        lines.append(f"| {plan.point} | "
+                     + " | ".join(_cell_text(by.get((plan.point, g))) for g in PROTOCOLS) + " |")
+    passed = sum(r.passed for r in results)
+    lines.append(f"\n{passed}/{len(results)} cells PASS; recovery seconds {distribution(results)}")
+    for r in results:
+        if not r.passed:
+            lines.append(f"FAIL {r.point} x {r.protocol} (kept {r.kept}): "
+                         + "; ".join(r.problems[:5]))
+    return "\n".join(lines)
+
+
+def write_json(results: Sequence[CellResult], *, name: str) -> Path:
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / f"{name}.json"
+    path.write_text(json.dumps({
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "cells": [asdict(r) for r in results],
+        "recovery_s": distribution(results),
+        "passed": sum(r.passed for r in results), "total": len(results)}, indent=1))
+    return path

@@ -1,0 +1,114 @@
+"""The crash-cell verdict as a table of cases (pure; no services), and the plan and report
+shapes the matrix relies on."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from fencing.crashpoints import POINTS
+from tests.crash.cell import CellResult
+from tests.crash.facts import (
+    AuditRow,
+    CellFacts,
+    JournalRow,
+    Marker,
+    MemberRow,
+    PartitionRow,
+    QuarantineRow,
+)
+from tests.crash.plans import PLANS, PROTOCOLS, all_cells, ci_cells, plan_for
+from tests.crash.report import distribution, render
+from tests.crash.verdict import judge
+
+T = 1000.0  # A's marker
+A, B = "lt-a", "lt-b"
+
+
+def _facts(**over: object) -> CellFacts:
+    base = CellFacts(
+        markers=(Marker("after-commit", 3, 11, T, "KILL",
+                        {"partition": "t[0]", "epoch": 1, "batch_end": 80}),),
+        a_pid=11, b_pid=22, a_exit=-9, a_stopped_at_marker=False, b_exit=0,
+        at_death=(PartitionRow(0, 1, 80, A), PartitionRow(1, 1, 40, A)),
+        final=(PartitionRow(0, 2, 100, B), PartitionRow(1, 2, 100, B)),
+        high_watermarks={0: 100, 1: 100},
+        audit=(AuditRow(0, 1, 40, 80, A, T - 1), AuditRow(0, 2, 80, 80, B, T + 1),
+               AuditRow(1, 2, 40, 40, B, T + 1), AuditRow(0, 2, 80, 100, B, T + 2.5),
+               AuditRow(1, 2, 40, 100, B, T + 3)),
+        journal=(JournalRow(0, "claim", 1, A, T - 5), JournalRow(1, "claim", 1, A, T - 5),
+                 JournalRow(0, "claim", 2, B, T + 1), JournalRow(1, "claim", 2, B, T + 1)),
+        quarantine=(QuarantineRow(0, 5, 1, T - 2), QuarantineRow(0, 90, 2, T + 2.5)),
+        members=(MemberRow(A, 11, "running", T - 0.5), MemberRow(B, 22, "stopped", T + 9)),
+    )
+    return replace(base, **over)  # type: ignore[arg-type]
+
+
+def test_a_clean_cell_passes_with_its_recovery_time() -> None:
+    v = judge(plan_for("after-commit"), _facts())
+    assert v.passed, v.problems
+    assert v.recovery_s == pytest.approx(2.5) and v.a_lifetimes == (A,)
+
+
+@pytest.mark.parametrize(("over", "problem"), [
+    ({"markers": ()}, "never fired"),
+    ({"a_exit": 3}, "expected -9"),
+    ({"b_exit": 1}, "successor B ended with 1"),
+    ({"oracle_problems": ("documents differ",)}, "oracle: documents differ"),
+    ({"final": (PartitionRow(0, 2, 100, B), PartitionRow(1, 2, 99, B))},
+     "frontier 99, high watermark 100"),
+    ({"audit": (AuditRow(0, 1, 80, 90, A, T + 0.1),)}, "A wrote after its marker"),
+    ({"quarantine": (QuarantineRow(0, 85, 1, T + 0.1),)}, "quarantine 0@85"),
+    ({"members": (MemberRow(A, 11, "running", T + 0.2), MemberRow(B, 22, "stopped", T + 9))},
+     "member heartbeat"),
+    ({"at_death": (PartitionRow(0, 1, 40, A), PartitionRow(1, 1, 40, A))}, "not durable"),
+])
+def test_each_broken_rule_is_a_problem(over: dict[str, object], problem: str) -> None:
+    v = judge(plan_for("after-commit"), _facts(**over))
+    assert any(problem in p for p in v.problems), v.problems
+
+
+def test_claims_must_strictly_increase() -> None:
+    journal = (JournalRow(0, "claim", 2, A, T - 5), JournalRow(0, "claim", 2, B, T + 1),
+               JournalRow(1, "claim", 2, B, T + 1))
+    v = judge(plan_for("after-validate"), _facts(
+        journal=journal, markers=(Marker("after-validate", 1, 11, T, "KILL", {}),)))
+    assert any("not strictly increasing" in p for p in v.problems), v.problems
+
+
+def test_the_continued_zombie_may_only_write_its_own_bookkeeping() -> None:
+    zombie = plan_for("zombie")
+    marker = Marker("in-handler", 3, 11, T, "STOP",
+                    {"partition": "t[0]", "epoch": 1, "frontier": 80, "batch_end": 120})
+    facts = _facts(markers=(marker,), a_exit=3, a_stopped_at_marker=True,
+                   members=(MemberRow(A, 11, "retired", T + 20), MemberRow(B, 22, "stopped",
+                                                                           T + 30)))
+    v = judge(zombie, facts)
+    assert v.passed, v.problems
+    assert v.bookkeeping == (f"member row {A} state retired",)
+    late_claim = (*facts.journal, JournalRow(0, "claim", 3, A, T + 21))
+    assert any("journal claim" in p for p in judge(zombie, replace(
+        facts, journal=late_claim)).problems)
+    assert any("was not frozen" in p for p in judge(zombie, replace(
+        facts, a_stopped_at_marker=False)).problems)
+
+
+def test_every_point_has_a_plan_and_ci_rotates_protocols() -> None:
+    assert {p.arm.partition("@")[0] for p in PLANS} == set(POINTS)
+    assert len(all_cells()) == len(PLANS) * 3
+    ci = ci_cells()
+    assert [p for p, _ in ci] == [p.point for p in PLANS]
+    assert {g for _, g in ci} == set(PROTOCOLS)
+
+
+def test_render_and_distribution() -> None:
+    results = [CellResult("after-claim", "eager-range", True, 2.0, ()),
+               CellResult("after-claim", "kip848-consumer", True, 6.0, ()),
+               CellResult("zombie", "eager-range", False, None, ("boom",), kept="x")]
+    text = render(results)
+    assert "| after-claim | PASS 2.0s | - | PASS 6.0s |" in text
+    assert "| zombie | FAIL | - | - |" in text and "FAIL zombie x eager-range (kept x): boom" \
+        in text
+    assert distribution(results) == {"count": 2, "min": 2.0, "median": 4.0, "p90": 6.0,
+                                     "max": 6.0}
