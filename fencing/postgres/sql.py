@@ -38,6 +38,7 @@ class Statements:
     prepare_fence: str
     begin_fence_prepared: str
     read_one: str
+    end_blockers: str
     quarantine: str
     skip: str
     journal: str
@@ -78,6 +79,11 @@ JOIN {s}.partitions p ON p.group_id = $1 AND p.topic = r.topic AND p.partition =
             begin_fence_prepared=(
                 f"BEGIN; EXECUTE {FENCE_STATEMENT}({{end:d}}, {{row_id:d}}, {{epoch:d}},"
                 " {frontier:d})"),
+            end_blockers="""
+SELECT a.pid, a.state, a.wait_event, a.xact_start, pg_terminate_backend(a.pid) AS ended
+FROM pg_stat_activity a
+WHERE a.pid = ANY(pg_blocking_pids($1)) AND a.application_name = $2
+  AND a.datname = current_database()""",
             read_one=f"""
 SELECT id, epoch, frontier FROM {s}.partitions
 WHERE group_id = $1 AND topic = $2 AND partition = $3""",

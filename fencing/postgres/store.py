@@ -16,6 +16,10 @@ Rules
 - COMMIT is checked: a handler that ended the transaction itself, or one whose statement
   failed and was caught without a SAVEPOINT (PostgreSQL then answers COMMIT with ROLLBACK),
   raises ``HandlerMisuse``; the batch is not reported applied.
+- A claim kept waiting for ``unblock_after_s`` by a row lock of another fenceworker
+  session ends that session (``pg_terminate_backend``): its owner lost the partition, and a
+  member frozen mid-exchange is ``active``, never idle in transaction. The fence makes this
+  safe: the ended transaction rolls back.
 - ``observe(tps, settled=True)`` (used to resolve a lost COMMIT reply) locks the rows
   ``FOR SHARE`` under a ``lock_timeout``: it waits for a COMMIT of ours that the server is
   still processing, so a slow commit is read as committed, not as "not committed".
@@ -30,6 +34,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,7 +59,11 @@ from fencing.types import (
     Validation,
 )
 
-__all__ = ["PgFenceStore", "decide_validation", "light_reset"]
+__all__ = ["APPLICATION_NAME", "PgFenceStore", "decide_validation", "light_reset"]
+
+log = logging.getLogger("fenceworker.store")
+
+APPLICATION_NAME = "fenceworker"  # the worker's sessions; a claim may end an older one's
 
 _IN_FAILED_TRANSACTION = "25P02"  # a statement after an error the handler caught
 _UNKNOWN_NOTE = "fence: COMMIT was in flight when cancelled: outcome unknown (re-read to resolve)"
@@ -75,11 +84,15 @@ class PgFenceStore:
     """Fence store over an asyncpg pool for one consumer group in one schema."""
 
     def __init__(self, pool: Any, *, group_id: str, schema: str = DEFAULT_SCHEMA,
-                 fence_prepared: bool = False, settle_timeout_s: float = 5.0) -> None:
+                 fence_prepared: bool = False, settle_timeout_s: float = 5.0,
+                 unblock_after_s: float | None = None) -> None:
         """``fence_prepared``: every pool connection ran ``Statements.prepare_fence``;
-        ``settle_timeout_s``: how long a settled observe waits for a row lock."""
+        ``settle_timeout_s``: how long a settled observe waits for a row lock;
+        ``unblock_after_s``: after how long a waiting claim ends the fenceworker sessions
+        that block it (None: never)."""
         self.group_id = group_id
         self._settle_timeout_s = settle_timeout_s
+        self._unblock_after_s = unblock_after_s
         self.schema = schema
         self._pool = pool
         self._sql = Statements.for_schema(schema)
@@ -97,6 +110,7 @@ class PgFenceStore:
         pool_min: int = 1,
         pool_max: int = 8,
         command_timeout_s: float = 10.0,
+        unblock_after_s: float | None = None,
         **connect_kwargs: Any,
     ) -> PgFenceStore:
         """Check the schema version, then open a pool; raises ``SchemaMismatch``/``ReadFailed``."""
@@ -125,7 +139,8 @@ class PgFenceStore:
             if err is exc:
                 raise
             raise err from exc
-        return cls(pool, group_id=group_id, schema=schema, fence_prepared=True)
+        return cls(pool, group_id=group_id, schema=schema, fence_prepared=True,
+                   unblock_after_s=unblock_after_s)
 
     async def close(self, *, timeout_s: float | None = None) -> None:
         """Close the pool once every connection is released; past ``timeout_s`` terminate
@@ -135,18 +150,26 @@ class PgFenceStore:
         except TimeoutError:
             self._pool.terminate()
 
-    async def _fetch(self, phase: Phase, what: str, sql: str, *args: Any) -> list[Any]:
-        """One statement (autocommit); ``phase`` applies once a connection is acquired."""
+    async def _fetch(self, phase: Phase, what: str, sql: str, *args: Any,
+                     unblock: bool = False) -> list[Any]:
+        """One statement (autocommit); ``phase`` applies once a connection is acquired.
+        ``unblock``: end older owners' sessions that keep the statement waiting
+        (``_unblock``)."""
         step = Phase.READ if phase is Phase.READ else Phase.BEFORE_COMMIT
         try:
             async with self._pool.acquire() as conn:
                 step = phase
+                watchdog = (asyncio.ensure_future(self._unblock(conn.get_server_pid()))
+                            if unblock and self._unblock_after_s is not None else None)
                 try:
                     return list(await conn.fetch(sql, *args))
                 except BaseException as exc:
                     if connection_suspect(exc):
                         _discard(conn)  # never wait for a cancelled or lost statement's reply
                     raise
+                finally:
+                    if watchdog is not None:
+                        watchdog.cancel()
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError) and step is Phase.IN_FLIGHT:
                 exc.add_note(_UNKNOWN_NOTE.replace("COMMIT", what))
@@ -154,6 +177,28 @@ class PgFenceStore:
             if err is exc:
                 raise
             raise err from exc
+
+    async def _unblock(self, pid: int) -> None:
+        """While backend ``pid`` (a claim) waits: every second after ``unblock_after_s``, end
+        the fenceworker sessions that block it. Their owner lost the partition (Kafka gave
+        it to us); a member frozen in the middle of a protocol exchange shows ``active``, so
+        ``idle_in_transaction_session_timeout`` never ends its transaction. Ending the
+        session rolls that transaction back: nothing of it applies (the fence holds)."""
+        assert self._unblock_after_s is not None
+        await asyncio.sleep(self._unblock_after_s)
+        while True:
+            try:
+                async with self._pool.acquire(timeout=2.0) as conn:
+                    rows = await conn.fetch(self._sql.end_blockers, pid, APPLICATION_NAME)
+                for r in rows:
+                    log.warning("ended session pid %s (state %s, waiting on %s since %s) of an "
+                                "older owner: it blocked this member's claim past %.1f s",
+                                r["pid"], r["state"], r["wait_event"], r["xact_start"],
+                                self._unblock_after_s)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError,
+                    TimeoutError) as exc:
+                log.warning("could not end the sessions blocking the claim: %s", exc)
+            await asyncio.sleep(1.0)
 
     async def _rows(self, tps: Sequence[TopicPartition], what: str) -> dict[TopicPartition, Any]:
         rows = await self._fetch(Phase.READ, what, self._sql.observe, self.group_id,
@@ -210,7 +255,8 @@ class PgFenceStore:
         rows = await self._fetch(
             Phase.IN_FLIGHT, f"claim {lifetime}", self._sql.claim, self.group_id,
             [c.tp.topic for c in claims], [c.tp.partition for c in claims],
-            [c.initial_frontier for c in claims], [c.topic_id for c in claims], lifetime)
+            [c.initial_frontier for c in claims], [c.topic_id for c in claims], lifetime,
+            unblock=True)
         out: dict[TopicPartition, Token] = {}
         for r in rows:
             tp = TopicPartition(r["topic"], r["partition"])

@@ -182,15 +182,19 @@ def _probe_conf(cfg: WorkerConfig) -> dict[str, str]:
 
 
 async def _open_store(cfg: WorkerConfig) -> Any:
-    from fencing.postgres.store import PgFenceStore
+    from fencing.postgres.store import APPLICATION_NAME, PgFenceStore
 
     try:
-        return await PgFenceStore.connect(cfg.dsn, group_id=cfg.group_id, schema=cfg.schema,
-                                          pool_min=1, pool_max=cfg.db_concurrency + 1,
-                                          server_settings={
-                                              "idle_in_transaction_session_timeout": str(int(
-                                                  cfg.db_idle_in_transaction_timeout_s * 1000)),
-                                              "application_name": "fenceworker"})
+        return await PgFenceStore.connect(
+            cfg.dsn, group_id=cfg.group_id, schema=cfg.schema, pool_min=1,
+            pool_max=cfg.db_concurrency + 1,
+            # a claim blocked this long by an older owner's session ends it (a zombie frozen
+            # mid-statement is never idle in transaction); well inside the claim's timeout
+            unblock_after_s=min(5.0, cfg.db_idle_in_transaction_timeout_s),
+            server_settings={
+                "idle_in_transaction_session_timeout": str(int(
+                    cfg.db_idle_in_transaction_timeout_s * 1000)),
+                "application_name": APPLICATION_NAME})
     except SchemaMismatch as exc:
         raise ConfigError(f"{schema_advice(exc, cfg.schema)} (the worker never migrates)") \
             from exc

@@ -64,12 +64,12 @@ PLANS: tuple[CellPlan, ...] = (
              a_env=(("FENCE_TEST_BATCH_DELAY_S", "0.2"),)),
     CellPlan("in-shutdown", "in-shutdown", trigger=Trigger.SIGTERM, a_extra=_SLOW,
              a_env=(("FENCE_TEST_BATCH_DELAY_S", "0.3"),)),
-    # one batch in flight (--db-concurrency 1): A freezes with its transaction idle, which
-    # idle_in_transaction_session_timeout ends. A sibling batch frozen mid extended-protocol
-    # exchange (after Execute, before Sync: 'active', ClientRead) holds its row lock with no
-    # PostgreSQL 15 timeout to end it; README "Crash-point matrix" (known gap) says more.
+    # several batches in flight: A's frozen batch is idle in transaction (ended by
+    # idle_in_transaction_session_timeout), a sibling may freeze mid extended-protocol
+    # exchange ('active', ClientRead: no PostgreSQL 15 timeout ends it) -- B's claim ends
+    # such a blocking session after unblock_after_s (fencing.postgres.store)
     CellPlan("zombie", "in-handler@3", signal_name="STOP", trigger=Trigger.ZOMBIE,
-             a_extra=("--db-idle-in-transaction-timeout-s", "2", "--db-concurrency", "1"),
+             a_extra=("--db-idle-in-transaction-timeout-s", "2"),
              batch_state="not-durable"),
 )
 
