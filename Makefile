@@ -10,7 +10,7 @@ SEED ?= 17
 PYTEST_ARGS ?=
 
 .PHONY: setup stack-up stack-down stack-status test test-unit test-integration \
-        test-sim-worker sim-worker evidence lint bench bench-store demo migrate clean
+        test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store demo migrate clean
 
 setup: $(STAMP)
 
@@ -46,6 +46,12 @@ sim-worker: setup
 	$(BIN)/fencectl sim-worker --seed $(SEED) --out artifacts/worker-seed-$(SEED).json \
 	  --report artifacts/worker-seed-$(SEED)-report.json > /dev/null; \
 	  rc=$$?; echo "status: $$($(BIN)/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["status"])' artifacts/worker-seed-$(SEED)-report.json) (exit $$rc)"; exit $$rc
+
+# each named rule mutation against the corpus and the sweep 1..$(MUTANT_SEEDS) (2 processes)
+MUTANT_SEEDS ?= 1000
+sim-mutants: setup
+	mkdir -p artifacts/sim
+	$(BIN)/python -m ops.sim.mutants --last $(MUTANT_SEEDS) --processes 2 --out artifacts/sim/mutants.json
 
 evidence: setup
 	$(BIN)/pytest -q $(PYTEST_ARGS)
