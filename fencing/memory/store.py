@@ -157,6 +157,7 @@ class MemoryFenceStore:
         *,
         applied: bool,
         observed: str,
+        started_s: float = 0.0,
     ) -> None:
         event = StoreEvent(
             attempt=label,
@@ -169,6 +170,7 @@ class MemoryFenceStore:
             observed=observed,
             at_s=self._clock(),
             installed=self._installed(),
+            started_s=started_s,
         )
         self.events.append(event)
         if self.on_event is not None:
@@ -185,26 +187,30 @@ class MemoryFenceStore:
         return self._locks.setdefault(tp, asyncio.Lock())
 
     def _write(
-        self, kind: str, tp: TopicPartition, lifetime: str | None, epoch: int | None, label: str
+        self, kind: str, tp: TopicPartition, lifetime: str | None, epoch: int | None, label: str,
+        event: str = "",
     ) -> None:
-        self.writes.append(WriteRecord(kind, tp, lifetime, epoch, label))
+        self.writes.append(WriteRecord(kind, tp, lifetime, epoch, label, event))
 
     async def _run(self, op: Operation, effect: _Effect) -> Any:
         """Common frame of every faultable call: delay, interleave, effect, log, cancellation."""
         call, fault, label = self._select(op)
         state = {"applied": False}
+        t0 = self._clock()
         try:
             if fault is not None and fault.delay_ms:
                 await self._wait(fault.delay_ms / 1000.0)
             await asyncio.sleep(0)
             result = await effect(fault, label, state, call)
         except asyncio.CancelledError:
-            self._log(label, op, call, fault, applied=state["applied"], observed="cancelled")
+            self._log(label, op, call, fault, applied=state["applied"], observed="cancelled",
+                      started_s=t0)
             raise
         except (Fenced, NotCommitted, OutcomeUnknown, ReadFailed) as exc:
-            self._log(label, op, call, fault, applied=state["applied"], observed=_name(exc))
+            self._log(label, op, call, fault, applied=state["applied"], observed=_name(exc),
+                      started_s=t0)
             raise
-        self._log(label, op, call, fault, applied=state["applied"], observed="ok")
+        self._log(label, op, call, fault, applied=state["applied"], observed="ok", started_s=t0)
         return result
 
     # -- FenceStore ----------------------------------------------------------------------
@@ -380,7 +386,7 @@ class MemoryFenceStore:
         now = self._clock()
         for tp in tps:
             self.journal_rows.append(JournalRow(tp, lifetime, event, epoch, detail, now))
-            self._write("journal", tp, lifetime, epoch, self._frames[-1].label)
+            self._write("journal", tp, lifetime, epoch, self._frames[-1].label, event)
 
 
     async def heartbeat(self, *, lifetime: str, member_id: str | None, host: str, pid: int,

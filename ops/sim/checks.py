@@ -11,6 +11,14 @@ Rules (each failed rule is one violation string naming the place it was seen)
   claim of its partition and that claim's lifetime.
 - A lifetime that was stopped or retired at an earlier check writes nothing but its
   ``retire`` journal row.
+- The journal agrees with the rows: every row's epoch has the ``claim`` journal row of its
+  owner; a lifetime writes no process/skip for a partition it released (``release``
+  journal row) until it claims it again.
+- Attempts (checked after every attempt): a failed call that held a token, or ended
+  ``retired``/``refused``, leaves its lifetime out of LIVE (failures retire); a ``process``
+  reported ok has its batch end at or below the durable frontier; one reported failed had
+  no commit acknowledged to it; no store call of a lifetime starts after the budget of the
+  lifecycle call it serves.
 - Tokens (checked after every attempt): a live lifetime's retained token is never ahead
   of the durable one, nor at the same epoch with another frontier; a successful seek
   returns the durable frontier under the durable token; a lifetime is never fenced under
@@ -49,6 +57,9 @@ class Checker:
         self._writes_seen = 0
         self._latest_claim: dict[TopicPartition, tuple[int | None, str | None]] = {}
         self._dead: set[str] = set()
+        self._journal_seen = 0
+        self._claims_journaled: set[tuple[TopicPartition, int | None, str]] = set()
+        self._released: set[tuple[TopicPartition, str | None]] = set()
         self.checks = 0
 
     def exclude(self, tp: TopicPartition, first: int, end: int) -> None:
@@ -82,6 +93,18 @@ class Checker:
                                       f"{now.get(k)}")
         self._outbox, self._quarantine = dict(actual.outbox), dict(actual.quarantine)
         self._check_writes(place)
+        self._check_journal(place)
+
+    def _check_journal(self, place: str) -> None:
+        rows = self._store.journal_rows
+        for j in rows[self._journal_seen:]:
+            if j.event == "claim":
+                self._claims_journaled.add((j.tp, j.epoch, j.lifetime))
+        self._journal_seen = len(rows)
+        for tp, row in sorted(self._store.rows.items()):
+            if (tp, row.epoch, row.owner or "") not in self._claims_journaled:
+                self.fail(place, f"claim of {tp} at epoch {row.epoch} by {row.owner} has no "
+                                 "claim journal row")
 
     def _check_writes(self, place: str) -> None:
         writes = self._store.writes
@@ -91,7 +114,13 @@ class Checker:
                                   "stopped or retired")
             if w.kind == "claim":
                 self._latest_claim[w.tp] = (w.epoch, w.lifetime)
-            elif w.kind in ("process", "skip"):
+                self._released.discard((w.tp, w.lifetime))
+            elif w.kind == "journal" and w.event == "release":
+                self._released.add((w.tp, w.lifetime))
+            elif w.kind in ("process", "skip") and (w.tp, w.lifetime) in self._released:
+                self.fail(place, f"lifetime {w.lifetime} wrote {w.kind} {w.tp} after it "
+                                 "released the partition")
+            if w.kind in ("process", "skip"):
                 latest = self._latest_claim.get(w.tp)
                 if latest != (w.epoch, w.lifetime):
                     self.fail(place, f"stale token committed: {w.kind} {w.tp} by "
@@ -133,3 +162,29 @@ class Checker:
             self.fail(place, f"lifetime {worker} was fenced under its own epoch "
                              f"{held.epoch} on partition {tp.partition} (a mis-resolved "
                              f"outcome): held {held}, durable {durable}")
+
+    def attempt_outcome(self, place: str, *, worker: int, state: LifetimeState, result: str,
+                        held: Token | None, actor: str, tp: TopicPartition | None,
+                        batch_end: int | None, acked: bool) -> None:
+        """Failures retire; a reported outcome agrees with the committed state."""
+        failed = result in ("retired", "refused") or (result == "fenced" and held is not None)
+        if failed and state is LifetimeState.LIVE:
+            self.fail(place, f"lifetime {worker} is still live after its {actor} ended "
+                             f"{result}")
+        if actor != "process" or batch_end is None or tp is None:
+            return
+        durable = self._store.token_of(tp)
+        if result == "ok" and (durable is None or durable.frontier < batch_end):
+            self.fail(place, f"process by lifetime {worker} reported ok, batch end {batch_end} "
+                             f"not committed (durable {durable})")
+        if result != "ok" and acked:
+            self.fail(place, f"process by lifetime {worker} reported {result} after its "
+                             "commit was acknowledged")
+
+    def call_started_in_budget(self, place: str, worker: str, started_us: int,
+                               call_us: int | None, budget_us: int) -> None:
+        """No store call starts after the budget of the lifecycle call it serves."""
+        if call_us is not None and started_us > call_us + budget_us:
+            self.fail(place, f"lifetime {worker} started a store call "
+                             f"{(started_us - call_us) // 1000} ms into a call whose budget is "
+                             f"{budget_us // 1000} ms")

@@ -86,6 +86,8 @@ class _Run:
         self.checker = Checker(self.store, trace.records, dead=self._dead)
         self.attempt_index = -1
         self.current: Step | None = None
+        self.call_us: dict[str, int] = {}  # lifetime -> when its current lifecycle call began
+        self.batch_end: int | None = None
         self.excluded = 0
 
     # -- hooks ---------------------------------------------------------------------------
@@ -106,6 +108,10 @@ class _Run:
             "selected": ev.requested, "delay_ms": ev.delay_ms, "interleave": ev.interleave,
             "applied": ev.applied, "observed": ev.observed, "t_us": self.clock.now_us,
             "installed": {tp: [epoch, frontier] for tp, epoch, frontier in ev.installed}})
+        self.checker.call_started_in_budget(
+            f"attempt {attempt} {ev.operation} call {ev.call}", worker,
+            round(ev.started_s * 1_000_000), self.call_us.get(worker),
+            self.trace.config.budget_ms * 1000)
         self.checker.check(f"attempt {attempt} {ev.operation} call {ev.call} by lifetime "
                            f"{worker} ({ev.observed})")
 
@@ -131,7 +137,9 @@ class _Run:
         with self.store.attempt(f"{self.attempt_index}/{lc.lifetime_id}"):
             tp = self.tp(partition)
             try:
+                self.call_us[lc.lifetime_id] = self.clock.now_us
                 await lc.assign([self.source_check(partition)])
+                self.call_us[lc.lifetime_id] = self.clock.now_us
                 self.cursors[(worker, partition)] = await lc.seek(tp)
                 outcome = "ok"
             except FenceError as exc:
@@ -163,6 +171,7 @@ class _Run:
         if not batch:
             return "idle"
         self.cursors[(worker, partition)] = batch[-1].offset + 1
+        self.batch_end = batch[-1].offset + 1
         return batch
 
     # -- steps ---------------------------------------------------------------------------
@@ -177,6 +186,8 @@ class _Run:
             "replacements": [], "t_us": self.clock.now_us}
         self.attempts.append(attempt)
         first_event = len(self.events)
+        self.call_us[str(step.worker)] = self.clock.now_us
+        self.batch_end = None
         lc = self.lifecycles.get(step.worker)
         held = None if lc is None or step.partition is None else lc.token(self.tp(step.partition))
         failure: FenceError | None = None
@@ -187,6 +198,15 @@ class _Run:
             failure = exc
         self._token_checks(step, attempt["result"], held, failure)
         label = str(step.worker)
+        lc = self.lifecycles.get(step.worker)
+        if lc is not None and step.actor not in ("start", "stop"):
+            acked = any(e["lifetime"] == label and e["operation"] == "process"
+                        and e["observed"] == "ok" for e in self.events[first_event:])
+            self.checker.attempt_outcome(
+                f"attempt {self.attempt_index}", worker=step.worker, state=lc.state,
+                result=attempt["result"], held=held, actor=step.actor,
+                tp=None if step.partition is None else self.tp(step.partition),
+                batch_end=self.batch_end, acked=acked)
         attempt["selectors_used"] = sum(
             1 for e in self.events[first_event:]
             if e["selected"] is not None and e["lifetime"] == label)
