@@ -58,6 +58,7 @@ class Checker:
         self._latest_claim: dict[TopicPartition, tuple[int | None, str | None]] = {}
         self._dead: set[str] = set()
         self._journal_seen = 0
+        self._last_seen: tuple[Any, ...] | None = None
         self._claims_journaled: set[tuple[TopicPartition, int | None, str]] = set()
         self._released: set[tuple[TopicPartition, str | None]] = set()
         self.checks = 0
@@ -67,6 +68,7 @@ class Checker:
         self.source = tuple(r for r in self.source
                             if not (r.tp == tp and first <= r.offset < end))
         self._folds.clear()
+        self._last_seen = None
 
     def fail(self, place: str, problem: str) -> None:
         """Record one violation seen at ``place``."""
@@ -75,6 +77,13 @@ class Checker:
 
     def check(self, place: str) -> None:
         self.checks += 1
+        store = self._store
+        seen = (len(store.writes), len(store.journal_rows), len(store.quarantine),
+                tuple((tp, r.epoch, r.frontier, r.owner) for tp, r in store.rows.items()))
+        if seen == self._last_seen:  # nothing durable changed since the last full check
+            self._dead = set(self._dead_now())
+            return
+        self._last_seen = seen
         frontiers = {(tp.topic, tp.partition): row.frontier
                      for tp, row in sorted(self._store.rows.items())}
         actual = memory_store_state(self._store)

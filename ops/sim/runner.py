@@ -7,8 +7,9 @@ place, so a trace reads top to bottom against it.
 Rules
 - One step is one attempt: the store's call numbers restart and the step's faults apply.
 - A fetch cursor per (lifetime, partition) is set by ``seek`` and advances as soon as a
-  batch is delivered to ``process`` (even if processing fails); ``assign`` and ``revoke``
-  clear it. Processing without a cursor is ``unseeked``; nothing left is ``idle``.
+  batch is delivered to ``process`` (even if processing fails); ``assign`` clears it,
+  ``revoke`` keeps it (a batch fetched before the revoke may still be delivered: a late
+  call). Processing without a cursor is ``unseeked``; nothing left is ``idle``.
 - An interleave runs its replacement (fresh lifetime: assign, seek; no faults) and then
   stops the calling lifetime, before the selected call returns.
 - The checker runs after every store call returns, every interleave, every wait and every
@@ -33,7 +34,7 @@ from ops.sim.checks import Checker
 from ops.sim.report import build_report
 from ops.sim.trace import Step, Trace, fault_json
 
-__all__ = ["LogicalClock", "run_trace"]
+__all__ = ["LogicalClock", "new_run", "run_trace"]
 
 TOPIC_ID = "sim-topic-id"
 
@@ -234,7 +235,7 @@ class _Run:
             return "started"
         lc = self.lifecycles.get(worker)
         if lc is None:
-            return "absent"  # a replacement whose interleave was never reached
+            return "unstarted"  # a replacement whose interleave was never reached
         if step.actor == "stop":
             lc.stop()
             return "stopped"
@@ -247,8 +248,7 @@ class _Run:
         if step.actor == "seek":
             self.cursors[(worker, p)] = await lc.seek(tp)
             return "ok"
-        if step.actor == "revoke":
-            self.cursors.pop((worker, p), None)
+        if step.actor == "revoke":  # the fetch cursor stays: a fetched batch may come late
             await lc.revoke([tp])
             return "ok"
         batch = self._batch(worker, p)
@@ -334,6 +334,12 @@ async def _execute(trace: Trace, keep: list[_Run] | None = None) -> dict[str, An
                         boundary=run_boundary(run), drained=drained, blocked=blocked,
                         excluded=run.excluded, diagnostics=run.diagnostics,
                         checks=run.checker.checks)
+
+
+def new_run(trace: Trace) -> _Run:
+    """A fresh run of ``trace``'s config and source; the generator steps it (``await
+    run.step(step)``) on its own loop to aim its choices at the real state."""
+    return _Run(trace)
 
 
 def run_boundary(run: _Run) -> dict[str, dict[str, int | None]]:
