@@ -17,8 +17,8 @@ Rules (each failed rule is one violation string naming the place it was seen)
 - Attempts (checked after every attempt): a failed call that held a token, or ended
   ``retired``/``refused``, leaves its lifetime out of LIVE (failures retire); a ``process``
   reported ok has its batch end at or below the durable frontier; one reported failed had
-  no commit acknowledged to it; no store call of a lifetime starts after the budget of the
-  lifecycle call it serves.
+  no commit acknowledged to it; no guarded store call of a lifetime (journal rows are best
+  effort, not guarded) starts after the budget of the lifecycle call it serves.
 - Tokens (checked after every attempt): a live lifetime's retained token is never ahead
   of the durable one, nor at the same epoch with another frontier; a successful seek
   returns the durable frontier under the durable token; a lifetime is never fenced under

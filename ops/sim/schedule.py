@@ -12,7 +12,9 @@ Rules
   cannot reach the store.
 - Offsets have gaps (compaction, transaction markers): a record may follow its
   predecessor by 1 to 3 offsets.
-- Faults are legal choices only; interleaves reserve fresh replacement ids.
+- Faults are legal choices only; interleaves reserve fresh replacement ids. Assign, revoke
+  and takeover steps may carry a set of partitions (one lifecycle call), so faults and
+  replacements apply to a multi-partition claim.
 """
 
 from __future__ import annotations
@@ -74,10 +76,14 @@ def _fault_list(g: _Gen, actor: str) -> tuple[Fault, ...]:
             if (op, call) in taken:
                 continue
             interleave = None
-            if op.mutating and call == 1 and rng.random() < prof.interleave_rate:
+            if op.interleavable and call == 1 and rng.random() < prof.interleave_rate:
+                revoke = (actor == "process" and op is Operation.PROCESS
+                          and rng.random() < prof.revoke_rate)
                 stop = rng.random() < 0.4
-                replacement = g.new_id() if (not stop or rng.random() < 0.6) else None
-                interleave = Interleave(rng.choice(("before", "after")), stop, replacement)
+                replacement = g.new_id() if (not stop and not revoke) or rng.random() < 0.5 \
+                    else None
+                interleave = Interleave(rng.choice(("before", "after")), stop, replacement,
+                                        revoke)
             taken[(op, call)] = Fault(op, call, outcome, rng.choice(prof.delays), interleave)
     return tuple(taken[k] for k in sorted(taken, key=lambda k: (k[0].value, k[1])))
 
@@ -97,6 +103,14 @@ def _state(g: _Gen) -> tuple[list[int], dict[int, list[int]], list[tuple[int, in
             if cursor is not None and cursor < run.ends[p]:  # type: ignore[attr-defined]
                 ready.append((w, p))
     return live, held, ready
+
+
+def _some(g: _Gen, ps: list[int]) -> int | tuple[int, ...]:
+    """One partition of ``ps``, or (profile permitting) a sorted set of them."""
+    if len(ps) > 1 and g.rng.random() < g.profile.multi_rate:
+        chosen = tuple(sorted(g.rng.sample(ps, g.rng.randint(2, len(ps)))))
+        return chosen
+    return g.rng.choice(ps)
 
 
 def _late(g: _Gen, live: list[int], held: dict[int, list[int]]) -> list[Step] | None:
@@ -140,18 +154,26 @@ def _next(g: _Gen) -> list[Step]:
     if kind == "seek":
         w, p = rng.choice(unsought)
         return [Step("seek", w, p, _fault_list(g, "seek"))]
-    if kind in ("revoke", "reseek"):
+    if kind == "revoke":
+        w = rng.choice([w for w in live if held[w]])
+        return [Step("revoke", w, _some(g, held[w]), _fault_list(g, "revoke"))]
+    if kind == "reseek":
         w, p = rng.choice([(w, p) for w in live for p in held[w]])
-        return [Step("revoke", w, p)] if kind == "revoke" else [
-            Step("seek", w, p, _fault_list(g, "seek"))]
+        return [Step("seek", w, p, _fault_list(g, "seek"))]
     if kind == "assign":
-        w, p = rng.choice(free)
-        return [Step("assign", w, p, _fault_list(g, "assign"))]
+        w = rng.choice(sorted({w for w, _ in free}))
+        return [Step("assign", w, _some(g, [p for x, p in free if x == w]),
+                     _fault_list(g, "assign"))]
     if kind == "takeover":
-        p = rng.choice(sorted(holder))
-        w = rng.choice([x for x in live if x != holder[p]])
-        out = [Step("revoke", holder[p], p)] if rng.random() < prof.revoke_first else []
-        return [*out, Step("assign", w, p, _fault_list(g, "assign"))]
+        w = rng.choice(live)
+        taken = _some(g, [p for p in sorted(holder) if holder[p] != w] or sorted(holder))
+        ps = taken if isinstance(taken, tuple) else (taken,)
+        out: list[Step] = []
+        for old in sorted({holder[p] for p in ps if holder[p] != w}):
+            if rng.random() < prof.revoke_first:
+                mine = tuple(p for p in ps if holder[p] == old)
+                out.append(Step("revoke", old, mine if len(mine) > 1 else mine[0]))
+        return [*out, Step("assign", w, taken, _fault_list(g, "assign"))]
     if kind == "stop":
         return [Step("stop", rng.choice(live))]
     return _late(g, live, held) or [Step("start", g.new_id())]

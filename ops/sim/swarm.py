@@ -27,9 +27,12 @@ KINDS: tuple[Kind, ...] = (
     (O.OBSERVE, F.ABORT), (O.OBSERVE, F.COMMIT),
     (O.PROCESS, F.ABORT), (O.PROCESS, F.COMMIT), (O.PROCESS, F.UNKNOWN_COMMITTED),
     (O.PROCESS, F.UNKNOWN_ABORTED),
+    (O.SKIP, F.ABORT), (O.SKIP, F.UNKNOWN_COMMITTED), (O.SKIP, F.UNKNOWN_ABORTED),
+    (O.JOURNAL, F.ABORT),
 )
-ACTOR_OPS = {"assign": (O.VALIDATE, O.CLAIM, O.OBSERVE), "seek": (O.OBSERVE,),
-             "process": (O.PROCESS, O.OBSERVE)}
+ACTOR_OPS = {"assign": (O.VALIDATE, O.CLAIM, O.OBSERVE, O.SKIP, O.JOURNAL),
+             "seek": (O.OBSERVE, O.JOURNAL), "process": (O.PROCESS, O.OBSERVE, O.JOURNAL),
+             "revoke": (O.JOURNAL,)}
 _ACTORS = ("start", "process", "seek", "assign", "takeover", "revoke", "stop", "late")
 
 
@@ -40,7 +43,9 @@ class Profile:
     max_faults: int  # selectors per step (a burst adds consecutive calls)
     burst_rate: float  # a selector repeats on calls 1..2 or 1..3 (three-call exhaustion)
     delays: tuple[int, ...]  # logical delay choices in ms
-    interleave_rate: float  # first mutating call carries a stop/replacement interleave
+    interleave_rate: float  # first claim/process call carries an interleave
+    revoke_rate: float  # a process interleave revokes the partition meanwhile
+    multi_rate: float  # an assign/revoke/takeover step takes a set of partitions
     weights: tuple[float, ...]  # per actor of _ACTORS
     revoke_first: float  # a takeover revokes the old holder first (else: a zombie remains)
     partitions: int
@@ -63,7 +68,8 @@ def draw_profile(rng: random.Random) -> Profile:
         kinds=kinds, fault_rate=rng.choice((0.15, 0.3, 0.5)), max_faults=rng.randint(1, 4),
         burst_rate=rng.choice((0.0, 0.2, 0.4)),
         delays=rng.choice(((0,), (0, 0, 5, 50), (0, 50, 150, 250))),
-        interleave_rate=rng.choice((0.0, 0.2, 0.5)), weights=weights,
+        interleave_rate=rng.choice((0.0, 0.2, 0.5)), revoke_rate=rng.choice((0.0, 0.3, 0.6)),
+        multi_rate=rng.choice((0.0, 0.4, 0.8)), weights=weights,
         revoke_first=rng.choice((0.3, 0.7, 1.0)), partitions=rng.choice((1, 2, 2, 3)),
         records=rng.randint(16, 60), batch_max=rng.randint(1, 4),
         budget_ms=rng.choice((20_000, 20_000, 20_000, 400)), retention=rng.random() < 0.25)
