@@ -37,7 +37,7 @@ from ops.sim.checks import Checker
 from ops.sim.report import build_report
 from ops.sim.trace import Step, Trace, fault_json
 
-__all__ = ["LogicalClock", "new_run", "run_trace"]
+__all__ = ["LogicalClock", "finish", "new_run", "run_trace"]
 
 TOPIC_ID = "sim-topic-id"
 
@@ -70,7 +70,7 @@ def _error_text(exc: BaseException) -> str:
 
 
 class _Run:
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: Trace, *, checking: bool = True) -> None:
         cfg = trace.config
         self.trace = trace
         self.clock = LogicalClock()
@@ -87,7 +87,7 @@ class _Run:
         for r in trace.records:
             self.by_partition[r.partition].append(r)
         self.ends = [rs[-1].offset + 1 if rs else 0 for rs in self.by_partition.values()]
-        self.checker = Checker(self.store, trace.records, dead=self._dead)
+        self.checker = Checker(self.store, trace.records, dead=self._dead, enabled=checking)
         self.attempt_index = -1
         self.current: Step | None = None
         self.call_us: dict[str, int] = {}  # lifetime -> when its current lifecycle call began
@@ -342,6 +342,12 @@ async def _execute(trace: Trace, keep: list[_Run] | None = None) -> dict[str, An
         keep.append(run)
     for step in trace.steps:
         await run.step(step)
+    return await finish(run, trace)
+
+
+async def finish(run: _Run, trace: Trace) -> dict[str, Any]:
+    """Drain (if asked) and report ``run``, whose steps are exactly ``trace``'s, done."""
+    run.trace = trace
     boundary_before = run_boundary(run)
     complete_before = all(b["frontier"] == b["end"] for b in boundary_before.values())
     violations_before = len(run.checker.violations)
@@ -364,10 +370,11 @@ async def _execute(trace: Trace, keep: list[_Run] | None = None) -> dict[str, An
                         checks=run.checker.checks)
 
 
-def new_run(trace: Trace) -> _Run:
-    """A fresh run of ``trace``'s config and source; the generator steps it (``await
-    run.step(step)``) on its own loop to aim its choices at the real state."""
-    return _Run(trace)
+def new_run(trace: Trace, *, checking: bool = False) -> _Run:
+    """A fresh run of ``trace``'s config and source (oracle checks only when ``checking``);
+    the generator steps it (``await run.step(step)``) on its own loop to aim its choices at
+    the real state, and may ``finish`` it into the report its replay would give."""
+    return _Run(trace, checking=checking)
 
 
 def run_boundary(run: _Run) -> dict[str, dict[str, int | None]]:

@@ -21,17 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from consumer.decisions import LifetimeState
 from fencing.memory.faults import Fault, Interleave, Operation
 from fencing.types import SourceRecord
 from ops.reference.generate import generate
-from ops.sim.runner import new_run
+from ops.sim.runner import finish, new_run
 from ops.sim.swarm import ACTOR_OPS, Profile, draw_profile
 from ops.sim.trace import SimConfig, Step, Trace, toolchain
 
-__all__ = ["DEFAULT_STEPS", "make_trace"]
+__all__ = ["DEFAULT_STEPS", "generate_and_run", "make_trace"]
 
 DEFAULT_STEPS = 64
 
@@ -188,9 +189,7 @@ async def _generate(g: _Gen, steps: int) -> None:
             await g.run.step(step)  # type: ignore[attr-defined]
 
 
-def make_trace(seed: int, *, klass: str = "valid", steps: int = DEFAULT_STEPS,
-               drain: bool = True) -> Trace:
-    """The trace of ``seed``: config, source records and ``steps`` steps."""
+def _start(seed: int, klass: str, steps: int, checking: bool) -> tuple[_Gen, Trace]:
     if klass not in ("valid", "conflict"):
         raise ValueError(f"class {klass!r}: expected valid or conflict")
     rng = random.Random(f"worker-schedule-v1/swarm/{seed}/{klass}")
@@ -206,7 +205,27 @@ def make_trace(seed: int, *, klass: str = "valid", steps: int = DEFAULT_STEPS,
                        low_watermarks_before_drain=lows, allow_retention_gap=prof.retention)
     shell = Trace(seed=seed, config=config, records=records, steps=(), drain=False,
                   toolchain=toolchain())
-    g = _Gen(rng, prof, new_run(shell), partitions)
+    return _Gen(rng, prof, new_run(shell, checking=checking), partitions), shell
+
+
+def make_trace(seed: int, *, klass: str = "valid", steps: int = DEFAULT_STEPS,
+               drain: bool = True) -> Trace:
+    """The trace of ``seed``: config, source records and ``steps`` steps."""
+    g, shell = _start(seed, klass, steps, checking=False)
     asyncio.run(_generate(g, steps))
-    return Trace(seed=seed, config=config, records=records, steps=tuple(g.steps),
-                 drain=drain, toolchain=toolchain())
+    return replace(shell, steps=tuple(g.steps), drain=drain)
+
+
+def generate_and_run(seed: int, *, klass: str = "valid", steps: int = DEFAULT_STEPS,
+                     drain: bool = True) -> tuple[Trace, dict[str, Any]]:
+    """``make_trace`` and the report of that trace from the very run that chose its steps
+    (checked as it goes): one pass instead of two, for sweeps. The corpus replays instead
+    and checks that both paths give the same report."""
+    g, shell = _start(seed, klass, steps, checking=True)
+
+    async def go() -> tuple[Trace, dict[str, Any]]:
+        await _generate(g, steps)
+        trace = replace(shell, steps=tuple(g.steps), drain=drain)
+        return trace, await finish(g.run, trace)  # type: ignore[arg-type]
+
+    return asyncio.run(go())

@@ -26,6 +26,7 @@ Rules
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import sys
@@ -70,6 +71,11 @@ class TraceError(ValueError):
 
 def toolchain() -> dict[str, str]:
     """Provenance: Python major.minor and the installed fenceworker version."""
+    return dict(_toolchain())
+
+
+@functools.cache
+def _toolchain() -> dict[str, str]:  # reading package metadata costs more than a short run
     try:
         version = metadata.version("fenceworker")
     except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
