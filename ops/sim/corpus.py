@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ops.sim.reduce import expected, failure_of, save_failure, save_trace
+from ops.sim.reduce import failure_of, save_failure, save_trace
 from ops.sim.report import LABEL, dumps_report
 from ops.sim.runner import run_trace
 from ops.sim.schedule import DEFAULT_STEPS, generate_and_run, make_trace

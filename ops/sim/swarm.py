@@ -19,20 +19,20 @@ from fencing.memory.faults import FaultOutcome, Operation
 __all__ = ["ACTOR_OPS", "KINDS", "Profile", "draw_profile"]
 
 Kind = tuple[Operation, FaultOutcome]
-O, F = Operation, FaultOutcome
+Op, F = Operation, FaultOutcome
 KINDS: tuple[Kind, ...] = (
-    (O.VALIDATE, F.ABORT), (O.VALIDATE, F.COMMIT),
-    (O.CLAIM, F.ABORT), (O.CLAIM, F.COMMIT), (O.CLAIM, F.UNKNOWN_COMMITTED),
-    (O.CLAIM, F.UNKNOWN_ABORTED),
-    (O.OBSERVE, F.ABORT), (O.OBSERVE, F.COMMIT),
-    (O.PROCESS, F.ABORT), (O.PROCESS, F.COMMIT), (O.PROCESS, F.UNKNOWN_COMMITTED),
-    (O.PROCESS, F.UNKNOWN_ABORTED),
-    (O.SKIP, F.ABORT), (O.SKIP, F.UNKNOWN_COMMITTED), (O.SKIP, F.UNKNOWN_ABORTED),
-    (O.JOURNAL, F.ABORT),
+    (Op.VALIDATE, F.ABORT), (Op.VALIDATE, F.COMMIT),
+    (Op.CLAIM, F.ABORT), (Op.CLAIM, F.COMMIT), (Op.CLAIM, F.UNKNOWN_COMMITTED),
+    (Op.CLAIM, F.UNKNOWN_ABORTED),
+    (Op.OBSERVE, F.ABORT), (Op.OBSERVE, F.COMMIT),
+    (Op.PROCESS, F.ABORT), (Op.PROCESS, F.COMMIT), (Op.PROCESS, F.UNKNOWN_COMMITTED),
+    (Op.PROCESS, F.UNKNOWN_ABORTED),
+    (Op.SKIP, F.ABORT), (Op.SKIP, F.UNKNOWN_COMMITTED), (Op.SKIP, F.UNKNOWN_ABORTED),
+    (Op.JOURNAL, F.ABORT),
 )
-ACTOR_OPS = {"assign": (O.VALIDATE, O.CLAIM, O.OBSERVE, O.SKIP, O.JOURNAL),
-             "seek": (O.OBSERVE, O.JOURNAL), "process": (O.PROCESS, O.OBSERVE, O.JOURNAL),
-             "revoke": (O.JOURNAL,)}
+ACTOR_OPS = {"assign": (Op.VALIDATE, Op.CLAIM, Op.OBSERVE, Op.SKIP, Op.JOURNAL),
+             "seek": (Op.OBSERVE, Op.JOURNAL), "process": (Op.PROCESS, Op.OBSERVE, Op.JOURNAL),
+             "revoke": (Op.JOURNAL,)}
 _ACTORS = ("start", "process", "seek", "assign", "takeover", "revoke", "stop", "late")
 
 

@@ -170,7 +170,8 @@ def _step_json(s: Step) -> dict[str, Any]:
 
 def to_json(trace: Trace) -> dict[str, Any]:
     return {
-        "version": trace.version, "implementation": IMPLEMENTATION, "toolchain": dict(trace.toolchain),
+        "version": trace.version, "implementation": IMPLEMENTATION,
+        "toolchain": dict(trace.toolchain),
         "seed": trace.seed, "config_digest": config_digest(trace.config),
         "config": trace.config.to_json(),
         "records": [{"partition": r.partition, "offset": r.offset, "key": _b64(r.key),
@@ -271,7 +272,7 @@ def _fault(raw: Any, where: str, actor: str, version: int) -> Fault:
         rep = il.get("replacement")
         try:
             interleave = Interleave(il["at"], stop, None if rep is None else
-                                    _int(rep, f"{where}.interleave.replacement", low=1),
+                                    _int(rep, f"{where}.interleave.replacement"),
                                     revoke)
         except TraceError:
             raise
@@ -316,7 +317,7 @@ def _steps(raw: Any, partitions: int, version: int) -> tuple[Step, ...]:
         actor = s["actor"]
         if actor not in ACTORS:
             raise TraceError(f"{where}.actor: unknown actor {actor!r}")
-        worker = _int(s["worker"], f"{where}.worker", low=1)
+        worker = _int(s["worker"], f"{where}.worker")
         if actor == "start":
             if worker in declared:
                 raise TraceError(f"{where}.worker: lifetime id {worker} is already used")
