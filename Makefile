@@ -53,6 +53,15 @@ sim-mutants: setup
 	mkdir -p artifacts/sim
 	$(BIN)/python -m ops.sim.mutants --last $(MUTANT_SEEDS) --processes 2 --out artifacts/sim/mutants.json
 
+# the randomized evidence at scale: seeds 1..EVIDENCE_SEEDS x both classes, 2 processes,
+# summary + provenance in artifacts/evidence/worker-sweep.json (exit 0 only with no unexpected run)
+EVIDENCE_SEEDS ?= 100000
+evidence-sweep: setup
+	mkdir -p artifacts/evidence
+	$(BIN)/fencectl sim-worker --sweep 1..$(EVIDENCE_SEEDS) --jobs 2 \
+	  --manifest artifacts/evidence/worker-sweep.json > /dev/null; rc=$$?; \
+	  $(BIN)/python -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["runs"], "runs", d["statuses"], "violations", d["violations"], "unexpected", d["unexpected"], d["elapsed_s"], "s", d["seeds_per_s"], "seeds/s")' artifacts/evidence/worker-sweep.json; exit $$rc
+
 evidence: setup
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 	mkdir -p artifacts/evidence

@@ -11,7 +11,8 @@ Rules
 - The sweep runs both classes for every seed of a range and counts statuses, violations
   and unexpected runs; its rate is measured with the injected ``now``. Each sweep run is
   one pass (``generate_and_run``: the report of the run that chose the steps); the corpus
-  replays the saved trace and requires the same report from both paths.
+  replays the saved trace and requires the same report from both paths. The summary
+  counts generated assign/seek/process/revoke steps that made no store call.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ops.sim.reduce import failure_of, save_failure, save_trace
@@ -87,15 +88,28 @@ def run_corpus(*, seeds: Iterable[int] = CORPUS_SEEDS, steps: int = DEFAULT_STEP
             "runs": runs, "passed": passed, "total": len(runs)}
 
 
-def _sweep_one(seed: int, klass: str, steps: int) -> tuple[str, int, str | None]:
+_IO_ACTORS = ("assign", "seek", "process", "revoke")
+_Result = tuple[int, str, str, int, str | None, int, int]
+
+
+def no_io_steps(report: Mapping[str, Any]) -> tuple[int, int]:
+    """(generated assign/seek/process/revoke steps, those that made no store call)."""
+    with_io = {e["attempt"] for e in report["events"]}
+    mine = [a for a in report["attempts"]
+            if not a["fair_recovery"] and a["actor"] in _IO_ACTORS]
+    return len(mine), sum(1 for a in mine if a["index"] not in with_io)
+
+
+def _sweep_one(seed: int, klass: str, steps: int) -> tuple[str, int, str | None, int, int]:
     try:
         _, report = generate_and_run(seed, klass=klass, steps=steps)
     except Exception:  # an internal error: the replay path turns it into an ERROR report
         _, _, report = run_one(seed, klass, steps=steps)
-    return report["status"], len(report["violations"]), failure_of(report)
+    return (report["status"], len(report["violations"]), failure_of(report),
+            *no_io_steps(report))
 
 
-def _sweep_chunk(args: tuple[int, int, int]) -> list[tuple[int, str, str, int, str | None]]:
+def _sweep_chunk(args: tuple[int, int, int]) -> list[_Result]:
     first, last, steps = args
     return [(seed, klass, *_sweep_one(seed, klass, steps))
             for seed in range(first, last + 1) for klass in CLASSES]
@@ -116,7 +130,9 @@ def sweep(first: int, last: int, *, now: Callable[[], float], steps: int = DEFAU
             results = [r for part in pool.imap(_sweep_chunk, chunks) for r in part]
     else:
         results = [r for c in chunks for r in _sweep_chunk(c)]
-    for seed, klass, status, count, failure in results:
+    io_steps = idle_steps = 0
+    for seed, klass, status, count, failure, n_io, n_idle in results:
+        io_steps, idle_steps = io_steps + n_io, idle_steps + n_idle
         statuses[status] += 1
         violations += count
         if failure is not None:
@@ -129,6 +145,9 @@ def sweep(first: int, last: int, *, now: Callable[[], float], steps: int = DEFAU
     seeds = last - first + 1
     return {"seeds": seeds, "runs": seeds * len(CLASSES), "steps": steps, "jobs": jobs,
             "statuses": dict(sorted(statuses.items())), "violations": violations,
-            "failing": failing, "unexpected": unexpected, "elapsed_s": round(elapsed_s, 3),
+            "failing": failing, "unexpected": unexpected,
+            "steps_without_io": {"steps": io_steps, "without_io": idle_steps,
+                                 "percent": round(100 * idle_steps / max(io_steps, 1), 2)},
+            "elapsed_s": round(elapsed_s, 3),
             "seeds_per_s": round(seeds / elapsed_s, 2),
             "runs_per_s": round(seeds * len(CLASSES) / elapsed_s, 2)}

@@ -30,3 +30,10 @@ def test_sweep_summary_counts_both_classes() -> None:
     assert sum(summary["statuses"].values()) == 20
     assert set(summary["statuses"]) <= {"PASS", "PASS_WITH_EXCLUSIONS"}
     assert summary["violations"] == 0 and summary["seeds_per_s"] == 5.0
+    assert summary["steps_without_io"]["percent"] <= 10  # steps aim at live lifetimes
+
+
+def test_a_parallel_sweep_has_the_same_summary() -> None:
+    one = sweep(1, 6, now=iter([0.0, 1.0]).__next__, chunk=2)
+    two = sweep(1, 6, now=iter([0.0, 1.0]).__next__, chunk=2, jobs=2)
+    assert {**one, "jobs": 2} == two
