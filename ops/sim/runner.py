@@ -83,6 +83,7 @@ class _Run:
         self.events: list[dict[str, Any]] = []
         self.diagnostics: list[str] = []
         self.lows = [0] * cfg.partitions
+        self.topic_id = TOPIC_ID
         self.by_partition: dict[int, list[SourceRecord]] = {p: [] for p in range(cfg.partitions)}
         for r in trace.records:
             self.by_partition[r.partition].append(r)
@@ -164,7 +165,7 @@ class _Run:
         return TopicPartition(self.trace.config.topic, partition)
 
     def source_check(self, partition: int) -> SourceCheck:
-        facts = SourceFacts(TOPIC_ID, self.lows[partition], self.ends[partition])
+        facts = SourceFacts(self.topic_id, self.lows[partition], self.ends[partition])
         return SourceCheck(self.tp(partition), facts)
 
     def _new_lifecycle(self, worker: int) -> Lifecycle:
@@ -293,6 +294,8 @@ class _Run:
         cfg = self.trace.config
         for lc in self.lifecycles.values():
             lc.stop()
+        if cfg.topic_recreated_before_drain:  # Kafka now reports another topic id
+            self.topic_id = f"{TOPIC_ID}-recreated"
         for p, low in enumerate(cfg.low_watermarks_before_drain):
             self.lows[p] = max(self.lows[p], low)
             durable = self.durable(p) or 0

@@ -202,7 +202,8 @@ def _start(seed: int, klass: str, steps: int, checking: bool) -> tuple[_Gen, Tra
                  for p in range(partitions))
     config = SimConfig(klass=klass, steps=steps, topic="sim", partitions=partitions,
                        group_id="sim", batch_max=prof.batch_max, budget_ms=prof.budget_ms,
-                       low_watermarks_before_drain=lows, allow_retention_gap=prof.retention)
+                       low_watermarks_before_drain=lows, allow_retention_gap=prof.retention,
+                       topic_recreated_before_drain=prof.recreated)
     shell = Trace(seed=seed, config=config, records=records, steps=(), drain=False,
                   toolchain=toolchain())
     return _Gen(rng, prof, new_run(shell, checking=checking), partitions), shell

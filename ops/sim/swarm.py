@@ -6,7 +6,8 @@ Rules
 - Pure: ``draw_profile`` takes the seed's ``random.Random`` and nothing else.
 - Every profile enables at least one fault kind; unknown outcomes only for claim/process.
 - One profile in four has a 400 ms budget (delays and retry waits can exhaust it); one in
-  four has retention gaps before the drain with ``allow_retention_gap``.
+  four has retention gaps before the drain with ``allow_retention_gap``; one in ten has its
+  topic recreated before the drain.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Profile:
     batch_max: int
     budget_ms: int
     retention: bool
+    recreated: bool  # the topic is recreated before the drain (expected: BLOCKED)
 
     def weight(self, actor: str) -> float:
         return self.weights[_ACTORS.index(actor)]
@@ -72,4 +74,5 @@ def draw_profile(rng: random.Random) -> Profile:
         multi_rate=rng.choice((0.0, 0.4, 0.8)), weights=weights,
         revoke_first=rng.choice((0.3, 0.7, 1.0)), partitions=rng.choice((1, 2, 2, 3)),
         records=rng.randint(16, 60), batch_max=rng.randint(1, 4),
-        budget_ms=rng.choice((20_000, 20_000, 20_000, 400)), retention=rng.random() < 0.25)
+        budget_ms=rng.choice((20_000, 20_000, 20_000, 400)), retention=rng.random() < 0.25,
+        recreated=rng.random() < 0.1)

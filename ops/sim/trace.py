@@ -17,8 +17,9 @@ Rules
   or revoke step (one lifecycle call for the set); fault operations ``skip`` (assign's
   gap-skip) and ``journal`` (release and retire rows), and faults on revoke steps; an
   interleave ``revoke: true`` (process only: the calling lifetime revokes the step's
-  partition while the batch is in flight). A trace is dumped with the version it was read
-  with, so a version 1 trace round-trips byte for byte.
+  partition while the batch is in flight); the config's ``topic_recreated_before_drain``
+  (written only when true, so version 1 digests are unchanged). A trace is dumped with
+  the version it was read with, so a version 1 trace round-trips byte for byte.
 - ``dumps`` is canonical (sorted keys, fixed separators, one trailing newline), so a
   parse/dump round trip is byte-identical.
 """
@@ -97,13 +98,17 @@ class SimConfig:
     budget_ms: int
     low_watermarks_before_drain: tuple[int, ...]
     allow_retention_gap: bool
+    topic_recreated_before_drain: bool = False  # version 2; written only when true
+
 
     def to_json(self) -> dict[str, Any]:
         return {"class": self.klass, "steps": self.steps, "topic": self.topic,
                 "partitions": self.partitions, "group_id": self.group_id,
                 "batch_max": self.batch_max, "budget_ms": self.budget_ms,
                 "low_watermarks_before_drain": list(self.low_watermarks_before_drain),
-                "allow_retention_gap": self.allow_retention_gap}
+                "allow_retention_gap": self.allow_retention_gap,
+                **({"topic_recreated_before_drain": True}
+                   if self.topic_recreated_before_drain else {})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,10 +233,10 @@ def _bytes(value: Any, where: str) -> bytes | None:
         raise TraceError(f"{where}: not base64: {exc}") from exc
 
 
-def _config(raw: Any) -> SimConfig:
+def _config(raw: Any, version: int) -> SimConfig:
     keys = ("class", "steps", "topic", "partitions", "group_id", "batch_max", "budget_ms",
             "low_watermarks_before_drain", "allow_retention_gap")
-    c = _obj(raw, "config", keys)
+    c = _obj(raw, "config", keys, () if version == 1 else ("topic_recreated_before_drain",))
     klass = _str(c["class"], "config.class")
     if klass not in ("valid", "conflict"):
         raise TraceError(f"config.class: expected valid or conflict, got {klass!r}")
@@ -246,7 +251,9 @@ def _config(raw: Any) -> SimConfig:
         budget_ms=_int(c["budget_ms"], "config.budget_ms", low=1),
         low_watermarks_before_drain=tuple(
             _int(v, f"config.low_watermarks_before_drain[{i}]") for i, v in enumerate(lows)),
-        allow_retention_gap=_bool(c["allow_retention_gap"], "config.allow_retention_gap"))
+        allow_retention_gap=_bool(c["allow_retention_gap"], "config.allow_retention_gap"),
+        topic_recreated_before_drain=_bool(c.get("topic_recreated_before_drain", False),
+                                           "config.topic_recreated_before_drain"))
 
 
 def _fault(raw: Any, where: str, actor: str, version: int) -> Fault:
@@ -401,7 +408,7 @@ def parse(text: str | bytes) -> Trace:
         if tc[key] != mine[key]:
             raise TraceError(f"toolchain.{key}: trace made with {tc[key]!r}, this is "
                              f"{mine[key]!r} (incompatible provenance)")
-    config = _config(t["config"])
+    config = _config(t["config"], version)
     if t["config_digest"] != config_digest(config):
         raise TraceError("config_digest: does not match the config (edited or corrupted)")
     return Trace(seed=_int(t["seed"], "seed"), config=config,

@@ -102,3 +102,17 @@ def test_a_replacement_never_reached_is_unstarted() -> None:
              step("process", 2, 0)]
     report, _ = run(make(puts(0, [0]), steps))
     assert attempts(report)[4]["result"] == "unstarted"
+
+
+def test_a_topic_recreated_before_the_drain_blocks_it_and_is_version_2_only() -> None:
+    trace = make(puts(0, [0, 1]), [*head(), step("process", 1, 0)], drain=True)
+    recreated = replace(trace, config=replace(trace.config,
+                                              topic_recreated_before_drain=True))
+    assert parse(dumps(recreated)) == recreated
+    report, _ = run(recreated)
+    assert report["status"] == "BLOCKED"
+    assert any("RecreatedTopic" in d for d in report["diagnostics"])
+    assert "topic_recreated_before_drain" not in dumps(trace)  # v1 digests unchanged
+    data = json.loads(dumps(recreated))
+    with pytest.raises(TraceError, match=r"config\.topic_recreated_before_drain: unknown"):
+        parse(_v1(data))
