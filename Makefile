@@ -10,8 +10,8 @@ SEED ?= 17
 PYTEST_ARGS ?=
 
 .PHONY: setup stack-up stack-down stack-status test test-unit test-integration \
-        test-sim-worker sim-worker evidence lint bench bench-store demo migrate clean \
-        crash-matrix
+        test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store \
+        demo migrate clean crash-matrix
 
 setup: $(STAMP)
 
@@ -52,6 +52,21 @@ sim-worker: setup
 	$(BIN)/fencectl sim-worker --seed $(SEED) --out artifacts/worker-seed-$(SEED).json \
 	  --report artifacts/worker-seed-$(SEED)-report.json > /dev/null; \
 	  rc=$$?; echo "status: $$($(BIN)/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["status"])' artifacts/worker-seed-$(SEED)-report.json) (exit $$rc)"; exit $$rc
+
+# each named rule mutation against the corpus and the sweep 1..$(MUTANT_SEEDS) (2 processes)
+MUTANT_SEEDS ?= 1000
+sim-mutants: setup
+	mkdir -p artifacts/sim
+	$(BIN)/python -m ops.sim.mutants --last $(MUTANT_SEEDS) --processes 2 --out artifacts/sim/mutants.json
+
+# the randomized evidence at scale: seeds 1..EVIDENCE_SEEDS x both classes, 2 processes,
+# summary + provenance in artifacts/evidence/worker-sweep.json (exit 0 only with no unexpected run)
+EVIDENCE_SEEDS ?= 100000
+evidence-sweep: setup
+	mkdir -p artifacts/evidence
+	$(BIN)/fencectl sim-worker --sweep 1..$(EVIDENCE_SEEDS) --jobs 2 \
+	  --manifest artifacts/evidence/worker-sweep.json > /dev/null; rc=$$?; \
+	  $(BIN)/python -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["runs"], "runs", d["statuses"], "violations", d["violations"], "unexpected", d["unexpected"], d["elapsed_s"], "s", d["seeds_per_s"], "seeds/s")' artifacts/evidence/worker-sweep.json; exit $$rc
 
 evidence: setup
 	$(BIN)/pytest -q $(PYTEST_ARGS)

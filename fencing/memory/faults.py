@@ -5,10 +5,12 @@ Rules
   within one attempt, from 1). ``outcome`` is what the store should do at the effect point:
   ``commit`` (normal), ``abort`` (NotCommitted for mutations, ReadFailed for reads),
   ``unknown-committed`` (apply, then raise OutcomeUnknown) or ``unknown-aborted`` (do not
-  apply, raise OutcomeUnknown); the unknown outcomes exist only for claim and process.
+  apply, raise OutcomeUnknown); the unknown outcomes exist only for claim, process and
+  skip; ``journal`` can only be aborted (NotCommitted: the row is not written).
 - ``delay_ms`` is logical time spent before the call, through the store's wait function.
 - ``interleave`` asks the driver to run other work ``before`` or ``after`` the atomic effect:
-  ``stop`` the calling lifetime and/or start ``replacement`` lifetime N.
+  ``stop`` the calling lifetime, start ``replacement`` lifetime N, and/or ``revoke`` the
+  calling lifetime's partition concurrently (the revoke must wait for the in-flight call).
 """
 
 from __future__ import annotations
@@ -24,9 +26,16 @@ class Operation(enum.Enum):
     CLAIM = "claim"
     OBSERVE = "observe"
     PROCESS = "process"
+    SKIP = "skip"  # gap-skip: moves the frontier under the token
+    JOURNAL = "journal"  # release / retire rows (best effort)
 
     @property
     def mutating(self) -> bool:
+        """Writes whose reply can be lost (unknown outcomes are possible)."""
+        return self in (Operation.CLAIM, Operation.PROCESS, Operation.SKIP)
+
+    @property
+    def interleavable(self) -> bool:
         return self in (Operation.CLAIM, Operation.PROCESS)
 
 
@@ -48,12 +57,13 @@ class Interleave:
     at: str
     stop: bool = False
     replacement: int | None = None
+    revoke: bool = False  # the calling lifetime revokes the partition meanwhile (concurrently)
 
     def __post_init__(self) -> None:
         if self.at not in ("before", "after"):
             raise ValueError(f"interleave.at must be 'before' or 'after', not {self.at!r}")
-        if not self.stop and self.replacement is None:
-            raise ValueError("interleave needs stop: true and/or a replacement")
+        if not self.stop and self.replacement is None and not self.revoke:
+            raise ValueError("interleave needs stop: true, a replacement and/or revoke: true")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +83,10 @@ class Fault:
             raise ValueError(f"fault delay_ms must be >= 0, not {self.delay_ms}")
         if self.outcome.unknown and not self.operation.mutating:
             raise ValueError(
-                f"outcome {self.outcome.value} is only for claim and process, "
+                f"outcome {self.outcome.value} is only for claim, process and skip, "
                 f"not {self.operation.value}"
             )
-        if self.interleave is not None and not self.operation.mutating:
+        if self.interleave is not None and not self.operation.interleavable:
             raise ValueError(
                 f"interleave is only for claim and process, not {self.operation.value}"
             )

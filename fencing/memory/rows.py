@@ -53,6 +53,7 @@ class WriteRecord:
     lifetime: str | None
     epoch: int | None
     attempt: str
+    event: str = ""  # the journal event (claim rows are journaled by the claim itself)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,7 @@ class StoreEvent:
     observed: str
     at_s: float
     installed: tuple[tuple[str, int, int], ...]
+    started_s: float = 0.0  # when the call began (before its injected delay)
 
 
 class MemoryTx:

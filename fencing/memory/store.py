@@ -18,7 +18,8 @@ Rules
   overridden by a fault; every call logs the requested outcome, whether the effect was
   applied and what the caller observed, separately (``events``).
 - ``interleave_hook`` (if set) is awaited before and after the atomic effect of every
-  claim and process and before every read (``skip`` and ``journal`` have no hook);
+  claim and process and before every read (``skip`` and ``journal`` have faults and
+  events but no interleave hook);
   cancellation is honoured at each of these points.
 - ``writes`` lists every durable write (claim, process, skip, journal) in order.
 """
@@ -157,6 +158,7 @@ class MemoryFenceStore:
         *,
         applied: bool,
         observed: str,
+        started_s: float = 0.0,
     ) -> None:
         event = StoreEvent(
             attempt=label,
@@ -169,6 +171,7 @@ class MemoryFenceStore:
             observed=observed,
             at_s=self._clock(),
             installed=self._installed(),
+            started_s=started_s,
         )
         self.events.append(event)
         if self.on_event is not None:
@@ -185,26 +188,30 @@ class MemoryFenceStore:
         return self._locks.setdefault(tp, asyncio.Lock())
 
     def _write(
-        self, kind: str, tp: TopicPartition, lifetime: str | None, epoch: int | None, label: str
+        self, kind: str, tp: TopicPartition, lifetime: str | None, epoch: int | None, label: str,
+        event: str = "",
     ) -> None:
-        self.writes.append(WriteRecord(kind, tp, lifetime, epoch, label))
+        self.writes.append(WriteRecord(kind, tp, lifetime, epoch, label, event))
 
     async def _run(self, op: Operation, effect: _Effect) -> Any:
         """Common frame of every faultable call: delay, interleave, effect, log, cancellation."""
         call, fault, label = self._select(op)
         state = {"applied": False}
+        t0 = self._clock()
         try:
             if fault is not None and fault.delay_ms:
                 await self._wait(fault.delay_ms / 1000.0)
             await asyncio.sleep(0)
             result = await effect(fault, label, state, call)
         except asyncio.CancelledError:
-            self._log(label, op, call, fault, applied=state["applied"], observed="cancelled")
+            self._log(label, op, call, fault, applied=state["applied"], observed="cancelled",
+                      started_s=t0)
             raise
         except (Fenced, NotCommitted, OutcomeUnknown, ReadFailed) as exc:
-            self._log(label, op, call, fault, applied=state["applied"], observed=_name(exc))
+            self._log(label, op, call, fault, applied=state["applied"], observed=_name(exc),
+                      started_s=t0)
             raise
-        self._log(label, op, call, fault, applied=state["applied"], observed="ok")
+        self._log(label, op, call, fault, applied=state["applied"], observed="ok", started_s=t0)
         return result
 
     # -- FenceStore ----------------------------------------------------------------------
@@ -345,25 +352,29 @@ class MemoryFenceStore:
         return Token(token.epoch, end)
 
     async def skip(self, tp: TopicPartition, token: Token, *, to_offset: int, reason: str) -> Token:
-        await asyncio.sleep(0)
-        async with self._lock(tp):
-            row = self._require(tp, token)
-            if to_offset < row.frontier:
-                raise ValueError(f"skip {tp}: {to_offset} is below the frontier {row.frontier}")
-            now = self._clock()
-            self.rows[tp] = replace(row, frontier=to_offset, updated_s=now)
-            self.journal_rows.append(
-                JournalRow(
-                    tp,
-                    row.owner or "",
-                    "gap-skip",
-                    token.epoch,
-                    f"{reason}: {row.frontier}..{to_offset}",
-                    now,
-                )
-            )
-            self._write("skip", tp, row.owner, token.epoch, self._frames[-1].label)
-        return Token(token.epoch, to_offset)
+        async def effect(fault: Fault | None, label: str, state: dict[str, bool],
+                         call: int) -> Token:
+            if fault is not None and fault.outcome is FaultOutcome.ABORT:
+                raise NotCommitted(f"skip {tp}: injected rollback (call {call})")
+            async with self._lock(tp):
+                row = self._require(tp, token)
+                if to_offset < row.frontier:
+                    raise ValueError(f"skip {tp}: {to_offset} is below the frontier "
+                                     f"{row.frontier}")
+                if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_ABORTED:
+                    raise OutcomeUnknown(f"skip {tp}: injected lost reply, not applied")
+                now = self._clock()
+                self.rows[tp] = replace(row, frontier=to_offset, updated_s=now)
+                self.journal_rows.append(JournalRow(
+                    tp, row.owner or "", "gap-skip", token.epoch,
+                    f"{reason}: {row.frontier}..{to_offset}", now))
+                self._write("skip", tp, row.owner, token.epoch, label)
+                state["applied"] = True
+            if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_COMMITTED:
+                raise OutcomeUnknown(f"skip {tp}: injected lost reply after commit")
+            return Token(token.epoch, to_offset)
+
+        return await self._run(Operation.SKIP, effect)
 
     async def journal(
         self,
@@ -376,12 +387,18 @@ class MemoryFenceStore:
     ) -> None:
         if event not in JOURNAL_EVENTS:
             raise ValueError(f"journal event {event!r} is not one of {JOURNAL_EVENTS}")
-        await asyncio.sleep(0)
-        now = self._clock()
-        for tp in tps:
-            self.journal_rows.append(JournalRow(tp, lifetime, event, epoch, detail, now))
-            self._write("journal", tp, lifetime, epoch, self._frames[-1].label)
 
+        async def effect(fault: Fault | None, label: str, state: dict[str, bool],
+                         call: int) -> None:
+            if fault is not None and fault.outcome is FaultOutcome.ABORT:
+                raise NotCommitted(f"journal {event}: injected rollback (call {call})")
+            now = self._clock()
+            for tp in tps:
+                self.journal_rows.append(JournalRow(tp, lifetime, event, epoch, detail, now))
+                self._write("journal", tp, lifetime, epoch, label, event)
+            state["applied"] = True
+
+        await self._run(Operation.JOURNAL, effect)
 
     async def heartbeat(self, *, lifetime: str, member_id: str | None, host: str, pid: int,
                         state: str, detail: Mapping[str, Any] | None = None) -> None:

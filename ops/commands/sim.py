@@ -3,7 +3,7 @@
   fencectl sim-worker --seed N [--class valid|conflict] [--steps 64] [--no-drain]
                       [--out TRACE.json] [--report REPORT.json]
   fencectl sim-worker --replay TRACE.json [--report REPORT.json]
-  fencectl sim-worker --sweep FIRST..LAST [--steps 64]
+  fencectl sim-worker --sweep FIRST..LAST [--steps 64] [--jobs N] [--manifest SUMMARY.json]
   fencectl sim-worker --corpus [--manifest MANIFEST.json]
 
 Exit codes: 0 only for a strict PASS (every run, for sweep and corpus); 1 for any other
@@ -41,7 +41,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-drain", action="store_true", help="skip fair recovery (--seed)")
     p.add_argument("--out", type=Path, metavar="TRACE", help="write the trace (--seed)")
     p.add_argument("--report", type=Path, metavar="REPORT", help="write the report JSON")
-    p.add_argument("--manifest", type=Path, help="write the corpus manifest (--corpus)")
+    p.add_argument("--manifest", type=Path, help="write the corpus manifest (--corpus), or "
+                   "the sweep's summary with provenance (--sweep)")
+    p.add_argument("--jobs", type=int, default=1, help="processes for --sweep (1)")
     p.set_defaults(func=run)
 
 
@@ -102,9 +104,19 @@ def _sweep(args: argparse.Namespace) -> int:
     first_s, sep, last_s = args.sweep.partition("..")
     if not sep or not first_s.isdigit() or not last_s.isdigit() or int(last_s) < int(first_s):
         return _usage(f"--sweep {args.sweep!r}: expected FIRST..LAST with FIRST <= LAST")
-    summary = sweep(int(first_s), int(last_s), now=time.perf_counter, steps=args.steps)
-    print(json.dumps(summary, indent=1, sort_keys=True))
-    return 0 if summary["statuses"] == {"PASS": summary["runs"]} else 1
+    if args.jobs < 1:
+        return _usage("--jobs must be >= 1")
+    summary = sweep(int(first_s), int(last_s), now=time.perf_counter, steps=args.steps,
+                    jobs=args.jobs)
+    text = json.dumps(summary, indent=1, sort_keys=True) + "\n"
+    if args.manifest is not None:
+        from ops.sim.trace import IMPLEMENTATION, VERSION, toolchain
+        _write(args.manifest, json.dumps(
+            {**summary, "implementation": IMPLEMENTATION, "trace_version": VERSION,
+             "toolchain": toolchain(), "command": f"fencectl sim-worker --sweep {args.sweep} "
+             f"--steps {args.steps} --jobs {args.jobs}"}, indent=1, sort_keys=True) + "\n")
+    sys.stdout.write(text)
+    return 0 if summary["unexpected"] == 0 else 1
 
 
 def _corpus(args: argparse.Namespace) -> int:

@@ -11,6 +11,14 @@ Rules (each failed rule is one violation string naming the place it was seen)
   claim of its partition and that claim's lifetime.
 - A lifetime that was stopped or retired at an earlier check writes nothing but its
   ``retire`` journal row.
+- The journal agrees with the rows: every row's epoch has the ``claim`` journal row of its
+  owner; a lifetime writes no process/skip for a partition it released (``release``
+  journal row) until it claims it again.
+- Attempts (checked after every attempt): a failed call that held a token, or ended
+  ``retired``/``refused``, leaves its lifetime out of LIVE (failures retire); a ``process``
+  reported ok has its batch end at or below the durable frontier; one reported failed had
+  no commit acknowledged to it; no guarded store call of a lifetime (journal rows are best
+  effort, not guarded) starts after the budget of the lifecycle call it serves.
 - Tokens (checked after every attempt): a live lifetime's retained token is never ahead
   of the durable one, nor at the same epoch with another frontier; a successful seek
   returns the durable frontier under the durable token; a lifetime is never fenced under
@@ -37,7 +45,9 @@ class Checker:
     """Runs every rule against ``store``; collects violations (first ``limit``)."""
 
     def __init__(self, store: MemoryFenceStore, source: Sequence[SourceRecord],
-                 *, dead: Callable[[], set[str]], limit: int = 20) -> None:
+                 *, dead: Callable[[], set[str]], limit: int = 20,
+                 enabled: bool = True) -> None:
+        self.enabled = enabled  # False: every rule is skipped (the generator's own run)
         self._store = store
         self._dead_now = dead
         self._limit = limit
@@ -49,6 +59,12 @@ class Checker:
         self._writes_seen = 0
         self._latest_claim: dict[TopicPartition, tuple[int | None, str | None]] = {}
         self._dead: set[str] = set()
+        self._journal_seen = 0
+        self._last_seen: tuple[Any, ...] | None = None
+        self._last_data: tuple[Any, ...] | None = None
+        self._scanned = self._data_writes = 0
+        self._claims_journaled: set[tuple[TopicPartition, int | None, str]] = set()
+        self._released: set[tuple[TopicPartition, str | None]] = set()
         self.checks = 0
 
     def exclude(self, tp: TopicPartition, first: int, end: int) -> None:
@@ -56,16 +72,39 @@ class Checker:
         self.source = tuple(r for r in self.source
                             if not (r.tp == tp and first <= r.offset < end))
         self._folds.clear()
+        self._last_seen = self._last_data = None
 
     def fail(self, place: str, problem: str) -> None:
         """Record one violation seen at ``place``."""
-        if len(self.violations) < self._limit:
+        if self.enabled and len(self.violations) < self._limit:
             self.violations.append(f"{place}: {problem}")
 
     def check(self, place: str) -> None:
+        if not self.enabled:
+            return
         self.checks += 1
+        store = self._store
+        seen = (len(store.writes), len(store.journal_rows), len(store.quarantine),
+                tuple((tp, r.epoch, r.frontier, r.owner) for tp, r in store.rows.items()))
+        if seen == self._last_seen:  # nothing durable changed since the last full check
+            self._dead = set(self._dead_now())
+            return
+        self._last_seen = seen
+        writes = store.writes
+        for w in writes[self._scanned:]:
+            if w.kind in ("process", "skip"):
+                self._data_writes += 1
+        self._scanned = len(writes)
         frontiers = {(tp.topic, tp.partition): row.frontier
                      for tp, row in sorted(self._store.rows.items())}
+        data = (tuple(sorted(frontiers.items())), len(store.quarantine), self._data_writes)
+        if data != self._last_data:  # claims and journal rows leave the fold's state alone
+            self._last_data = data
+            self._check_state(place, frontiers)
+        self._check_writes(place)
+        self._check_journal(place)
+
+    def _check_state(self, place: str, frontiers: dict[tuple[str, int], int]) -> None:
         actual = memory_store_state(self._store)
         key = tuple(sorted(frontiers.items()))
         expected = self._folds.get(key)
@@ -81,7 +120,17 @@ class Checker:
                     self.fail(place, f"committed {name} row {k} changed from {v} to "
                                       f"{now.get(k)}")
         self._outbox, self._quarantine = dict(actual.outbox), dict(actual.quarantine)
-        self._check_writes(place)
+
+    def _check_journal(self, place: str) -> None:
+        rows = self._store.journal_rows
+        for j in rows[self._journal_seen:]:
+            if j.event == "claim":
+                self._claims_journaled.add((j.tp, j.epoch, j.lifetime))
+        self._journal_seen = len(rows)
+        for tp, row in sorted(self._store.rows.items()):
+            if (tp, row.epoch, row.owner or "") not in self._claims_journaled:
+                self.fail(place, f"claim of {tp} at epoch {row.epoch} by {row.owner} has no "
+                                 "claim journal row")
 
     def _check_writes(self, place: str) -> None:
         writes = self._store.writes
@@ -91,7 +140,13 @@ class Checker:
                                   "stopped or retired")
             if w.kind == "claim":
                 self._latest_claim[w.tp] = (w.epoch, w.lifetime)
-            elif w.kind in ("process", "skip"):
+                self._released.discard((w.tp, w.lifetime))
+            elif w.kind == "journal" and w.event == "release":
+                self._released.add((w.tp, w.lifetime))
+            elif w.kind in ("process", "skip") and (w.tp, w.lifetime) in self._released:
+                self.fail(place, f"lifetime {w.lifetime} wrote {w.kind} {w.tp} after it "
+                                 "released the partition")
+            if w.kind in ("process", "skip"):
                 latest = self._latest_claim.get(w.tp)
                 if latest != (w.epoch, w.lifetime):
                     self.fail(place, f"stale token committed: {w.kind} {w.tp} by "
@@ -133,3 +188,29 @@ class Checker:
             self.fail(place, f"lifetime {worker} was fenced under its own epoch "
                              f"{held.epoch} on partition {tp.partition} (a mis-resolved "
                              f"outcome): held {held}, durable {durable}")
+
+    def attempt_outcome(self, place: str, *, worker: int, state: LifetimeState, result: str,
+                        held: Token | None, actor: str, tp: TopicPartition | None,
+                        batch_end: int | None, acked: bool) -> None:
+        """Failures retire; a reported outcome agrees with the committed state."""
+        failed = result in ("retired", "refused") or (result == "fenced" and held is not None)
+        if failed and state is LifetimeState.LIVE:
+            self.fail(place, f"lifetime {worker} is still live after its {actor} ended "
+                             f"{result}")
+        if actor != "process" or batch_end is None or tp is None:
+            return
+        durable = self._store.token_of(tp)
+        if result == "ok" and (durable is None or durable.frontier < batch_end):
+            self.fail(place, f"process by lifetime {worker} reported ok, batch end {batch_end} "
+                             f"not committed (durable {durable})")
+        if result != "ok" and acked:
+            self.fail(place, f"process by lifetime {worker} reported {result} after its "
+                             "commit was acknowledged")
+
+    def call_started_in_budget(self, place: str, worker: str, started_us: int,
+                               call_us: int | None, budget_us: int) -> None:
+        """No store call starts after the budget of the lifecycle call it serves."""
+        if call_us is not None and started_us > call_us + budget_us:
+            self.fail(place, f"lifetime {worker} started a store call "
+                             f"{(started_us - call_us) // 1000} ms into a call whose budget is "
+                             f"{budget_us // 1000} ms")

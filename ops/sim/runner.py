@@ -7,13 +7,17 @@ place, so a trace reads top to bottom against it.
 Rules
 - One step is one attempt: the store's call numbers restart and the step's faults apply.
 - A fetch cursor per (lifetime, partition) is set by ``seek`` and advances as soon as a
-  batch is delivered to ``process`` (even if processing fails); ``assign`` and ``revoke``
-  clear it. Processing without a cursor is ``unseeked``; nothing left is ``idle``.
-- An interleave runs its replacement (fresh lifetime: assign, seek; no faults) and then
-  stops the calling lifetime, before the selected call returns.
+  batch is delivered to ``process`` (even if processing fails); ``assign`` clears it,
+  ``revoke`` keeps it (a batch fetched before the revoke may still be delivered: a late
+  call). Processing without a cursor is ``unseeked``; nothing left is ``idle``.
+- An interleave runs its replacement (fresh lifetime: assign the step's partitions in one
+  call, seek each; no faults), then starts the calling lifetime's concurrent revoke of them
+  (``revoke: true``; awaited after the step), then stops the calling lifetime, before the
+  selected call returns.
 - The checker runs after every store call returns, every interleave, every wait and every
-  attempt. Drain stops every lifetime, starts a fresh one, assigns and seeks each
-  partition and processes to the end without faults; each drain attempt must advance
+  attempt. Drain stops every lifetime, starts a fresh one, assigns every partition (one
+  claim for the set from trace version 2; one per partition for version 1), seeks each and
+  processes to the end without faults; each drain attempt must advance
   durable progress, and the complete source must then match the output.
 """
 
@@ -33,7 +37,7 @@ from ops.sim.checks import Checker
 from ops.sim.report import build_report
 from ops.sim.trace import Step, Trace, fault_json
 
-__all__ = ["LogicalClock", "run_trace"]
+__all__ = ["LogicalClock", "finish", "new_run", "run_trace"]
 
 TOPIC_ID = "sim-topic-id"
 
@@ -66,7 +70,7 @@ def _error_text(exc: BaseException) -> str:
 
 
 class _Run:
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: Trace, *, checking: bool = True) -> None:
         cfg = trace.config
         self.trace = trace
         self.clock = LogicalClock()
@@ -79,13 +83,17 @@ class _Run:
         self.events: list[dict[str, Any]] = []
         self.diagnostics: list[str] = []
         self.lows = [0] * cfg.partitions
+        self.topic_id = TOPIC_ID
         self.by_partition: dict[int, list[SourceRecord]] = {p: [] for p in range(cfg.partitions)}
         for r in trace.records:
             self.by_partition[r.partition].append(r)
         self.ends = [rs[-1].offset + 1 if rs else 0 for rs in self.by_partition.values()]
-        self.checker = Checker(self.store, trace.records, dead=self._dead)
+        self.checker = Checker(self.store, trace.records, dead=self._dead, enabled=checking)
         self.attempt_index = -1
         self.current: Step | None = None
+        self.call_us: dict[str, int] = {}  # lifetime -> when its current lifecycle call began
+        self.batch_end: int | None = None
+        self.pending: list[asyncio.Future[None]] = []
         self.excluded = 0
 
     # -- hooks ---------------------------------------------------------------------------
@@ -106,6 +114,11 @@ class _Run:
             "selected": ev.requested, "delay_ms": ev.delay_ms, "interleave": ev.interleave,
             "applied": ev.applied, "observed": ev.observed, "t_us": self.clock.now_us,
             "installed": {tp: [epoch, frontier] for tp, epoch, frontier in ev.installed}})
+        if ev.operation != "journal":  # best-effort rows, not guarded calls
+            self.checker.call_started_in_budget(
+                f"attempt {attempt} {ev.operation} call {ev.call}", worker,
+                round(ev.started_s * 1_000_000), self.call_us.get(worker),
+                self.trace.config.budget_ms * 1000)
         self.checker.check(f"attempt {attempt} {ev.operation} call {ev.call} by lifetime "
                            f"{worker} ({ev.observed})")
 
@@ -113,38 +126,46 @@ class _Run:
         fault, step = point.fault, self.current
         if fault is None or fault.interleave is None or fault.interleave.at != point.at:
             return
-        if step is None or step.partition is None:
+        if step is None or not step.partitions:
             return
         il = fault.interleave
         if il.replacement is not None:
-            await self._replacement(il.replacement, step.partition)
+            await self._replacement(il.replacement, step.partitions)
+        if il.revoke:  # runs concurrently: it must wait for this in-flight call's guard
+            lc = self.lifecycles[step.worker]
+            self.pending.append(asyncio.ensure_future(
+                lc.revoke([self.tp(p) for p in step.partitions])))
+            await asyncio.sleep(0)
         if il.stop:
             self.lifecycles[step.worker].stop()
         self.attempts[-1]["interleaves"].append(
             {"at": point.at, "operation": point.operation.value, "call": point.call,
-             "stop": il.stop, "replacement": il.replacement})
+             "stop": il.stop, "replacement": il.replacement, "revoke": il.revoke})
         self.checker.check(f"attempt {self.attempt_index} interleave {point.at} "
                            f"{point.operation.value} call {point.call}")
 
-    async def _replacement(self, worker: int, partition: int) -> None:
+    async def _replacement(self, worker: int, partitions: tuple[int, ...]) -> None:
         lc = self._new_lifecycle(worker)
         with self.store.attempt(f"{self.attempt_index}/{lc.lifetime_id}"):
-            tp = self.tp(partition)
             try:
-                await lc.assign([self.source_check(partition)])
-                self.cursors[(worker, partition)] = await lc.seek(tp)
+                self.call_us[lc.lifetime_id] = self.clock.now_us
+                await lc.assign([self.source_check(p) for p in partitions])
+                for p in partitions:
+                    self.call_us[lc.lifetime_id] = self.clock.now_us
+                    self.cursors[(worker, p)] = await lc.seek(self.tp(p))
                 outcome = "ok"
             except FenceError as exc:
                 outcome = _error_text(exc)
-        self.attempts[-1]["replacements"].append({"lifetime": worker, "partition": partition,
-                                                  "result": outcome})
+        self.attempts[-1]["replacements"].append({
+            "lifetime": worker, "partition": partitions[0] if len(partitions) == 1 else
+            list(partitions), "result": outcome})
 
     # -- model ---------------------------------------------------------------------------
     def tp(self, partition: int) -> TopicPartition:
         return TopicPartition(self.trace.config.topic, partition)
 
     def source_check(self, partition: int) -> SourceCheck:
-        facts = SourceFacts(TOPIC_ID, self.lows[partition], self.ends[partition])
+        facts = SourceFacts(self.topic_id, self.lows[partition], self.ends[partition])
         return SourceCheck(self.tp(partition), facts)
 
     def _new_lifecycle(self, worker: int) -> Lifecycle:
@@ -163,6 +184,7 @@ class _Run:
         if not batch:
             return "idle"
         self.cursors[(worker, partition)] = batch[-1].offset + 1
+        self.batch_end = batch[-1].offset + 1
         return batch
 
     # -- steps ---------------------------------------------------------------------------
@@ -172,21 +194,40 @@ class _Run:
         self.store.begin_attempt(f"{self.attempt_index}/{step.worker}", step.faults)
         attempt: dict[str, Any] = {
             "index": self.attempt_index, "actor": step.actor, "lifetime": step.worker,
-            "partition": step.partition, "choices": [fault_json(f) for f in step.faults],
+            "partition": list(step.partition) if isinstance(step.partition, tuple)
+            else step.partition, "choices": [fault_json(f) for f in step.faults],
             "result": "ok", "error": None, "fair_recovery": fair, "interleaves": [],
             "replacements": [], "t_us": self.clock.now_us}
         self.attempts.append(attempt)
         first_event = len(self.events)
+        self.call_us[str(step.worker)] = self.clock.now_us
+        self.batch_end = None
         lc = self.lifecycles.get(step.worker)
-        held = None if lc is None or step.partition is None else lc.token(self.tp(step.partition))
+        held = {p: lc.token(self.tp(p)) for p in step.partitions} if lc is not None else {}
         failure: FenceError | None = None
         try:
             attempt["result"] = await self._act(step)
         except FenceError as exc:
             attempt["result"], attempt["error"] = _result(exc), _error_text(exc)
             failure = exc
+        for task in self.pending:  # an interleaved revoke finishes after the call it awaited
+            try:
+                await task
+            except FenceError as exc:
+                attempt["interleaves"].append({"revoke": _error_text(exc)})
+        self.pending.clear()
         self._token_checks(step, attempt["result"], held, failure)
         label = str(step.worker)
+        lc = self.lifecycles.get(step.worker)
+        if lc is not None and step.actor not in ("start", "stop"):
+            acked = any(e["lifetime"] == label and e["operation"] == "process"
+                        and e["observed"] == "ok" for e in self.events[first_event:])
+            self.checker.attempt_outcome(
+                f"attempt {self.attempt_index}", worker=step.worker, state=lc.state,
+                result=attempt["result"], held=next(
+                    (t for t in held.values() if t is not None), None), actor=step.actor,
+                tp=self.tp(step.partitions[0]) if step.actor == "process" else None,
+                batch_end=self.batch_end, acked=acked)
         attempt["selectors_used"] = sum(
             1 for e in self.events[first_event:]
             if e["selected"] is not None and e["lifetime"] == label)
@@ -195,11 +236,13 @@ class _Run:
         self.current = None
         return attempt
 
-    def _token_checks(self, step: Step, result: str, held: Token | None,
+    def _token_checks(self, step: Step, result: str, held: dict[int, Token | None],
                       exc: BaseException | None) -> None:
-        place, p = f"attempt {self.attempt_index}", step.partition
-        if exc is not None and held is not None and p is not None:
-            self.checker.not_self_fenced(place, step.worker, self.tp(p), held, exc)
+        place = f"attempt {self.attempt_index}"
+        for q, token in held.items():
+            if exc is not None and token is not None:
+                self.checker.not_self_fenced(place, step.worker, self.tp(q), token, exc)
+        p = step.partitions[0] if step.partitions else None
         self.checker.retained_tokens(place, self.lifecycles,
                                      [self.tp(q) for q in range(self.trace.config.partitions)])
         if step.actor == "seek" and result == "ok" and p is not None:
@@ -214,22 +257,23 @@ class _Run:
             return "started"
         lc = self.lifecycles.get(worker)
         if lc is None:
-            return "absent"  # a replacement whose interleave was never reached
+            return "unstarted"  # a replacement whose interleave was never reached
         if step.actor == "stop":
             lc.stop()
             return "stopped"
-        assert p is not None
-        tp = self.tp(p)
+        ps = step.partitions
         if step.actor == "assign":
-            self.cursors.pop((worker, p), None)
-            held = await lc.assign([self.source_check(p)])
-            return "ok" if tp in held else "not-retained"
+            for q in ps:
+                self.cursors.pop((worker, q), None)
+            held = await lc.assign([self.source_check(q) for q in ps])
+            return "ok" if all(self.tp(q) in held for q in ps) else "not-retained"
+        if step.actor == "revoke":  # the fetch cursor stays: a fetched batch may come late
+            await lc.revoke([self.tp(q) for q in ps])
+            return "ok"
+        assert isinstance(p, int)
+        tp = self.tp(p)
         if step.actor == "seek":
             self.cursors[(worker, p)] = await lc.seek(tp)
-            return "ok"
-        if step.actor == "revoke":
-            self.cursors.pop((worker, p), None)
-            await lc.revoke([tp])
             return "ok"
         batch = self._batch(worker, p)
         if isinstance(batch, str):
@@ -250,6 +294,8 @@ class _Run:
         cfg = self.trace.config
         for lc in self.lifecycles.values():
             lc.stop()
+        if cfg.topic_recreated_before_drain:  # Kafka now reports another topic id
+            self.topic_id = f"{TOPIC_ID}-recreated"
         for p, low in enumerate(cfg.low_watermarks_before_drain):
             self.lows[p] = max(self.lows[p], low)
             durable = self.durable(p) or 0
@@ -259,13 +305,18 @@ class _Run:
                 self.excluded += before - len(self.checker.source)
         worker = max([*self.lifecycles, *_declared(self.trace)], default=0) + 1
         ok = (await self.step(Step("start", worker), fair=True))["result"] == "started"
-        for p in range(cfg.partitions):
-            for actor in ("assign", "seek"):
-                att = await self.step(Step(actor, worker, p), fair=True)
-                if att["result"] != "ok":
-                    self.diagnostics.append(f"drain: {actor} of partition {p} ended "
-                                            f"{att['result']}: {att['error']}")
-                    return False
+        every = tuple(range(cfg.partitions))
+        if self.trace.version >= 2:  # the whole set in one claim, as production assigns
+            fair = [Step("assign", worker, every), *(Step("seek", worker, p) for p in every)]
+        else:
+            fair = [Step(actor, worker, p) for p in every for actor in ("assign", "seek")]
+        for fair_step in fair:
+            att = await self.step(fair_step, fair=True)
+            if att["result"] != "ok":
+                self.diagnostics.append(
+                    f"drain: {fair_step.actor} of partition {att['partition']} ended "
+                    f"{att['result']}: {att['error']}")
+                return False
         for p in range(cfg.partitions):
             while ok:
                 before = self._progress()
@@ -294,6 +345,12 @@ async def _execute(trace: Trace, keep: list[_Run] | None = None) -> dict[str, An
         keep.append(run)
     for step in trace.steps:
         await run.step(step)
+    return await finish(run, trace)
+
+
+async def finish(run: _Run, trace: Trace) -> dict[str, Any]:
+    """Drain (if asked) and report ``run``, whose steps are exactly ``trace``'s, done."""
+    run.trace = trace
     boundary_before = run_boundary(run)
     complete_before = all(b["frontier"] == b["end"] for b in boundary_before.values())
     violations_before = len(run.checker.violations)
@@ -314,6 +371,13 @@ async def _execute(trace: Trace, keep: list[_Run] | None = None) -> dict[str, An
                         boundary=run_boundary(run), drained=drained, blocked=blocked,
                         excluded=run.excluded, diagnostics=run.diagnostics,
                         checks=run.checker.checks)
+
+
+def new_run(trace: Trace, *, checking: bool = False) -> _Run:
+    """A fresh run of ``trace``'s config and source (oracle checks only when ``checking``);
+    the generator steps it (``await run.step(step)``) on its own loop to aim its choices at
+    the real state, and may ``finish`` it into the report its replay would give."""
+    return _Run(trace, checking=checking)
 
 
 def run_boundary(run: _Run) -> dict[str, dict[str, int | None]]:

@@ -1,52 +1,44 @@
-"""Seeded schedule generator: one ``random.Random(seed)`` draws the config, the source and
-the steps. The generator keeps a rough model (who holds and has sought what) only to make
-useful schedules; correctness never depends on it, the runner decides everything.
+"""Seeded, swarm-style schedule generator: one ``random.Random`` per (seed, class) draws a
+profile (``ops.sim.swarm``), the config, the source and the steps.
 
 Rules
 - Pure in (seed, class, steps): the same arguments give the same trace.
+- Steps are chosen against the real state: the generator runs each step it emits through
+  the production lifecycle (``ops.sim.runner``, same logical time) and aims the next one at
+  live lifetimes, held tokens, sought partitions with records left, and takeovers. What the
+  trace records is only the steps; replay never regenerates (``ops.sim.trace``).
+- A small, profile-weighted share of steps is deliberately stray: a late seek/process by a
+  lifetime whose token was revoked or taken over (a zombie). No other step is chosen when it
+  cannot reach the store.
 - Offsets have gaps (compaction, transaction markers): a record may follow its
   predecessor by 1 to 3 offsets.
-- The call budget is the production 20 s, or 400 ms in one run of four so that logical
-  delays and retry waits can exhaust it.
-- Faults are attached to assign, seek and process steps with legal choices only;
-  interleaves reserve fresh replacement ids.
+- Faults are legal choices only; interleaves reserve fresh replacement ids. Assign, revoke
+  and takeover steps may carry a set of partitions (one lifecycle call), so faults and
+  replacements apply to a multi-partition claim.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from fencing.memory.faults import Fault, FaultOutcome, Interleave, Operation
+from consumer.decisions import LifetimeState
+from fencing.memory.faults import Fault, Interleave, Operation
 from fencing.types import SourceRecord
 from ops.reference.generate import generate
+from ops.sim.runner import finish, new_run
+from ops.sim.swarm import ACTOR_OPS, Profile, draw_profile
 from ops.sim.trace import SimConfig, Step, Trace, toolchain
 
-__all__ = ["DEFAULT_STEPS", "make_trace"]
+__all__ = ["DEFAULT_STEPS", "generate_and_run", "make_trace"]
 
 DEFAULT_STEPS = 64
-_OPS = {"assign": (Operation.VALIDATE, Operation.CLAIM, Operation.CLAIM, Operation.OBSERVE),
-        "seek": (Operation.OBSERVE,),
-        "process": (Operation.PROCESS, Operation.PROCESS, Operation.OBSERVE)}
 
 
-@dataclass(slots=True)
-class _Model:
-    rng: random.Random
-    partitions: int
-    next_id: int = 1
-    live: list[int] = field(default_factory=list)
-    holder: dict[int, int] = field(default_factory=dict)  # partition -> worker
-    sought: set[tuple[int, int]] = field(default_factory=set)
-
-    def new_id(self) -> int:
-        self.next_id += 1
-        return self.next_id - 1
-
-
-def _records(rng: random.Random, seed: int, klass: str, partitions: int,
-             topic: str) -> tuple[SourceRecord, ...]:
-    count = rng.randint(16, 40)
+def _records(rng: random.Random, seed: int, klass: str, partitions: int, topic: str,
+             count: int) -> tuple[SourceRecord, ...]:
     next_off = [0] * partitions
     out: list[SourceRecord] = []
     for g in generate(seed, count=count, partitions=partitions, klass=klass,  # type: ignore[arg-type]
@@ -57,110 +49,184 @@ def _records(rng: random.Random, seed: int, klass: str, partitions: int,
     return tuple(out)
 
 
-def _fault(m: _Model, actor: str, taken: set[tuple[Operation, int]]) -> Fault | None:
-    rng = m.rng
-    op = rng.choice(_OPS[actor])
-    call = rng.choice((1, 1, 1, 2, 2, 3))
-    wants_interleave = op.mutating and rng.random() < 0.35
-    if wants_interleave:
-        call = 1  # reached whenever the step reaches its first mutating call
-    if (op, call) in taken:
-        return None
-    taken.add((op, call))
-    if op.mutating:
-        outcome = rng.choice(tuple(FaultOutcome))
-    else:
-        outcome = rng.choice((FaultOutcome.ABORT, FaultOutcome.ABORT, FaultOutcome.COMMIT))
-    delay_ms = rng.choice((0, 0, 0, 5, 50, 250))
-    interleave = None
-    if wants_interleave:
-        stop = rng.random() < 0.5
-        replacement = m.new_id() if (not stop or rng.random() < 0.7) else None
-        interleave = Interleave(rng.choice(("before", "after")), stop, replacement)
-    return Fault(op, call, outcome, delay_ms, interleave)
+@dataclass(slots=True)
+class _Gen:
+    rng: random.Random
+    profile: Profile
+    run: object  # ops.sim.runner._Run
+    partitions: int
+    next_id: int = 1
+    steps: list[Step] = field(default_factory=list)
+
+    def new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
 
 
-def _faults(m: _Model, actor: str) -> tuple[Fault, ...]:
-    if m.rng.random() >= 0.3:
+def _fault_list(g: _Gen, actor: str) -> tuple[Fault, ...]:
+    rng, prof = g.rng, g.profile
+    kinds = [k for k in prof.kinds if k[0] in ACTOR_OPS[actor]]
+    if not kinds or rng.random() >= prof.fault_rate:
         return ()
-    taken: set[tuple[Operation, int]] = set()
-    faults = [f for f in (_fault(m, actor, taken) for _ in range(m.rng.choice((1, 1, 2))))
-              if f is not None]
-    return tuple(faults)
+    taken: dict[tuple[Operation, int], Fault] = {}
+    for _ in range(rng.randint(1, prof.max_faults)):
+        op, outcome = rng.choice(kinds)
+        burst = rng.random() < prof.burst_rate
+        calls = range(1, rng.randint(2, 3) + 1) if burst else (rng.choice((1, 1, 2, 3)),)
+        for call in calls:
+            if (op, call) in taken:
+                continue
+            interleave = None
+            if op.interleavable and call == 1 and rng.random() < prof.interleave_rate:
+                revoke = (actor == "process" and op is Operation.PROCESS
+                          and rng.random() < prof.revoke_rate)
+                stop = rng.random() < 0.4
+                replacement = g.new_id() if (not stop and not revoke) or rng.random() < 0.5 \
+                    else None
+                interleave = Interleave(rng.choice(("before", "after")), stop, replacement,
+                                        revoke)
+            taken[(op, call)] = Fault(op, call, outcome, rng.choice(prof.delays), interleave)
+    return tuple(taken[k] for k in sorted(taken, key=lambda k: (k[0].value, k[1])))
 
 
-def _apply_interleaves(m: _Model, worker: int, partition: int, faults: tuple[Fault, ...]) -> None:
-    for f in faults:
-        if f.interleave is None:
-            continue
-        if f.interleave.stop and worker in m.live:
-            m.live.remove(worker)
-        if f.interleave.replacement is not None:
-            m.live.append(f.interleave.replacement)
-            m.holder[partition] = f.interleave.replacement
-            m.sought.add((f.interleave.replacement, partition))
+def _state(g: _Gen) -> tuple[list[int], dict[int, list[int]], list[tuple[int, int]]]:
+    """Live lifetimes, partitions each one holds a token for, and processable pairs."""
+    run = g.run
+    live = sorted(w for w, lc in run.lifecycles.items()  # type: ignore[attr-defined]
+                  if lc.state is LifetimeState.LIVE)
+    held: dict[int, list[int]] = {}
+    ready: list[tuple[int, int]] = []
+    for w in live:
+        lc = run.lifecycles[w]  # type: ignore[attr-defined]
+        held[w] = [p for p in range(g.partitions) if lc.token(run.tp(p)) is not None]  # type: ignore[attr-defined]
+        for p in held[w]:
+            cursor = run.cursors.get((w, p))  # type: ignore[attr-defined]
+            if cursor is not None and cursor < run.ends[p]:  # type: ignore[attr-defined]
+                ready.append((w, p))
+    return live, held, ready
 
 
-def _next_step(m: _Model) -> list[Step]:
-    rng = m.rng
-    if not m.live or rng.random() < 0.04:
-        w = m.new_id()
-        m.live.append(w)
-        return [Step("start", w)]
-    r = rng.random()
-    w = rng.choice(m.live)
-    p = rng.randrange(m.partitions)
-    if r < 0.05:
-        m.live.remove(w)
-        return [Step("stop", w)]
-    if r < 0.10:  # a stray call: a zombie, or a late seek/process after revoke
-        actor = rng.choice(("seek", "process"))
-        return [Step(actor, w, p, _faults(m, actor))]
-    held = sorted((hp, hw) for hp, hw in m.holder.items() if hw in m.live)
-    ready = [(hw, hp) for hp, hw in held if (hw, hp) in m.sought]
-    if r < 0.55 and ready:
+def _some(g: _Gen, ps: list[int]) -> int | tuple[int, ...]:
+    """One partition of ``ps``, or (profile permitting) a sorted set of them."""
+    if len(ps) > 1 and g.rng.random() < g.profile.multi_rate:
+        chosen = tuple(sorted(g.rng.sample(ps, g.rng.randint(2, len(ps)))))
+        return chosen
+    return g.rng.choice(ps)
+
+
+def _late(g: _Gen, live: list[int], held: dict[int, list[int]]) -> list[Step] | None:
+    """A late call: a live lifetime's seek/process of a partition it no longer holds."""
+    run = g.run
+    pairs = [(w, p) for (w, p) in sorted(run.cursors)  # type: ignore[attr-defined]
+             if w in live and p not in held[w]]
+    if not pairs:
+        return None
+    w, p = g.rng.choice(pairs)
+    return [Step(g.rng.choice(("seek", "process", "process")), w, p)]
+
+
+def _next(g: _Gen) -> list[Step]:
+    rng, prof = g.rng, g.profile
+    live, held, ready = _state(g)
+    if not live or (len(live) < 4 and rng.random() < prof.weight("start")):
+        return [Step("start", g.new_id())]
+    holder = {p: w for w in live for p in held[w]}
+    options: list[tuple[str, float]] = []
+    if ready:
+        options.append(("process", prof.weight("process")))
+    unsought = [(w, p) for w in live for p in held[w] if (w, p) not in g.run.cursors]  # type: ignore[attr-defined]
+    if unsought:
+        options.append(("seek", prof.weight("seek")))
+    if any(held.values()):
+        options.append(("revoke", prof.weight("revoke")))
+        options.append(("reseek", prof.weight("seek") / 4))
+    free = [(w, p) for w in live for p in range(g.partitions) if p not in holder]
+    if free:
+        options.append(("assign", prof.weight("assign")))
+    if len(live) > 1 and holder:
+        options.append(("takeover", prof.weight("takeover")))
+    if len(live) > 1:
+        options.append(("stop", prof.weight("stop")))
+    options.append(("late", prof.weight("late")))
+    kind = rng.choices([o for o, _ in options], weights=[w for _, w in options])[0]
+    if kind == "process":
         w, p = rng.choice(ready)
-        faults = _faults(m, "process")
-        _apply_interleaves(m, w, p, faults)
-        return [Step("process", w, p, faults)]
-    if r < 0.68 and held:
-        hp, hw = rng.choice(held)
-        if (hw, hp) not in m.sought:
-            m.sought.add((hw, hp))
-            return [Step("seek", hw, hp, _faults(m, "seek"))]
-    if r < 0.76 and held:
-        hp, hw = rng.choice(held)
-        m.holder.pop(hp, None)
-        m.sought.discard((hw, hp))
-        return [Step("revoke", hw, hp)]
-    steps: list[Step] = []
-    old = m.holder.get(p)
-    if old is not None and old != w and old in m.live and rng.random() < 0.7:
-        steps.append(Step("revoke", old, p))
-    faults = _faults(m, "assign")
-    m.holder[p] = w
-    m.sought.discard((w, p))
-    steps.append(Step("assign", w, p, faults))
-    _apply_interleaves(m, w, p, faults)
-    return steps
+        return [Step("process", w, p, _fault_list(g, "process"))]
+    if kind == "seek":
+        w, p = rng.choice(unsought)
+        return [Step("seek", w, p, _fault_list(g, "seek"))]
+    if kind == "revoke":
+        w = rng.choice([w for w in live if held[w]])
+        return [Step("revoke", w, _some(g, held[w]), _fault_list(g, "revoke"))]
+    if kind == "reseek":
+        w, p = rng.choice([(w, p) for w in live for p in held[w]])
+        return [Step("seek", w, p, _fault_list(g, "seek"))]
+    if kind == "assign":
+        w = rng.choice(sorted({w for w, _ in free}))
+        return [Step("assign", w, _some(g, [p for x, p in free if x == w]),
+                     _fault_list(g, "assign"))]
+    if kind == "takeover":
+        w = rng.choice(live)
+        taken = _some(g, [p for p in sorted(holder) if holder[p] != w] or sorted(holder))
+        ps = taken if isinstance(taken, tuple) else (taken,)
+        out: list[Step] = []
+        for old in sorted({holder[p] for p in ps if holder[p] != w}):
+            if rng.random() < prof.revoke_first:
+                mine = tuple(p for p in ps if holder[p] == old)
+                out.append(Step("revoke", old, mine if len(mine) > 1 else mine[0]))
+        return [*out, Step("assign", w, taken, _fault_list(g, "assign"))]
+    if kind == "stop":
+        return [Step("stop", rng.choice(live))]
+    return _late(g, live, held) or [Step("start", g.new_id())]
+
+
+async def _generate(g: _Gen, steps: int) -> None:
+    while len(g.steps) < steps:
+        for step in _next(g):
+            if len(g.steps) >= steps:
+                return
+            g.steps.append(step)
+            await g.run.step(step)  # type: ignore[attr-defined]
+
+
+def _start(seed: int, klass: str, steps: int, checking: bool) -> tuple[_Gen, Trace]:
+    if klass not in ("valid", "conflict"):
+        raise ValueError(f"class {klass!r}: expected valid or conflict")
+    rng = random.Random(f"worker-schedule-v1/swarm/{seed}/{klass}")
+    prof = draw_profile(rng)
+    partitions = prof.partitions
+    records = _records(rng, seed, klass, partitions, "sim", prof.records)
+    ends = {p: max([r.offset + 1 for r in records if r.partition == p], default=0)
+            for p in range(partitions)}
+    lows = tuple(rng.randint(1, ends[p]) if prof.retention and ends[p] else 0
+                 for p in range(partitions))
+    config = SimConfig(klass=klass, steps=steps, topic="sim", partitions=partitions,
+                       group_id="sim", batch_max=prof.batch_max, budget_ms=prof.budget_ms,
+                       low_watermarks_before_drain=lows, allow_retention_gap=prof.retention,
+                       topic_recreated_before_drain=prof.recreated)
+    shell = Trace(seed=seed, config=config, records=records, steps=(), drain=False,
+                  toolchain=toolchain())
+    return _Gen(rng, prof, new_run(shell, checking=checking), partitions), shell
 
 
 def make_trace(seed: int, *, klass: str = "valid", steps: int = DEFAULT_STEPS,
                drain: bool = True) -> Trace:
     """The trace of ``seed``: config, source records and ``steps`` steps."""
-    if klass not in ("valid", "conflict"):
-        raise ValueError(f"class {klass!r}: expected valid or conflict")
-    rng = random.Random(f"worker-schedule-v1/{seed}/{klass}")
-    partitions = rng.choice((1, 2, 2, 3))
-    config = SimConfig(klass=klass, steps=steps, topic="sim", partitions=partitions,
-                       group_id="sim", batch_max=rng.randint(1, 4),
-                       budget_ms=rng.choice((20_000, 20_000, 20_000, 400)),
-                       low_watermarks_before_drain=(0,) * partitions,
-                       allow_retention_gap=False)
-    records = _records(rng, seed, klass, partitions, config.topic)
-    model = _Model(rng, partitions)
-    out: list[Step] = []
-    while len(out) < steps:
-        out.extend(_next_step(model))
-    return Trace(seed=seed, config=config, records=records, steps=tuple(out[:steps]),
-                 drain=drain, toolchain=toolchain())
+    g, shell = _start(seed, klass, steps, checking=False)
+    asyncio.run(_generate(g, steps))
+    return replace(shell, steps=tuple(g.steps), drain=drain)
+
+
+def generate_and_run(seed: int, *, klass: str = "valid", steps: int = DEFAULT_STEPS,
+                     drain: bool = True) -> tuple[Trace, dict[str, Any]]:
+    """``make_trace`` and the report of that trace from the very run that chose its steps
+    (checked as it goes): one pass instead of two, for sweeps. The corpus replays instead
+    and checks that both paths give the same report."""
+    g, shell = _start(seed, klass, steps, checking=True)
+
+    async def go() -> tuple[Trace, dict[str, Any]]:
+        await _generate(g, steps)
+        trace = replace(shell, steps=tuple(g.steps), drain=drain)
+        return trace, await finish(g.run, trace)  # type: ignore[arg-type]
+
+    return asyncio.run(go())

@@ -1,4 +1,5 @@
-"""Trace format version 1 (``worker-schedule-v1``): parse strictly, dump canonically.
+"""Trace format version 2 (``worker-schedule-v1``; version 1 is still read): parse
+strictly, dump canonically.
 
 Long because the trace format's strict validation (unknown fields, provenance, choices)
 is one reviewed unit.
@@ -12,6 +13,13 @@ Rules
 - Lifetimes: ``start`` declares worker N; a fault's ``interleave.replacement`` N reserves
   N (even if the fault is never reached). Every id is declared once; a step may refer
   only to a worker declared by an earlier step.
+- Version 2 adds (and a version 1 trace may not use): a list of partitions for an assign
+  or revoke step (one lifecycle call for the set); fault operations ``skip`` (assign's
+  gap-skip) and ``journal`` (release and retire rows), and faults on revoke steps; an
+  interleave ``revoke: true`` (process only: the calling lifetime revokes the step's
+  partition while the batch is in flight); the config's ``topic_recreated_before_drain``
+  (written only when true, so version 1 digests are unchanged). A trace is dumped with
+  the version it was read with, so a version 1 trace round-trips byte for byte.
 - ``dumps`` is canonical (sorted keys, fixed separators, one trailing newline), so a
   parse/dump round trip is byte-identical.
 """
@@ -19,6 +27,7 @@ Rules
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import sys
@@ -45,12 +54,16 @@ __all__ = [
     "toolchain",
 ]
 
-VERSION = 1
+VERSION = 2
+VERSIONS = (1, 2)
 IMPLEMENTATION = "worker-schedule-v1"
 ACTORS = ("start", "assign", "seek", "process", "revoke", "stop")
 _WORKER_ACTORS_WITH_PARTITION = ("assign", "seek", "process", "revoke")
 _FAULT_OPS = {"assign": ("validate", "claim", "observe"), "seek": ("observe",),
               "process": ("process", "observe")}
+_FAULT_OPS_V2 = {"assign": ("validate", "claim", "observe", "skip", "journal"),
+                 "seek": ("observe", "journal"), "process": ("process", "observe", "journal"),
+                 "revoke": ("journal",)}
 
 
 class TraceError(ValueError):
@@ -59,6 +72,11 @@ class TraceError(ValueError):
 
 def toolchain() -> dict[str, str]:
     """Provenance: Python major.minor and the installed fenceworker version."""
+    return dict(_toolchain())
+
+
+@functools.cache
+def _toolchain() -> dict[str, str]:  # reading package metadata costs more than a short run
     try:
         version = metadata.version("fenceworker")
     except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
@@ -80,21 +98,32 @@ class SimConfig:
     budget_ms: int
     low_watermarks_before_drain: tuple[int, ...]
     allow_retention_gap: bool
+    topic_recreated_before_drain: bool = False  # version 2; written only when true
+
 
     def to_json(self) -> dict[str, Any]:
         return {"class": self.klass, "steps": self.steps, "topic": self.topic,
                 "partitions": self.partitions, "group_id": self.group_id,
                 "batch_max": self.batch_max, "budget_ms": self.budget_ms,
                 "low_watermarks_before_drain": list(self.low_watermarks_before_drain),
-                "allow_retention_gap": self.allow_retention_gap}
+                "allow_retention_gap": self.allow_retention_gap,
+                **({"topic_recreated_before_drain": True}
+                   if self.topic_recreated_before_drain else {})}
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
     actor: str
     worker: int
-    partition: int | None = None
+    partition: int | tuple[int, ...] | None = None  # a tuple: assign/revoke of a set (v2)
     faults: tuple[Fault, ...] = ()
+
+    @property
+    def partitions(self) -> tuple[int, ...]:
+        """The step's partitions, in order (empty for start and stop)."""
+        if self.partition is None:
+            return ()
+        return self.partition if isinstance(self.partition, tuple) else (self.partition,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +134,7 @@ class Trace:
     steps: tuple[Step, ...]
     drain: bool
     toolchain: Mapping[str, str]
+    version: int = VERSION
 
 
 def config_digest(config: SimConfig) -> str:
@@ -128,6 +158,8 @@ def fault_json(f: Fault) -> dict[str, Any]:
             il["stop"] = True
         if f.interleave.replacement is not None:
             il["replacement"] = f.interleave.replacement
+        if f.interleave.revoke:
+            il["revoke"] = True
         out["interleave"] = il
     return out
 
@@ -135,7 +167,7 @@ def fault_json(f: Fault) -> dict[str, Any]:
 def _step_json(s: Step) -> dict[str, Any]:
     out: dict[str, Any] = {"actor": s.actor, "worker": s.worker}
     if s.partition is not None:
-        out["partition"] = s.partition
+        out["partition"] = list(s.partition) if isinstance(s.partition, tuple) else s.partition
     if s.faults:
         out["faults"] = [fault_json(f) for f in s.faults]
     return out
@@ -143,7 +175,8 @@ def _step_json(s: Step) -> dict[str, Any]:
 
 def to_json(trace: Trace) -> dict[str, Any]:
     return {
-        "version": VERSION, "implementation": IMPLEMENTATION, "toolchain": dict(trace.toolchain),
+        "version": trace.version, "implementation": IMPLEMENTATION,
+        "toolchain": dict(trace.toolchain),
         "seed": trace.seed, "config_digest": config_digest(trace.config),
         "config": trace.config.to_json(),
         "records": [{"partition": r.partition, "offset": r.offset, "key": _b64(r.key),
@@ -200,10 +233,10 @@ def _bytes(value: Any, where: str) -> bytes | None:
         raise TraceError(f"{where}: not base64: {exc}") from exc
 
 
-def _config(raw: Any) -> SimConfig:
+def _config(raw: Any, version: int) -> SimConfig:
     keys = ("class", "steps", "topic", "partitions", "group_id", "batch_max", "budget_ms",
             "low_watermarks_before_drain", "allow_retention_gap")
-    c = _obj(raw, "config", keys)
+    c = _obj(raw, "config", keys, () if version == 1 else ("topic_recreated_before_drain",))
     klass = _str(c["class"], "config.class")
     if klass not in ("valid", "conflict"):
         raise TraceError(f"config.class: expected valid or conflict, got {klass!r}")
@@ -218,27 +251,36 @@ def _config(raw: Any) -> SimConfig:
         budget_ms=_int(c["budget_ms"], "config.budget_ms", low=1),
         low_watermarks_before_drain=tuple(
             _int(v, f"config.low_watermarks_before_drain[{i}]") for i, v in enumerate(lows)),
-        allow_retention_gap=_bool(c["allow_retention_gap"], "config.allow_retention_gap"))
+        allow_retention_gap=_bool(c["allow_retention_gap"], "config.allow_retention_gap"),
+        topic_recreated_before_drain=_bool(c.get("topic_recreated_before_drain", False),
+                                           "config.topic_recreated_before_drain"))
 
 
-def _fault(raw: Any, where: str, actor: str) -> Fault:
+def _fault(raw: Any, where: str, actor: str, version: int) -> Fault:
     f = _obj(raw, where, ("operation", "call", "outcome"), ("delay_ms", "interleave"))
     op = f["operation"]
-    if op not in _FAULT_OPS.get(actor, ()):
+    choices = (_FAULT_OPS if version == 1 else _FAULT_OPS_V2).get(actor, ())
+    if op not in choices:
         raise TraceError(f"{where}.operation: {op!r} is not a choice for a {actor} step "
-                         f"(choices: {', '.join(_FAULT_OPS.get(actor, ())) or 'none'})")
+                         f"in version {version} (choices: {', '.join(choices) or 'none'})")
     try:
         outcome = FaultOutcome(f["outcome"])
     except ValueError:
         raise TraceError(f"{where}.outcome: unknown outcome {f['outcome']!r}") from None
     interleave = None
     if "interleave" in f:
-        il = _obj(f["interleave"], f"{where}.interleave", ("at",), ("stop", "replacement"))
+        il = _obj(f["interleave"], f"{where}.interleave", ("at",),
+                  ("stop", "replacement") if version == 1 else ("stop", "replacement", "revoke"))
         stop = _bool(il.get("stop", False), f"{where}.interleave.stop")
+        revoke = _bool(il.get("revoke", False), f"{where}.interleave.revoke")
+        if revoke and (actor != "process" or op != "process"):
+            raise TraceError(f"{where}.interleave.revoke: only for a process step's process "
+                             "call")
         rep = il.get("replacement")
         try:
             interleave = Interleave(il["at"], stop, None if rep is None else
-                                    _int(rep, f"{where}.interleave.replacement", low=1))
+                                    _int(rep, f"{where}.interleave.replacement"),
+                                    revoke)
         except TraceError:
             raise
         except ValueError as exc:
@@ -252,7 +294,26 @@ def _fault(raw: Any, where: str, actor: str) -> Fault:
         raise TraceError(f"{where}: {exc}") from None
 
 
-def _steps(raw: Any, partitions: int) -> tuple[Step, ...]:
+def _partition(part: Any, where: str, actor: str, partitions: int,
+               version: int) -> int | tuple[int, ...]:
+    if isinstance(part, list):
+        if version == 1 or actor not in ("assign", "revoke"):
+            raise TraceError(f"{where}.partition: a list is only for assign and revoke "
+                             "(version 2)")
+        if not part:
+            raise TraceError(f"{where}.partition: expected a non-empty list")
+        ps = tuple(_int(v, f"{where}.partition[{k}]") for k, v in enumerate(part))
+        if len(set(ps)) != len(ps):
+            raise TraceError(f"{where}.partition: a partition is listed twice")
+    else:
+        ps = (_int(part, f"{where}.partition"),)
+    for p in ps:
+        if p >= partitions:
+            raise TraceError(f"{where}.partition: {p} is not below {partitions}")
+    return ps if isinstance(part, list) else ps[0]
+
+
+def _steps(raw: Any, partitions: int, version: int) -> tuple[Step, ...]:
     if not isinstance(raw, list):
         raise TraceError("steps: expected a list")
     declared: set[int] = set()
@@ -263,7 +324,7 @@ def _steps(raw: Any, partitions: int) -> tuple[Step, ...]:
         actor = s["actor"]
         if actor not in ACTORS:
             raise TraceError(f"{where}.actor: unknown actor {actor!r}")
-        worker = _int(s["worker"], f"{where}.worker", low=1)
+        worker = _int(s["worker"], f"{where}.worker")
         if actor == "start":
             if worker in declared:
                 raise TraceError(f"{where}.worker: lifetime id {worker} is already used")
@@ -274,14 +335,14 @@ def _steps(raw: Any, partitions: int) -> tuple[Step, ...]:
         if actor in _WORKER_ACTORS_WITH_PARTITION:
             if part is None:
                 raise TraceError(f"{where}.partition: missing field")
-            if _int(part, f"{where}.partition") >= partitions:
-                raise TraceError(f"{where}.partition: {part} is not below {partitions}")
+            part = _partition(part, where, actor, partitions, version)
         elif part is not None:
             raise TraceError(f"{where}.partition: a {actor} step takes no partition")
         faults_raw = s.get("faults", [])
         if not isinstance(faults_raw, list) or ("faults" in s and not faults_raw):
             raise TraceError(f"{where}.faults: expected a non-empty list")
-        faults = tuple(_fault(f, f"{where}.faults[{j}]", actor) for j, f in enumerate(faults_raw))
+        faults = tuple(_fault(f, f"{where}.faults[{j}]", actor, version)
+                       for j, f in enumerate(faults_raw))
         seen: set[tuple[Operation, int]] = set()
         for j, f in enumerate(faults):
             if (f.operation, f.call) in seen:
@@ -335,8 +396,10 @@ def parse(text: str | bytes) -> Trace:
         raise TraceError(f"trace: trailing content after the JSON object: {rest.strip()[:20]!r}")
     t = _obj(raw, "trace", ("version", "implementation", "toolchain", "seed", "config_digest",
                             "config", "records", "steps", "drain"))
-    if t["version"] != VERSION:
-        raise TraceError(f"trace.version: {t['version']!r} is not supported (need {VERSION})")
+    if t["version"] not in VERSIONS or isinstance(t["version"], bool):
+        raise TraceError(f"trace.version: {t['version']!r} is not supported (need one of "
+                         f"{', '.join(map(str, VERSIONS))})")
+    version = t["version"]
     if t["implementation"] != IMPLEMENTATION:
         raise TraceError(f"trace.implementation: {t['implementation']!r} is not {IMPLEMENTATION}")
     tc = _obj(t["toolchain"], "toolchain", ("python", "fenceworker"))
@@ -345,10 +408,10 @@ def parse(text: str | bytes) -> Trace:
         if tc[key] != mine[key]:
             raise TraceError(f"toolchain.{key}: trace made with {tc[key]!r}, this is "
                              f"{mine[key]!r} (incompatible provenance)")
-    config = _config(t["config"])
+    config = _config(t["config"], version)
     if t["config_digest"] != config_digest(config):
         raise TraceError("config_digest: does not match the config (edited or corrupted)")
     return Trace(seed=_int(t["seed"], "seed"), config=config,
                  records=_records(t["records"], config.partitions, config.topic),
-                 steps=_steps(t["steps"], config.partitions), drain=_bool(t["drain"], "drain"),
-                 toolchain=dict(tc))
+                 steps=_steps(t["steps"], config.partitions, version),
+                 drain=_bool(t["drain"], "drain"), toolchain=dict(tc), version=version)

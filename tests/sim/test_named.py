@@ -71,7 +71,7 @@ def test_replacement_before_the_effect_fences_the_old_token_without_committing()
         {"lifetime": 2, "partition": 0, "result": "ok"}]
     selected = [e for e in events(report, 3) if e["lifetime"] == "1"]
     assert [(e["operation"], e["selected"], e["applied"], e["observed"]) for e in selected] == [
-        ("process", "commit", False, "fenced")]
+        ("process", "commit", False, "fenced"), ("journal", None, True, "ok")]  # retire row
     assert sim.lifecycles[1].state is LifetimeState.RETIRED
     assert _writes(sim, "1", ("process",)) == []
     assert attempts(report)[4]["result"] == "ok"
@@ -85,7 +85,8 @@ def test_replacement_after_the_effect_retires_the_old_lifetime_on_reread() -> No
     assert report["status"] == "PASS", report["violations"]
     old = [e for e in events(report, 3) if e["lifetime"] == "1"]
     assert [(e["operation"], e["call"], e["applied"], e["observed"]) for e in old] == [
-        ("process", 1, True, "outcome-unknown"), ("observe", 1, False, "ok")]
+        ("process", 1, True, "outcome-unknown"), ("observe", 1, False, "ok"),
+        ("journal", 1, True, "ok")]  # the retire row
     lc1 = sim.lifecycles[1]
     assert lc1.state is LifetimeState.RETIRED and "Fenced" in lc1.retired_reason
     assert lc1.token(TP) is None  # never adopted epoch 2
@@ -141,7 +142,8 @@ def test_unresolved_observe_retires_the_lifetime_and_it_never_writes_again() -> 
                                              step("process", 1, 0), step("assign", 1, 0)]))
     ev = [(e["operation"], e["call"], e["observed"], e["t_us"]) for e in events(report, 3)]
     assert ev == [("process", 1, "outcome-unknown", 0), ("observe", 1, "read-failed", 0),
-                  ("observe", 2, "read-failed", 100_000), ("observe", 3, "read-failed", 300_000)]
+                  ("observe", 2, "read-failed", 100_000), ("observe", 3, "read-failed", 300_000),
+                  ("journal", 1, "ok", 300_000)]  # the retire row
     att = attempts(report)[3]
     assert att["result"] == "retired" and "Unresolved" in att["error"]
     assert sim.lifecycles[1].state is LifetimeState.RETIRED
@@ -156,7 +158,7 @@ def test_retry_exhaustion_is_exactly_three_calls_with_100_and_200_ms_waits() -> 
     report, sim = run(make(puts(0, [0]), [*head(), step("process", 1, 0, *faults)]))
     ev = [(e["operation"], e["call"], e["observed"], e["t_us"]) for e in events(report, 3)]
     assert ev == [("process", 1, "not-committed", 0), ("process", 2, "not-committed", 100_000),
-                  ("process", 3, "not-committed", 300_000)]
+                  ("process", 3, "not-committed", 300_000), ("journal", 1, "ok", 300_000)]
     att = attempts(report)[3]
     assert att["result"] == "retired" and "NotCommitted" in att["error"]
     assert att["selectors_used"] == 3
@@ -210,7 +212,9 @@ def test_late_seek_after_revoke_is_fenced_without_io_or_retirement() -> None:
     att = attempts(report)[4]
     assert att["result"] == "fenced" and "holds no token" in att["error"]
     assert events(report, 4) == []
-    assert attempts(report)[5]["result"] == "unseeked"  # revoke cleared the cursor
+    late = attempts(report)[5]  # the batch fetched before the revoke is delivered late
+    assert late["result"] == "fenced" and "holds no token" in late["error"]
+    assert events(report, 5) == []
     assert sim.lifecycles[1].state is LifetimeState.LIVE
     assert [j.event for j in sim.store.journal_rows] == ["claim", "release"]
 

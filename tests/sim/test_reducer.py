@@ -43,11 +43,28 @@ def test_reducer_shrinks_to_a_valid_fixed_point(tmp_path: Path, monkeypatch: Any
     assert sum(len(s.faults) for s in reduced.steps) == 1
     assert reduce_trace(reduced, synthetic) == reduced  # fixed point
     monkeypatch.setenv("FENCE_ARTIFACT_DIR", str(tmp_path))
-    commands = save_failure(original, reduced, "worker-seed-x")
+    commands = save_failure(original, synthetic, "worker-seed-x")
     assert commands == [f"{fencectl()} sim-worker --replay {tmp_path}/failures/worker-seed-x.json",
                         f"{fencectl()} sim-worker --replay {tmp_path}/failures/"
                         "worker-seed-x-reduced.json"]
     assert parse((tmp_path / "failures" / "worker-seed-x.json").read_text()) == original
+    assert parse((tmp_path / "failures" / "worker-seed-x-reduced.json").read_text()) == reduced
+
+
+def test_the_original_trace_is_saved_before_reduction_starts(tmp_path: Path,
+                                                             monkeypatch: Any) -> None:
+    original = _failing_seed()
+    monkeypatch.setenv("FENCE_ARTIFACT_DIR", str(tmp_path))
+
+    def crashing(trace: Trace) -> str | None:
+        if trace != original:
+            raise RuntimeError("the predicate crashed mid-reduction")
+        return "failing"
+
+    with pytest.raises(RuntimeError):
+        save_failure(original, crashing, "worker-seed-y")
+    assert parse((tmp_path / "failures" / "worker-seed-y.json").read_text()) == original
+    assert not (tmp_path / "failures" / "worker-seed-y-reduced.json").exists()
 
 
 def test_reducer_refuses_a_passing_trace() -> None:
@@ -55,8 +72,19 @@ def test_reducer_refuses_a_passing_trace() -> None:
         reduce_trace(make_trace(1), lambda _t: None)
 
 
-def test_failure_string_drops_the_place() -> None:
-    report = {"status": "ERROR", "violations": ["attempt 7 end: stale token committed: x at "
-                                                "epoch 12"], "diagnostics": []}
-    assert failure_of(report) == "ERROR: stale token committed: x at epoch N"
-    assert failure_of({"status": "PASS", "violations": [], "diagnostics": []}) is None
+def _report(status: str, violation: str, *, allow_gap: bool = False) -> dict[str, Any]:
+    return {"status": status, "violations": [violation] if violation else [],
+            "diagnostics": [], "allow_retention_gap": allow_gap}
+
+
+def test_failure_string_drops_the_place_and_keeps_every_number() -> None:
+    report = _report("ERROR", "attempt 7 end: stale token committed: x at epoch 12")
+    assert failure_of(report) == "ERROR: stale token committed: x at epoch 12"
+    other = _report("ERROR", "attempt 7 end: stale token committed: x at epoch 13")
+    assert failure_of(other) != failure_of(report)  # another epoch is another failure
+    assert failure_of(_report("PASS", "")) is None
+
+
+def test_pass_with_exclusions_is_expected_only_when_gaps_are_accepted() -> None:
+    assert failure_of(_report("PASS_WITH_EXCLUSIONS", "", allow_gap=True)) is None
+    assert failure_of(_report("PASS_WITH_EXCLUSIONS", "")) == "PASS_WITH_EXCLUSIONS: "

@@ -266,7 +266,9 @@ async def test_failure_retires_before_the_mutex_is_released(store: MemoryFenceSt
     with pytest.raises(Retired):
         await queued
     assert store.token_of(TP1) is None  # the queued assign did no I/O
-    assert [e.operation for e in store.events][-1] == "observe"
+    # the queued assign made no call: the seek's observe, then only lc's retire journal row
+    assert [e.operation for e in store.events][-2:] == ["observe", "journal"]
+    assert store.journal_rows[-1].event == "retire"
 
 
 async def test_spans_carry_messaging_and_fence_attributes(

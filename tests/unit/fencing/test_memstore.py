@@ -260,8 +260,12 @@ async def test_validate_refusals_and_gap_skip() -> None:
 
 
 def test_fault_choices_are_validated() -> None:
-    with pytest.raises(ValueError, match="only for claim and process"):
+    with pytest.raises(ValueError, match="only for claim, process and skip"):
         Fault(Operation.OBSERVE, 1, FaultOutcome.UNKNOWN_ABORTED)
+    with pytest.raises(ValueError, match="only for claim, process and skip"):
+        Fault(Operation.JOURNAL, 1, FaultOutcome.UNKNOWN_COMMITTED)
+    with pytest.raises(ValueError, match="interleave is only"):
+        Fault(Operation.SKIP, 1, interleave=Interleave("after", stop=True))
     with pytest.raises(ValueError, match="interleave is only"):
         Fault(Operation.VALIDATE, 1, interleave=Interleave("before", stop=True))
     with pytest.raises(ValueError):
