@@ -22,10 +22,10 @@ from tests.integration.workers import (
     WorkerProc,
     create_topic,
     delete_topic,
-    durable_rows,
     fresh_schema,
     generated,
     produce,
+    run_until_committed,
     unique,
     wait_until,
 )
@@ -38,16 +38,8 @@ SETUP = GROUP_SETUPS[0]
 def _run_to(topic: str, group: str, schema: str, dsn: str, total: int,
             extra: tuple[str, ...] = ()) -> str:
     """Run a worker until ``total`` records are committed, stop it (exit 0), return its log."""
-    w = WorkerProc(topic=topic, group=group, schema=schema, setup=SETUP, extra=extra)
-    try:
-        wait_until(lambda: sum(f for _e, f in asyncio.run(
-            durable_rows(dsn, schema, group, topic)).values()) >= total,
-            timeout_s=60, what=f"{total} records committed")
-        w.terminate()
-        assert w.wait(30) == 0, w.log()[-3000:]
-    finally:
-        w.ensure_dead()
-    return w.log()
+    return run_until_committed(topic=topic, group=group, schema=schema, dsn=dsn, setup=SETUP,
+                               total=total, extra=extra)
 
 
 def test_recreated_topic_advises_adopt_topic_only(services: Any) -> None:

@@ -24,8 +24,8 @@ from tests.integration.workers import (
     generated,
     journal_rows,
     produce,
+    run_until_committed,
     unique,
-    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -34,15 +34,8 @@ SETUP = GROUP_SETUPS[1]  # the source checks do not depend on the group protocol
 
 def _run_to_end(topic: str, group: str, schema: str, dsn: str, total: int,
                 extra: tuple[str, ...] = ()) -> None:
-    w = WorkerProc(topic=topic, group=group, schema=schema, setup=SETUP, extra=extra)
-    try:
-        wait_until(lambda: sum(f for _e, f in asyncio.run(
-            durable_rows(dsn, schema, group, topic)).values()) >= total,
-            timeout_s=60, what=f"{total} records committed")
-        w.terminate()
-        assert w.wait(30) == 0, w.log()[-3000:]
-    finally:
-        w.ensure_dead()
+    run_until_committed(topic=topic, group=group, schema=schema, dsn=dsn, setup=SETUP,
+                        total=total, extra=extra)
 
 
 def test_poison_records_are_quarantined_and_processing_continues(services) -> None:

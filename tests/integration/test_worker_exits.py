@@ -28,6 +28,7 @@ from tests.integration.workers import (
     ROOT,
     ProxyThread,
     WorkerProc,
+    committed_total,
     create_topic,
     durable_rows,
     fresh_schema,
@@ -85,9 +86,8 @@ def test_postgres_unavailable_after_three_calls_exits_5(services) -> None:
                           "--db-concurrency", "1"),
                    env={"FENCE_DSN": proxy.dsn, "FENCE_TEST_BATCH_DELAY_S": "0.3"})
     try:
-        wait_until(lambda: sum(f for _e, f in asyncio.run(
-            durable_rows(services.dsn, schema, group, topic)).values()) >= 20,
-            timeout_s=60, what="progress")
+        wait_until(lambda: committed_total(services.dsn, schema, group, topic) >= 20,
+                   timeout_s=60, what="progress")
         proxy.refuse(True)  # the handler sleeps inside its transaction: cut before COMMIT
         code, log = _finish(w, 60)
     finally:

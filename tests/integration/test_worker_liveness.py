@@ -21,8 +21,8 @@ from tests.integration.workers import (
     GROUP_SETUPS,
     GroupSetup,
     WorkerProc,
+    committed_total,
     create_topic,
-    durable_rows,
     exactly_once_problems,
     fresh_schema,
     generated,
@@ -39,11 +39,6 @@ COUNT = 10_000
 SMALL_QUEUE = ("--batch-max-records", "10", "--queue-max-batches", "2",
                "--handler", "tests.integration.handlers:slow_handler")
 SLOW = {"FENCE_TEST_BATCH_DELAY_S": "0.1"}
-
-
-def _progress(dsn: str, schema: str, group: str, topic: str) -> int:
-    rows = asyncio.run(durable_rows(dsn, schema, group, topic))
-    return sum(f for _e, f in rows.values())
 
 
 def _owners(dsn: str, schema: str, group: str, topic: str) -> set[str]:
@@ -81,19 +76,19 @@ def test_paused_partition_moved_away_and_back_is_fetched_again(services,
         w1 = WorkerProc(topic=topic, group=group, schema=schema, setup=setup, name="w1",
                         extra=SMALL_QUEUE, env=SLOW)
         procs.append(w1)
-        wait_until(lambda: _progress(dsn, schema, group, topic) >= 400, timeout_s=60,
+        wait_until(lambda: committed_total(dsn, schema, group, topic) >= 400, timeout_s=60,
                    what="w1 processing")
         w2 = WorkerProc(topic=topic, group=group, schema=schema, setup=setup, name="w2",
                         extra=SMALL_QUEUE, env=SLOW)
         procs.append(w2)
         wait_until(lambda: len(_owners(dsn, schema, group, topic)) == 2, timeout_s=60,
                    what="both members owning partitions")
-        done = _progress(dsn, schema, group, topic)
-        wait_until(lambda: _progress(dsn, schema, group, topic) >= done + 400, timeout_s=60,
+        done = committed_total(dsn, schema, group, topic)
+        wait_until(lambda: committed_total(dsn, schema, group, topic) >= done + 400, timeout_s=60,
                    what="progress with two members")
         w2.terminate()
         assert w2.wait(30) == 0, w2.log()[-3000:]
-        wait_until(lambda: _progress(dsn, schema, group, topic) >= COUNT, timeout_s=120,
+        wait_until(lambda: committed_total(dsn, schema, group, topic) >= COUNT, timeout_s=120,
                    what="every record processed after the partitions moved back")
         w1.terminate()
         assert w1.wait(30) == 0, w1.log()[-3000:]
@@ -114,13 +109,13 @@ def test_paused_partition_lost_and_reassigned_is_fetched_again(services,
     w = WorkerProc(topic=topic, group=group, schema=schema, setup=setup, name="solo",
                    extra=SMALL_QUEUE, env=SLOW)
     try:
-        wait_until(lambda: _progress(dsn, schema, group, topic) >= 400, timeout_s=60,
+        wait_until(lambda: committed_total(dsn, schema, group, topic) >= 400, timeout_s=60,
                    what="processing")
         w.signal(signal.SIGSTOP)
         time.sleep(9.0)  # classic session 2 s; KIP-848 broker session 6 s
         w.signal(signal.SIGCONT)
         wait_until(lambda: "lost {" in w.log(), timeout_s=60, what="the assignment lost")
-        wait_until(lambda: _progress(dsn, schema, group, topic) >= COUNT, timeout_s=120,
+        wait_until(lambda: committed_total(dsn, schema, group, topic) >= COUNT, timeout_s=120,
                    what="every record processed after the lost assignment")
         w.terminate()
         assert w.wait(30) == 0, w.log()[-3000:]
@@ -184,8 +179,7 @@ def test_a_stall_is_visible_in_readyz_metrics_status_and_the_log(services) -> No
                        what="ready again once the partitions progress")
             got = http_get(base + "/metrics")
             assert got is not None and metric(got[1], "fence_partitions_stalled") == 0
-            wait_until(lambda: sum(f for _e, f in asyncio.run(
-                durable_rows(dsn, schema, group, topic)).values()) >= len(source),
+            wait_until(lambda: committed_total(dsn, schema, group, topic) >= len(source),
                 timeout_s=60, what="every record processed")
             w.terminate()
             assert w.wait(30) == 0, w.log()[-3000:]

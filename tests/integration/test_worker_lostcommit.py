@@ -16,8 +16,8 @@ from tests.integration.workers import (
     GroupSetup,
     ProxyThread,
     WorkerProc,
+    committed_total,
     create_topic,
-    durable_rows,
     exactly_once_problems,
     fresh_schema,
     generated,
@@ -52,8 +52,7 @@ def test_lost_commit_replies_resolve_without_duplicates(services, setup: GroupSe
             wait_until(lambda rule=rule: rule.count >= 1,  # type: ignore[misc]
                        timeout_s=30, what=f"{action} fired")
             fired.append(action)
-        wait_until(lambda: sum(f for _e, f in asyncio.run(
-            durable_rows(dsn, schema, group, topic)).values()) >= len(source),
+        wait_until(lambda: committed_total(dsn, schema, group, topic) >= len(source),
             timeout_s=90, what="every record committed")
         assert len(fired) == 6
         w.terminate()

@@ -18,6 +18,7 @@ from tests.integration.workers import (
     GROUP_SETUPS,
     GroupSetup,
     WorkerProc,
+    committed_total,
     create_topic,
     durable_rows,
     exactly_once_problems,
@@ -32,11 +33,6 @@ from tests.integration.workers import (
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 6
-
-
-def _progress(dsn: str, schema: str, group: str, topic: str) -> int:
-    rows = asyncio.run(durable_rows(dsn, schema, group, topic))
-    return sum(f for _e, f in rows.values())
 
 
 def _produce_in_chunks(bootstrap: str, recs: list, chunks: int, pause_s: float) -> threading.Thread:
@@ -78,7 +74,7 @@ def test_rebalance_under_load(services, setup: GroupSetup) -> None:
         return w
 
     def reached(n: int) -> None:
-        wait_until(lambda: _progress(dsn, schema, group, topic) >= n, timeout_s=90,
+        wait_until(lambda: committed_total(dsn, schema, group, topic) >= n, timeout_s=90,
                    what=f"{n} records committed")
 
     try:
@@ -97,7 +93,7 @@ def test_rebalance_under_load(services, setup: GroupSetup) -> None:
         w3.wait(10)
         w6 = start("w6")
         producer.join(timeout=60)
-        wait_until(lambda: _progress(dsn, schema, group, topic) >= len(source), timeout_s=120,
+        wait_until(lambda: committed_total(dsn, schema, group, topic) >= len(source), timeout_s=120,
                    what="every record committed")
         for w in (w4, w5, w6):
             w.terminate()
@@ -133,7 +129,7 @@ def test_crash_and_restart_exactly_once(services, setup: GroupSetup) -> None:
             w.wait(10)
         assert w is not None
         wait_until(lambda: "assigned {" in w.log(), timeout_s=30, what="final worker assigned")
-        wait_until(lambda: _progress(dsn, schema, group, topic) >= len(source), timeout_s=120,
+        wait_until(lambda: committed_total(dsn, schema, group, topic) >= len(source), timeout_s=120,
                    what="every record committed after the restarts")
         w.terminate()
         assert w.wait(30) == 0, w.log()[-3000:]

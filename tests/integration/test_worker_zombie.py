@@ -23,6 +23,7 @@ from tests.integration.workers import (
     GROUP_SETUPS,
     GroupSetup,
     WorkerProc,
+    committed_total,
     create_topic,
     durable_rows,
     exactly_once_problems,
@@ -67,8 +68,7 @@ def test_zombie_is_fenced_and_applies_nothing(services, setup: GroupSetup,
         assert all(f == 0 for _e, f in asyncio.run(
             durable_rows(dsn, schema, group, topic)).values())
         b = WorkerProc(topic=topic, group=group, schema=schema, setup=setup, name="owner")
-        wait_until(lambda: sum(f for _e, f in asyncio.run(
-            durable_rows(dsn, schema, group, topic)).values()) >= len(source),
+        wait_until(lambda: committed_total(dsn, schema, group, topic) >= len(source),
             timeout_s=60, what="B advancing every partition past A's held batches")
         rows = asyncio.run(durable_rows(dsn, schema, group, topic))
         assert all(rows[p][0] > epochs_a[p] for p in rows), (rows, epochs_a)
@@ -111,9 +111,8 @@ def test_sigterm_exits_0_within_bound(services, setup: GroupSetup) -> None:
     w = WorkerProc(topic=topic, group=group, schema=schema, setup=setup, name="term",
                    extra=("--batch-max-records", "100", "--shutdown-timeout-s", "10"))
     try:
-        wait_until(lambda: sum(f for _e, f in asyncio.run(
-            durable_rows(dsn, schema, group, topic)).values()) > 2_000,
-            timeout_s=30, what="processing under way")
+        wait_until(lambda: committed_total(dsn, schema, group, topic) > 2_000,
+                   timeout_s=30, what="processing under way")
         t0 = time.monotonic()
         w.terminate()
         assert w.wait(15) == 0, w.log()[-3000:]

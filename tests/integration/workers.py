@@ -38,11 +38,13 @@ __all__ = [
     "GroupSetup",
     "ProxyThread",
     "WorkerProc",
+    "committed_total",
     "create_topic",
     "durable_rows",
     "exactly_once_problems",
     "fresh_schema",
     "produce",
+    "run_until_committed",
     "unique",
     "wait_until",
 ]
@@ -165,6 +167,12 @@ async def exactly_once_problems(dsn: str, schema: str, group: str, topic: str,
     return problems
 
 
+def committed_total(dsn: str, schema: str, group: str, topic: str) -> int:
+    """Records committed so far: the sum of the durable frontiers of ``topic``."""
+    rows = asyncio.run(durable_rows(dsn, schema, group, topic))
+    return sum(f for _e, f in rows.values())
+
+
 class WorkerProc:
     """One ``fencectl run`` subprocess; its log goes to ``artifacts/test-workers/``."""
 
@@ -251,3 +259,18 @@ class ProxyThread:
         self._call(self.proxy.stop())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+
+
+def run_until_committed(*, topic: str, group: str, schema: str, dsn: str, setup: GroupSetup,
+                        total: int, extra: Sequence[str] = ()) -> str:
+    """Run one worker until ``total`` records are committed, stop it with SIGTERM (it must
+    exit 0), return its log."""
+    w = WorkerProc(topic=topic, group=group, schema=schema, setup=setup, extra=extra)
+    try:
+        wait_until(lambda: committed_total(dsn, schema, group, topic) >= total,
+                   timeout_s=60, what=f"{total} records committed")
+        w.terminate()
+        assert w.wait(30) == 0, w.log()[-3000:]
+    finally:
+        w.ensure_dead()
+    return w.log()
