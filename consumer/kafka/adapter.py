@@ -176,12 +176,7 @@ class KafkaThread:
     def _main(self) -> None:
         consumer: Consumer | None = None
         try:
-            try:
-                consumer = Consumer({**self._settings, "on_commit": self._on_commit})
-            except (KafkaException, ValueError, TypeError) as exc:
-                raise ConfigError(f"librdkafka refused the consumer configuration: "
-                                  f"{_kafka_message(exc)} (fix the -X option or the flag "
-                                  "that sets it)") from exc
+            consumer = _build_consumer({**self._settings, "on_commit": self._on_commit})
             consumer.subscribe([self._topic], on_assign=self._on_assign,
                                on_revoke=self._on_revoke, on_lost=self._on_lost)
             while not self._close.is_set():
@@ -359,14 +354,18 @@ class KafkaThread:
 def check_consumer_settings(settings: dict[str, str]) -> None:
     """Build and close a consumer with ``settings`` (no group join, no fetch); raise
     ``ConfigError`` with librdkafka's reason when it refuses them."""
-    quiet = {"log_level": "0", **settings}  # its connection attempts would log otherwise
+    # its connection attempts would log otherwise
+    _build_consumer({"log_level": "0", **settings}).close()
+
+
+def _build_consumer(settings: dict[str, Any]) -> Consumer:
+    """A ``Consumer``; ``ConfigError`` with librdkafka's reason when it refuses ``settings``."""
     try:
-        consumer = Consumer(quiet)
+        return Consumer(settings)
     except (KafkaException, ValueError, TypeError) as exc:
         raise ConfigError(f"librdkafka refused the consumer configuration: "
                           f"{_kafka_message(exc)} (fix the -X option or the flag that sets "
                           "it)") from exc
-    consumer.close()
 
 
 def _kafka_message(exc: BaseException) -> str:
