@@ -34,6 +34,7 @@ FENCE_STATEMENT = "fence_advance"
 class Statements:
     claim: str
     observe: str
+    observe_settled: str
     begin_fence: str
     prepare_fence: str
     begin_fence_prepared: str
@@ -47,6 +48,10 @@ class Statements:
     @classmethod
     def for_schema(cls, schema: str) -> Statements:
         s = quote_schema(schema)
+        observe = f"""
+SELECT p.topic, p.partition, p.epoch, p.frontier, p.topic_id, p.id
+FROM unnest($2::text[], $3::int[]) AS r(topic, partition)
+JOIN {s}.partitions p ON p.group_id = $1 AND p.topic = r.topic AND p.partition = r.partition"""
         return cls(
             claim=f"""
 WITH req AS (
@@ -65,10 +70,8 @@ WITH req AS (
     SELECT $1, topic, partition, 'claim', epoch, $6, 'frontier=' || frontier FROM up
 )
 SELECT topic, partition, epoch, frontier, id FROM up""",
-            observe=f"""
-SELECT p.topic, p.partition, p.epoch, p.frontier, p.topic_id, p.id
-FROM unnest($2::text[], $3::int[]) AS r(topic, partition)
-JOIN {s}.partitions p ON p.group_id = $1 AND p.topic = r.topic AND p.partition = r.partition""",
+            observe=observe,
+            observe_settled=observe + "\nFOR SHARE OF p",  # waits for a COMMIT in progress
             begin_fence=(
                 f"BEGIN; UPDATE {s}.partitions SET frontier = {{end:d}}, updated_at = now()"
                 " WHERE id = {row_id:d} AND epoch = {epoch:d} AND frontier = {frontier:d}"),

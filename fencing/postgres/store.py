@@ -151,10 +151,10 @@ class PgFenceStore:
             self._pool.terminate()
 
     async def _fetch(self, phase: Phase, what: str, sql: str, *args: Any,
-                     unblock: bool = False) -> list[Any]:
-        """One statement (autocommit); ``phase`` applies once a connection is acquired.
-        ``unblock``: end older owners' sessions that keep the statement waiting
-        (``_unblock``)."""
+                     unblock: bool = False, lock_timeout_ms: int | None = None) -> list[Any]:
+        """One statement (autocommit, or in its own transaction under ``lock_timeout_ms``);
+        ``phase`` applies once a connection is acquired. ``unblock``: end older owners'
+        sessions that keep the statement waiting (``_unblock``)."""
         step = Phase.READ if phase is Phase.READ else Phase.BEFORE_COMMIT
         try:
             async with self._pool.acquire() as conn:
@@ -162,7 +162,11 @@ class PgFenceStore:
                 watchdog = (asyncio.ensure_future(self._unblock(conn.get_server_pid()))
                             if unblock and self._unblock_after_s is not None else None)
                 try:
-                    return list(await conn.fetch(sql, *args))
+                    if lock_timeout_ms is None:
+                        return list(await conn.fetch(sql, *args))
+                    async with conn.transaction():
+                        await conn.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
+                        return list(await conn.fetch(sql, *args))
                 except BaseException as exc:
                     if connection_suspect(exc):
                         _discard(conn)  # never wait for a cancelled or lost statement's reply
@@ -200,32 +204,18 @@ class PgFenceStore:
                 log.warning("could not end the sessions blocking the claim: %s", exc)
             await asyncio.sleep(1.0)
 
-    async def _rows(self, tps: Sequence[TopicPartition], what: str) -> dict[TopicPartition, Any]:
-        rows = await self._fetch(Phase.READ, what, self._sql.observe, self.group_id,
-                                 [tp.topic for tp in tps], [tp.partition for tp in tps])
-        return {TopicPartition(r["topic"], r["partition"]): r for r in rows}
-
-    async def _rows_settled(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, Any]:
-        """The rows of ``tps`` once no transaction holds their lock (bounded by
-        ``settle_timeout_s``): a plain read would not see a COMMIT still in progress."""
-        timeout_ms = max(1, int(self._settle_timeout_s * 1000))
-        try:
-            async with self._pool.acquire() as conn:
-                try:
-                    async with conn.transaction():
-                        await conn.execute(f"SET LOCAL lock_timeout = {timeout_ms}")
-                        rows = await conn.fetch(self._sql.observe + " FOR SHARE OF p",
-                                                self.group_id, [tp.topic for tp in tps],
-                                                [tp.partition for tp in tps])
-                except BaseException as exc:
-                    if connection_suspect(exc):
-                        _discard(conn)
-                    raise
-        except BaseException as exc:
-            err = translate(exc, Phase.READ, "observe (settled)")
-            if err is exc:
-                raise
-            raise err from exc
+    async def _rows(self, tps: Sequence[TopicPartition], what: str, *,
+                    settled: bool = False) -> dict[TopicPartition, Any]:
+        """The rows of ``tps``; ``settled``: once no transaction holds their lock (bounded by
+        ``settle_timeout_s``) -- a plain read would not see a COMMIT still in progress."""
+        if settled:
+            rows = await self._fetch(
+                Phase.READ, f"{what} (settled)", self._sql.observe_settled, self.group_id,
+                [tp.topic for tp in tps], [tp.partition for tp in tps],
+                lock_timeout_ms=max(1, int(self._settle_timeout_s * 1000)))
+        else:
+            rows = await self._fetch(Phase.READ, what, self._sql.observe, self.group_id,
+                                     [tp.topic for tp in tps], [tp.partition for tp in tps])
         return {TopicPartition(r["topic"], r["partition"]): r for r in rows}
 
     async def validate(self, checks: Sequence[SourceCheck]) -> Mapping[TopicPartition, Validation]:
@@ -239,7 +229,7 @@ class PgFenceStore:
 
     async def observe(self, tps: Sequence[TopicPartition], *,
                       settled: bool = False) -> Mapping[TopicPartition, Token | None]:
-        found = await (self._rows_settled(tps) if settled else self._rows(tps, "observe"))
+        found = await self._rows(tps, "observe", settled=settled)
         self._ids.update((tp, r["id"]) for tp, r in found.items())
         return {tp: (None if tp not in found else Token(found[tp]["epoch"], found[tp]["frontier"]))
                 for tp in tps}
