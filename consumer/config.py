@@ -182,15 +182,17 @@ class WorkerConfig:
         return self.batch_max_bytes * self.queue_max_batches
 
 
-def parse_x_options(items: Sequence[str]) -> dict[str, str]:
-    """``["k=v", ...]`` -> dict; raises ``ConfigError`` naming a malformed ``-X``."""
+def parse_x_options(items: Sequence[str], *, flag: str = "-X",
+                    strip_values: bool = True) -> dict[str, str]:
+    """``["k=v", ...]`` of a repeatable ``flag`` (``-X``, ``--handler-setting``) -> dict;
+    raises ``ConfigError`` naming the malformed one."""
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ConfigError(f"-X {item!r}: expected key=value")
-        out[key] = value.strip()
+            raise ConfigError(f"{flag} {item!r}: expected key=value")
+        out[key] = value.strip() if strip_values else value
     return out
 
 

@@ -115,7 +115,8 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
         restart_lifetimes=args.restart_lifetimes,
         db_idle_in_transaction_timeout_s=args.db_idle_in_transaction_timeout_s,
         x_options=parse_x_options(args.x),
-        handler_settings=parse_handler_settings(args.handler_setting))
+        handler_settings=parse_x_options(args.handler_setting, flag="--handler-setting",
+                                         strip_values=False))
     cfg.check()
     return cfg
 
@@ -202,17 +203,6 @@ async def _open_store(cfg: WorkerConfig) -> Any:
         raise ConfigError(connect_mistake(exc, dsn=cfg.dsn) or (
             f"FENCE_DSN: PostgreSQL unreachable at start: {redact(str(exc), dsn=cfg.dsn)}")) \
             from None
-
-
-def parse_handler_settings(items: list[str]) -> dict[str, str]:
-    """``["k=v", ...]`` from ``--handler-setting``; ``ConfigError`` names a malformed one."""
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--handler-setting {item!r}: expected key=value")
-        out[key.strip()] = value
-    return out
 
 
 async def _ensure_handler_tables(cfg: WorkerConfig, loaded: LoadedHandler) -> None:

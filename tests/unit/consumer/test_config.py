@@ -135,3 +135,10 @@ def test_dsn_not_in_repr() -> None:
 ])
 def test_exit_codes(exc: BaseException, code: ExitCode) -> None:
     assert exit_code_for(exc) is code
+
+
+def test_handler_settings_parse_like_x_options_naming_their_flag() -> None:
+    assert parse_x_options(["table = orders_sink "], flag="--handler-setting",
+                           strip_values=False) == {"table": " orders_sink "}
+    with pytest.raises(ConfigError, match="--handler-setting 'novalue': expected key=value"):
+        parse_x_options(["novalue"], flag="--handler-setting")
