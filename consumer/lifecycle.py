@@ -141,14 +141,6 @@ class Lifecycle(LifetimeFrame):
         for tp in tps:
             self._tokens.pop(tp, None)
 
-    async def _settle(self, tps: Sequence[TopicPartition]) -> None:
-        """Wait (holding the mutex, so nothing new starts) for in-flight process calls."""
-        for tp in sorted(set(tps)):
-            guard = self._guards.get(tp)
-            if guard is not None and guard.locked():
-                async with guard:
-                    pass
-
     # -- assign --------------------------------------------------------------------------
     async def assign(self, checks: Sequence[SourceCheck]) -> Mapping[TopicPartition, Token]:
         """Validate, claim (one call for all partitions), retain compatible tokens."""

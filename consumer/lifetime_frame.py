@@ -19,7 +19,7 @@ Rules (used by ``consumer.lifecycle.Lifecycle``; see its module Rules)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
 from consumer import decisions as d
@@ -133,19 +133,20 @@ class LifetimeFrame:
         self.retired_reason = reason
         return True
 
-    async def _settle_others(self, holding: TopicPartition | None) -> None:
-        """Wait, bounded by the budget, until no other partition's batch is in flight."""
-        others = [g for tp, g in self._guards.items() if tp != holding and g.locked()]
-        if not others:
-            return
-
-        async def settle() -> None:
-            for guard in others:
+    async def _settle(self, tps: Iterable[TopicPartition]) -> None:
+        """Wait for the in-flight process calls of ``tps`` (callers hold the mutex, or the
+        gate is closed, so nothing new starts)."""
+        for tp in sorted(set(tps)):
+            guard = self._guards.get(tp)
+            if guard is not None and guard.locked():
                 async with guard:
                     pass
 
+    async def _settle_others(self, holding: TopicPartition | None) -> None:
+        """Wait, bounded by the budget, until no other partition's batch is in flight."""
         try:
-            await asyncio.wait_for(settle(), timeout=self._budget_s)
+            await asyncio.wait_for(self._settle(tp for tp in self._guards if tp != holding),
+                                   timeout=self._budget_s)
         except TimeoutError:
             pass  # each batch is bounded by its own budget; journaling is best effort
 

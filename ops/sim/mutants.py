@@ -139,7 +139,7 @@ def _claim_unjournaled() -> list[Patch]:
 def _revoke_no_wait() -> list[Patch]:
     async def settle(self: Any, tps: Any) -> None:
         return None
-    return [(consumer.lifecycle.Lifecycle, "_settle", settle)]
+    return [(consumer.lifetime_frame.LifetimeFrame, "_settle", settle)]
 
 
 def _process_after_revoke() -> list[Patch]:
