@@ -4,9 +4,7 @@ code and the same one line for the same mistake, and never a traceback."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -14,25 +12,17 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from tests.integration.workers import ROOT, create_topic, fresh_schema, unique
+from tests.cli_output import one_line
+from tests.integration.observability_support import run_fencectl
+from tests.integration.workers import create_topic, fresh_schema, unique
 
 pytestmark = pytest.mark.integration
 
 
 def fencectl(*args: str, env: dict[str, str] | None = None,
              timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "PYTHONPATH": str(ROOT), "OTEL_TRACES_EXPORTER": "none",
-            **(env or {})}
-    return subprocess.run([sys.executable, "-m", "ops.cli", *args], cwd=ROOT, env=full,
-                          capture_output=True, text=True, timeout=timeout_s, check=False)
-
-
-def one_line(done: subprocess.CompletedProcess[str]) -> str:
-    out = done.stdout + done.stderr
-    assert "Traceback" not in out, out[-3000:]
-    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and not done.stdout.strip(), out[-3000:]
-    return lines[0]
+    return run_fencectl(*args, env={"OTEL_TRACES_EXPORTER": "none", **(env or {})},
+                        timeout_s=timeout_s)
 
 
 def _with_password(dsn: str, password: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fencing.handler import load_handler
+from tests.cli_output import one_line
 
 ROOT = Path(__file__).resolve().parents[3]
 # nothing listens on port 1 of loopback: connecting is refused at once
@@ -32,15 +33,6 @@ def fencectl(*args: str, env: dict[str, str] | None = None,
     full.update(env or {})
     return subprocess.run([sys.executable, "-m", "ops.cli", *args], cwd=ROOT, env=full,
                           capture_output=True, text=True, timeout=timeout_s, check=False)
-
-
-def one_line(done: subprocess.CompletedProcess[str]) -> str:
-    """The single line the command printed (stderr), after checking there is nothing else."""
-    out = done.stdout + done.stderr
-    assert "Traceback" not in out, out[-3000:]
-    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and not done.stdout.strip(), out[-3000:]
-    return lines[0]
 
 
 def test_bad_fence_http_port_is_refused_by_run_only() -> None:
