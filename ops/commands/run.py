@@ -55,6 +55,7 @@ _EARLY_STOP = threading.Event()
 _ADMIN_PREFIXES = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _PROBE_TIMEOUT_S = 5.0
+SINK_HANDLER = "fencing.postgres.sink:table_sink"  # --sink table=NAME
 
 
 def register(sub: Any) -> None:
@@ -62,8 +63,15 @@ def register(sub: Any) -> None:
                        description="Consume a topic with exactly-once effects in PostgreSQL.")
     p.add_argument("--topic", required=True)
     p.add_argument("--group", required=True, help="consumer group id")
-    p.add_argument("--handler", default=DEFAULT_HANDLER,
-                   help="effect handler, or handler factory, as module:name")
+    p.add_argument("--handler", default=None,
+                   help=f"effect handler, or handler factory, as module:name (default "
+                        f"{DEFAULT_HANDLER})")
+    p.add_argument("--sink", default=None, metavar="table=NAME",
+                   help="the built-in table sink instead of a handler: write each JSON value "
+                        "into the PostgreSQL table NAME (created if missing)")
+    p.add_argument("--sink-key", default=None, metavar="COLUMN",
+                   help="with --sink: upsert on this unique column (last record wins, a "
+                        "tombstone deletes); without it every record is inserted")
     p.add_argument("--handler-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting given to a handler factory (repeatable)")
     p.add_argument("-X", dest="x", action="append", default=[], metavar="KEY=VALUE",
@@ -100,12 +108,13 @@ def register(sub: Any) -> None:
 
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
     """A checked ``WorkerConfig``; raises ``ConfigError`` naming the bad setting."""
+    handler, settings = _handler_of(args)
     cfg = WorkerConfig(
         topic=args.topic, group_id=args.group,
         bootstrap_servers=args.bootstrap_servers or env.get("KAFKA_BOOTSTRAP_SERVERS", ""),
         bootstrap_source=("--bootstrap-servers" if args.bootstrap_servers
                           else "KAFKA_BOOTSTRAP_SERVERS"),
-        dsn=env.get("FENCE_DSN", ""), handler=args.handler,
+        dsn=env.get("FENCE_DSN", ""), handler=handler,
         schema=args.schema or env.get("FENCE_SCHEMA") or "fence",
         group_protocol=GroupProtocol(args.group_protocol),
         assignment_strategy=args.assignment_strategy, auto_offset_reset=args.auto_offset_reset,
@@ -115,10 +124,32 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
         restart_lifetimes=args.restart_lifetimes,
         db_idle_in_transaction_timeout_s=args.db_idle_in_transaction_timeout_s,
         x_options=parse_x_options(args.x),
-        handler_settings=parse_x_options(args.handler_setting, flag="--handler-setting",
-                                         strip_values=False))
+        handler_settings=settings)
     cfg.check()
     return cfg
+
+
+def _handler_of(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+    """The handler spec and factory settings: ``--handler``/``--handler-setting``, or the
+    table sink's factory for ``--sink table=NAME [--sink-key COL]``."""
+    settings = parse_x_options(args.handler_setting, flag="--handler-setting",
+                               strip_values=False)
+    if args.sink is None:
+        if args.sink_key is not None:
+            raise ConfigError(f"--sink-key {args.sink_key}: needs --sink table=NAME")
+        return args.handler or DEFAULT_HANDLER, settings
+    kind, sep, name = args.sink.partition("=")
+    if kind.strip() != "table" or not sep or not name.strip():
+        raise ConfigError(f"--sink {args.sink}: expected table=NAME (or table=SCHEMA.NAME)")
+    if args.handler is not None:
+        raise ConfigError(f"--sink {args.sink} --handler {args.handler}: the sink is the "
+                          "handler; give one of them")
+    if settings:
+        raise ConfigError("--handler-setting: not for --sink (use --sink-key)")
+    sink = {"table": name.strip()}
+    if args.sink_key is not None:
+        sink["key"] = args.sink_key.strip()
+    return SINK_HANDLER, sink
 
 
 def log_level_from(args: argparse.Namespace, env: Mapping[str, str]) -> int:

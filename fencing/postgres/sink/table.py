@@ -1,0 +1,321 @@
+"""The built-in table sink: a handler factory writing each record into one PostgreSQL table
+inside the fenced transaction (``fencectl run --sink table=NAME [--sink-key COL]``, or
+``--handler fencing.postgres.sink:table_sink --handler-setting table=NAME [key=COL]``).
+
+It lives in ``fencing/postgres/`` because it speaks asyncpg (binary COPY, server error
+classes), and only ``fencing/postgres/`` may import asyncpg in ``fencing``; it imports
+nothing of ``consumer`` or ``ops``, so a library user can load it like any factory.
+
+Rules
+- ``ensure_tables`` creates the table when it is missing (``payload jsonb`` + the Kafka
+  coordinates; with a key column, that column ``text PRIMARY KEY``) under an advisory lock,
+  then validates it: the key column must exist with a single-column unique index (for
+  ``ON CONFLICT``) and every required column (NOT NULL, no default) must be of a type the
+  sink writes. A table that does not fit raises ``ConfigError`` (``fencectl run`` exits 2).
+- Per batch: every record is converted in Python first (``rows.convert``); a misfit is
+  rejected (quarantined with its reason) and never reaches the database. The fitting rows
+  are written inside one SAVEPOINT by the fast path (``Method``): insert = binary COPY into
+  the table; upsert = the last operation per key, binary COPY into a per-session temporary
+  staging table, one ``INSERT ... SELECT ... ON CONFLICT DO UPDATE`` per column set, one
+  ``DELETE`` for the tombstones.
+- When PostgreSQL refuses the fast path with a data, integrity or trigger error (SQLSTATE
+  class 22, 23, P0), it is rolled back to the SAVEPOINT and the records are written one by
+  one in order, each in its own SAVEPOINT; a refused record is rejected with PostgreSQL's
+  message, the others applied. Every other error propagates: the fence rolls the whole
+  batch back and retries it.
+- Only the given connection is used; the sink never commits.
+"""
+
+from __future__ import annotations
+
+import enum
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from fencing.errors import ConfigError
+from fencing.handler import HandlerContext, handler, handler_factory
+from fencing.postgres.sink.rows import (
+    RESERVED,
+    Column,
+    Delete,
+    Layout,
+    Misfit,
+    Upsert,
+    convert,
+    last_wins,
+    supported,
+)
+from fencing.store import HandlerFn
+from fencing.types import ACCEPT, Reject, SourceRecord, Verdict
+
+__all__ = ["Method", "SinkSpec", "ensure_table", "make_table_sink", "read_layout", "table_sink"]
+
+_REFUSED_CLASSES = ("22", "23", "P0")  # data, integrity, raised by a trigger: the record's fault
+_SAVEPOINT = "fence_sink"
+
+
+class Method(enum.Enum):
+    """How the fitting rows of a batch reach the table."""
+
+    COPY = "copy"  # binary COPY (into a staging table for upserts) + one set statement
+    EXECUTEMANY = "executemany"  # one prepared INSERT (... ON CONFLICT) executed per row
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True, slots=True)
+class SinkSpec:
+    """What the sink writes: ``table`` (``name`` or ``schema.name``), its ``key`` column
+    (None: plain insert) and the write ``method``."""
+
+    table: str
+    key: str | None = None
+    method: Method = Method.COPY
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> SinkSpec:
+        """From ``--handler-setting`` values ``table``, ``key``, ``method``; raises
+        ``ConfigError`` naming the bad one."""
+        table = str(settings.get("table", "")).strip()
+        parts = table.split(".")
+        if not table or len(parts) > 2 or not all(parts):
+            raise ConfigError(f"--sink table={table}: expected table=NAME or table=SCHEMA.NAME")
+        unknown = set(settings) - {"table", "key", "method"}
+        if unknown:
+            raise ConfigError(f"--handler-setting {sorted(unknown)[0]}: the table sink knows "
+                              "table, key and method")
+        try:
+            method = Method(settings.get("method", Method.COPY.value))
+        except ValueError:
+            raise ConfigError(f"--handler-setting method={settings['method']}: use "
+                              f"{' or '.join(m.value for m in Method)}") from None
+        key = str(settings.get("key") or "").strip() or None
+        return cls(table, key, method)
+
+    @property
+    def quoted(self) -> str:
+        return ".".join(_quote(p) for p in self.table.split("."))
+
+
+def create_ddl(spec: SinkSpec) -> str:
+    """The table the sink creates when it is missing."""
+    key = f"{_quote(spec.key)} text PRIMARY KEY,\n    " if spec.key else ""
+    pk = "" if spec.key else ",\n    PRIMARY KEY (kafka_topic, kafka_partition, kafka_offset)"
+    return (f"CREATE TABLE IF NOT EXISTS {spec.quoted} (\n    {key}payload jsonb NOT NULL,\n"
+            "    kafka_topic text NOT NULL,\n    kafka_partition integer NOT NULL,\n"
+            "    kafka_offset bigint NOT NULL,\n    kafka_key text,\n"
+            f"    kafka_timestamp timestamptz{pk}\n)")
+
+
+_COLUMNS = """
+SELECT a.attname AS name, t.typname AS type_name, a.attnotnull AS not_null,
+       (a.atthasdef OR a.attidentity <> '') AS has_default,
+       CASE WHEN t.typname IN ('varchar', 'bpchar') AND a.atttypmod > 4
+            THEN a.atttypmod - 4 END AS max_chars,
+       (a.attgenerated <> '' OR a.attidentity = 'a') AS not_writable
+FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+"""
+_KEY_UNIQUE = """
+SELECT EXISTS (
+    SELECT 1 FROM pg_index i JOIN pg_attribute a
+      ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+    WHERE i.indrelid = $1::regclass AND i.indisunique AND i.indnkeyatts = 1
+      AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = $2)
+"""
+_WHERE = "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n " \
+         "ON n.oid = c.relnamespace WHERE c.oid = $1::regclass"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The resolved table: its schema and name, and the layout the sink writes."""
+
+    schema: str
+    name: str
+    layout: Layout
+
+    @property
+    def quoted(self) -> str:
+        return f"{_quote(self.schema)}.{_quote(self.name)}"
+
+
+async def read_layout(conn: Any, spec: SinkSpec) -> tuple[Target | None, list[str]]:
+    """The table's target and the problems that keep the sink from writing it (empty: fits)."""
+    if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", spec.quoted):
+        return None, [f"table {spec.table} does not exist"]
+    where = await conn.fetchrow(_WHERE, spec.quoted)
+    problems: list[str] = []
+    columns: list[Column] = []
+    names: set[str] = set()
+    for r in await conn.fetch(_COLUMNS, spec.quoted):
+        names.add(r["name"])
+        if r["not_writable"]:
+            continue
+        col = Column(r["name"], r["type_name"], r["not_null"], r["has_default"], r["max_chars"])
+        if supported(col.type_name):
+            columns.append(col)
+        elif col.required:
+            problems.append(f"required column {col.name} has type {col.type_name}, which the "
+                            "sink cannot fill from JSON (give it a default or make it nullable)")
+    if spec.key is not None:
+        if spec.key not in {c.name for c in columns}:
+            problems.append(f"key column {spec.key} is missing or of a type the sink cannot "
+                            f"write (columns: {', '.join(sorted(names))})")
+        elif spec.key in RESERVED:
+            problems.append(f"key column {spec.key} is a reserved column name")
+        elif not await conn.fetchval(_KEY_UNIQUE, spec.quoted, spec.key):
+            problems.append(f"key column {spec.key} has no single-column unique index or "
+                            "primary key (needed for ON CONFLICT)")
+    if not columns:
+        problems.append("no column the sink can write")
+    layout = Layout(tuple(columns), spec.key)
+    return Target(where["nspname"], where["relname"], layout), problems
+
+
+async def ensure_table(conn: Any, spec: SinkSpec) -> Target:
+    """Create the table if missing, then validate it; raises ``ConfigError`` when it does
+    not fit (see the module Rules)."""
+    if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", spec.quoted):
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))",
+                               f"fenceworker.sink:{spec.table}")
+            await conn.execute(create_ddl(spec))
+    target, problems = await read_layout(conn, spec)
+    if problems or target is None:
+        raise ConfigError(f"--sink table={spec.table}: the table does not fit: "
+                          f"{'; '.join(problems)}")
+    return target
+
+
+class _Writer:
+    """The SQL of one target; ``write`` runs the fast path, ``one`` a single operation."""
+
+    def __init__(self, target: Target, method: Method) -> None:
+        self.t = target
+        self.method = method
+        self.key = target.layout.key
+        self.stage = f"fence_sink_stage_{zlib.crc32(target.quoted.encode()):08x}"
+        cols = ", ".join(_quote(c.name) for c in target.layout.columns)
+        self.make_stage = (f"SET LOCAL client_min_messages = warning; CREATE TEMP TABLE IF NOT "
+                           f"EXISTS {_quote(self.stage)} AS SELECT {cols} FROM {target.quoted} "
+                           "WITH NO DATA")
+        if self.key is not None:
+            self.delete = f"DELETE FROM {target.quoted} WHERE {_quote(self.key)} = ANY($1)"
+            self.delete_one = f"DELETE FROM {target.quoted} WHERE {_quote(self.key)} = $1"
+
+    def _conflict(self) -> str:
+        """Upsert replaces the whole row: a column the record lacks gets its default (the
+        proposed row, EXCLUDED, holds it), never the previous record's value."""
+        if self.key is None:
+            return ""
+        sets = [f"{_quote(c.name)} = EXCLUDED.{_quote(c.name)}"
+                for c in self.t.layout.columns if c.name != self.key]
+        action = f"DO UPDATE SET {', '.join(sets)}" if sets else "DO NOTHING"
+        return f" ON CONFLICT ({_quote(self.key)}) {action}"
+
+    def insert_values(self, columns: Sequence[str]) -> str:
+        marks = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
+        return (f"INSERT INTO {self.t.quoted} ({', '.join(map(_quote, columns))}) "
+                f"VALUES ({marks}){self._conflict()}")
+
+    async def write(self, conn: Any, ops: Sequence[Upsert | Delete]) -> None:
+        if self.key is not None:
+            ops = last_wins(ops)
+        groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+        deletes = []
+        for op in ops:
+            if isinstance(op, Delete):
+                deletes.append(op.key)
+            else:
+                groups.setdefault(op.columns, []).append(op.values)
+        if deletes:
+            await conn.execute(self.delete, deletes)
+        for columns, rows in groups.items():
+            if self.method is Method.EXECUTEMANY:
+                await conn.executemany(self.insert_values(columns), rows)
+            elif self.key is None:
+                await conn.copy_records_to_table(self.t.name, schema_name=self.t.schema,
+                                                 columns=list(columns), records=rows)
+            else:
+                await conn.execute(self.make_stage)
+                await conn.copy_records_to_table(self.stage, schema_name="pg_temp",
+                                                 columns=list(columns), records=rows)
+                names = ", ".join(map(_quote, columns))
+                await conn.execute(
+                    f"INSERT INTO {self.t.quoted} ({names}) SELECT {names} FROM pg_temp."
+                    f"{_quote(self.stage)}{self._conflict()}; "
+                    f"DELETE FROM pg_temp.{_quote(self.stage)}")
+
+    async def one(self, conn: Any, op: Upsert | Delete) -> None:
+        if isinstance(op, Delete):
+            await conn.execute(self.delete_one, op.key)
+        else:
+            await conn.execute(self.insert_values(op.columns), *op.values)
+
+
+def _refused(exc: BaseException) -> bool:
+    state = str(getattr(exc, "sqlstate", "") or "")
+    return isinstance(exc, asyncpg.PostgresError) and state[:2] in _REFUSED_CLASSES
+
+
+async def _in_savepoint(conn: Any, write: Any) -> BaseException | None:
+    """Run ``write()`` in a SAVEPOINT; return the refusal it was rolled back for (None: kept)."""
+    await conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+    try:
+        await write()
+    except asyncpg.PostgresError as exc:
+        if not _refused(exc):
+            raise
+        await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+        return exc
+    await conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+    return None
+
+
+def make_table_sink(spec: SinkSpec) -> HandlerFn:
+    """The sink handler for ``spec`` (its table is read from the catalog on the first batch)."""
+    writers: list[_Writer] = []
+
+    @handler(durability="durable-critical", effects="transactional")
+    async def sink(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
+        if not writers:
+            target, problems = await read_layout(conn, spec)
+            if problems or target is None:
+                raise ConfigError(f"--sink table={spec.table}: {'; '.join(problems)}")
+            writers.append(_Writer(target, spec.method))
+        writer = writers[0]
+        verdicts: list[Verdict] = [ACCEPT] * len(records)
+        ops: list[tuple[int, Upsert | Delete]] = []
+        for i, record in enumerate(records):
+            try:
+                ops.append((i, convert(writer.t.layout, record)))
+            except Misfit as exc:
+                verdicts[i] = Reject(f"table sink: {exc}")
+        if ops and await _in_savepoint(conn, lambda: writer.write(conn, [o for _, o in ops])):
+            for i, op in ops:  # the database refused a row: find it, one record at a time
+                refusal = await _in_savepoint(conn, lambda op=op: writer.one(conn, op))
+                if refusal is not None:
+                    verdicts[i] = Reject(f"table sink: refused by PostgreSQL "
+                                         f"[{getattr(refusal, 'sqlstate', '')}]: {refusal}")
+        return verdicts
+
+    sink.__qualname__ = f"table_sink[{spec.table}]"
+    return sink
+
+
+async def _ensure(conn: Any, context: HandlerContext) -> None:
+    await ensure_table(conn, SinkSpec.from_settings(context.settings))
+
+
+@handler_factory(ensure_tables=_ensure)
+def table_sink(context: HandlerContext) -> HandlerFn:
+    """The table sink for ``context.settings`` (``table``, ``key``, ``method``)."""
+    return make_table_sink(SinkSpec.from_settings(context.settings))
