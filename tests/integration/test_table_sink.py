@@ -2,6 +2,8 @@
 validated when present, JSON mapped to columns, upsert (last wins, tombstone deletes) or
 insert, misfits and database refusals quarantined with their reason, both write methods."""
 
+# ruff: noqa: F811  (pytest fixtures imported from pg_helpers are redefined as parameters)
+
 from __future__ import annotations
 
 import json
