@@ -37,6 +37,7 @@ __all__ = [
     "Effects",
     "HandlerContext",
     "LoadedHandler",
+    "build_from",
     "build_handler",
     "check_verdicts",
     "declaration_of",
@@ -210,11 +211,16 @@ def load_handler(spec: str) -> HandlerFn:
 def build_handler(spec: str, context: HandlerContext) -> LoadedHandler:
     """The handler ``spec`` names: a handler as it is, or what its factory builds for
     ``context``; its declaration checked. Raises ``ConfigError`` naming ``--handler``."""
-    target = _resolve(spec)
+    return build_from(_resolve(spec), context, label=spec)
+
+
+def build_from(target: Any, context: HandlerContext, *, label: str) -> LoadedHandler:
+    """``target`` (a handler, or a ``@handler_factory``) as ``build_handler`` loads it;
+    ``label`` names it in a ``ConfigError``."""
     factory = getattr(target, _FACTORY, None)
     if not isinstance(factory, _Factory):
-        return LoadedHandler(_checked(spec, target))
-    fn = _checked(spec, target(context))
+        return LoadedHandler(_checked(label, target))
+    fn = _checked(label, target(context))
     ensure = factory.ensure_tables
     if ensure is None:
         return LoadedHandler(fn)

@@ -1,0 +1,315 @@
+"""The handler test kit: does a handler keep exactly-once effects under the faults the fence
+survives? Given a handler (or ``@handler_factory``), records and a PostgreSQL DSN -- no Kafka.
+
+Rules
+- Two runs, each in its own fresh schema (``fencing.postgres.testkit``): the *clean* run
+  applies every record once (batches of up to 500 per partition, no fault); the *faulty*
+  run drives the real ``PgFenceStore`` and ``guarded_process`` through a wire proxy
+  (``fencing.testing.pgproxy``) with the batches and faults of ``fencing.testing.plan``:
+  rollback after the handler ran (abort), COMMIT reply lost after the server applied it,
+  COMMIT lost before the server saw it (both resolved by the store's settled re-read), and
+  a new owner (epoch + 1) replaying an aborted batch in two smaller batches after the old
+  token was refused. Every planned fault must take effect, or the kit says so.
+- Checks: (1) the faulty run's tables equal the clean run's (snapshot of every table of
+  the run schema and the quarantine); (2) for a ``transactional`` handler, the tables seen
+  from another connection do not change while the handler runs -- the kit's run schema has
+  no other writer, so any committed change in that window was written outside the given
+  connection; (3) every record got the same verdict in every attempt of both runs;
+  (4) every partition's frontier ends after its last record.
+- ``check_handler`` raises ``HandlerUnsafe`` (an ``AssertionError``, so pytest shows it)
+  naming every problem, and returns the ``KitReport`` otherwise; ``check_handler_async``
+  is the same for an async test. Both schemas are dropped afterwards unless ``keep``.
+- Seen by the kit: writes into the run schema (and the quarantine). A handler writing to
+  tables elsewhere must take its schema from ``HandlerContext.schema`` to be checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from fencing.errors import Fenced
+from fencing.guarded import guarded_claim, guarded_process
+from fencing.handler import Effects, HandlerContext, LoadedHandler, build_from, declaration_of
+from fencing.postgres.testkit import RunSchema, connect, snapshot
+from fencing.store import FenceStore, HandlerFn
+from fencing.testing.pgproxy import Action, PgProxy
+from fencing.testing.plan import ALL_FAULTS, Fault, Step, diff, plan, unstable_verdicts
+from fencing.types import ClaimRequest, Reject, SourceRecord, Token, TopicPartition, Verdict
+
+__all__ = ["HandlerUnsafe", "KitReport", "check_handler", "check_handler_async"]
+
+_GROUP = "fence-testkit"
+Key = tuple[str, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class KitReport:
+    """What the kit did and found; ``problems`` empty means the handler passed."""
+
+    problems: tuple[str, ...]
+    faults: dict[str, int]  # fault -> batches it hit in the faulty run
+    handler_calls: int  # handler invocations of the faulty run, aborted ones included
+    tables: tuple[str, ...]  # the tables compared
+    left_out: tuple[str, ...]  # table.column values that differ between runs by design
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def explain(self) -> str:
+        head = (f"handler test kit: {len(self.problems)} problem(s); faults injected "
+                f"{self.faults}; {self.handler_calls} handler calls; tables {list(self.tables)}")
+        return "\n".join([head, *(f"- {p}" for p in self.problems)])
+
+
+class HandlerUnsafe(AssertionError):
+    """The handler does not keep exactly-once effects under the kit's faults."""
+
+    def __init__(self, report: KitReport) -> None:
+        super().__init__(report.explain())
+        self.report = report
+
+
+@dataclass(slots=True)
+class _Watch:
+    """What every handler call saw: verdicts per record, writes outside the transaction."""
+
+    verdicts: dict[Key, list[str]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    calls: int = 0
+
+
+class _Abort(Exception):
+    """Raised by the kit after the handler returned, so the store rolls the batch back."""
+
+
+def _verdict_text(v: Verdict) -> str:
+    return f"reject: {v.reason}" if isinstance(v, Reject) else "accept"
+
+
+def _watched(fn: HandlerFn, watch: _Watch, outside: Callable[[], Awaitable[Any]] | None,
+             *, abort: bool = False) -> HandlerFn:
+    async def run(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
+        watch.calls += 1
+        before = None if outside is None else await outside()
+        verdicts = await fn(conn, records)
+        for r, v in zip(records, verdicts, strict=False):
+            watch.verdicts.setdefault((r.topic, r.partition, r.offset), []).append(
+                _verdict_text(v))
+        if outside is not None and (after := await outside()) != before:
+            watch.problems.append(
+                f"batch {records[0].tp} offsets {records[0].offset}..{records[-1].offset}: "
+                "declared transactional, but tables changed (committed) outside its "
+                "transaction while it ran -- it writes through another connection: "
+                + "; ".join(diff(before or {}, after, labels=("before the call",
+                                                              "while it ran"))))
+        if abort:
+            raise _Abort()
+        return verdicts
+    return run
+
+
+async def _no_wait(_seconds: float) -> None:
+    return None
+
+
+def _live() -> None:
+    return None
+
+
+async def _process(store: FenceStore, tp: TopicPartition, token: Token,
+                   records: Sequence[SourceRecord], fn: HandlerFn) -> Token:
+    return await guarded_process(store, tp, token, records, fn, wait=_no_wait, check_live=_live)
+
+
+async def _aborted(store: FenceStore, tp: TopicPartition, token: Token,
+                   records: Sequence[SourceRecord], fn: HandlerFn) -> None:
+    try:
+        await store.process(tp, token, records, fn)
+    except _Abort:
+        return
+    raise AssertionError("the kit's abort did not abort")  # pragma: no cover
+
+
+class _Run:
+    """One run: its schema, store, handler (built for its context) and watch."""
+
+    def __init__(self, schema: RunSchema, loaded: LoadedHandler, watch: _Watch) -> None:
+        self.schema, self.loaded, self.watch = schema, loaded, watch
+
+
+async def _start(target: Any, dsn: str, settings: dict[str, str], topics: tuple[str, ...],
+                 ensure_tables: Callable[[Any], Awaitable[None]] | None) -> _Run:
+    schema = await RunSchema.create(dsn)
+    loaded = build_from(target, HandlerContext(schema.name, _GROUP, topics, settings),
+                        label="check_handler")
+    conn = await connect(dsn, schema.name)
+    try:
+        for ensure in (ensure_tables, loaded.ensure_tables):
+            if ensure is not None:
+                await ensure(conn)
+    finally:
+        await conn.close()
+    return _Run(schema, loaded, _Watch())
+
+
+def _by_partition(records: Iterable[SourceRecord]) -> dict[TopicPartition, list[SourceRecord]]:
+    out: dict[TopicPartition, list[SourceRecord]] = {}
+    for r in records:
+        part = out.setdefault(r.tp, [])
+        if part and r.offset <= part[-1].offset:
+            raise ValueError(f"{r.tp}: offset {r.offset} after {part[-1].offset}; offsets of a "
+                             "partition must increase")
+        part.append(r)
+    return out
+
+
+async def _clean(run: _Run, parts: dict[TopicPartition, list[SourceRecord]]) -> list[Token]:
+    store = await run.schema.store(run.schema.dsn, group_id=_GROUP)
+    fn = _watched(run.loaded.fn, run.watch, None)
+    try:
+        tokens = dict(await store.claim([ClaimRequest(tp, 0) for tp in parts], lifetime="clean"))
+        for tp, recs in parts.items():
+            for i in range(0, len(recs), 500):
+                tokens[tp] = await store.process(tp, tokens[tp], recs[i:i + 500], fn)
+        return list(tokens.values())
+    finally:
+        await store.close()
+
+
+async def _faulty(run: _Run, parts: dict[TopicPartition, list[SourceRecord]],
+                  faults: Sequence[Fault], seed: int, transactional: bool,
+                  ignore: Sequence[str]) -> tuple[list[Token], dict[str, int], list[str]]:
+    url = urlsplit(run.schema.dsn)
+    observer = await connect(run.schema.dsn, run.schema.name)
+    counts: dict[str, int] = {}
+    problems: list[str] = []
+
+    async def outside() -> Any:
+        return (await snapshot(observer, run.schema, ignore=ignore))[0]
+
+    watched = _watched(run.loaded.fn, run.watch, outside if transactional else None)
+    aborting = _watched(run.loaded.fn, run.watch, outside if transactional else None,
+                        abort=True)
+    rng = random.Random(seed)
+    async with PgProxy(url.hostname or "127.0.0.1", url.port or 5432) as proxy:
+        store = await run.schema.store(proxy.dsn(run.schema.dsn), group_id=_GROUP)
+        try:
+            tokens = []
+            for n, (tp, recs) in enumerate(parts.items()):
+                steps = plan(recs, rng=rng, faults=faults, first=n)
+                tokens.append(await _partition(store, proxy, tp, steps, watched, aborting,
+                                               counts, problems))
+        finally:
+            await store.close()
+            await observer.close()
+    return tokens, counts, problems
+
+
+async def _partition(store: FenceStore, proxy: PgProxy, tp: TopicPartition, steps: list[Step],
+                     fn: HandlerFn, aborting: HandlerFn, counts: dict[str, int],
+                     problems: list[str]) -> Token:
+    lifetime = 1
+    token = (await guarded_claim(store, [ClaimRequest(tp, 0)], lifetime=f"kit-{lifetime}",
+                                 wait=_no_wait, check_live=_live))[tp]
+    for step in steps:
+        counts[step.fault.value] = counts.get(step.fault.value, 0) + 1
+        batch = step.records
+        where = f"{tp} offsets {batch[0].offset}..{batch[-1].offset}"
+        if step.fault in (Fault.LOST_REPLY_COMMITTED, Fault.LOST_REPLY_NOT_COMMITTED):
+            action = (Action.CUT_AFTER if step.fault is Fault.LOST_REPLY_COMMITTED
+                      else Action.CUT_BEFORE)
+            rule = proxy.add_rule("COMMIT", action, exact=True)
+            token = await _process(store, tp, token, batch, fn)
+            if not rule.fired.is_set():
+                proxy.rules.remove(rule)
+                problems.append(f"kit: fault {step.fault.value} did not fire at {where}")
+            continue
+        if step.fault is Fault.ABORT:
+            await _aborted(store, tp, token, batch, aborting)
+        elif step.fault is Fault.REPLAY_NEW_EPOCH:
+            await _aborted(store, tp, token, batch, aborting)
+            lifetime += 1
+            new = (await guarded_claim(store, [ClaimRequest(tp, 0)], lifetime=f"kit-{lifetime}",
+                                       wait=_no_wait, check_live=_live))[tp]
+            try:
+                await store.process(tp, token, batch, fn)
+                problems.append(f"kit: the old token {token} committed after a new claim "
+                                f"at {where}")
+            except Fenced:
+                pass
+            token, half = new, max(1, len(batch) // 2)
+            token = await _process(store, tp, token, batch[:half], fn)
+            batch = batch[half:]
+            if not batch:
+                continue
+        token = await _process(store, tp, token, batch, fn)
+    return token
+
+
+async def check_handler_async(
+    handler: Any,
+    records: Iterable[SourceRecord],
+    *,
+    dsn: str,
+    settings: dict[str, str] | None = None,
+    ensure_tables: Callable[[Any], Awaitable[None]] | None = None,
+    faults: Sequence[Fault] = ALL_FAULTS,
+    seed: int = 0,
+    ignore_columns: Sequence[str] = (),
+    keep: bool = False,
+) -> KitReport:
+    """Run ``handler`` (a handler or a ``@handler_factory``, built with ``settings``) over
+    ``records`` cleanly and under ``faults``; raise ``HandlerUnsafe`` naming every problem
+    (see the module Rules). ``ensure_tables(conn)``: table set-up for a plain handler (a
+    factory brings its own); ``ignore_columns``: ``table.column`` values that may differ
+    between runs; ``keep``: leave both schemas for inspection."""
+    parts = _by_partition(records)
+    if not parts:
+        raise ValueError("check_handler needs at least one record")
+    topics = tuple(sorted({tp.topic for tp in parts}))
+    clean = await _start(handler, dsn, dict(settings or {}), topics, ensure_tables)
+    faulty: _Run | None = None
+    try:
+        faulty = await _start(handler, dsn, dict(settings or {}), topics, ensure_tables)
+        transactional = declaration_of(faulty.loaded.fn).effects is Effects.TRANSACTIONAL
+        clean_tokens = await _clean(clean, parts)
+        tokens, counts, problems = await _faulty(faulty, parts, faults, seed, transactional,
+                                                 ignore_columns)
+        problems += faulty.watch.problems
+        ends = sorted(recs[-1].offset + 1 for recs in parts.values())
+        for name, got in (("clean", clean_tokens), ("faulty", tokens)):
+            if sorted(t.frontier for t in got) != ends:
+                problems.append(f"kit: the {name} run's frontiers {got} are not the batch ends")
+        snaps = []
+        for run in (clean, faulty):
+            conn = await connect(dsn, run.schema.name)
+            try:
+                snaps.append(await snapshot(conn, run.schema, group_id=_GROUP,
+                                            ignore=ignore_columns))
+            finally:
+                await conn.close()
+        problems += [f"after the faults, {d}" for d in diff(snaps[0][0], snaps[1][0])]
+        merged = {k: clean.watch.verdicts.get(k, []) + v for k, v in faulty.watch.verdicts.items()}
+        problems += unstable_verdicts(merged)
+        report = KitReport(tuple(problems), counts, faulty.watch.calls,
+                           tuple(sorted(snaps[0][0])), tuple(snaps[0][1]))
+    finally:
+        if not keep:
+            for made in (clean, faulty):
+                if made is not None:
+                    await made.schema.drop()
+    if not report.ok:
+        raise HandlerUnsafe(report)
+    return report
+
+
+def check_handler(handler: Any, records: Iterable[SourceRecord], *, dsn: str,
+                  **options: Any) -> KitReport:
+    """``check_handler_async`` for a plain (synchronous) test; same options."""
+    return asyncio.run(check_handler_async(handler, records, dsn=dsn, **options))
