@@ -71,15 +71,19 @@ async def _table(dsn: str, schema: str, group: str) -> tuple[Counter[tuple[str, 
                                                            for r in quarantined}
 
 
-def test_table_sink_under_rebalance_churn_applies_every_record_once(services) -> None:  # type: ignore[no-untyped-def]
+def test_table_sink_under_rebalance_churn_applies_every_record_once(services) -> None:
     bootstrap, dsn = services.kafka_bootstrap, services.dsn
     topic, group = unique("sink"), unique("gsink")
     create_topic(bootstrap, topic, PARTITIONS)
     schema = asyncio.run(_prepare(dsn))
     recs = _records(topic)
-    feeder = threading.Thread(target=lambda: [
-        (produce(bootstrap, recs[i:i + 1500]), time.sleep(0.4))
-        for i in range(0, COUNT, 1500)], daemon=True)
+
+    def feed() -> None:  # in chunks while the workers churn
+        for i in range(0, COUNT, 1500):
+            produce(bootstrap, recs[i:i + 1500])
+            time.sleep(0.4)
+
+    feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
     procs: list[WorkerProc] = []
 
