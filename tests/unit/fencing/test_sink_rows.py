@@ -1,0 +1,106 @@
+"""The table sink's pure half: JSON values -> rows, misfits with their reason, last wins."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import uuid
+from typing import Any
+
+import pytest
+
+from fencing.postgres.sink.rows import (
+    Column,
+    Delete,
+    Layout,
+    Misfit,
+    Upsert,
+    convert,
+    last_wins,
+    supported,
+)
+from fencing.types import SourceRecord
+
+LAYOUT = Layout((
+    Column("id", "text", not_null=True), Column("n", "int4"),
+    Column("amount", "numeric", not_null=True), Column("ok", "bool"),
+    Column("at", "timestamptz", has_default=True), Column("u", "uuid"),
+    Column("tag", "varchar", max_chars=3), Column("doc", "jsonb"),
+    Column("payload", "jsonb", not_null=True), Column("kafka_offset", "int8"),
+    Column("kafka_key", "text"),
+), key="id")
+
+
+def rec(value: Any, *, key: bytes | None = b"k1", offset: int = 7) -> SourceRecord:
+    raw = value if value is None or isinstance(value, bytes) else json.dumps(value).encode()
+    return SourceRecord("t", 0, offset, key, raw)
+
+
+def test_fields_map_to_columns_by_name_and_reserved_columns_come_from_the_record() -> None:
+    u = str(uuid.uuid4())
+    op = convert(LAYOUT, rec({"id": "a", "n": 5, "amount": 1.5, "ok": True, "u": u, "tag": "ab",
+                              "doc": {"x": [1]}, "extra": 1, "kafka_offset": 99}))
+    assert isinstance(op, Upsert) and op.key == "a"
+    got = dict(zip(op.columns, op.values, strict=True))
+    assert got == {"id": "a", "n": 5, "amount": decimal.Decimal("1.5"), "ok": True,
+                   "u": uuid.UUID(u), "tag": "ab", "doc": '{"x":[1]}',
+                   "payload": json.dumps({"id": "a", "n": 5, "amount": 1.5, "ok": True, "u": u,
+                                          "tag": "ab", "doc": {"x": [1]}, "extra": 1,
+                                          "kafka_offset": 99}, separators=(",", ":")),
+                   "kafka_offset": 7, "kafka_key": "k1"}
+    assert "at" not in got  # absent with a default: the database's default
+
+
+def test_timestamps_naive_read_as_utc() -> None:
+    op = convert(LAYOUT, rec({"id": "a", "amount": 1, "at": "2024-05-01T10:00:00"}))
+    assert isinstance(op, Upsert)
+    assert dict(zip(op.columns, op.values, strict=True))["at"] == dt.datetime(
+        2024, 5, 1, 10, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (b"{nope", "value is not JSON"),
+    (b"\xff", "value is not JSON"),
+    ([1], "value is a JSON list, not an object"),
+    ({"id": "a"}, "missing required column amount"),
+    ({"id": "a", "amount": None}, "column amount is NOT NULL but the value holds null"),
+    ({"id": "a", "amount": "x"}, "column amount (numeric): 'x' is not a number"),
+    ({"id": "a", "amount": 1, "n": 1.5}, "column n (int4): expected an integer"),
+    ({"id": "a", "amount": 1, "n": 2**31}, "column n (int4): 2147483648 is out of range"),
+    ({"id": "a", "amount": 1, "n": True}, "column n (int4): expected an integer"),
+    ({"id": "a", "amount": 1, "ok": 1}, "column ok (bool): expected true or false"),
+    ({"id": "a", "amount": 1, "u": "zz"}, "column u (uuid): 'zz' is not a UUID"),
+    ({"id": "a", "amount": 1, "tag": "long"}, "4 characters is too long"),
+    ({"id": "a", "amount": 1, "at": "yesterday"}, "column at (timestamptz): 'yesterday'"),
+    ({"id": {"a": 1}, "amount": 1}, "column id (text): expected a string"),
+])
+def test_misfits_name_their_reason(value: Any, reason: str) -> None:
+    with pytest.raises(Misfit) as info:
+        convert(LAYOUT, rec(value))
+    assert reason in str(info.value)
+
+
+def test_the_key_falls_back_to_the_kafka_key_and_a_tombstone_deletes_it() -> None:
+    op = convert(LAYOUT, rec({"amount": 1}, key=b"k9"))
+    assert isinstance(op, Upsert) and op.key == "k9"
+    assert convert(LAYOUT, rec(None, key=b"k9")) == Delete("k9")
+    with pytest.raises(Misfit, match="neither the value nor the Kafka key"):
+        convert(LAYOUT, rec(None, key=None))
+    with pytest.raises(Misfit, match="not UTF-8"):
+        convert(LAYOUT, rec(None, key=b"\xff"))
+
+
+def test_insert_mode_rejects_tombstones() -> None:
+    with pytest.raises(Misfit, match="nothing to insert"):
+        convert(Layout((Column("payload", "jsonb"),)), rec(None))
+
+
+def test_last_wins_keeps_the_last_operation_per_key_in_last_occurrence_order() -> None:
+    a1, b1, a2 = Upsert("a", ("id",), ("a",)), Upsert("b", ("id",), ("b",)), Delete("a")
+    assert last_wins([a1, b1, a2]) == [b1, a2]
+    assert last_wins([a2, b1, a1]) == [b1, a1]
+
+
+def test_supported_types() -> None:
+    assert supported("jsonb") and supported("int8") and not supported("point")
