@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from fencing.errors import ConfigError
@@ -13,7 +15,7 @@ from ops.commands.run import SINK_HANDLER, config_from_args
 ENV = {"KAFKA_BOOTSTRAP_SERVERS": "localhost:9092", "FENCE_DSN": "postgresql://x/y"}
 
 
-def run_args(*extra: str) -> object:
+def run_args(*extra: str) -> argparse.Namespace:
     return cli.build_parser().parse_args(["run", "--topic", "orders", "--group", "g", *extra])
 
 
