@@ -26,7 +26,7 @@ from fencing.postgres.store import PgFenceStore
 from fencing.types import ClaimRequest, SourceRecord, TopicPartition
 from ops.operator.db import connection
 
-__all__ = ["measure_methods", "sink_value"]
+__all__ = ["measure_methods", "produce_values", "sink_value"]
 
 
 def sink_value(i: int) -> bytes:
@@ -34,6 +34,32 @@ def sink_value(i: int) -> bytes:
     head = json.dumps({"id": f"o{i}", "amount": i % 997, "status": "new", "note": ""},
                       separators=(",", ":"))
     return head.replace('"note":""', '"note":"' + "x" * (100 - len(head)) + '"').encode()
+
+
+def produce_values(topic: str, count: int, partitions: int, bootstrap: str) -> None:
+    """Create ``topic`` (``partitions``) and produce ``count`` ``sink_value`` records, keyed by
+    their id, round robin over the partitions; raises ``RuntimeError`` on a failed delivery."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient
+
+    from ops.commands.produce import ProduceOptions, ensure_topic
+
+    opts = ProduceOptions(topic, count, 0, "valid", partitions=partitions, bootstrap=bootstrap)
+    problem = ensure_topic(AdminClient({"bootstrap.servers": bootstrap}), opts)
+    if problem is not None:
+        raise RuntimeError(problem)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                         "linger.ms": 20, "batch.size": 1_000_000,
+                         "queue.buffering.max.messages": 500_000})
+    for i in range(count):
+        while True:
+            try:
+                producer.produce(topic, sink_value(i), f"o{i}".encode(), partition=i % partitions)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    if producer.flush(120) != 0:
+        raise RuntimeError(f"{topic}: records left undelivered")
 
 
 async def _one(dsn: str, schema: str, spec: SinkSpec, batch: int, rounds: int) -> dict[str, Any]:

@@ -6,7 +6,9 @@ domain, valid class) it runs, each as its own process with its own group and sch
 same effects in batch transactions with Kafka commits (``ops.bench.baselines``), (c) the
 worker with default batching, (d) the worker with batches of one record, measured on the
 first ``--single-count`` records of a second topic (records/s is a rate; the subset keeps
-the run short, and the JSON says so). Each run's peak memory is its ``ru_maxrss``
+the run short, and the JSON says so), and (c') the built-in table sink (``--sink table=...
+--sink-key id``, no handler code) on ``--count`` 100-byte JSON values (``--sink-only``: just
+that run, into ``artifacts/bench/worker_sink.json``). Each run's peak memory is its ``ru_maxrss``
 (``os.wait4``). Then, per group setup, the time from a member joining to the partitions
 moved to it processing again. Results: ``artifacts/bench/worker.json``.
 """
@@ -141,6 +143,24 @@ def run_worker(topic: str, total: int, dsn: str, extra: list[str]) -> dict[str, 
             round(rss / 1024, 1), "exit": code}
 
 
+def run_sink(total: int, partitions: int, dsn: str) -> dict[str, Any]:
+    """(c') ``fencectl run --sink`` (upsert on ``id``) over ``total`` 100-byte JSON values in
+    ``partitions`` partitions (``ops.bench.sink``), timed like ``run_worker``."""
+    from ops.bench.sink import produce_values
+
+    topic, table = _uid("bench_sink"), f"public.{_uid('bench_sink')}"
+    print(f"producing {total} JSON values to {topic} ...", flush=True)
+    produce_values(topic, total, partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"])
+    try:
+        got = run_worker(topic, total, dsn, ["--sink", f"table={table}", "--sink-key", "id"])
+    finally:
+        async def drop() -> None:
+            async with connection(dsn) as conn:
+                await conn.execute(f"DROP TABLE IF EXISTS {table}")
+        asyncio.run(drop())
+    return {**got, "values": "100-byte JSON objects, upsert on id"}
+
+
 def _log_time(path: Path, marker: str) -> float | None:
     for line in path.read_text(errors="replace").splitlines():
         if marker in line:
@@ -216,8 +236,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--single-count", type=int, default=6_000)
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--sink-only", action="store_true",
+                   help="run only (c') the table sink; write artifacts/bench/worker_sink.json")
     a = p.parse_args(argv)
     dsn = os.environ["FENCE_DSN"]
+    if a.sink_only:
+        sink = {"count": a.count, "partitions": a.partitions,
+                "c_table_sink": run_sink(a.count, a.partitions, dsn),
+                "load_average_1m_at_end": round(os.getloadavg()[0], 2)}
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        OUT.with_name("worker_sink.json").write_text(json.dumps(sink, indent=2) + "\n")
+        print(json.dumps(sink, indent=2))
+        return 0
     topic, single = _uid("bench"), _uid("bench1")
     print(f"producing {a.count} records to {topic} ...", flush=True)
     produce(topic, a.count, a.partitions, 1)
@@ -240,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         ordered = sorted(got, key=lambda r: r["records_per_s"])
         runs[name] = {**ordered[len(ordered) // 2],
                       "all_records_per_s": [r["records_per_s"] for r in got]}
+    print("run c_table_sink ...", flush=True)
+    runs["c_table_sink"] = run_sink(a.count, a.partitions, dsn)
     print("run d_fenceworker_batch1 ...", flush=True)
     runs["d_fenceworker_batch1"] = run_worker(single, a.single_count, dsn,
                                               ["--batch-max-records", "1"])
