@@ -54,3 +54,12 @@ def test_json_records_partition_by_key_and_count_offsets_per_partition() -> None
     assert recs[0].partition == recs[2].partition
     assert [r.offset for r in recs if r.partition == recs[0].partition] == [0, 1]
     assert recs[0].value == b'{"n": 1}' and recs[2].value is None and recs[2].key == b"a"
+
+
+def test_the_kit_exports_what_its_package_lists() -> None:
+    import fencing.testing as kit
+
+    assert sorted(kit.__all__) == sorted(
+        ["ALL_FAULTS", "Fault", "HandlerUnsafe", "KitReport", "check_handler",
+         "check_handler_async", "json_records"])
+    assert all(hasattr(kit, name) for name in kit.__all__)
