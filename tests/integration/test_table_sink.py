@@ -143,3 +143,15 @@ async def test_a_table_that_does_not_fit_is_refused_at_start(
             await ensure_table(conn, SinkSpec(f"{schema}.bad", key=key))
     finally:
         await conn.close()
+
+
+@pytest.mark.parametrize("method", list(Method))
+async def test_insert_mode_refusal_quarantines_only_the_refused_record(
+        pg_dsn: str, schema: str, method: Method) -> None:
+    await fetch(pg_dsn, f'CREATE TABLE "{schema}".r (n int CHECK (n <> 13), '
+                        "kafka_offset bigint UNIQUE)")
+    quarantined = await apply(pg_dsn, schema, SinkSpec(f"{schema}.r", method=method),
+                              [rec(o, {"n": o + 10}) for o in range(6)])
+    assert await fetch(pg_dsn, f'SELECT n FROM "{schema}".r ORDER BY n') == [
+        (10,), (11,), (12,), (14,), (15,)]
+    assert list(quarantined) == [3] and "refused by PostgreSQL [23514]" in quarantined[3]
