@@ -1,5 +1,6 @@
-"""The built-in table sink (see ``fencing.postgres.sink.table``)."""
+"""The built-in table sink (rules in ``fencing.postgres.sink.table``)."""
 
-from fencing.postgres.sink.table import Method, SinkSpec, ensure_table, make_table_sink, table_sink
+from fencing.postgres.sink.catalog import Method, SinkSpec, ensure_table
+from fencing.postgres.sink.table import make_table_sink, table_sink
 
 __all__ = ["Method", "SinkSpec", "ensure_table", "make_table_sink", "table_sink"]

@@ -28,171 +28,24 @@ Rules
 
 from __future__ import annotations
 
-import enum
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
 from fencing.errors import ConfigError
 from fencing.handler import HandlerContext, handler, handler_factory
-from fencing.postgres.sink.rows import (
-    RESERVED,
-    Column,
-    Delete,
-    Layout,
-    Misfit,
-    Upsert,
-    convert,
-    last_wins,
-    supported,
-)
+from fencing.postgres.sink.catalog import Method, SinkSpec, Target, ensure_table, read_layout
+from fencing.postgres.sink.catalog import quote as _quote
+from fencing.postgres.sink.rows import Delete, Misfit, Upsert, convert, last_wins
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, Reject, SourceRecord, Verdict
 
-__all__ = ["Method", "SinkSpec", "ensure_table", "make_table_sink", "read_layout", "table_sink"]
+__all__ = ["make_table_sink", "table_sink"]
 
 _REFUSED_CLASSES = ("22", "23", "P0")  # data, integrity, raised by a trigger: the record's fault
 _SAVEPOINT = "fence_sink"
-
-
-class Method(enum.Enum):
-    """How the fitting rows of a batch reach the table."""
-
-    COPY = "copy"  # binary COPY (into a staging table for upserts) + one set statement
-    EXECUTEMANY = "executemany"  # one prepared INSERT (... ON CONFLICT) executed per row
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-@dataclass(frozen=True, slots=True)
-class SinkSpec:
-    """What the sink writes: ``table`` (``name`` or ``schema.name``), its ``key`` column
-    (None: plain insert) and the write ``method``."""
-
-    table: str
-    key: str | None = None
-    method: Method = Method.COPY
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> SinkSpec:
-        """From ``--handler-setting`` values ``table``, ``key``, ``method``; raises
-        ``ConfigError`` naming the bad one."""
-        table = str(settings.get("table", "")).strip()
-        parts = table.split(".")
-        if not table or len(parts) > 2 or not all(parts):
-            raise ConfigError(f"--sink table={table}: expected table=NAME or table=SCHEMA.NAME")
-        unknown = set(settings) - {"table", "key", "method"}
-        if unknown:
-            raise ConfigError(f"--handler-setting {sorted(unknown)[0]}: the table sink knows "
-                              "table, key and method")
-        try:
-            method = Method(settings.get("method", Method.COPY.value))
-        except ValueError:
-            raise ConfigError(f"--handler-setting method={settings['method']}: use "
-                              f"{' or '.join(m.value for m in Method)}") from None
-        key = str(settings.get("key") or "").strip() or None
-        return cls(table, key, method)
-
-    @property
-    def quoted(self) -> str:
-        return ".".join(_quote(p) for p in self.table.split("."))
-
-
-def create_ddl(spec: SinkSpec) -> str:
-    """The table the sink creates when it is missing."""
-    key = f"{_quote(spec.key)} text PRIMARY KEY,\n    " if spec.key else ""
-    pk = "" if spec.key else ",\n    PRIMARY KEY (kafka_topic, kafka_partition, kafka_offset)"
-    return (f"CREATE TABLE IF NOT EXISTS {spec.quoted} (\n    {key}payload jsonb NOT NULL,\n"
-            "    kafka_topic text NOT NULL,\n    kafka_partition integer NOT NULL,\n"
-            "    kafka_offset bigint NOT NULL,\n    kafka_key text,\n"
-            f"    kafka_timestamp timestamptz{pk}\n)")
-
-
-_COLUMNS = """
-SELECT a.attname AS name, t.typname AS type_name, a.attnotnull AS not_null,
-       (a.atthasdef OR a.attidentity <> '') AS has_default,
-       CASE WHEN t.typname IN ('varchar', 'bpchar') AND a.atttypmod > 4
-            THEN a.atttypmod - 4 END AS max_chars,
-       (a.attgenerated <> '' OR a.attidentity = 'a') AS not_writable
-FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attnum
-"""
-_KEY_UNIQUE = """
-SELECT EXISTS (
-    SELECT 1 FROM pg_index i JOIN pg_attribute a
-      ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-    WHERE i.indrelid = $1::regclass AND i.indisunique AND i.indnkeyatts = 1
-      AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = $2)
-"""
-_WHERE = "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n " \
-         "ON n.oid = c.relnamespace WHERE c.oid = $1::regclass"
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """The resolved table: its schema and name, and the layout the sink writes."""
-
-    schema: str
-    name: str
-    layout: Layout
-
-    @property
-    def quoted(self) -> str:
-        return f"{_quote(self.schema)}.{_quote(self.name)}"
-
-
-async def read_layout(conn: Any, spec: SinkSpec) -> tuple[Target | None, list[str]]:
-    """The table's target and the problems that keep the sink from writing it (empty: fits)."""
-    if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", spec.quoted):
-        return None, [f"table {spec.table} does not exist"]
-    where = await conn.fetchrow(_WHERE, spec.quoted)
-    problems: list[str] = []
-    columns: list[Column] = []
-    names: set[str] = set()
-    for r in await conn.fetch(_COLUMNS, spec.quoted):
-        names.add(r["name"])
-        if r["not_writable"]:
-            continue
-        col = Column(r["name"], r["type_name"], r["not_null"], r["has_default"], r["max_chars"])
-        if supported(col.type_name):
-            columns.append(col)
-        elif col.required:
-            problems.append(f"required column {col.name} has type {col.type_name}, which the "
-                            "sink cannot fill from JSON (give it a default or make it nullable)")
-    if spec.key is not None:
-        if spec.key not in {c.name for c in columns}:
-            problems.append(f"key column {spec.key} is missing or of a type the sink cannot "
-                            f"write (columns: {', '.join(sorted(names))})")
-        elif spec.key in RESERVED:
-            problems.append(f"key column {spec.key} is a reserved column name")
-        elif not await conn.fetchval(_KEY_UNIQUE, spec.quoted, spec.key):
-            problems.append(f"key column {spec.key} has no single-column unique index or "
-                            "primary key (needed for ON CONFLICT)")
-    if not columns:
-        problems.append("no column the sink can write")
-    layout = Layout(tuple(columns), spec.key)
-    return Target(where["nspname"], where["relname"], layout), problems
-
-
-async def ensure_table(conn: Any, spec: SinkSpec) -> Target:
-    """Create the table if missing, then validate it; raises ``ConfigError`` when it does
-    not fit (see the module Rules)."""
-    if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", spec.quoted):
-        async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))",
-                               f"fenceworker.sink:{spec.table}")
-            await conn.execute(create_ddl(spec))
-    target, problems = await read_layout(conn, spec)
-    if problems or target is None:
-        raise ConfigError(f"--sink table={spec.table}: the table does not fit: "
-                          f"{'; '.join(problems)}")
-    return target
 
 
 class _Writer:
