@@ -28,23 +28,20 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from fencing.errors import Fenced
-from fencing.guarded import guarded_claim, guarded_process
 from fencing.handler import Effects, HandlerContext, LoadedHandler, build_from, declaration_of
 from fencing.postgres.testkit import RunSchema, connect, snapshot
-from fencing.store import FenceStore, HandlerFn
-from fencing.testing.pgproxy import Action, PgProxy
-from fencing.testing.plan import ALL_FAULTS, Fault, Step, diff, plan, unstable_verdicts
-from fencing.types import ClaimRequest, Reject, SourceRecord, Token, TopicPartition, Verdict
+from fencing.testing.drive import Watch, run_partition, watched
+from fencing.testing.pgproxy import PgProxy
+from fencing.testing.plan import ALL_FAULTS, Fault, diff, plan, unstable_verdicts
+from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition
 
 __all__ = ["HandlerUnsafe", "KitReport", "check_handler", "check_handler_async"]
 
 _GROUP = "fence-testkit"
-Key = tuple[str, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,71 +72,10 @@ class HandlerUnsafe(AssertionError):
         self.report = report
 
 
-@dataclass(slots=True)
-class _Watch:
-    """What every handler call saw: verdicts per record, writes outside the transaction."""
-
-    verdicts: dict[Key, list[str]] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-    calls: int = 0
-
-
-class _Abort(Exception):
-    """Raised by the kit after the handler returned, so the store rolls the batch back."""
-
-
-def _verdict_text(v: Verdict) -> str:
-    return f"reject: {v.reason}" if isinstance(v, Reject) else "accept"
-
-
-def _watched(fn: HandlerFn, watch: _Watch, outside: Callable[[], Awaitable[Any]] | None,
-             *, abort: bool = False) -> HandlerFn:
-    async def run(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
-        watch.calls += 1
-        before = None if outside is None else await outside()
-        verdicts = await fn(conn, records)
-        for r, v in zip(records, verdicts, strict=False):
-            watch.verdicts.setdefault((r.topic, r.partition, r.offset), []).append(
-                _verdict_text(v))
-        if outside is not None and (after := await outside()) != before:
-            watch.problems.append(
-                f"batch {records[0].tp} offsets {records[0].offset}..{records[-1].offset}: "
-                "declared transactional, but tables changed (committed) outside its "
-                "transaction while it ran -- it writes through another connection: "
-                + "; ".join(diff(before or {}, after, labels=("before the call",
-                                                              "while it ran"))))
-        if abort:
-            raise _Abort()
-        return verdicts
-    return run
-
-
-async def _no_wait(_seconds: float) -> None:
-    return None
-
-
-def _live() -> None:
-    return None
-
-
-async def _process(store: FenceStore, tp: TopicPartition, token: Token,
-                   records: Sequence[SourceRecord], fn: HandlerFn) -> Token:
-    return await guarded_process(store, tp, token, records, fn, wait=_no_wait, check_live=_live)
-
-
-async def _aborted(store: FenceStore, tp: TopicPartition, token: Token,
-                   records: Sequence[SourceRecord], fn: HandlerFn) -> None:
-    try:
-        await store.process(tp, token, records, fn)
-    except _Abort:
-        return
-    raise AssertionError("the kit's abort did not abort")  # pragma: no cover
-
-
 class _Run:
     """One run: its schema, store, handler (built for its context) and watch."""
 
-    def __init__(self, schema: RunSchema, loaded: LoadedHandler, watch: _Watch) -> None:
+    def __init__(self, schema: RunSchema, loaded: LoadedHandler, watch: Watch) -> None:
         self.schema, self.loaded, self.watch = schema, loaded, watch
 
 
@@ -155,7 +91,7 @@ async def _start(target: Any, dsn: str, settings: dict[str, str], topics: tuple[
                 await ensure(conn)
     finally:
         await conn.close()
-    return _Run(schema, loaded, _Watch())
+    return _Run(schema, loaded, Watch())
 
 
 def _by_partition(records: Iterable[SourceRecord]) -> dict[TopicPartition, list[SourceRecord]]:
@@ -171,7 +107,7 @@ def _by_partition(records: Iterable[SourceRecord]) -> dict[TopicPartition, list[
 
 async def _clean(run: _Run, parts: dict[TopicPartition, list[SourceRecord]]) -> list[Token]:
     store = await run.schema.store(run.schema.dsn, group_id=_GROUP)
-    fn = _watched(run.loaded.fn, run.watch, None)
+    fn = watched(run.loaded.fn, run.watch, None)
     try:
         tokens = dict(await store.claim([ClaimRequest(tp, 0) for tp in parts], lifetime="clean"))
         for tp, recs in parts.items():
@@ -193,8 +129,8 @@ async def _faulty(run: _Run, parts: dict[TopicPartition, list[SourceRecord]],
     async def outside() -> Any:
         return (await snapshot(observer, run.schema, ignore=ignore))[0]
 
-    watched = _watched(run.loaded.fn, run.watch, outside if transactional else None)
-    aborting = _watched(run.loaded.fn, run.watch, outside if transactional else None,
+    applying = watched(run.loaded.fn, run.watch, outside if transactional else None)
+    aborting = watched(run.loaded.fn, run.watch, outside if transactional else None,
                         abort=True)
     rng = random.Random(seed)
     async with PgProxy(url.hostname or "127.0.0.1", url.port or 5432) as proxy:
@@ -203,53 +139,12 @@ async def _faulty(run: _Run, parts: dict[TopicPartition, list[SourceRecord]],
             tokens = []
             for n, (tp, recs) in enumerate(parts.items()):
                 steps = plan(recs, rng=rng, faults=faults, first=n)
-                tokens.append(await _partition(store, proxy, tp, steps, watched, aborting,
+                tokens.append(await run_partition(store, proxy, tp, steps, applying, aborting,
                                                counts, problems))
         finally:
             await store.close()
             await observer.close()
     return tokens, counts, problems
-
-
-async def _partition(store: FenceStore, proxy: PgProxy, tp: TopicPartition, steps: list[Step],
-                     fn: HandlerFn, aborting: HandlerFn, counts: dict[str, int],
-                     problems: list[str]) -> Token:
-    lifetime = 1
-    token = (await guarded_claim(store, [ClaimRequest(tp, 0)], lifetime=f"kit-{lifetime}",
-                                 wait=_no_wait, check_live=_live))[tp]
-    for step in steps:
-        counts[step.fault.value] = counts.get(step.fault.value, 0) + 1
-        batch = step.records
-        where = f"{tp} offsets {batch[0].offset}..{batch[-1].offset}"
-        if step.fault in (Fault.LOST_REPLY_COMMITTED, Fault.LOST_REPLY_NOT_COMMITTED):
-            action = (Action.CUT_AFTER if step.fault is Fault.LOST_REPLY_COMMITTED
-                      else Action.CUT_BEFORE)
-            rule = proxy.add_rule("COMMIT", action, exact=True)
-            token = await _process(store, tp, token, batch, fn)
-            if not rule.fired.is_set():
-                proxy.rules.remove(rule)
-                problems.append(f"kit: fault {step.fault.value} did not fire at {where}")
-            continue
-        if step.fault is Fault.ABORT:
-            await _aborted(store, tp, token, batch, aborting)
-        elif step.fault is Fault.REPLAY_NEW_EPOCH:
-            await _aborted(store, tp, token, batch, aborting)
-            lifetime += 1
-            new = (await guarded_claim(store, [ClaimRequest(tp, 0)], lifetime=f"kit-{lifetime}",
-                                       wait=_no_wait, check_live=_live))[tp]
-            try:
-                await store.process(tp, token, batch, fn)
-                problems.append(f"kit: the old token {token} committed after a new claim "
-                                f"at {where}")
-            except Fenced:
-                pass
-            token, half = new, max(1, len(batch) // 2)
-            token = await _process(store, tp, token, batch[:half], fn)
-            batch = batch[half:]
-            if not batch:
-                continue
-        token = await _process(store, tp, token, batch, fn)
-    return token
 
 
 async def check_handler_async(
