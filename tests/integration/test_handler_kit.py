@@ -15,7 +15,7 @@ import pytest
 from fencing.handler import HandlerContext, handler, handler_factory
 from fencing.postgres.sink import table_sink
 from fencing.testing import Fault, HandlerUnsafe, check_handler_async, json_records
-from fencing.types import ACCEPT, SourceRecord, Verdict
+from fencing.types import ACCEPT, Reject, SourceRecord, Verdict
 from ops.reference import generate, to_source_records
 from ops.reference.pg import reference
 from tests.integration.pg_helpers import pg_dsn  # noqa: F401  (fixture)
@@ -51,7 +51,8 @@ def orders() -> list[SourceRecord]:
 @pytest.mark.parametrize("key", ["id", None])
 async def test_the_table_sink_passes(pg_dsn: str, key: str | None) -> None:
     settings = {"table": "orders"} | ({"key": key} if key else {})
-    report = await check_handler_async(table_sink, orders(), dsn=pg_dsn, settings=settings,
+    records = (r for r in orders())  # a generator works as well as a list
+    report = await check_handler_async(table_sink, records, dsn=pg_dsn, settings=settings,
                                        seed=5)
     assert report.ok and report.tables == ("(fence quarantine)", "orders")
 
@@ -115,3 +116,23 @@ async def test_the_kit_catches_a_handler_that_applies_twice_on_replay(pg_dsn: st
     problems = info.value.report.problems
     assert problems and all(p.startswith("after the faults, table totals:") for p in problems)
     assert not any("another connection" in p for p in problems)
+
+
+@handler_factory()
+def call_dependent(context: HandlerContext) -> Any:
+    """Accepts or rejects depending on how often it was called: unstable verdicts."""
+    calls = [0]
+
+    async def handle(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
+        calls[0] += 1
+        return [Reject("odd call") if calls[0] % 2 else ACCEPT for _ in records]
+
+    return handle
+
+
+async def test_the_kit_catches_verdicts_that_change_on_a_replay(pg_dsn: str) -> None:
+    with pytest.raises(HandlerUnsafe) as info:
+        await check_handler_async(call_dependent, orders(), dsn=pg_dsn, faults=[Fault.ABORT])
+    problems = info.value.report.problems
+    assert any("verdicts differ across attempts: ['accept', 'reject: odd call']" in p
+               for p in problems), problems
