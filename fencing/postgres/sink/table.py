@@ -17,7 +17,9 @@ Rules
   are written inside one SAVEPOINT by the fast path (``Method``): insert = binary COPY into
   the table; upsert = the last operation per key, binary COPY into a per-session temporary
   staging table, one ``INSERT ... SELECT ... ON CONFLICT DO UPDATE`` per column set, one
-  ``DELETE`` for the tombstones.
+  ``DELETE`` for the tombstones; upserts go in key order, so two partitions' batches that
+  share keys lock them in one order (a deadlock PostgreSQL still finds, e.g. a tombstone
+  against an upsert, rolls the batch back as not committed and the fence retries it).
 - When PostgreSQL refuses the fast path with a data, integrity or trigger error (SQLSTATE
   class 22, 23, P0), it is rolled back to the SAVEPOINT and the records are written one by
   one in order, each in its own SAVEPOINT; a refused record is rejected with PostgreSQL's
@@ -80,8 +82,8 @@ class _Writer:
                 f"VALUES ({marks}){self._conflict()}")
 
     async def write(self, conn: Any, ops: Sequence[Upsert | Delete]) -> None:
-        if self.key is not None:
-            ops = last_wins(ops)
+        if self.key is not None:  # key order: batches sharing keys lock them in one order
+            ops = sorted(last_wins(ops), key=lambda op: op.key)
         groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
         deletes = []
         for op in ops:
@@ -104,7 +106,7 @@ class _Writer:
                 names = ", ".join(map(_quote, columns))
                 await conn.execute(
                     f"INSERT INTO {self.t.quoted} ({names}) SELECT {names} FROM pg_temp."
-                    f"{_quote(self.stage)}{self._conflict()}; "
+                    f"{_quote(self.stage)} ORDER BY {_quote(self.key)}{self._conflict()}; "
                     f"DELETE FROM pg_temp.{_quote(self.stage)}")
 
     async def one(self, conn: Any, op: Upsert | Delete) -> None:
