@@ -82,15 +82,19 @@ class _Run:
 async def _start(target: Any, dsn: str, settings: dict[str, str], topics: tuple[str, ...],
                  ensure_tables: Callable[[Any], Awaitable[None]] | None) -> _Run:
     schema = await RunSchema.create(dsn)
-    loaded = build_from(target, HandlerContext(schema.name, _GROUP, topics, settings),
-                        label="check_handler")
-    conn = await connect(dsn, schema.name)
     try:
-        for ensure in (ensure_tables, loaded.ensure_tables):
-            if ensure is not None:
-                await ensure(conn)
-    finally:
-        await conn.close()
+        loaded = build_from(target, HandlerContext(schema.name, _GROUP, topics, settings),
+                            label="check_handler")
+        conn = await connect(dsn, schema.name)
+        try:
+            for ensure in (ensure_tables, loaded.ensure_tables):
+                if ensure is not None:
+                    await ensure(conn)
+        finally:
+            await conn.close()
+    except BaseException:
+        await schema.drop()
+        raise
     return _Run(schema, loaded, Watch())
 
 
@@ -164,6 +168,9 @@ async def check_handler_async(
     (see the module Rules). ``ensure_tables(conn)``: table set-up for a plain handler (a
     factory brings its own); ``ignore_columns``: ``table.column`` values that may differ
     between runs; ``keep``: leave both schemas for inspection."""
+    if urlsplit(dsn).scheme not in ("postgres", "postgresql") or not urlsplit(dsn).hostname:
+        raise ValueError("check_handler: dsn must be a postgresql://user:password@host:port/db "
+                         "URL (the kit puts its proxy in front of that host and port)")
     parts = _by_partition(records)
     if not parts:
         raise ValueError("check_handler needs at least one record")
