@@ -38,7 +38,10 @@ def _verdict_text(v: Verdict) -> str:
 
 
 def watched(fn: HandlerFn, watch: Watch, outside: Callable[[], Awaitable[Any]] | None,
-             *, abort: bool = False) -> HandlerFn:
+            *, abort: bool = False) -> HandlerFn:
+    """``fn`` recording its verdicts into ``watch``; with ``outside`` (a snapshot read from
+    another connection) it notes tables that changed while ``fn`` ran; with ``abort`` it
+    raises after ``fn`` returned, so the store rolls the batch back."""
     async def run(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
         watch.calls += 1
         before = None if outside is None else await outside()
@@ -81,9 +84,11 @@ async def _aborted(store: FenceStore, tp: TopicPartition, token: Token,
     raise AssertionError("the kit's abort did not abort")  # pragma: no cover
 
 
-async def run_partition(store: FenceStore, proxy: PgProxy, tp: TopicPartition, steps: list[Step],
-                     fn: HandlerFn, aborting: HandlerFn, counts: dict[str, int],
-                     problems: list[str]) -> Token:
+async def run_partition(store: FenceStore, proxy: PgProxy, tp: TopicPartition,
+                        steps: list[Step], fn: HandlerFn, aborting: HandlerFn,
+                        counts: dict[str, int], problems: list[str]) -> Token:
+    """Claim ``tp`` and apply ``steps`` with their faults; return the final token. Counts
+    each fault in ``counts``; a fault that did not take effect is added to ``problems``."""
     lifetime = 1
     token = (await guarded_claim(store, [ClaimRequest(tp, 0)], lifetime=f"kit-{lifetime}",
                                  wait=_no_wait, check_live=_live))[tp]
