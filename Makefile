@@ -10,7 +10,7 @@ SEED ?= 17
 PYTEST_ARGS ?=
 
 .PHONY: setup stack-up stack-down stack-status test test-unit test-integration \
-        test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store \
+        test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink \
         demo migrate clean crash-matrix
 
 setup: $(STAMP)
@@ -83,9 +83,14 @@ lint: setup
 bench-store: setup
 	$(BIN)/python -m ops.bench.store
 
-# worker benchmark: raw / unfenced / fenceworker / batch-1, rebalance times -> artifacts/bench/worker.json
+# worker benchmark: raw / unfenced / fenceworker / table sink / batch-1, rebalance times -> artifacts/bench/worker.json
 bench: stack-up
 	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.worker
+
+# the table sink alone: its write methods per batch (printed), then its worker run -> artifacts/bench/worker_sink.json
+bench-sink: stack-up
+	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.sink && \
+		$(BIN)/python -m ops.bench.worker --sink-only
 
 # the README's "run it": stack, migrate, topic, produce, two workers, one leaves, status, traces
 demo: stack-up

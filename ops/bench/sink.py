@@ -3,9 +3,9 @@ store (``python -m ops.bench.sink``), and the 100-byte JSON values the worker be
 sink run produces (``ops.bench.worker --sink-only``).
 
 Each method (binary COPY, binary executemany) x mode (insert, upsert) processes ``--rounds``
-batches of ``--batch`` records of fresh keys into its own table; the median milliseconds per
-batch and records/s are printed as JSON. The machine's load moves single numbers: compare
-the methods within one run.
+batches of ``--batch`` records of fresh keys into its own table, the four taking turns batch
+by batch; the median milliseconds per batch and records/s are printed as JSON. The
+machine's load moves single numbers: compare the methods within one run.
 """
 
 from __future__ import annotations
@@ -62,46 +62,57 @@ def produce_values(topic: str, count: int, partitions: int, bootstrap: str) -> N
         raise RuntimeError(f"{topic}: records left undelivered")
 
 
-async def _one(dsn: str, schema: str, spec: SinkSpec, batch: int, rounds: int) -> dict[str, Any]:
-    async with connection(dsn) as conn:
-        await ensure_table(conn, spec)
-    store = await PgFenceStore.connect(dsn, group_id="bench", schema=schema, pool_max=2)
-    tp = TopicPartition(f"t-{uuid.uuid4().hex[:6]}", 0)
-    try:
-        token = (await store.claim([ClaimRequest(tp, 0)], lifetime="bench"))[tp]
-        sink = make_table_sink(spec)
-        took = []
-        for r in range(rounds):
-            records = [SourceRecord(tp.topic, 0, token.frontier + i, None,
-                                    sink_value(r * batch + i)) for i in range(batch)]
-            start = time.perf_counter()
-            token = await store.process(tp, token, records, sink)
-            took.append(time.perf_counter() - start)
-    finally:
-        await store.close()
-    ms = statistics.median(took[1:] or took) * 1000  # the first batch reads the catalog
-    return {"ms_per_batch": round(ms, 2), "records_per_s": round(batch / ms * 1000)}
+class _Lane:
+    """One method x mode: its table, fence store, partition token and batch timings."""
+
+    def __init__(self, dsn: str, schema: str, spec: SinkSpec) -> None:
+        self.dsn, self.schema, self.spec = dsn, schema, spec
+        self.tp = TopicPartition(f"t-{uuid.uuid4().hex[:6]}", 0)
+        self.took: list[float] = []
+
+    async def open(self) -> None:
+        async with connection(self.dsn) as conn:
+            await ensure_table(conn, self.spec)
+        self.store = await PgFenceStore.connect(self.dsn, group_id="bench", schema=self.schema,
+                                                pool_max=2)
+        self.token = (await self.store.claim([ClaimRequest(self.tp, 0)], lifetime="b"))[self.tp]
+        self.sink = make_table_sink(self.spec)
+
+    async def batch(self, first_id: int, size: int) -> None:
+        records = [SourceRecord(self.tp.topic, 0, self.token.frontier + i, None,
+                                sink_value(first_id + i)) for i in range(size)]
+        start = time.perf_counter()
+        self.token = await self.store.process(self.tp, self.token, records, self.sink)
+        self.took.append(time.perf_counter() - start)
+
+    def result(self, size: int) -> dict[str, Any]:
+        ms = statistics.median(self.took[1:] or self.took) * 1000  # batch 1 reads the catalog
+        return {"ms_per_batch": round(ms, 2), "records_per_s": round(size / ms * 1000)}
 
 
 async def measure_methods(dsn: str, *, batch: int = 500, rounds: int = 20) -> dict[str, Any]:
-    """Median ms per batch and records/s of each method x mode (see the module doc)."""
+    """Median ms per batch and records/s of each method x mode (see the module doc). The
+    lanes take turns batch by batch, so a change of load hits all of them alike."""
     schema = f"bench_sink_{uuid.uuid4().hex[:8]}"
     async with connection(dsn) as conn:
         await migrate(conn, schema)
-    out: dict[str, Any] = {"batch": batch, "rounds": rounds,
-                           "load_average_1m": round(os.getloadavg()[0], 2)}
+    lanes = {f"{mode}/{method.value}": _Lane(dsn, schema, SinkSpec(
+                 f"{schema}.{mode}_{method.value}", key=key, method=method))
+             for mode, key in (("insert", None), ("upsert", "id")) for method in Method}
     try:
-        for _ in range(2):  # interleaved twice: load drifts, each pair is measured close together
-            for mode, key in (("insert", None), ("upsert", "id")):
-                for method in Method:
-                    spec = SinkSpec(f"{schema}.{mode}_{method.value}_{uuid.uuid4().hex[:4]}",
-                                    key=key, method=method)
-                    got = await _one(dsn, schema, spec, batch, rounds)
-                    out.setdefault(f"{mode}/{method.value}", []).append(got)
+        for lane in lanes.values():
+            await lane.open()
+        for r in range(rounds):
+            for lane in lanes.values():
+                await lane.batch(r * batch, batch)
     finally:
+        for lane in lanes.values():
+            if hasattr(lane, "store"):
+                await lane.store.close()
         async with connection(dsn) as conn:
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    return out
+    return {"batch": batch, "rounds": rounds, "load_average_1m": round(os.getloadavg()[0], 2),
+            **{name: lane.result(batch) for name, lane in lanes.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
