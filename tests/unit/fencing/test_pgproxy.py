@@ -1,4 +1,4 @@
-"""ops.testing.pgproxy framing and actions, against a tiny loopback upstream that speaks
+"""fencing.testing.pgproxy framing and actions, against a tiny loopback upstream that speaks
 the framing."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from ops.testing.pgproxy import Action, PgProxy, Rule, rewrite_dsn
+from fencing.testing.pgproxy import Action, PgProxy, Rule, rewrite_dsn
 
 
 def msg(kind: bytes, body: bytes) -> bytes:
