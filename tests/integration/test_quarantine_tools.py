@@ -1,0 +1,243 @@
+"""``fencectl quarantine list|show|replay|purge`` against real PostgreSQL.
+
+Records are quarantined by the real store (``PgFenceStore.process`` with a rejecting
+handler); the commands run as ``fencectl`` subprocesses. The replay handler
+(``tests.integration.quarantine_handlers``) writes into a table without a key, so a record
+applied twice shows as two rows.
+
+- list/show/replay/purge: a replay applies accepted records once and marks them replayed
+  (who, when, result) with one ``replay`` journal row each; a record rejected again or whose
+  handler raises stays quarantined with the new reason and leaves no effect; running the
+  same replay again applies nothing twice; ``purge --before`` deletes only handled rows and
+  says how many.
+- A replay SIGKILLed inside a record's transaction (its effect written, not committed), then
+  re-run, applies every record exactly once.
+- Two replays of the same records at once: each record is applied by exactly one of them
+  (the other skips it: row lock ``SKIP LOCKED`` plus the state check).
+"""
+
+# ruff: noqa: F811  (pytest fixtures imported from pg_helpers are redefined as parameters)
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from fencing.postgres.store import PgFenceStore
+from fencing.types import ClaimRequest, TopicPartition
+from tests.integration.observability_support import run_fencectl
+from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
+    effect_handler,
+    fence_schema,
+    make_records,
+    pg_dsn,
+)
+from tests.integration.workers import ROOT
+from tests.polling import wait_until
+
+pytestmark = pytest.mark.integration
+
+HANDLER = "tests.integration.quarantine_handlers:effects_handler"
+TOPIC = "orders"
+TP = TopicPartition(TOPIC, 0)
+BAD = (1, 2, 3, 4)
+
+
+@pytest.fixture
+async def quarantined(pg_dsn: str, fence_schema: str) -> AsyncIterator[tuple[str, str]]:
+    """(schema, group) with offsets 0..5 processed; 1..4 quarantined (values ``bad-N``)."""
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    store = await PgFenceStore.connect(pg_dsn, group_id=group, schema=fence_schema)
+    try:
+        token = (await store.claim([ClaimRequest(TP, 0)], lifetime="lt-q"))[TP]
+        await store.process(TP, token, make_records(TP, range(6), bad=BAD),
+                            effect_handler(fence_schema))
+    finally:
+        await store.close()
+    yield fence_schema, group
+
+
+def _fencectl(schema: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_fencectl("quarantine", *args, "--schema", schema)
+
+
+def _json(done: subprocess.CompletedProcess[str]) -> Any:
+    assert done.stdout, done.stderr
+    return json.loads(done.stdout)
+
+
+async def _fetch(dsn: str, sql: str, *args: Any) -> list[Any]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(await conn.fetch(sql, *args))
+    finally:
+        await conn.close()
+
+
+async def _effects(dsn: str, schema: str) -> dict[int, int]:
+    rows = await _fetch(dsn, f'SELECT "offset", count(*) AS n FROM "{schema}".effects'
+                             " GROUP BY 1")
+    return {r["offset"]: r["n"] for r in rows}
+
+
+async def _states(dsn: str, schema: str) -> dict[int, tuple[str, int, str]]:
+    rows = await _fetch(dsn, f'SELECT "offset", state, replays, reason FROM "{schema}".quarantine')
+    return {r["offset"]: (r["state"], r["replays"], r["reason"]) for r in rows}
+
+
+async def _journal(dsn: str, schema: str, event: str) -> list[Any]:
+    return await _fetch(dsn, f'SELECT lifetime, detail FROM "{schema}".journal WHERE event = $1'
+                             " ORDER BY id", event)
+
+
+async def test_list_show_replay_fail_again_and_purge(
+        pg_dsn: str, quarantined: tuple[str, str]) -> None:
+    schema, group = quarantined
+    listed = _json(_fencectl(schema, "list", "--group", group, "--json"))
+    assert [(r["offset"], r["state"], r["reason"]) for r in listed] == [
+        (o, "quarantined", "value starts with bad") for o in BAD]
+
+    shown = _json(_fencectl(schema, "show", "--group", group, "--topic", TOPIC,
+                            "--partition", "0", "--offset", "2", "--json"))
+    assert shown["value"] == {"text": "bad-2", "base64": None}
+    assert shown["key"]["text"] == "k2"
+    assert shown["headers"] == [{"key": "h", "base64": "dg=="}]  # b"v"
+    missing = _fencectl(schema, "show", "--group", group, "--topic", TOPIC, "--partition", "0",
+                        "--offset", "0")
+    assert missing.returncode == 1 and "no quarantine row" in missing.stderr
+
+    replay = ("replay", "--group", group, "--handler", HANDLER, "--handler-setting",
+              "reject=bad-3", "--handler-setting", "raise=bad-4", "--json")
+    first = _fencectl(schema, *replay)
+    assert first.returncode == 1, first.stderr  # two records failed again
+    report = _json(first)
+    assert (report["applied"], report["failed"], report["skipped"]) == (2, 2, 0)
+    assert await _effects(pg_dsn, schema) == {0: 1, 5: 1, 1: 1, 2: 1}  # nothing of 3 and 4
+    states = await _states(pg_dsn, schema)
+    assert states[1][:2] == states[2][:2] == ("replayed", 1)
+    assert states[3] == ("quarantined", 1, "still bad: bad-3")
+    assert states[4][:2] == ("quarantined", 1)
+    assert "ValueError: handler refuses bad-4" in states[4][2]
+    who = await _fetch(pg_dsn, f'SELECT replayed_by, replayed_at, replay_result FROM "{schema}"'
+                               '.quarantine WHERE "offset" = 1')
+    assert who[0]["replayed_by"].startswith("operator:") and who[0]["replayed_at"] is not None
+    assert who[0]["replay_result"] == "accepted"
+
+    second = _json(_fencectl(schema, *replay))  # the same replay again: nothing twice
+    assert (second["applied"], second["failed"]) == (0, 2)
+    assert await _effects(pg_dsn, schema) == {0: 1, 5: 1, 1: 1, 2: 1}
+    assert (await _states(pg_dsn, schema))[3][1] == 2
+
+    fixed = _fencectl(schema, "replay", "--group", group, "--handler", HANDLER)
+    assert fixed.returncode == 0, fixed.stderr
+    assert "replay: 2 applied, 0 failed again" in fixed.stdout
+    assert await _effects(pg_dsn, schema) == {o: 1 for o in range(6)}
+    journal = await _journal(pg_dsn, schema, "replay")
+    assert len(journal) == 2 + 2 + 2 + 2  # one per record per run that reached it
+    assert all(j["lifetime"].startswith("operator:") for j in journal)
+
+    none = _fencectl(schema, "purge", "--group", group, "--before", "2000-01-01T00:00:00Z")
+    assert none.returncode == 0 and "purged 0 " in none.stdout
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    purged = _json(_fencectl(schema, "purge", "--group", group, "--before", later, "--json"))
+    assert purged == {"purged": 4, "partitions": [{"topic": TOPIC, "partition": 0,
+                                                   "purged": 4}]}
+    assert await _states(pg_dsn, schema) == {}
+    assert len(await _journal(pg_dsn, schema, "purge")) == 1
+
+
+async def test_purge_keeps_quarantined_rows(pg_dsn: str, quarantined: tuple[str, str]) -> None:
+    schema, group = quarantined
+    assert _fencectl(schema, "replay", "--group", group, "--handler", HANDLER, "--topic",
+                     TOPIC, "--partition", "0", "--offset", "1").returncode == 0
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    assert "purged 1 " in _fencectl(schema, "purge", "--group", group, "--before",
+                                    later).stdout
+    assert sorted(await _states(pg_dsn, schema)) == [2, 3, 4]
+
+
+def _popen_replay(schema: str, group: str, hold_dir: Path) -> subprocess.Popen[str]:
+    env = dict(os.environ, FENCE_TEST_HOLD_DIR=str(hold_dir))
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.Popen(
+        [sys.executable, "-m", "ops.cli", "quarantine", "replay", "--group", group,
+         "--handler", HANDLER, "--handler-setting", "hold_at=3", "--schema", schema,
+         "--json"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+
+
+async def test_replay_killed_mid_record_and_rerun_applies_once(
+        pg_dsn: str, quarantined: tuple[str, str], tmp_path: Path) -> None:
+    schema, group = quarantined
+    (tmp_path / "hold").write_text("")
+    proc = _popen_replay(schema, group, tmp_path)
+    try:
+        await asyncio.to_thread(wait_until, lambda: list(tmp_path.glob("held-*")),
+                                timeout_s=60, what="the replay to hold inside offset 3")
+        # 1 and 2 committed; 3's effect is written inside the open transaction
+        assert await _effects(pg_dsn, schema) == {0: 1, 5: 1, 1: 1, 2: 1}
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stderr.close()  # type: ignore[union-attr]
+    (tmp_path / "hold").unlink()
+
+    async def open_transaction_gone() -> bool:  # the server rolls back the killed session
+        rows = await _fetch(pg_dsn, "SELECT 1 FROM pg_stat_activity WHERE state = 'idle in"
+                                    " transaction' AND query LIKE $1", f'%"{schema}".effects%')
+        return not rows
+
+    for _ in range(150):
+        if await open_transaction_gone():
+            break
+        await asyncio.sleep(0.1)
+    assert await open_transaction_gone()
+    rerun = _fencectl(schema, "replay", "--group", group, "--handler", HANDLER, "--json")
+    assert rerun.returncode == 0, rerun.stderr
+    assert [(r["offset"], r["outcome"]) for r in _json(rerun)["results"]] == [
+        (3, "applied"), (4, "applied")]
+    assert await _effects(pg_dsn, schema) == {o: 1 for o in range(6)}
+    assert {o: s[0] for o, s in (await _states(pg_dsn, schema)).items()} == {
+        o: "replayed" for o in BAD}
+    assert [j["detail"].split()[0] for j in await _journal(pg_dsn, schema, "replay")] == [
+        "offset=1", "offset=2", "offset=3", "offset=4"]
+
+
+async def test_concurrent_replays_apply_each_record_once(
+        pg_dsn: str, quarantined: tuple[str, str], tmp_path: Path) -> None:
+    schema, group = quarantined
+    (tmp_path / "hold").write_text("")
+    held = _popen_replay(schema, group, tmp_path)  # holds offset 3's row lock
+    try:
+        await asyncio.to_thread(wait_until, lambda: list(tmp_path.glob("held-*")),
+                                timeout_s=60, what="the first replay to hold offset 3")
+        other = _fencectl(schema, "replay", "--group", group, "--handler", HANDLER, "--json")
+        assert other.returncode == 0, other.stderr
+        assert [(r["offset"], r["outcome"]) for r in _json(other)["results"]] == [
+            (3, "skipped"), (4, "applied")]
+        (tmp_path / "hold").unlink()
+        out, err = held.communicate(timeout=60)
+    finally:
+        if held.poll() is None:
+            held.kill()
+            held.communicate()
+    assert held.returncode == 0, err
+    assert [(r["offset"], r["outcome"]) for r in json.loads(out)["results"]] == [
+        (1, "applied"), (2, "applied"), (3, "applied"), (4, "skipped")]
+    assert await _effects(pg_dsn, schema) == {o: 1 for o in range(6)}
