@@ -18,6 +18,8 @@ Rules
 - ``purge`` deletes only ``replayed`` rows whose ``replayed_at`` is before the given time and
   journals one ``purge`` row per partition with the count. Quarantined rows are never purged.
 - All SQL is parameterized; the schema is a checked identifier (``quote_schema``).
+- ``grant_operator_sql`` is what the commands need (the worker role cannot delete quarantine
+  rows); ``replay`` additionally needs the handler's own grants on its tables.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "ReplayResult",
     "Selection",
     "State",
+    "grant_operator_sql",
     "judge",
     "purge",
     "record_of",
@@ -221,3 +224,17 @@ async def purge(conn: Any, schema: str, *, group_id: str, before: datetime,
                 group_id, tp.topic, tp.partition, operator,
                 f"purged {n} replayed quarantine row(s) handled before {before.isoformat()}")
     return counts
+
+
+def grant_operator_sql(schema: str, role: str) -> list[str]:
+    """Statements granting ``role`` what ``fencectl quarantine`` needs on ``schema`` and no
+    more: read the rows, mark them replayed, delete handled ones (purge), append to the
+    journal. Run as the schema owner; add the handler's grants on its tables for replay."""
+    q = quote_schema(schema)
+    r = '"' + role.replace('"', '""') + '"'
+    return [
+        f"GRANT USAGE ON SCHEMA {q} TO {r}",
+        f"GRANT SELECT ON {q}.schema_version TO {r}",
+        f"GRANT SELECT, UPDATE, DELETE ON {q}.quarantine TO {r}",
+        f"GRANT SELECT, INSERT ON {q}.journal TO {r}",
+    ]

@@ -12,6 +12,8 @@ applied twice shows as two rows.
   says how many.
 - A replay SIGKILLed inside a record's transaction (its effect written, not committed), then
   re-run, applies every record exactly once.
+- A role with only ``grant_operator_sql`` (plus INSERT on the handler's table) can list,
+  replay and purge, and cannot touch the partition rows.
 - Two replays of the same records at once: each record is applied by exactly one of them
   (the other skips it: row lock ``SKIP LOCKED`` plus the state check).
 """
@@ -31,12 +33,14 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
 from fencing.postgres.store import PgFenceStore
 from fencing.types import ClaimRequest, TopicPartition
+from ops.operator.quarantine import grant_operator_sql
 from tests.integration.observability_support import run_fencectl
 from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
     effect_handler,
@@ -241,3 +245,46 @@ async def test_concurrent_replays_apply_each_record_once(
     assert [(r["offset"], r["outcome"]) for r in json.loads(out)["results"]] == [
         (1, "applied"), (2, "applied"), (3, "applied"), (4, "skipped")]
     assert await _effects(pg_dsn, schema) == {o: 1 for o in range(6)}
+
+
+async def test_operator_role_with_documented_grants(pg_dsn: str,
+                                                    quarantined: tuple[str, str]) -> None:
+    schema, group = quarantined
+    role, password = f"fence_op_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    admin = await asyncpg.connect(pg_dsn)
+    if not await admin.fetchval(
+            "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"):
+        await admin.close()
+        pytest.skip("the FENCE_DSN user may not CREATE ROLE (give it CREATEROLE to run this)")
+    try:
+        await admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+        for stmt in grant_operator_sql(schema, role):
+            await admin.execute(stmt)
+        await admin.execute(f'GRANT INSERT ON "{schema}".effects TO {role}')  # the handler's
+        parts = urlsplit(pg_dsn)
+        env = {"FENCE_DSN": urlunsplit((parts.scheme, f"{role}:{password}@"
+                                        f"{parts.netloc.rpartition('@')[2]}", parts.path,
+                                        parts.query, ""))}
+
+        def as_operator(*args: str) -> subprocess.CompletedProcess[str]:
+            return run_fencectl("quarantine", *args, "--schema", schema, env=env)
+
+        assert len(_json(as_operator("list", "--group", group, "--json"))) == 4
+        replayed = as_operator("replay", "--group", group, "--handler", HANDLER)
+        assert replayed.returncode == 0, replayed.stderr
+        later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+        assert "purged 4 " in as_operator("purge", "--group", group, "--before", later).stdout
+        assert password not in replayed.stdout + replayed.stderr
+        operator = await asyncpg.connect(env["FENCE_DSN"])
+        try:
+            for sql in (f'UPDATE "{schema}".partitions SET frontier = 0',
+                        f'DELETE FROM "{schema}".journal'):
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await operator.execute(sql)
+        finally:
+            await operator.close()
+    finally:
+        await admin.execute(f'REVOKE ALL ON ALL TABLES IN SCHEMA "{schema}" FROM {role}')
+        await admin.execute(f'REVOKE ALL ON SCHEMA "{schema}" FROM {role}')
+        await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        await admin.close()
