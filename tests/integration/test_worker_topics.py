@@ -7,7 +7,7 @@ matching topic that exists at start; a matching topic created while it runs is p
 only on that periodic refresh, default 5 min; ``metadata.max.age.ms`` does not do it,
 librdkafka #2361) and its records are applied exactly once (reference oracle per topic);
 a topic that does not match is left alone. Metrics (``/metrics``) and ``fencectl status``
-report each topic.
+report each topic. A ``--topic`` that does not exist is refused at start (exit 2) naming it.
 """
 
 from __future__ import annotations
@@ -89,3 +89,14 @@ def test_pattern_picks_up_a_topic_created_while_running(services: ServiceSetting
                                                      sources[topic]))
         assert problems == [], (topic, problems)
     assert asyncio.run(durable_rows(dsn, schema, group, other)) == {}  # no match: untouched
+
+
+def test_a_missing_named_topic_is_refused_naming_it(services: ServiceSettings) -> None:
+    present, missing = unique("mt-here"), unique("mt-missing")
+    create_topic(services.kafka_bootstrap, present, 1)
+    schema = asyncio.run(fresh_schema(services.dsn))
+    done = run_fencectl("run", "--topic", present, "--topic", missing, "--group",
+                        unique("g-mt"), "--schema", schema)
+    assert done.returncode == 2
+    assert f"fencectl run: --topic {missing}: topic '{missing}' does not exist" in done.stderr
+    assert "Traceback" not in done.stderr
