@@ -139,6 +139,17 @@ def _selection(args: argparse.Namespace) -> Selection:
                      limit=getattr(args, "limit", None))
 
 
+class ReplayStopped(Exception):
+    """The database failed during one record's transaction (e.g. the connection was lost
+    with COMMIT in flight): that record's outcome is unknown; re-running is safe."""
+
+    def __init__(self, key: QuarantineKey, done: int, cause: BaseException) -> None:
+        super().__init__(f"replay stopped at {key} after {done} record(s): "
+                         f"{type(cause).__name__}: {cause}; its outcome is unknown: re-run the "
+                         "same replay (records already replayed are skipped, so none is "
+                         "applied twice)")
+
+
 async def _replay(conn: Any, args: argparse.Namespace, rows: Sequence[Any]) -> list[ReplayResult]:
     topics = tuple(sorted({r["topic"] for r in rows})) or ((args.topic,) if args.topic else ())
     loaded = build_handler(args.handler, HandlerContext(
@@ -148,10 +159,13 @@ async def _replay(conn: Any, args: argparse.Namespace, rows: Sequence[Any]) -> l
     if loaded.ensure_tables is not None:
         await loaded.ensure_tables(conn)
     operator = operator_identity()
-    results = []
+    results: list[ReplayResult] = []
     for r in rows:
         key = QuarantineKey(r["group_id"], r["topic"], r["partition"], r["offset"])
-        result = await replay_one(conn, args.schema, key, loaded.fn, operator=operator)
+        try:
+            result = await replay_one(conn, args.schema, key, loaded.fn, operator=operator)
+        except Exception as exc:
+            raise ReplayStopped(key, len(results), exc) from exc
         results.append(result)
         if not args.json:
             print(f"{key}: {result.outcome.value}: {result.detail}", flush=True)
@@ -228,6 +242,9 @@ def _main(args: argparse.Namespace) -> int:
     except SchemaMismatch as exc:
         print(f"fencectl quarantine: {schema_advice(exc, args.schema)}", file=sys.stderr)
         return 2
+    except ReplayStopped as exc:
+        print(f"fencectl quarantine: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
+        return 1
     except Exception as exc:  # the database failed: report without the DSN; re-running is safe
         print(f"fencectl quarantine: {type(exc).__name__}: {redact(str(exc), dsn=dsn)}",
               file=sys.stderr)

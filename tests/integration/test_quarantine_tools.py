@@ -14,6 +14,8 @@ applied twice shows as two rows.
   re-run, applies every record exactly once.
 - A role with only ``grant_operator_sql`` (plus INSERT on the handler's table) can list,
   replay and purge, and cannot touch the partition rows.
+- A replay whose COMMIT reply is lost (the proxy cuts the connection after the server
+  committed) stops with exit 1 saying so; re-running it applies nothing twice.
 - Two replays of the same records at once: each record is applied by exactly one of them
   (the other skips it: row lock ``SKIP LOCKED`` plus the state check).
 """
@@ -41,6 +43,7 @@ import pytest
 from fencing.postgres.store import PgFenceStore
 from fencing.types import ClaimRequest, TopicPartition
 from ops.operator.quarantine import grant_operator_sql
+from ops.testing.pgproxy import Action, PgProxy
 from tests.integration.observability_support import run_fencectl
 from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
     effect_handler,
@@ -288,3 +291,23 @@ async def test_operator_role_with_documented_grants(pg_dsn: str,
         await admin.execute(f'REVOKE ALL ON SCHEMA "{schema}" FROM {role}')
         await admin.execute(f"DROP ROLE IF EXISTS {role}")
         await admin.close()
+
+
+async def test_lost_commit_reply_then_rerun_applies_once(pg_dsn: str,
+                                                        quarantined: tuple[str, str]) -> None:
+    schema, group = quarantined
+    parts = urlsplit(pg_dsn)
+    async with PgProxy(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
+        rule = proxy.add_rule("COMMIT", Action.CUT_AFTER)
+        cut = await asyncio.to_thread(
+            run_fencectl, "quarantine", "replay", "--group", group, "--handler", HANDLER,
+            "--schema", schema, env={"FENCE_DSN": proxy.dsn(pg_dsn)})
+        assert rule.fired.is_set()
+    assert cut.returncode == 1
+    assert f"replay stopped at {group} {TOPIC}[0]@1 after 0 record(s)" in cut.stderr
+    assert "re-run the same replay" in cut.stderr and "Traceback" not in cut.stderr
+    assert await _effects(pg_dsn, schema) == {0: 1, 5: 1, 1: 1}  # the server had committed
+    rerun = _fencectl(schema, "replay", "--group", group, "--handler", HANDLER, "--json")
+    assert rerun.returncode == 0, rerun.stderr
+    assert [r["offset"] for r in _json(rerun)["results"]] == [2, 3, 4]
+    assert await _effects(pg_dsn, schema) == {o: 1 for o in range(6)}
