@@ -11,6 +11,8 @@ Rules
 - ``committed_offsets`` reads a group's committed offsets with
   ``AdminClient.list_consumer_group_offsets`` (one group per request); a partition without
   a committed offset reads as None.
+- ``matching_topics`` lists the topics a ``--topic-pattern`` matches now (for the start-up
+  log and metrics only: librdkafka itself resolves the subscription, also for later topics).
 - Foreign errors become ``SourceUnavailable`` (a ``StoreUnavailable``-like transient error
   of the source, not a refusal); a missing topic or partition is a ``SourceRefused``.
 """

@@ -59,7 +59,7 @@ _PROBE_TIMEOUT_S = 5.0
 
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run a fenced consumer-group worker",
-                       description="Consume a topic with exactly-once effects in PostgreSQL.")
+                       description="Consume Kafka topics with exactly-once effects in PostgreSQL.")
     p.add_argument("--topic", action="append", default=[], metavar="TOPIC",
                    help="topic to consume (repeatable); each is validated and fenced per "
                         "partition")
