@@ -11,7 +11,8 @@ handler ``fencectl run`` defaults to), each in its own transaction that also mar
 replayed and journals it (``ops.operator.quarantine``): re-running it, also after a crash,
 applies nothing twice. Exit codes: 0 done (replay: every selected record applied; show:
 found), 1 a replayed record failed again, a row was not found, or the database failed,
-2 bad usage or configuration (``FENCE_DSN`` unset or refused, schema not migrated).
+2 bad usage or configuration (``FENCE_DSN`` unset or refused, schema not migrated, unknown
+``--group``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from fencing.handler import HandlerContext, build_handler
 from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
 from ops.commands.reset import operator_identity
 from ops.hints import schema_advice
-from ops.operator.db import connection, dsn_from_env
+from ops.operator.db import connection, dsn_from_env, require_known_group
 from ops.operator.quarantine import (
     Outcome,
     QuarantineKey,
@@ -175,6 +176,8 @@ async def _replay(conn: Any, args: argparse.Namespace, rows: Sequence[Any]) -> l
 async def _run(dsn: str, args: argparse.Namespace) -> int:
     sel = _selection(args) if args.quarantine_action != "purge" else None
     async with connection(dsn, schema=args.schema) as conn:
+        if args.group is not None:  # a typo'd group is refused, not "0 rows"
+            await require_known_group(conn, schema=args.schema, group=args.group)
         if args.quarantine_action == "purge":
             counts = await purge(conn, args.schema, group_id=args.group, before=args.before,
                                  topic=args.topic, operator=operator_identity())

@@ -229,12 +229,13 @@ async def purge(conn: Any, schema: str, *, group_id: str, before: datetime,
 def grant_operator_sql(schema: str, role: str) -> list[str]:
     """Statements granting ``role`` what ``fencectl quarantine`` needs on ``schema`` and no
     more: read the rows, mark them replayed, delete handled ones (purge), append to the
-    journal. Run as the schema owner; add the handler's grants on its tables for replay."""
+    journal, and read which groups exist (partition and member rows, read only). Run as
+    the schema owner; add the handler's grants on its tables for replay."""
     q = quote_schema(schema)
     r = '"' + role.replace('"', '""') + '"'
     return [
         f"GRANT USAGE ON SCHEMA {q} TO {r}",
-        f"GRANT SELECT ON {q}.schema_version TO {r}",
+        f"GRANT SELECT ON {q}.schema_version, {q}.partitions, {q}.members TO {r}",
         f"GRANT SELECT, UPDATE, DELETE ON {q}.quarantine TO {r}",
         f"GRANT SELECT, INSERT ON {q}.journal TO {r}",
     ]

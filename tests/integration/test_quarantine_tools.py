@@ -124,6 +124,8 @@ async def test_list_show_replay_fail_again_and_purge(
     missing = _fencectl(schema, "show", "--group", group, "--topic", TOPIC, "--partition", "0",
                         "--offset", "0")
     assert missing.returncode == 1 and "no quarantine row" in missing.stderr
+    typo = _fencectl(schema, "replay", "--group", group + "x", "--handler", HANDLER)
+    assert typo.returncode == 2 and f"--group {group}x: unknown group" in typo.stderr
 
     replay = ("replay", "--group", group, "--handler", HANDLER, "--handler-setting",
               "reject=bad-3", "--handler-setting", "raise=bad-4", "--json")
