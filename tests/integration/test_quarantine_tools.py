@@ -16,6 +16,11 @@ applied twice shows as two rows.
   replay and purge, and cannot touch the partition rows.
 - A replay whose COMMIT reply is lost (the proxy cuts the connection after the server
   committed) stops with exit 1 saying so; re-running it applies nothing twice.
+- End to end with a real worker and the reference handler: what the worker quarantined
+  (records from Kafka) is listed, and replayed through the default handler: each record is
+  either applied (one outbox row, marked replayed) or stays quarantined with ``replays`` 1
+  (the reference handler rejects stale revisions again); a second replay applies nothing
+  again; a fixed handler then applies them, given the record's bytes as Kafka held them.
 - Two replays of the same records at once: each record is applied by exactly one of them
   (the other skips it: row lock ``SKIP LOCKED`` plus the state check).
 """
@@ -51,7 +56,16 @@ from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
     make_records,
     pg_dsn,
 )
-from tests.integration.workers import ROOT
+from tests.integration.workers import (
+    GROUP_SETUPS,
+    ROOT,
+    create_topic,
+    fresh_schema,
+    generated,
+    produce,
+    run_until_committed,
+    unique,
+)
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
@@ -313,3 +327,44 @@ async def test_lost_commit_reply_then_rerun_applies_once(pg_dsn: str,
     assert rerun.returncode == 0, rerun.stderr
     assert [r["offset"] for r in _json(rerun)["results"]] == [2, 3, 4]
     assert await _effects(pg_dsn, schema) == {o: 1 for o in range(6)}
+
+
+async def test_worker_quarantine_replayed_through_the_default_handler(pg_dsn: str,
+                                                                      services: Any) -> None:
+    topic, group = unique("q-e2e"), unique("g-q-e2e")
+    await asyncio.to_thread(create_topic, services.kafka_bootstrap, topic, 1)
+    recs, _source = generated(topic, count=80, partitions=1, klass="conflict")
+    await asyncio.to_thread(produce, services.kafka_bootstrap, recs)
+    schema = await fresh_schema(pg_dsn)
+    await asyncio.to_thread(run_until_committed, topic=topic, group=group, schema=schema,
+                            dsn=pg_dsn, setup=GROUP_SETUPS[0], total=80)
+    quarantined = _json(_fencectl(schema, "list", "--group", group, "--json"))
+    assert len(quarantined) == len(await _states(pg_dsn, schema)) > 0
+    outbox_sql = f'SELECT src_offset, count(*) AS n FROM "{schema}".ref_outbox GROUP BY 1'
+    before = {r["src_offset"]: r["n"] for r in await _fetch(pg_dsn, outbox_sql)}
+    assert not set(before) & {q["offset"] for q in quarantined}
+
+    first = _fencectl(schema, "replay", "--group", group, "--json")  # the default handler
+    report = _json(first)
+    assert report["applied"] + report["failed"] == len(quarantined) and report["skipped"] == 0
+    assert first.returncode == (1 if report["failed"] else 0), first.stderr
+    after = {r["src_offset"]: r["n"] for r in await _fetch(pg_dsn, outbox_sql)}
+    applied = {r["offset"] for r in report["results"] if r["outcome"] == "applied"}
+    assert {o: n for o, n in after.items() if o not in before} == {o: 1 for o in applied}
+    states = await _states(pg_dsn, schema)
+    for o, (state, replays, _reason) in states.items():
+        assert (state, replays) == (("replayed", 1) if o in applied else ("quarantined", 1))
+
+    again = _json(_fencectl(schema, "replay", "--group", group, "--json"))
+    assert again["applied"] == 0 and again["failed"] == report["failed"]
+    assert {r["src_offset"]: r["n"] for r in await _fetch(pg_dsn, outbox_sql)} == after
+
+    # a fixed handler applies them: the record reaches it with Kafka's bytes
+    await _fetch(pg_dsn, f'CREATE TABLE "{schema}".effects (topic text, partition int,'
+                         ' "offset" bigint, value bytea)')
+    fixed = _json(_fencectl(schema, "replay", "--group", group, "--handler", HANDLER,
+                            "--limit", "5", "--json"))
+    assert fixed["applied"] == min(5, again["failed"])
+    rows = await _fetch(pg_dsn, f'SELECT "offset", value FROM "{schema}".effects')
+    assert {r["offset"]: r["value"] for r in rows} == {
+        r["offset"]: recs[r["offset"]].value for r in fixed["results"]}
