@@ -21,6 +21,8 @@ applied twice shows as two rows.
   either applied (one outbox row, marked replayed) or stays quarantined with ``replays`` 1
   (the reference handler rejects stale revisions again); a second replay applies nothing
   again; a fixed handler then applies them, given the record's bytes as Kafka held them.
+- Migration 0004 extends the journal's event CHECK from what the catalog holds: events an
+  earlier migration added (as 0003 may) are kept.
 - Two replays of the same records at once: each record is applied by exactly one of them
   (the other skips it: row lock ``SKIP LOCKED`` plus the state check).
 """
@@ -45,6 +47,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
+from fencing.postgres.schema import load_migrations
 from fencing.postgres.store import PgFenceStore
 from fencing.types import ClaimRequest, TopicPartition
 from ops.operator.quarantine import grant_operator_sql
@@ -368,3 +371,29 @@ async def test_worker_quarantine_replayed_through_the_default_handler(pg_dsn: st
     rows = await _fetch(pg_dsn, f'SELECT "offset", value FROM "{schema}".effects')
     assert {r["offset"]: r["value"] for r in rows} == {
         r["offset"]: recs[r["offset"]].value for r in fixed["results"]}
+
+
+async def test_migration_0004_keeps_journal_events_added_before_it(pg_dsn: str) -> None:
+    schema = f"fence_t_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+        async with conn.transaction():
+            await conn.execute(f'SET LOCAL search_path TO "{schema}"')
+            for mig in load_migrations():
+                if mig.version == 4:  # as if 0003 had added an event of its own
+                    await conn.execute(
+                        "ALTER TABLE journal DROP CONSTRAINT journal_event_check;"
+                        " ALTER TABLE journal ADD CONSTRAINT journal_event_check CHECK (event"
+                        " IN ('claim', 'fence', 'retire', 'release', 'gap-skip', 'reset',"
+                        " 'adopt', 'poison'))")
+                await conn.execute(mig.sql)
+        for event in ("claim", "poison", "replay", "purge"):
+            await conn.execute(f'INSERT INTO "{schema}".journal (group_id, topic, partition,'
+                               " event) VALUES ('g', 't', 0, $1)", event)
+        with pytest.raises(asyncpg.CheckViolationError):
+            await conn.execute(f'INSERT INTO "{schema}".journal (group_id, topic, partition,'
+                               " event) VALUES ('g', 't', 0, 'nonsense')")
+    finally:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await conn.close()
