@@ -21,6 +21,8 @@ applied twice shows as two rows.
   either applied (one outbox row, marked replayed) or stays quarantined with ``replays`` 1
   (the reference handler rejects stale revisions again); a second replay applies nothing
   again; a fixed handler then applies them, given the record's bytes as Kafka held them.
+- A replayed record the worker quarantines again (its frontier was moved back) is
+  ``quarantined`` again.
 - Migration 0004 extends the journal's event CHECK from what the catalog holds: events an
   earlier migration added (as 0003 may) are kept.
 - Two replays of the same records at once: each record is applied by exactly one of them
@@ -397,3 +399,22 @@ async def test_migration_0004_keeps_journal_events_added_before_it(pg_dsn: str) 
     finally:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         await conn.close()
+
+
+async def test_requarantined_after_a_frontier_reset_is_quarantined_again(
+        pg_dsn: str, quarantined: tuple[str, str]) -> None:
+    schema, group = quarantined
+    assert _fencectl(schema, "replay", "--group", group, "--handler", HANDLER).returncode == 0
+    assert {s[0] for s in (await _states(pg_dsn, schema)).values()} == {"replayed"}
+    await _fetch(pg_dsn, f'UPDATE "{schema}".partitions SET frontier = 2 WHERE group_id = $1',
+                 group)  # what `fencectl reset frontier --to-offset 2` does to the row
+    store = await PgFenceStore.connect(pg_dsn, group_id=group, schema=schema)
+    try:
+        token = (await store.claim([ClaimRequest(TP, 0)], lifetime="lt-q2"))[TP]
+        await store.process(TP, token, make_records(TP, range(2, 6), bad=BAD),
+                            effect_handler(schema))
+    finally:
+        await store.close()
+    states = await _states(pg_dsn, schema)
+    assert {o: s[0] for o, s in states.items()} == {1: "replayed", 2: "quarantined",
+                                                    3: "quarantined", 4: "quarantined"}
