@@ -71,6 +71,7 @@ def test_pattern_picks_up_a_topic_created_while_running(services: ServiceSetting
         wait_until(lambda: committed_total(dsn, schema, group, later) == COUNT,
                    timeout_s=60, what=f"{later}, created while running, applied")
         assert w.alive(), w.log()[-3000:]
+        assert f"matches 1 topic(s) now: {first}" in w.log()  # `other` does not match
         scrape = http_get(f"http://127.0.0.1:{port}/metrics")
         assert scrape is not None and scrape[0] == 200
         for topic in (named, first, later):
