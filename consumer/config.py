@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT_HANDLER",
     "GroupProtocol",
     "WorkerConfig",
+    "check_topic_pattern",
     "kafka_settings",
     "parse_x_options",
     "redact",
@@ -67,8 +68,12 @@ class GroupProtocol(enum.Enum):
 class WorkerConfig:
     """Everything ``fencectl run`` needs; built by ``ops.commands.run`` and checked by ``check``."""
 
-    topic: str
-    """Kafka topic to consume (``--topic``)."""
+    topics: tuple[str, ...] = ()
+    """Kafka topics to consume by name (``--topic``, repeatable)."""
+    topic_pattern: str | None = None
+    """Also every topic whose name matches this regex (``--topic-pattern``), including topics
+    created later: librdkafka subscribes to it as ``^<pattern>`` and re-matches on every
+    metadata refresh (``topic.metadata.refresh.interval.ms``, default 300000 ms)."""
     group_id: str
     """Consumer group id; also keys the PostgreSQL rows (``--group``)."""
     bootstrap_servers: str
@@ -122,8 +127,14 @@ class WorkerConfig:
 
     def check(self) -> None:
         """Raise ``ConfigError`` naming the first invalid setting."""
-        if not self.topic:
-            raise ConfigError("--topic is required")
+        if not self.topics and self.topic_pattern is None:
+            raise ConfigError("--topic or --topic-pattern is required")
+        for topic in self.topics:
+            if not topic or topic.startswith("^"):
+                raise ConfigError(f"--topic {topic!r}: a topic name (for a regex use "
+                                  "--topic-pattern)")
+        if self.topic_pattern is not None:
+            check_topic_pattern(self.topic_pattern)
         if not self.group_id:
             raise ConfigError("--group is required")
         if not self.bootstrap_servers:
@@ -161,6 +172,16 @@ class WorkerConfig:
         kafka_settings(self)  # raises on conflicting -X
 
     @property
+    def subscription(self) -> list[str]:
+        """What ``Consumer.subscribe`` is given: the topic names, then the pattern with the
+        leading ``^`` that makes librdkafka read it as a regex."""
+        names = list(dict.fromkeys(self.topics))
+        if self.topic_pattern is not None:
+            pattern = self.topic_pattern
+            names.append(pattern if pattern.startswith("^") else "^" + pattern)
+        return names
+
+    @property
     def strategy(self) -> str:
         """The classic-protocol assignor in effect (``assignment_strategy`` or its default)."""
         if self.assignment_strategy is None:
@@ -180,6 +201,28 @@ class WorkerConfig:
     @property
     def queue_max_bytes(self) -> int:
         return self.batch_max_bytes * self.queue_max_batches
+
+
+# librdkafka matches a "^" subscription with POSIX extended regex (rdregex.c: regcomp with
+# REG_EXTENDED where libc has it, else its bundled minilibs regexp): Perl class escapes are
+# not ERE, so "\d" would silently match a literal "d" (seen: a worker subscribed to
+# "^t-p\d+" got no partition of t-p1). Refused up front.
+_PERL_CLASSES = re.compile(r"\\[dDwWsSbB]")
+
+
+def check_topic_pattern(pattern: str) -> None:
+    """Raise ``ConfigError`` naming ``--topic-pattern`` when ``pattern`` is not a regex both
+    Python and librdkafka's POSIX extended regex read the same way."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ConfigError(f"--topic-pattern {pattern!r}: not a regular expression: {exc}") \
+            from None
+    found = _PERL_CLASSES.search(pattern)
+    if found:
+        raise ConfigError(f"--topic-pattern {pattern!r}: {found.group()} is not POSIX extended "
+                          "regex syntax, which librdkafka uses; write a bracket expression "
+                          "such as [0-9] or [a-z0-9_]")
 
 
 def parse_x_options(items: Sequence[str], *, flag: str = "-X",

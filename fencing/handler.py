@@ -145,7 +145,7 @@ class HandlerContext:
 
     schema: str  # the PostgreSQL schema of the fence tables (``--schema``)
     group_id: str  # the consumer group (``--group``)
-    topics: tuple[str, ...]  # the topics consumed (``--topic``)
+    topics: tuple[str, ...]  # the ``--topic`` names (a ``--topic-pattern``'s are not known)
     settings: Mapping[str, str] = field(default_factory=dict)  # ``--handler-setting K=V``
 
 

@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ops.commands.produce",
     "ops.commands.status",
     "ops.commands.reset",
+    "ops.commands.quarantine",
     "ops.commands.trace",
     "ops.commands.sim",
 )

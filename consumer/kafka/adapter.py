@@ -109,13 +109,14 @@ def to_record(msg: Any) -> SourceRecord:
 class KafkaThread:
     """Owns one ``Consumer`` for one lifetime: subscribe, consume, commands, close."""
 
-    def __init__(self, *, settings: dict[str, str], topic: str, cooperative: bool,
+    def __init__(self, *, settings: dict[str, str], topic: str | Sequence[str], cooperative: bool,
                  rebalancer: Rebalancer, poll_timeout_s: float = 0.05,
                  consume_max_records: int = 1000, max_outstanding: int = 2,
                  clock: Callable[[], float] = time.monotonic,
                  on_commit_failure: OnFailure | None = None) -> None:
         self._settings = settings
-        self._topic = topic
+        # a topic, or the subscription list (names, and regexes with librdkafka's leading ^)
+        self._subscription = [topic] if isinstance(topic, str) else list(topic)
         self._cooperative = cooperative
         self._rb = rebalancer
         self._poll_timeout_s = poll_timeout_s
@@ -177,7 +178,7 @@ class KafkaThread:
         consumer: Consumer | None = None
         try:
             consumer = _build_consumer({**self._settings, "on_commit": self._on_commit})
-            consumer.subscribe([self._topic], on_assign=self._on_assign,
+            consumer.subscribe(self._subscription, on_assign=self._on_assign,
                                on_revoke=self._on_revoke, on_lost=self._on_lost)
             while not self._close.is_set():
                 self._drain(consumer)

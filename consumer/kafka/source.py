@@ -11,12 +11,15 @@ Rules
 - ``committed_offsets`` reads a group's committed offsets with
   ``AdminClient.list_consumer_group_offsets`` (one group per request); a partition without
   a committed offset reads as None.
+- ``matching_topics`` lists the topics a ``--topic-pattern`` matches now (for the start-up
+  log and metrics only: librdkafka itself resolves the subscription, also for later topics).
 - Foreign errors become ``SourceUnavailable`` (a ``StoreUnavailable``-like transient error
   of the source, not a refusal); a missing topic or partition is a ``SourceRefused``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from confluent_kafka import (
@@ -123,6 +126,17 @@ class KafkaSource:
                                         f"{p.topic}[{p.partition}]: {p.error}")
             out[TopicPartition(p.topic, p.partition)] = p.offset if p.offset >= 0 else None
         return out
+
+    def matching_topics(self, pattern: str) -> list[str]:
+        """Names of the existing topics that ``pattern`` matches from their start, as
+        librdkafka's ``^`` subscription does (internal ``__`` topics left out), sorted.
+        Raises ``SourceUnavailable`` when the cluster does not answer."""
+        regex = re.compile(pattern if pattern.startswith("^") else "^" + pattern)
+        try:
+            names = self._admin.list_topics(timeout=self._timeout_s).topics
+        except KafkaException as exc:
+            raise SourceUnavailable(f"list_topics failed: {exc}") from exc
+        return sorted(n for n in names if not n.startswith("__") and regex.search(n))
 
     def list_topics_ok(self, timeout_s: float) -> bool:
         """True when the cluster answered a metadata request within ``timeout_s``."""

@@ -97,7 +97,8 @@ SELECT $1, $2, $3, o, k, v, h::jsonb, r, $4
 FROM unnest($5::bigint[], $6::bytea[], $7::bytea[], $8::text[], $9::text[]) AS t(o, k, v, h, r)
 ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE
     SET key = EXCLUDED.key, value = EXCLUDED.value, headers = EXCLUDED.headers,
-        reason = EXCLUDED.reason, epoch = EXCLUDED.epoch, at = now()""",
+        reason = EXCLUDED.reason, epoch = EXCLUDED.epoch, at = now(),
+        state = 'quarantined'""",
             skip=f"""
 WITH upd AS (
     UPDATE {s}.partitions SET frontier = $6, updated_at = now()

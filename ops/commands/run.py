@@ -60,8 +60,14 @@ SINK_HANDLER = "fencing.postgres.sink:table_sink"  # --sink table=NAME
 
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run a fenced consumer-group worker",
-                       description="Consume a topic with exactly-once effects in PostgreSQL.")
-    p.add_argument("--topic", required=True)
+                       description="Consume Kafka topics with exactly-once effects in PostgreSQL.")
+    p.add_argument("--topic", action="append", default=[], metavar="TOPIC",
+                   help="topic to consume (repeatable); each is validated and fenced per "
+                        "partition")
+    p.add_argument("--topic-pattern", default=None, metavar="REGEX",
+                   help="also consume every topic whose name matches REGEX, also topics "
+                        "created later (librdkafka '^' subscription; picked up at its metadata "
+                        "refresh, -X topic.metadata.refresh.interval.ms, default 300000)")
     p.add_argument("--group", required=True, help="consumer group id")
     p.add_argument("--handler", default=None,
                    help=f"effect handler, or handler factory, as module:name (default "
@@ -110,7 +116,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
     """A checked ``WorkerConfig``; raises ``ConfigError`` naming the bad setting."""
     handler, settings = _handler_of(args)
     cfg = WorkerConfig(
-        topic=args.topic, group_id=args.group,
+        topics=tuple(args.topic), topic_pattern=args.topic_pattern, group_id=args.group,
         bootstrap_servers=args.bootstrap_servers or env.get("KAFKA_BOOTSTRAP_SERVERS", ""),
         bootstrap_source=("--bootstrap-servers" if args.bootstrap_servers
                           else "KAFKA_BOOTSTRAP_SERVERS"),
@@ -250,6 +256,30 @@ async def _ensure_handler_tables(cfg: WorkerConfig, loaded: LoadedHandler) -> No
                           f"{redact(str(exc), dsn=cfg.dsn)}") from None
 
 
+async def _probe_topics(cfg: WorkerConfig, probe: KafkaSource) -> dict[str, int]:
+    """Partition counts of every ``--topic`` (each must exist) and of the topics matching
+    ``--topic-pattern`` now (none is fine: later ones are picked up while running). Raises
+    ``ConfigError`` naming the topic or the bootstrap setting."""
+    topics = list(dict.fromkeys(cfg.topics))
+    try:
+        if cfg.topic_pattern is not None:
+            matched = await asyncio.to_thread(probe.matching_topics, cfg.topic_pattern)
+            topics += [t for t in matched if t not in topics]
+            log.info("--topic-pattern %s matches %d topic(s) now: %s", cfg.topic_pattern,
+                     len(matched), ", ".join(matched) or "none yet")
+        counts: dict[str, int] = {}
+        for topic in topics:
+            try:
+                counts[topic] = (await asyncio.to_thread(probe.topic_id, topic))[1]
+            except SourceRefused as exc:
+                if topic in cfg.topics:
+                    raise ConfigError(f"--topic {topic}: {exc}") from None
+                log.warning("topic %s matched --topic-pattern but is gone: %s", topic, exc)
+    except SourceUnavailable as exc:
+        raise ConfigError(f"{cfg.bootstrap_source} {cfg.bootstrap_servers}: {exc}") from None
+    return counts
+
+
 async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> ExitCode:
     from consumer.lifecycle import Lifecycle
     from consumer.observability.otel_tracing import OtelTracing
@@ -257,19 +287,14 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
     from ops.worker.telemetry import setup_telemetry
 
     loaded = build_handler(cfg.handler, HandlerContext(
-        schema=cfg.schema, group_id=cfg.group_id, topics=(cfg.topic,),
-        settings=cfg.handler_settings))
+        schema=cfg.schema, group_id=cfg.group_id, topics=tuple(dict.fromkeys(cfg.topics)),
+        settings=cfg.handler_settings))  # a --topic-pattern's topics are not known up front
     probe = KafkaSource(_probe_conf(cfg), request_timeout_s=_PROBE_TIMEOUT_S)
     if not await asyncio.to_thread(probe.list_topics_ok, _PROBE_TIMEOUT_S):
         raise ConfigError(f"{cfg.bootstrap_source} {cfg.bootstrap_servers}: cannot reach Kafka "
                           f"(no answer within {_PROBE_TIMEOUT_S:g} s at start); check the host "
                           "and port (and any -X security settings)")
-    try:
-        _topic_id, partition_count = await asyncio.to_thread(probe.topic_id, cfg.topic)
-    except SourceRefused as exc:
-        raise ConfigError(f"--topic {cfg.topic}: {exc}") from None
-    except SourceUnavailable as exc:
-        raise ConfigError(f"{cfg.bootstrap_source} {cfg.bootstrap_servers}: {exc}") from None
+    partition_counts = await _probe_topics(cfg, probe)
     source = KafkaSource(_admin_conf(cfg))
     store = await _open_store(cfg)
     telemetry = setup_telemetry()  # OTEL_SERVICE_NAME, default fenceworker
@@ -277,7 +302,9 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
                               store=store, cooperative=cfg.cooperative,
                               lag_facts=source.facts, observe=store.observe,
                               group_id=cfg.group_id)
-    obs.instruments.export_zeros(TopicPartition(cfg.topic, p) for p in range(partition_count))
+    obs.instruments.export_zeros(TopicPartition(topic, p)
+                                 for topic, count in partition_counts.items()
+                                 for p in range(count))
     try:
         await _ensure_handler_tables(cfg, loaded)
         settings = kafka_settings(cfg)
@@ -289,7 +316,7 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
                 allow_retention_gap=cfg.allow_retention_gap, instruments=obs.instruments,
                 tracing=OtelTracing()),
             kafka_factory=lambda rb: KafkaThread(
-                settings=settings, topic=cfg.topic, cooperative=cfg.cooperative,
+                settings=settings, topic=cfg.subscription, cooperative=cfg.cooperative,
                 rebalancer=rb, poll_timeout_s=cfg.poll_timeout_s, clock=time.monotonic,
                 on_commit_failure=obs.instruments.kafka_commit_failed),
             on_event=obs.on_event,
@@ -307,8 +334,9 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
         except OSError as exc:
             raise ConfigError(f"--http-host {obs.options.http_host} --http-port "
                               f"{obs.options.http_port}: cannot serve there: {exc}") from None
-        log.info("worker starting: topic=%s group=%s protocol=%s strategy=%s schema=%s",
-                 cfg.topic, cfg.group_id, cfg.group_protocol.value,
+        log.info("worker starting: topics=%s pattern=%s group=%s protocol=%s strategy=%s "
+                 "schema=%s", ",".join(partition_counts) or "-", cfg.topic_pattern or "-",
+                 cfg.group_id, cfg.group_protocol.value,
                  settings.get("partition.assignment.strategy", "-"), cfg.schema)
         code = await worker.run()
         log.info("worker exits with %d (%s)", int(code), code.name)

@@ -176,12 +176,29 @@ def build_status(
             committed=KafkaCommitted(committed[key]) if key in committed else None,
             now=now, mirror_warn_s=mirror_warn_s))
     notes = {**topic_notes, **(group_notes or {})}
+    rendered = [p.as_dict() for p in parts]
     return {
         "at": now.isoformat(),
         "kafka": {"answered": not notes, "notes": notes},
-        "partitions": [p.as_dict() for p in parts],
+        "topics": topic_totals(rendered),
+        "partitions": rendered,
         "members": [v.as_dict() for v in views.values()],
     }
+
+
+def topic_totals(partitions: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Pure: per (group, topic) of the partition views: partitions, how many have an
+    observed owner, total lag (None when Kafka did not answer for one), partitions stalled."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for p in partitions:
+        t = out.setdefault((p["group"], p["topic"]), {
+            "group": p["group"], "topic": p["topic"], "partitions": 0, "owned_observed": 0,
+            "lag": 0, "stalled": 0})
+        t["partitions"] += 1
+        t["owned_observed"] += p["owner_availability"] == "observed"
+        t["lag"] = None if t["lag"] is None or p["lag"] is None else t["lag"] + p["lag"]
+        t["stalled"] += bool(p["stalled"])
+    return list(out.values())
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
@@ -201,6 +218,11 @@ def render_text(status: Mapping[str, Any]) -> str:
             for p in status["partitions"]]
     out += _table(("GROUP", "TOPIC", "PART", "EPOCH", "FRONTIER", "KAFKA", "HIGH", "LAG",
                    "OWNER", "OWNER-STATE"), prow) if prow else ["(no partition rows)"]
+    trow = [(t["group"], t["topic"], t["partitions"], t["owned_observed"], t["lag"],
+             t["stalled"]) for t in status["topics"]]
+    if trow:
+        out += ["", "TOPICS", *_table(("GROUP", "TOPIC", "PARTITIONS", "OWNED", "LAG",
+                                        "STALLED"), trow)]
     notes = [f"  {p['topic']}[{p['partition']}]: {n}" for p in status["partitions"]
              for n in p["notes"]]
     if notes:

@@ -2,6 +2,13 @@
 
   fencectl trace --topic T --partition P --offset O [--group G] [--service fenceworker]
 
+Prints, per batch found, a header line and the span tree of the batch's trace as a
+waterfall (durations, epoch, frontier, outcome; the batch span marked ``*``), then the
+producer spans it links to, fetched by trace id (``--links N`` of them, default 3, the
+record's own first when the batch's links follow its records one to one; the local
+Jaeger build has no UI, so this is the way to look at a trace there). ``--json`` prints the
+same as data (``spans``, ``producers``).
+
 Queries Jaeger's HTTP API (``JAEGER_QUERY_URL``; the same API the UI uses):
 ``/api/traces?service=S&operation=fence.process&tags={"messaging.destination.partition.id":
 "P", "messaging.destination.name": "T"}&lookback=...`` and keeps the spans whose
@@ -23,6 +30,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ops.operator.trace_view import linked_span, render_waterfall, span_rows
+
 __all__ = ["batches_for_record", "register"]
 
 
@@ -38,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--limit", type=int, default=1500, help="traces to scan (default 1500)")
     p.add_argument("--jaeger-url", default=os.environ.get("JAEGER_QUERY_URL"),
                    help="Jaeger query base URL (default $JAEGER_QUERY_URL)")
+    p.add_argument("--links", type=int, default=3,
+                   help="producer links to look up and show per batch (default 3; 0: none)")
+    p.add_argument("--width", type=int, default=40, help="waterfall width in columns")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_main)
 
@@ -83,6 +95,39 @@ def batches_for_record(traces: Sequence[Mapping[str, Any]], *, topic: str, parti
     return found
 
 
+def _get(base: str, path: str) -> Any:
+    with urllib.request.urlopen(f"{base.rstrip('/')}{path}", timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def _trace(base: str, trace_id: str) -> Mapping[str, Any] | None:
+    """One trace by id; None when Jaeger does not hold it (404 or no data)."""
+    try:
+        data = _get(base, f"/api/traces/{urllib.parse.quote(trace_id)}").get("data") or []
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+    return data[0] if data else None
+
+
+def _with_tree(base: str, batch: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """Add ``spans`` and ``producers`` to ``batch``; return its waterfall lines."""
+    rows = span_rows(_trace(base, batch["trace_id"]) or {})
+    every = batch["producer_links"]
+    own = args.offset - batch["first_offset"]  # links follow the batch's records in order
+    first = [every[own]] if 0 <= own < len(every) else []
+    ordered = first + [link for i, link in enumerate(every) if i != own]
+    links = [linked_span(_trace(base, link["trace_id"]), **link)
+             for link in ordered[:max(0, args.links)]]
+    start = batch["start_us"] or 0
+    batch["spans"] = [r.as_dict() for r in rows]
+    batch["producers"] = [link.as_dict(start) for link in links]
+    return render_waterfall(rows, batch_span_id=batch["span_id"], links=links,
+                            links_total=len(batch["producer_links"]), batch_start_us=start,
+                            width=max(10, args.width))
+
+
 def _query(base: str, args: argparse.Namespace) -> list[Mapping[str, Any]]:
     tags = {"messaging.destination.name": args.topic,
             "messaging.destination.partition.id": str(args.partition)}
@@ -108,16 +153,22 @@ def _main(args: argparse.Namespace) -> int:
         return 1
     found = batches_for_record(traces, topic=args.topic, partition=args.partition,
                                offset=args.offset, group=args.group)
+    try:
+        trees = [_with_tree(args.jaeger_url, b, args) for b in found]
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"fencectl trace: Jaeger query failed: {exc}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(found, indent=2))
     else:
-        for b in found:
+        for b, tree in zip(found, trees, strict=True):
             print(f"trace {b['trace_id']} ({args.jaeger_url.rstrip('/')}{b['ui_path']}) "
                   f"group={b['group']} lifetime={b['lifetime']} epoch={b['epoch']} "
                   f"outcome={b['outcome']} offsets={b['first_offset']}..{b['last_offset']}"
                   + (f" resolved={','.join(map(str, b['resolutions']))}"
                      if b["resolutions"] else "")
                   + f" producer_links={len(b['producer_links'])}")
+            print("\n".join(tree), end="\n\n")
         if not found:
             print(f"no fence.process span of {args.service} covers {args.topic}"
                   f"[{args.partition}]@{args.offset} within {args.lookback}", file=sys.stderr)

@@ -4,8 +4,9 @@
   linked from the batch's ``fence.process`` span, which names the partition, the offsets,
   the epoch and the outcome; the assignment's claim and seek spans exist.
 - A lost COMMIT (cut by the proxy after the server committed) appears as a
-  ``fence.resolve`` span under the batch's process span, with outcome ``committed``; the
-  metric of unknown outcomes counts it and the records are counted once.
+  ``fence.resolve`` span under the batch's process span, with outcome ``committed`` (also in
+  the waterfall of ``fencectl trace``); the metric of unknown outcomes counts it and the
+  records are counted once.
 """
 
 from __future__ import annotations
@@ -176,3 +177,15 @@ async def test_lost_commit_is_a_resolution_span_and_counted_once(
     assert parent.name == "fence.process" and parent.tags["fence.outcome"] == "ok"
     assert parent.tags["fence.frontier"] == resolve.tags["fence.frontier"] + \
         parent.tags["messaging.batch.message_count"]
+
+    # the waterfall of `fencectl trace` shows the resolution under its batch
+    shown = await asyncio.to_thread(
+        run_fencectl, "trace", "--topic", topic, "--partition", "0", "--offset",
+        str(parent.tags["fence.first_offset"]), "--service", service, "--lookback", "1h",
+        "--json", env={"JAEGER_QUERY_URL": services.jaeger_query_url})
+    assert shown.returncode == 0, shown.stderr
+    (batch,) = [b for b in json.loads(shown.stdout) if b["resolutions"]]
+    assert [(r["name"], r["depth"], r["outcome"]) for r in batch["spans"]] == [
+        ("fence.process", 0, "ok"), ("fence.resolve", 1, "committed")]
+    assert batch["spans"][1]["start_ms"] >= 0 and batch["spans"][1]["frontier"] == \
+        resolve.tags["fence.frontier"]

@@ -86,7 +86,7 @@ def settings_for(setup: GroupSetup, bootstrap: str, group: str) -> tuple[dict[st
         if a == "-X":
             k, _, v = setup.args[i + 1].partition("=")
             x[k] = v
-    cfg = WorkerConfig(topic="t", group_id=group, bootstrap_servers=bootstrap, dsn="x",
+    cfg = WorkerConfig(topics=("t",), group_id=group, bootstrap_servers=bootstrap, dsn="x",
                        group_protocol=GroupProtocol(args["--group-protocol"]),
                        assignment_strategy=args.get("--assignment-strategy",
                                                     "cooperative-sticky"),

@@ -28,7 +28,7 @@ DSN = "postgresql://fw:s3cretpw@127.0.0.1:5432/db"
 
 
 def cfg(**kw: object) -> WorkerConfig:
-    base: dict[str, object] = dict(topic="t", group_id="g", bootstrap_servers="127.0.0.1:9092",
+    base: dict[str, object] = dict(topics=("t",), group_id="g", bootstrap_servers="127.0.0.1:9092",
                                    dsn=DSN)
     base.update(kw)
     return WorkerConfig(**base)  # type: ignore[arg-type]
@@ -142,3 +142,22 @@ def test_handler_settings_parse_like_x_options_naming_their_flag() -> None:
                            strip_values=False) == {"table": " orders_sink "}
     with pytest.raises(ConfigError, match="--handler-setting 'novalue': expected key=value"):
         parse_x_options(["novalue"], flag="--handler-setting")
+
+
+def test_topics_and_pattern_make_one_subscription() -> None:
+    assert cfg(topics=("a", "b", "a")).subscription == ["a", "b"]
+    assert cfg(topics=("a",), topic_pattern="orders-[0-9]+").subscription == [
+        "a", "^orders-[0-9]+"]
+    assert cfg(topics=(), topic_pattern="^x.*").subscription == ["^x.*"]
+
+
+@pytest.mark.parametrize("kw, named", [
+    (dict(topics=()), "--topic or --topic-pattern is required"),
+    (dict(topics=("^a.*",)), "--topic '^a.*': a topic name"),
+    (dict(topic_pattern="("), "--topic-pattern '(': not a regular expression"),
+    (dict(topic_pattern=r"t-\d+"), r"\d is not POSIX extended regex"),
+])
+def test_topic_mistakes_are_refused(kw: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        cfg(**kw).check()
+    assert named in str(err.value)

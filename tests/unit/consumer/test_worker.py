@@ -92,7 +92,7 @@ async def accept_all(conn: Any, recs: Sequence[SourceRecord]) -> list[Verdict]:
 def make(handler: Callable[..., Any] = accept_all, **cfg: Any) -> tuple[
         Worker, MemoryFenceStore, list[FakeKafka]]:
     store = MemoryFenceStore("g")
-    config = WorkerConfig(topic="t", group_id="g", bootstrap_servers="x", dsn="x",
+    config = WorkerConfig(topics=("t",), group_id="g", bootstrap_servers="x", dsn="x",
                           **{"batch_max_records": 50, "shutdown_timeout_s": 1.0, **cfg})
     fakes: list[FakeKafka] = []
 

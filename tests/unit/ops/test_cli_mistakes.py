@@ -67,12 +67,21 @@ def test_incoherent_handler_is_refused_at_load_naming_it_and_the_pair() -> None:
     (["-X", "bootstrap.servers=other:9092"], {}, "--bootstrap-servers"),
     (["-X", "group.id=other"], {}, "set it once, with --group"),
     ([], {"KAFKA_BOOTSTRAP_SERVERS": ""}, "no --bootstrap-servers given"),
+    (["--topic-pattern", r"t-\d+"], {}, "\\d is not POSIX extended regex syntax"),
+    (["--topic-pattern", "t-(["], {}, "--topic-pattern 't-([': not a regular expression"),
+    (["--topic", "^t.*"], {}, "--topic '^t.*': a topic name (for a regex use --topic-pattern)"),
 ])
 def test_run_refuses_configuration_mistakes(extra: list[str], env: dict[str, str],
                                             needle: str) -> None:
     done = fencectl(*RUN, *extra, env=env)
     assert done.returncode == 2
     assert needle in one_line(done)
+
+
+def test_run_needs_a_topic_or_a_pattern() -> None:
+    done = fencectl("run", "--group", "g")
+    assert done.returncode == 2
+    assert one_line(done) == "fencectl run: --topic or --topic-pattern is required"
 
 
 def test_unreachable_kafka_is_one_line_naming_where_the_address_came_from() -> None:

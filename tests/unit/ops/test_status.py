@@ -172,3 +172,21 @@ def test_status_shows_the_kafka_column_and_group_notes() -> None:
     assert header.split()[4:7] == ["FRONTIER", "KAFKA", "HIGH"]
     cells = [ln.split() for ln in lines if ln.startswith(("g ", "other "))]
     assert [c[5] for c in cells[:3]] == ["7", "none", "?"] and cells[1][6] == "!"
+
+
+def test_topics_sum_lag_and_owners_per_topic() -> None:
+    parts = [prow(7, owner="lt-live"),
+             dataclasses.replace(prow(3, owner="lt-live"), partition=1),
+             dataclasses.replace(prow(0, owner=None), topic="returns")]
+    status = build_status(now=NOW, partitions=parts, members=[member("running", age_s=1,
+                                                                      lifetime="lt-live")],
+                          facts={TopicPartition("orders", 0): SourceFacts("id1", 0, 10),
+                                 TopicPartition("orders", 1): SourceFacts("id1", 0, 10)},
+                          topic_notes={"returns": "Kafka did not answer"})
+    assert status["topics"] == [
+        {"group": "g", "topic": "orders", "partitions": 2, "owned_observed": 2,
+         "lag": 3 + 7, "stalled": 0},
+        {"group": "g", "topic": "returns", "partitions": 1, "owned_observed": 0,
+         "lag": None, "stalled": 0}]
+    text = render_text(status)
+    assert "TOPICS" in text and "returns" in text

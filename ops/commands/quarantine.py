@@ -1,0 +1,254 @@
+"""``fencectl quarantine``: inspect, replay and purge quarantined records.
+
+  fencectl quarantine list   [--group G] [--topic T] [--partition P] [--state S] [--json]
+  fencectl quarantine show   --group G --topic T --partition P --offset O [--json]
+  fencectl quarantine replay --group G [--topic T] [--partition P] [--offset O ...]
+      [--handler module:name] [--handler-setting K=V ...] [--limit N] [--json]
+  fencectl quarantine purge  --group G --before TIMESTAMP [--topic T] [--json]
+
+``replay`` re-drives the selected quarantined records through ``--handler`` (default: the
+handler ``fencectl run`` defaults to), each in its own transaction that also marks the row
+replayed and journals it (``ops.operator.quarantine``): re-running it, also after a crash,
+applies nothing twice. Exit codes: 0 done (replay: every selected record applied; show:
+found), 1 a replayed record failed again, a row was not found, or the database failed,
+2 bad usage or configuration (``FENCE_DSN`` unset or refused, schema not migrated, unknown
+``--group``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from consumer.config import DEFAULT_HANDLER, parse_x_options, redact
+from fencing.errors import ConfigError, SchemaMismatch
+from fencing.handler import HandlerContext, build_handler
+from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
+from ops.commands.reset import operator_identity
+from ops.hints import schema_advice
+from ops.operator.db import connection, dsn_from_env, require_known_group
+from ops.operator.quarantine import (
+    Outcome,
+    QuarantineKey,
+    ReplayResult,
+    Selection,
+    State,
+    purge,
+    replay_one,
+    select_rows,
+)
+
+__all__ = ["register", "row_dict"]
+
+_STATES = {"quarantined": State.QUARANTINED, "replayed": State.REPLAYED, "all": None}
+_REASON_SHOWN_MAX = 60
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+    p = sub.add_parser("quarantine", help="list, show, replay and purge quarantined records")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    helps = {"list": "list quarantine rows", "show": "show one quarantined record in full",
+             "replay": "re-drive quarantined records through the handler, each exactly once",
+             "purge": "delete replayed rows handled before --before"}
+    for name, help_text in helps.items():
+        a = actions.add_parser(name, help=help_text)
+        a.add_argument("--group", required=name != "list", default=None, help="consumer group")
+        a.add_argument("--topic", required=name == "show", default=None)
+        if name != "purge":
+            a.add_argument("--partition", type=int, required=name == "show", default=None)
+        if name == "show":
+            a.add_argument("--offset", type=int, required=True)
+        if name == "replay":
+            a.add_argument("--offset", type=int, action="append", default=[],
+                           help="only this offset (repeatable; needs --topic and --partition)")
+            a.add_argument("--handler", default=DEFAULT_HANDLER,
+                           help=f"handler or handler factory, module:name (default "
+                                f"{DEFAULT_HANDLER}, as for run)")
+            a.add_argument("--handler-setting", action="append", default=[],
+                           metavar="KEY=VALUE", help="a setting for a handler factory")
+        if name in ("list", "replay"):
+            a.add_argument("--limit", type=int, default=None, help="at most N records")
+        if name == "list":
+            a.add_argument("--state", choices=tuple(_STATES), default="quarantined",
+                           help="quarantined (default: not yet replayed), replayed, or all")
+        if name == "purge":
+            a.add_argument("--before", required=True, type=_timestamp,
+                           help="ISO 8601 time; rows replayed before it are deleted "
+                                "(no time zone: UTC)")
+        a.add_argument("--json", action="store_true", help="machine-readable output")
+        a.add_argument("--schema", default=os.environ.get("FENCE_SCHEMA", DEFAULT_SCHEMA))
+        a.set_defaults(func=_main, quarantine_action=name)
+
+
+def _timestamp(text: str) -> datetime:
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an ISO 8601 time (e.g. 2026-01-31T12:00:00Z)") from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+def _bytes(value: bytes | None) -> dict[str, str | None]:
+    if value is None:
+        return {"text": None, "base64": None}
+    try:
+        return {"text": value.decode("utf-8"), "base64": None}
+    except UnicodeDecodeError:
+        return {"text": None, "base64": base64.b64encode(value).decode()}
+
+
+def _iso(at: datetime | None) -> str | None:
+    return None if at is None else at.isoformat()
+
+
+def row_dict(row: Any) -> dict[str, Any]:
+    """A quarantine row as JSON-ready values (bytes as text, or base64 when not UTF-8)."""
+    headers = json.loads(row["headers"]) if isinstance(row["headers"], str) else row["headers"]
+    return {"group": row["group_id"], "topic": row["topic"], "partition": row["partition"],
+            "offset": row["offset"], "state": row["state"], "reason": row["reason"],
+            "epoch": row["epoch"], "quarantined_at": _iso(row["at"]),
+            "replays": row["replays"], "replayed_by": row["replayed_by"],
+            "replayed_at": _iso(row["replayed_at"]), "replay_result": row["replay_result"],
+            "key": _bytes(row["key"]), "value": _bytes(row["value"]),
+            "headers": [{"key": k, "base64": v} for k, v in headers or []]}
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _REASON_SHOWN_MAX else text[:_REASON_SHOWN_MAX - 3] + "..."
+
+
+def _selection(args: argparse.Namespace) -> Selection:
+    offsets = tuple(args.offset) if args.quarantine_action == "replay" else (
+        (args.offset,) if args.quarantine_action == "show" else ())
+    if args.quarantine_action == "replay" and offsets and (args.topic is None
+                                                           or args.partition is None):
+        raise ConfigError("--offset needs --topic and --partition")
+    if getattr(args, "limit", None) is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be >= 1 (got {args.limit})")
+    state = _STATES[args.state] if args.quarantine_action == "list" else (
+        None if args.quarantine_action == "show" else State.QUARANTINED)
+    return Selection(group_id=args.group, topic=args.topic,
+                     partition=getattr(args, "partition", None), offsets=offsets, state=state,
+                     limit=getattr(args, "limit", None))
+
+
+class ReplayStopped(Exception):
+    """The database failed during one record's transaction (e.g. the connection was lost
+    with COMMIT in flight): that record's outcome is unknown; re-running is safe."""
+
+    def __init__(self, key: QuarantineKey, done: int, cause: BaseException) -> None:
+        super().__init__(f"replay stopped at {key} after {done} record(s): "
+                         f"{type(cause).__name__}: {cause}; its outcome is unknown: re-run the "
+                         "same replay (records already replayed are skipped, so none is "
+                         "applied twice)")
+
+
+async def _replay(conn: Any, args: argparse.Namespace, rows: Sequence[Any]) -> list[ReplayResult]:
+    topics = tuple(sorted({r["topic"] for r in rows})) or ((args.topic,) if args.topic else ())
+    loaded = build_handler(args.handler, HandlerContext(
+        schema=args.schema, group_id=args.group, topics=topics,
+        settings=parse_x_options(args.handler_setting, flag="--handler-setting",
+                                 strip_values=False)))
+    if loaded.ensure_tables is not None:
+        await loaded.ensure_tables(conn)
+    operator = operator_identity()
+    results: list[ReplayResult] = []
+    for r in rows:
+        key = QuarantineKey(r["group_id"], r["topic"], r["partition"], r["offset"])
+        try:
+            result = await replay_one(conn, args.schema, key, loaded.fn, operator=operator)
+        except Exception as exc:
+            raise ReplayStopped(key, len(results), exc) from exc
+        results.append(result)
+        if not args.json:
+            print(f"{key}: {result.outcome.value}: {result.detail}", flush=True)
+    return results
+
+
+async def _run(dsn: str, args: argparse.Namespace) -> int:
+    sel = _selection(args) if args.quarantine_action != "purge" else None
+    async with connection(dsn, schema=args.schema) as conn:
+        if args.group is not None:  # a typo'd group is refused, not "0 rows"
+            await require_known_group(conn, schema=args.schema, group=args.group)
+        if args.quarantine_action == "purge":
+            counts = await purge(conn, args.schema, group_id=args.group, before=args.before,
+                                 topic=args.topic, operator=operator_identity())
+            total = sum(counts.values())
+            if args.json:
+                print(json.dumps({"purged": total, "partitions": [
+                    {"topic": tp.topic, "partition": tp.partition, "purged": n}
+                    for tp, n in counts.items()]}, indent=2))
+            else:
+                print(f"purged {total} replayed quarantine row(s) of group {args.group} "
+                      f"handled before {args.before.isoformat()}")
+            return 0
+        assert sel is not None
+        rows = await select_rows(conn, args.schema, sel)
+        if args.quarantine_action == "replay":
+            return _report(await _replay(conn, args, rows), args.json)
+        return _print_rows(rows, args)
+
+
+def _print_rows(rows: Sequence[Any], args: argparse.Namespace) -> int:
+    if args.quarantine_action == "show":
+        if not rows:
+            print(f"fencectl quarantine show: no quarantine row {args.group} "
+                  f"{args.topic}[{args.partition}]@{args.offset}", file=sys.stderr)
+            return 1
+        shown = row_dict(rows[0])
+        if args.json:
+            print(json.dumps(shown, indent=2))
+        else:
+            for field, value in shown.items():
+                shown_value = json.dumps(value) if isinstance(value, dict | list) else value
+                print(f"{field:>15}: {shown_value}")
+        return 0
+    if args.json:
+        print(json.dumps([row_dict(r) for r in rows], indent=2))
+        return 0
+    for r in rows:
+        print(f"{r['group_id']} {r['topic']}[{r['partition']}]@{r['offset']} {r['state']} "
+              f"replays={r['replays']} at={_iso(r['at'])} reason={_short(r['reason'])}")
+    print(f"{len(rows)} row(s)")
+    return 0
+
+
+def _report(results: Sequence[ReplayResult], as_json: bool) -> int:
+    counts = {o: sum(1 for r in results if r.outcome is o) for o in Outcome}
+    if as_json:
+        print(json.dumps({"results": [r.as_dict() for r in results],
+                          **{o.value: n for o, n in counts.items()}}, indent=2))
+    else:
+        print(f"replay: {counts[Outcome.APPLIED]} applied, {counts[Outcome.FAILED]} failed "
+              f"again (still quarantined), {counts[Outcome.SKIPPED]} skipped")
+    return 1 if counts[Outcome.FAILED] else 0
+
+
+def _main(args: argparse.Namespace) -> int:
+    dsn = dsn_from_env("fencectl quarantine")
+    if dsn is None:
+        return 2
+    try:
+        quote_schema(args.schema)
+        return asyncio.run(_run(dsn, args))
+    except ConfigError as exc:
+        print(f"fencectl quarantine: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
+        return 2
+    except SchemaMismatch as exc:
+        print(f"fencectl quarantine: {schema_advice(exc, args.schema)}", file=sys.stderr)
+        return 2
+    except ReplayStopped as exc:
+        print(f"fencectl quarantine: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # the database failed: report without the DSN; re-running is safe
+        print(f"fencectl quarantine: {type(exc).__name__}: {redact(str(exc), dsn=dsn)}",
+              file=sys.stderr)
+        return 1
