@@ -34,10 +34,14 @@ def test_spawned_process_is_tracked_until_stopped(tmp_path: Path) -> None:
     pid = _spawn_sleeper(tmp_path, marker)
     try:
         assert read_pid(tmp_path / "svc.pid") == pid
+        # Popen returns once exec closed its CLOEXEC pipe, but the kernel fills the new
+        # image's argv (/proc/<pid>/cmdline) a moment later (load_elf_binary sets arg_start
+        # after begin_new_exec closes the descriptors): under load the command line can still
+        # be empty here. Services are tracked long after they started; wait for the sleeper.
+        assert wait_until(lambda: "ready" in log_tail(tmp_path / "svc.log"), timeout_s=10)
         assert tracked_pid(tmp_path / "svc.pid", marker=marker) == pid
         # a pid file whose process does not mention the marker is not trusted
         assert tracked_pid(tmp_path / "svc.pid", marker=str(tmp_path / "other")) is None
-        assert wait_until(lambda: "ready" in log_tail(tmp_path / "svc.log"), timeout_s=10)
         assert log_tail(tmp_path / "svc.log").splitlines()[-1] == f"ready {marker}"
     finally:
         graceful = stop_pid(pid, sig=signal.SIGTERM, grace_s=10)
