@@ -19,7 +19,6 @@ Rules
 
 from __future__ import annotations
 
-import asyncio
 import random
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -28,7 +27,7 @@ from consumer.decisions import LifetimeState
 from fencing.memory.faults import Fault, Interleave, Operation
 from fencing.types import SourceRecord
 from ops.reference.generate import generate
-from ops.sim.runner import finish, new_run
+from ops.sim.runner import finish, new_run, run_sync
 from ops.sim.swarm import ACTOR_OPS, Profile, draw_profile
 from ops.sim.trace import SimConfig, Step, Trace, toolchain
 
@@ -213,7 +212,7 @@ def make_trace(seed: int, *, klass: str = "valid", steps: int = DEFAULT_STEPS,
                drain: bool = True) -> Trace:
     """The trace of ``seed``: config, source records and ``steps`` steps."""
     g, shell = _start(seed, klass, steps, checking=False)
-    asyncio.run(_generate(g, steps))
+    run_sync(_generate(g, steps))
     return replace(shell, steps=tuple(g.steps), drain=drain)
 
 
@@ -229,4 +228,4 @@ def generate_and_run(seed: int, *, klass: str = "valid", steps: int = DEFAULT_ST
         trace = replace(shell, steps=tuple(g.steps), drain=drain)
         return trace, await finish(g.run, trace)  # type: ignore[arg-type]
 
-    return asyncio.run(go())
+    return run_sync(go())
