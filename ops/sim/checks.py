@@ -98,12 +98,13 @@ class _PartitionFolds:
         exp = hit[0]
 
         def consistency() -> list[str]:
-            cached = self._whole[key]
-            if cached[1] is None:  # the partitions' documents are disjoint: no problem in
+            problems = self._whole[key][1]
+            if problems is None:  # the partitions' documents are disjoint: no problem in
                 # any partition's fold means none in their union (else ask the union)
                 clean = all(not self._problems(tp, n) for tp, n, _ in parts)
-                self._whole[key] = cached = (exp, [] if clean else oracle.outbox_problems(exp))
-            return list(cached[1])
+                problems = [] if clean else oracle.outbox_problems(exp)
+                self._whole[key] = (exp, problems)
+            return list(problems)
         return exp, consistency
 
     def _problems(self, tp: tuple[str, int], n: int) -> list[str]:
