@@ -12,14 +12,15 @@ Rules
 - ``process`` holds the partition's row lock while the handler runs (like ``SELECT ... FOR
   UPDATE``); ``claim`` takes the row locks of all its partitions in sorted order.
 - Faults are selected per attempt (``begin_attempt`` / ``attempt``): an operation
-  (validate, claim, observe, process), the call number of that operation within the
-  attempt, an outcome, an optional logical delay and an optional interleave point.
+  (validate, claim, observe, process, skip, journal, heartbeat), the call number of that
+  operation within the attempt, an outcome, an optional logical delay and an optional
+  interleave point.
   The effect point checks the storage fence first: a fence or a cancellation is never
   overridden by a fault; every call logs the requested outcome, whether the effect was
   applied and what the caller observed, separately (``events``).
 - ``interleave_hook`` (if set) is awaited before and after the atomic effect of every
-  claim and process and before every read (``skip`` and ``journal`` have faults and
-  events but no interleave hook);
+  claim and process and before every read (``skip``, ``journal`` and ``heartbeat`` have
+  faults and events but no interleave hook);
   cancellation is honoured at each of these points.
 - ``writes`` lists every durable write (claim, process, skip, journal) in order.
 """
@@ -159,6 +160,7 @@ class MemoryFenceStore:
         applied: bool,
         observed: str,
         started_s: float = 0.0,
+        partition: int | None = None,
     ) -> None:
         event = StoreEvent(
             attempt=label,
@@ -172,6 +174,7 @@ class MemoryFenceStore:
             at_s=self._clock(),
             installed=self._installed(),
             started_s=started_s,
+            partition=partition,
         )
         self.events.append(event)
         if self.on_event is not None:
@@ -189,11 +192,11 @@ class MemoryFenceStore:
 
     def _write(
         self, kind: str, tp: TopicPartition, lifetime: str | None, epoch: int | None, label: str,
-        event: str = "",
+        event: str = "", skipped: tuple[int, int] | None = None,
     ) -> None:
-        self.writes.append(WriteRecord(kind, tp, lifetime, epoch, label, event))
+        self.writes.append(WriteRecord(kind, tp, lifetime, epoch, label, event, skipped))
 
-    async def _run(self, op: Operation, effect: _Effect) -> Any:
+    async def _run(self, op: Operation, effect: _Effect, partition: int | None = None) -> Any:
         """Common frame of every faultable call: delay, interleave, effect, log, cancellation."""
         call, fault, label = self._select(op)
         state = {"applied": False}
@@ -205,13 +208,14 @@ class MemoryFenceStore:
             result = await effect(fault, label, state, call)
         except asyncio.CancelledError:
             self._log(label, op, call, fault, applied=state["applied"], observed="cancelled",
-                      started_s=t0)
+                      started_s=t0, partition=partition)
             raise
         except (Fenced, NotCommitted, OutcomeUnknown, ReadFailed) as exc:
             self._log(label, op, call, fault, applied=state["applied"], observed=_name(exc),
-                      started_s=t0)
+                      started_s=t0, partition=partition)
             raise
-        self._log(label, op, call, fault, applied=state["applied"], observed="ok", started_s=t0)
+        self._log(label, op, call, fault, applied=state["applied"], observed="ok", started_s=t0,
+                  partition=partition)
         return result
 
     # -- FenceStore ----------------------------------------------------------------------
@@ -321,7 +325,7 @@ class MemoryFenceStore:
                 )
             return new
 
-        return await self._run(Operation.PROCESS, effect)
+        return await self._run(Operation.PROCESS, effect, tp.partition)
 
     def _require(self, tp: TopicPartition, token: Token) -> Row:
         row = self.rows.get(tp)
@@ -368,7 +372,8 @@ class MemoryFenceStore:
                 self.journal_rows.append(JournalRow(
                     tp, row.owner or "", "gap-skip", token.epoch,
                     f"{reason}: {row.frontier}..{to_offset}", now))
-                self._write("skip", tp, row.owner, token.epoch, label)
+                self._write("skip", tp, row.owner, token.epoch, label,
+                            skipped=(row.frontier, to_offset))
                 state["applied"] = True
             if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_COMMITTED:
                 raise OutcomeUnknown(f"skip {tp}: injected lost reply after commit")
@@ -403,9 +408,19 @@ class MemoryFenceStore:
     async def heartbeat(self, *, lifetime: str, member_id: str | None, host: str, pid: int,
                         state: str, detail: Mapping[str, Any] | None = None) -> None:
         """Upsert this lifetime's member row with ``last_seen_s`` := now (status only)."""
-        await asyncio.sleep(0)
-        self.members[lifetime] = MemberRow(lifetime, member_id, host, pid, state,
-                                           dict(detail or {}), self._clock())
+        async def effect(fault: Fault | None, label: str, applied: dict[str, bool],
+                         call: int) -> None:
+            if fault is not None and fault.outcome is FaultOutcome.ABORT:
+                raise NotCommitted(f"heartbeat {lifetime}: injected rollback (call {call})")
+            if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_ABORTED:
+                raise OutcomeUnknown(f"heartbeat {lifetime}: injected lost reply, not applied")
+            self.members[lifetime] = MemberRow(lifetime, member_id, host, pid, state,
+                                               dict(detail or {}), self._clock())
+            applied["applied"] = True
+            if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_COMMITTED:
+                raise OutcomeUnknown(f"heartbeat {lifetime}: injected lost reply after commit")
+
+        await self._run(Operation.HEARTBEAT, effect)
 
 def _name(exc: BaseException) -> str:
     names: dict[type[BaseException], str] = {

@@ -140,11 +140,17 @@ class Checker:
         self._claims_journaled: set[tuple[TopicPartition, int | None, str]] = set()
         self._released: set[tuple[TopicPartition, str | None]] = set()
         self.checks = 0
+        self.excluded = 0
+        self._skips_seen = 0
 
     def exclude(self, tp: TopicPartition, first: int, end: int) -> None:
-        """Drop source records of ``tp`` in [first, end) (an accepted retention gap)."""
-        self.source = tuple(r for r in self.source
-                            if not (r.tp == tp and first <= r.offset < end))
+        """Drop source records of ``tp`` in [first, end) (an accepted retention gap);
+        ``excluded`` counts the records dropped."""
+        kept = tuple(r for r in self.source if not (r.tp == tp and first <= r.offset < end))
+        if len(kept) == len(self.source):
+            return
+        self.excluded += len(self.source) - len(kept)
+        self.source = kept
         self._folds = _PartitionFolds(self.source)
         self._last_seen = self._last_data = None
 
@@ -165,6 +171,10 @@ class Checker:
             return
         self._last_seen = seen
         writes = store.writes
+        for w in writes[self._skips_seen:]:  # a gap-skip gives records up: not owed any more
+            if w.skipped is not None:
+                self.exclude(w.tp, *w.skipped)
+        self._skips_seen = len(writes)
         for w in writes[self._scanned:]:
             if w.kind in ("process", "skip"):
                 self._data_writes += 1
@@ -263,14 +273,17 @@ class Checker:
                              f"outcome): held {held}, durable {durable}")
 
     def attempt_outcome(self, place: str, *, worker: int, state: LifetimeState, result: str,
-                        held: Token | None, actor: str, tp: TopicPartition | None,
-                        batch_end: int | None, acked: bool) -> None:
-        """Failures retire; a reported outcome agrees with the committed state."""
+                        held: Token | None, actor: str) -> None:
+        """Failures retire."""
         failed = result in ("retired", "refused") or (result == "fenced" and held is not None)
         if failed and state is LifetimeState.LIVE:
             self.fail(place, f"lifetime {worker} is still live after its {actor} ended "
                              f"{result}")
-        if actor != "process" or batch_end is None or tp is None:
+
+    def batch_outcome(self, place: str, *, worker: int, tp: TopicPartition, result: str,
+                      batch_end: int | None, acked: bool) -> None:
+        """A batch's reported outcome agrees with the committed state."""
+        if batch_end is None:
             return
         durable = self._store.token_of(tp)
         if result == "ok" and (durable is None or durable.frontier < batch_end):

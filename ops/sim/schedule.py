@@ -82,8 +82,8 @@ def _fault_list(g: _Gen, actor: str) -> tuple[Fault, ...]:
                 stop = rng.random() < 0.4
                 replacement = g.new_id() if (not stop and not revoke) or rng.random() < 0.5 \
                     else None
-                interleave = Interleave(rng.choice(("before", "after")), stop, replacement,
-                                        revoke)
+                at = rng.choice(("before", "after")) if op.has_after_point else "before"
+                interleave = Interleave(at, stop, replacement, revoke)
             taken[(op, call)] = Fault(op, call, outcome, rng.choice(prof.delays), interleave)
     return tuple(taken[k] for k in sorted(taken, key=lambda k: (k[0].value, k[1])))
 
@@ -111,6 +111,18 @@ def _some(g: _Gen, ps: list[int]) -> int | tuple[int, ...]:
         chosen = tuple(sorted(g.rng.sample(ps, g.rng.randint(2, len(ps)))))
         return chosen
     return g.rng.choice(ps)
+
+
+def _owing(g: _Gen) -> list[tuple[int, int]]:
+    """Claimed partitions whose durable frontier is below the end and Kafka's low
+    watermark (where retention can still delete records the group owes)."""
+    run = g.run
+    out = []
+    for p in range(g.partitions):
+        token = run.store.token_of(run.tp(p))  # type: ignore[attr-defined]
+        if token is not None and max(token.frontier, run.lows[p]) < run.ends[p]:  # type: ignore[attr-defined]
+            out.append((p, max(token.frontier, run.lows[p])))  # type: ignore[attr-defined]
+    return out
 
 
 def _late(g: _Gen, live: list[int], held: dict[int, list[int]]) -> list[Step] | None:
@@ -147,10 +159,23 @@ def _next(g: _Gen) -> list[Step]:
     if len(live) > 1:
         options.append(("stop", prof.weight("stop")))
     options.append(("late", prof.weight("late")))
+    beating = [w for w, lc in sorted(g.run.lifecycles.items())  # type: ignore[attr-defined]
+               if g.run.heartbeats.writes_more(w, lc)]  # type: ignore[attr-defined]
+    if beating:
+        options.append(("heartbeat", prof.weight("heartbeat")))
+    owing = _owing(g)
+    if owing and prof.weight("expire"):
+        options.append(("expire", prof.weight("expire")))
     kind = rng.choices([o for o, _ in options], weights=[w for _, w in options])[0]
     if kind == "process":
         w, p = rng.choice(ready)
-        return [Step("process", w, p, _fault_list(g, "process"))]
+        return [Step("process", w, _some(g, [q for x, q in ready if x == w]),
+                     _fault_list(g, "process"))]
+    if kind == "heartbeat":
+        return [Step("heartbeat", rng.choice(beating), None, _fault_list(g, "heartbeat"))]
+    if kind == "expire":
+        p, frontier = rng.choice(owing)
+        return [Step("expire", 0, p, offset=rng.randint(frontier + 1, g.run.ends[p]))]  # type: ignore[attr-defined]
     if kind == "seek":
         w, p = rng.choice(unsought)
         return [Step("seek", w, p, _fault_list(g, "seek"))]
