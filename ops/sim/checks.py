@@ -3,8 +3,8 @@ the processed source prefix, plus the fence's own invariants.
 
 Rules (each failed rule is one violation string naming the place it was seen)
 - ``ops.reference.oracle.check`` at the durable frontiers: documents, outbox and
-  quarantine equal the fold; outbox sequences/versions consistent; quarantine and
-  progress agree.
+  quarantine equal the fold (records given up by a gap-skip are excluded from it);
+  outbox sequences/versions consistent; quarantine and progress agree.
 - Committed intent never changes: an outbox or quarantine row, once committed, stays
   with the same value.
 - A stale token never commits: every process/skip write carries the epoch of the latest
@@ -15,10 +15,13 @@ Rules (each failed rule is one violation string naming the place it was seen)
   owner; a lifetime writes no process/skip for a partition it released (``release``
   journal row) until it claims it again.
 - Attempts (checked after every attempt): a failed call that held a token, or ended
-  ``retired``/``refused``, leaves its lifetime out of LIVE (failures retire); a ``process``
-  reported ok has its batch end at or below the durable frontier; one reported failed had
-  no commit acknowledged to it; no guarded store call of a lifetime (journal rows are best
-  effort, not guarded) starts after the budget of the lifecycle call it serves.
+  ``retired``/``refused``, leaves its lifetime out of LIVE (failures retire); a call whose
+  lifetime was stopped in flight (any store call, validate and seek included) ends
+  ``retired`` with the lifetime STOPPED and tokenless; each batch (several may be in
+  flight in one step) reported ok has its end at or below the durable frontier, and one
+  reported failed had no commit acknowledged to it; no guarded store call of a lifetime
+  (journal and heartbeat rows are best effort, not guarded) starts after the budget of
+  the lifecycle call it serves.
 - Tokens (checked after every attempt): a live lifetime's retained token is never ahead
   of the durable one, nor at the same epoch with another frontier; a successful seek
   returns the durable frontier under the durable token; a lifetime is never fenced under
@@ -279,6 +282,15 @@ class Checker:
         if failed and state is LifetimeState.LIVE:
             self.fail(place, f"lifetime {worker} is still live after its {actor} ended "
                              f"{result}")
+
+    def stopped_in_flight(self, place: str, *, worker: int, result: str, state: LifetimeState,
+                          tokens: Sequence[Token | None]) -> None:
+        """A lifecycle call whose lifetime was stopped while its store call was in flight
+        ends ``retired`` (every batch of it), and the lifetime is STOPPED with no token."""
+        if result != "retired" or state is not LifetimeState.STOPPED or any(
+                t is not None for t in tokens):
+            self.fail(place, f"lifetime {worker} stopped in flight ended {result}, "
+                             f"{state.value}, holding {[t for t in tokens if t is not None]}")
 
     def batch_outcome(self, place: str, *, worker: int, tp: TopicPartition, result: str,
                       batch_end: int | None, acked: bool) -> None:

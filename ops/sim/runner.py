@@ -262,6 +262,11 @@ class _Run:
                 self.checker.batch_outcome(place, worker=step.worker, tp=self.tp(q),
                                            result=result, batch_end=self.batch_ends.get(q),
                                            acked=acked)
+        if lc is not None and any(i.get("stop") for i in attempt["interleaves"]):
+            self.checker.stopped_in_flight(place, worker=step.worker, result=attempt["result"],
+                                           state=lc.state, tokens=[
+                                               lc.token(self.tp(q)) for q in range(
+                                                   self.trace.config.partitions)])
         if step.actor == "assign" and lc is not None:
             claimed = [w.tp for w in self.store.writes[writes_before:]
                        if w.kind == "claim" and w.lifetime == label]

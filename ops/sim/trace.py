@@ -346,9 +346,11 @@ def _steps(raw: Any, partitions: int, version: int) -> tuple[Step, ...]:
                                                     version),
                             offset=_int(e["offset"], f"{where}.offset")))
             continue
-        s = _obj(rs, where, ("actor", "worker"), ("partition", "faults"))
-        if actor not in ACTORS or (actor in _V3_ACTORS and version < 3):
+        if isinstance(rs, dict) and "actor" in rs and (
+                actor not in ACTORS or (actor in _V3_ACTORS and version < 3)):
             raise TraceError(f"{where}.actor: unknown actor {actor!r} in version {version}")
+        s = _obj(rs, where, ("actor", "worker"), ("partition", "faults"))
+        actor = s["actor"]
         worker = _int(s["worker"], f"{where}.worker")
         if actor == "start":
             if worker in declared:
