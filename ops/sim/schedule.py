@@ -163,8 +163,8 @@ def _next(g: _Gen) -> list[Step]:
                if g.run.heartbeats.writes_more(w, lc)]  # type: ignore[attr-defined]
     if beating:
         options.append(("heartbeat", prof.weight("heartbeat")))
-    owing = _owing(g)
-    if owing and prof.weight("expire"):
+    owing = _owing(g) if prof.weight("expire") else []
+    if owing:
         options.append(("expire", prof.weight("expire")))
     kind = rng.choices([o for o, _ in options], weights=[w for _, w in options])[0]
     if kind == "process":
