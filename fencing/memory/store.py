@@ -28,6 +28,7 @@ Rules
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -78,7 +79,14 @@ __all__ = [
 class _Frame:
     label: str
     faults: tuple[Fault, ...]
+    store: object
     calls: dict[str, int] = field(default_factory=dict)
+
+
+# the nested attempt of the current task (asyncio copies it into the tasks it starts), so a
+# batch already in flight is never counted in a replacement's attempt
+_FRAME: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar(
+    "memory_store_frame", default=None)
 
 
 _Effect = Callable[[Fault | None, str, dict[str, bool], int], Awaitable[Any]]
@@ -112,24 +120,30 @@ class MemoryFenceStore:
         self.events: list[StoreEvent] = []
         self._tables: dict[str, dict[Any, Any]] = {}
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
-        self._frames: list[_Frame] = [_Frame("-", ())]
+        self._base = _Frame("-", (), self)
 
     # -- attempts and faults -------------------------------------------------------------
     def begin_attempt(self, label: str, faults: Sequence[Fault] = ()) -> None:
-        """Start a new attempt at the bottom level: call numbers restart, ``faults`` apply."""
-        self._frames = [_Frame(label, tuple(faults))]
+        """Start a new attempt at the bottom level: call numbers restart, ``faults`` apply
+        (to the calling task and the tasks it starts from now on)."""
+        self._base = _Frame(label, tuple(faults), self)
+        _FRAME.set(None)
 
     @contextmanager
     def attempt(self, label: str, faults: Sequence[Fault] = ()) -> Iterator[None]:
-        """A nested attempt (e.g. a replacement inside an interleave); restores the outer one."""
-        self._frames.append(_Frame(label, tuple(faults)))
+        """A nested attempt (e.g. a replacement inside an interleave) for the calling task
+        and the tasks it starts inside the block; restores the outer one. Tasks already
+        running (another batch of the same step in flight) stay in the outer attempt."""
+        token = _FRAME.set(_Frame(label, tuple(faults), self))
         try:
             yield
         finally:
-            self._frames.pop()
+            _FRAME.reset(token)
 
     def _select(self, op: Operation) -> tuple[int, Fault | None, str]:
-        frame = self._frames[-1]
+        frame = _FRAME.get()
+        if frame is None or frame.store is not self:
+            frame = self._base
         call = frame.calls.get(op.value, 0) + 1
         frame.calls[op.value] = call
         for fault in frame.faults:

@@ -17,11 +17,11 @@ Rules (each failed rule is one violation string naming the place it was seen)
 - Attempts (checked after every attempt): a failed call that held a token, or ended
   ``retired``/``refused``, leaves its lifetime out of LIVE (failures retire); a call whose
   lifetime was stopped in flight (any store call, validate and seek included) ends
-  ``retired`` with the lifetime STOPPED and tokenless; each batch (several may be in
-  flight in one step) reported ok has its end at or below the durable frontier, and one
-  reported failed had no commit acknowledged to it; no guarded store call of a lifetime
-  (journal and heartbeat rows are best effort, not guarded) starts after the budget of
-  the lifecycle call it serves.
+  ``retired`` with the lifetime STOPPED (or RETIRED, if it already was) and tokenless;
+  each batch (several may be in flight in one step) reported ok has its end at or below
+  the durable frontier, and one reported failed had no commit acknowledged to it; no
+  guarded store call of a lifetime (journal and heartbeat rows are best effort, not
+  guarded) starts after the budget of the lifecycle call it serves.
 - Tokens (checked after every attempt): a live lifetime's retained token is never ahead
   of the durable one, nor at the same epoch with another frontier; a successful seek
   returns the durable frontier under the durable token; a lifetime is never fenced under
@@ -284,11 +284,13 @@ class Checker:
                              f"{result}")
 
     def stopped_in_flight(self, place: str, *, worker: int, result: str, state: LifetimeState,
-                          tokens: Sequence[Token | None]) -> None:
+                          stopped_from: str, tokens: Sequence[Token | None]) -> None:
         """A lifecycle call whose lifetime was stopped while its store call was in flight
-        ends ``retired`` (every batch of it), and the lifetime is STOPPED with no token."""
-        if result != "retired" or state is not LifetimeState.STOPPED or any(
-                t is not None for t in tokens):
+        ends ``retired`` (every batch of it), and the lifetime holds no token and is STOPPED
+        (RETIRED when it had already retired for another reason when the stop came)."""
+        want = (LifetimeState.RETIRED if stopped_from == LifetimeState.RETIRED.value
+                else LifetimeState.STOPPED)
+        if result != "retired" or state is not want or any(t is not None for t in tokens):
             self.fail(place, f"lifetime {worker} stopped in flight ended {result}, "
                              f"{state.value}, holding {[t for t in tokens if t is not None]}")
 

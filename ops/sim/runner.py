@@ -10,10 +10,17 @@ Rules
   batch is delivered to ``process`` (even if processing fails); ``assign`` clears it,
   ``revoke`` keeps it (a batch fetched before the revoke may still be delivered: a late
   call). Processing without a cursor is ``unseeked``; nothing left is ``idle``.
+- A process step of a set (version 3) fetches one batch per partition and has them all in
+  flight at once in its lifetime (``asyncio.gather``); each batch's outcome is reported
+  (``batches``) and checked on its own.
 - An interleave runs its replacement (fresh lifetime: assign the step's partitions in one
   call, seek each; no faults), then starts the calling lifetime's concurrent revoke of them
-  (``revoke: true``; awaited after the step), then stops the calling lifetime, before the
-  selected call returns.
+  (``revoke: true``; awaited after the step; for a process step of a set, a revoke of all
+  of them, which must wait for every batch's guard), then stops the calling lifetime, before
+  the selected call returns (or, for a read, before it reads).
+- ``expire`` moves Kafka's low watermark of a partition (what the next source check sees);
+  batches already fetched below it may still be delivered. A ``heartbeat`` step is one tick
+  of the lifetime's member heartbeat (``ops.sim.boundaries``).
 - The checker runs after every store call returns, every interleave, every wait and every
   attempt. Drain stops every lifetime, starts a fresh one, assigns every partition (one
   claim for the set from trace version 2; one per partition for version 1), seeks each and
@@ -161,11 +168,14 @@ class _Run:
             self.pending.append(asyncio.ensure_future(
                 lc.revoke([self.tp(p) for p in step.partitions])))
             await asyncio.sleep(0)
+        stopped_from = None
         if il.stop:
+            stopped_from = self.lifecycles[step.worker].state.value
             self.lifecycles[step.worker].stop()
         self.attempts[-1]["interleaves"].append(
             {"at": point.at, "operation": point.operation.value, "call": point.call,
-             "stop": il.stop, "replacement": il.replacement, "revoke": il.revoke})
+             "stop": il.stop, "replacement": il.replacement, "revoke": il.revoke,
+             **({"stopped_from": stopped_from} if il.stop else {})})
         self.checker.check(f"attempt {self.attempt_index} interleave {point.at} "
                            f"{point.operation.value} call {point.call}")
 
@@ -262,9 +272,10 @@ class _Run:
                 self.checker.batch_outcome(place, worker=step.worker, tp=self.tp(q),
                                            result=result, batch_end=self.batch_ends.get(q),
                                            acked=acked)
-        if lc is not None and any(i.get("stop") for i in attempt["interleaves"]):
+        stops = [i["stopped_from"] for i in attempt["interleaves"] if i.get("stop")]
+        if lc is not None and stops:
             self.checker.stopped_in_flight(place, worker=step.worker, result=attempt["result"],
-                                           state=lc.state, tokens=[
+                                           state=lc.state, stopped_from=stops[0], tokens=[
                                                lc.token(self.tp(q)) for q in range(
                                                    self.trace.config.partitions)])
         if step.actor == "assign" and lc is not None:

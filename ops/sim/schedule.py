@@ -14,7 +14,10 @@ Rules
   predecessor by 1 to 3 offsets.
 - Faults are legal choices only; interleaves reserve fresh replacement ids. Assign, revoke
   and takeover steps may carry a set of partitions (one lifecycle call), so faults and
-  replacements apply to a multi-partition claim.
+  replacements apply to a multi-partition claim; a process step may carry a set of the
+  lifetime's ready partitions (several batches in flight). Heartbeats aim at lifetimes
+  whose heartbeat still writes; retention (``expire``) only at claimed partitions that
+  still owe records, to just past their durable frontier or further.
 """
 
 from __future__ import annotations
