@@ -49,19 +49,18 @@ class _PartitionFolds:
     """``oracle.fold_prefix`` of one source at any frontiers, folding each partition's
     records once (``oracle.Folder``) and joining the partitions' states. Exact because the
     oracle refuses a document in two partitions: then the partitions' folds are disjoint.
-    A source that has one (the oracle's own error) or a frontier that moves back falls
-    back to folding from the start."""
+    A source with a key in two partitions folds the whole prefix each time (as
+    ``fold_prefix``, which raises where the oracle would); a frontier that moves back
+    refolds its partition from the start."""
 
     def __init__(self, source: Sequence[SourceRecord]) -> None:
         self._source = source
         self._records: dict[tuple[str, int], list[SourceRecord]] = {}
         for r in source:
             self._records.setdefault((r.topic, r.partition), []).append(r)
-        try:
-            oracle.fold(source)
-            self._homed = True
-        except ValueError:  # let fold_prefix raise it where the old path raised it
-            self._homed = False
+        home: dict[bytes, int] = {}  # a document's id is its key: one partition per key
+        self._homed = all(home.setdefault(r.key, r.partition) == r.partition
+                          for r in source if r.key is not None)  # else: fold_prefix raises
         self._folders: dict[tuple[str, int], oracle.Folder] = {}
         self._parts: dict[tuple[tuple[str, int], int], oracle.Expected] = {}
         self._whole: dict[tuple[Any, ...], tuple[oracle.Expected, list[str] | None]] = {}
@@ -243,11 +242,14 @@ class Checker:
     def retained_tokens(self, place: str, lifecycles: Mapping[int, Lifecycle],
                         tps: Sequence[TopicPartition]) -> None:
         """Retained tokens never run ahead of or behind durable state under one epoch."""
+        durables: list[Token | None] | None = None
         for worker, lc in sorted(lifecycles.items()):
             if lc.state is not LifetimeState.LIVE:
                 continue
-            for tp in tps:
-                token, durable = lc.token(tp), self._store.token_of(tp)
+            if durables is None:
+                durables = [self._store.token_of(tp) for tp in tps]
+            for tp, durable in zip(tps, durables, strict=True):
+                token = lc.token(tp)
                 if token is None:
                     continue
                 if durable is None or token.epoch > durable.epoch or (

@@ -112,6 +112,7 @@ class _Run:
         self.events: list[dict[str, Any]] = []
         self.diagnostics: list[str] = []
         self.lows = [0] * cfg.partitions
+        self._tps = [TopicPartition(cfg.topic, p) for p in range(cfg.partitions)]
         self.topic_id = TOPIC_ID
         self.by_partition: dict[int, list[SourceRecord]] = {p: [] for p in range(cfg.partitions)}
         for r in trace.records:
@@ -197,7 +198,7 @@ class _Run:
 
     # -- model ---------------------------------------------------------------------------
     def tp(self, partition: int) -> TopicPartition:
-        return TopicPartition(self.trace.config.topic, partition)
+        return self._tps[partition]
 
     def source_check(self, partition: int) -> SourceCheck:
         facts = SourceFacts(self.topic_id, self.lows[partition], self.ends[partition])
@@ -301,8 +302,7 @@ class _Run:
             if failed is not None and token is not None:
                 self.checker.not_self_fenced(place, step.worker, self.tp(q), token, failed)
         p = step.partitions[0] if step.partitions else None
-        self.checker.retained_tokens(place, self.lifecycles,
-                                     [self.tp(q) for q in range(self.trace.config.partitions)])
+        self.checker.retained_tokens(place, self.lifecycles, self._tps)
         if step.actor == "seek" and result == "ok" and p is not None:
             self.checker.seek_position(place, step.worker, self.tp(p),
                                        self.lifecycles[step.worker].token(self.tp(p)),

@@ -162,9 +162,8 @@ def _next(g: _Gen) -> list[Step]:
     if len(live) > 1:
         options.append(("stop", prof.weight("stop")))
     options.append(("late", prof.weight("late")))
-    beating = [w for w, lc in sorted(g.run.lifecycles.items())  # type: ignore[attr-defined]
-               if g.run.heartbeats.writes_more(w, lc)]  # type: ignore[attr-defined]
-    if beating:
+    beats = g.run.heartbeats  # type: ignore[attr-defined]
+    if any(beats.writes_more(w, lc) for w, lc in g.run.lifecycles.items()):  # type: ignore[attr-defined]
         options.append(("heartbeat", prof.weight("heartbeat")))
     owing = _owing(g) if prof.weight("expire") else []
     if owing:
@@ -175,6 +174,8 @@ def _next(g: _Gen) -> list[Step]:
         return [Step("process", w, _some(g, [q for x, q in ready if x == w]),
                      _fault_list(g, "process"))]
     if kind == "heartbeat":
+        beating = [w for w, lc in sorted(g.run.lifecycles.items())  # type: ignore[attr-defined]
+                   if beats.writes_more(w, lc)]
         return [Step("heartbeat", rng.choice(beating), None, _fault_list(g, "heartbeat"))]
     if kind == "expire":
         p, frontier = rng.choice(owing)
