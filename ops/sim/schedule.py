@@ -171,8 +171,15 @@ def _next(g: _Gen) -> list[Step]:
     kind = rng.choices([o for o, _ in options], weights=[w for _, w in options])[0]
     if kind == "process":
         w, p = rng.choice(ready)
-        return [Step("process", w, _some(g, [q for x, q in ready if x == w]),
-                     _fault_list(g, "process"))]
+        ps = _some(g, [q for x, q in ready if x == w])
+        faults = _fault_list(g, "process")
+        if isinstance(ps, tuple) and rng.random() < prof.revoke_rate / 2 and not any(
+                f.operation is Operation.PROCESS and f.call == 1 for f in faults):
+            # an eager revoke of the whole set while its batches are in flight
+            revoke = Interleave(rng.choice(("before", "after")), revoke=True)
+            faults = (*faults, Fault(Operation.PROCESS, 1, interleave=revoke))
+            faults = tuple(sorted(faults, key=lambda f: (f.operation.value, f.call)))
+        return [Step("process", w, ps, faults)]
     if kind == "heartbeat":
         beating = [w for w, lc in sorted(g.run.lifecycles.items())  # type: ignore[attr-defined]
                    if beats.writes_more(w, lc)]
