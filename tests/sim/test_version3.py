@@ -14,14 +14,10 @@ from typing import Any
 import pytest
 from simkit import attempts, events, fault, head, make, puts, run, step
 
-import fencing.memory.store
 from consumer.decisions import LifetimeState
-from consumer.lifecycle import Lifecycle
 from fencing.memory.store import MemoryFenceStore
-from fencing.resolution import decide_validation
-from fencing.types import SourceCheck, Validation
 from ops.sim import dumps, parse
-from ops.sim.mutants import MUTANTS, patched
+from ops.sim.mutants import MUTANTS, Mutant, patched
 from ops.sim.reduce import failure_of
 from ops.sim.schedule import generate_and_run
 from ops.sim.trace import Step, TraceError
@@ -71,15 +67,13 @@ def test_stop_in_flight_during_validate() -> None:
     assert not any(w.lifetime == "1" for w in sim.store.writes)  # it never claimed
 
 
+def _mutant(name: str) -> Mutant:
+    (mutant,) = [m for m in MUTANTS if m.name == name]
+    return mutant
+
+
 def test_a_stop_that_does_not_interrupt_is_flagged() -> None:
-    real = Lifecycle.stop
-
-    def stop_without_cancel(self: Lifecycle) -> None:  # the state moves, the call goes on
-        tasks, self._tasks = self._tasks, set()
-        real(self)
-        self._tasks = tasks
-
-    with patched([(Lifecycle, "stop", stop_without_cancel)]):
+    with patched(_mutant("stop-without-cancel").patches()):
         report, _ = run(make(puts(0, [0, 1, 2]), _stop_during_seek()))
     assert any("stopped in flight ended ok" in v for v in report["violations"]), report[
         "violations"]
@@ -112,8 +106,7 @@ def test_eager_revoke_all_waits_for_several_batches_in_flight() -> None:
 
 
 def test_a_revoke_that_does_not_wait_for_the_batches_is_flagged() -> None:
-    (no_wait,) = [m for m in MUTANTS if m.name == "revoke-no-wait"]
-    with patched(no_wait.patches()):
+    with patched(_mutant("revoke-no-wait").patches()):
         report, _ = run(make(THREE, _revoke_all(), partitions=3, batch_max=2))
     assert any("after it released the partition" in v for v in report["violations"]), report[
         "violations"]
@@ -188,10 +181,7 @@ def test_an_accepted_gap_mid_run_is_skipped_and_excluded() -> None:
 
 
 def test_an_assign_that_ignores_the_gap_is_flagged() -> None:
-    def blind(check: SourceCheck, row: tuple[int, int, str | None] | None) -> Validation:
-        return decide_validation(check, None if row is None else (row[0], 10**9, row[2]))
-
-    with patched([(fencing.memory.store, "decide_validation", blind)]):
+    with patched(_mutant("gap-unrefused").patches()):
         report, _ = run(make(THREE, _expire_one_of_three(), partitions=3, batch_max=1))
     assert any("succeeded although their records were deleted" in v
                for v in report["violations"]), report["violations"]
