@@ -6,6 +6,7 @@ flags it when the production rule it exercises is broken (patched in process).""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -29,7 +30,6 @@ THREE = puts(0, [0, 1]) + puts(1, [0, 1, 2, 3]) + puts(2, [0])
 @contextmanager
 def quiet() -> Iterator[None]:
     """Failing heartbeats log a warning each; the tests read rows, not logs."""
-    import logging
     logging.disable(logging.WARNING)
     try:
         yield
