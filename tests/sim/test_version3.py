@@ -227,3 +227,16 @@ def test_generated_runs_reach_every_version_3_scenario() -> None:
     assert seen >= {"refused one of a set", "several batches in flight",
                     "revoke-all waits on several guards", "failed heartbeat",
                     "stop during observe of seek", "stop during validate of assign"}, seen
+
+
+def test_a_version_2_trace_still_replays_as_it_did() -> None:
+    steps = [step("start", 1), Step("assign", 1, ALL, (fault("claim", 1, "unknown-aborted"),)),
+             *(step("seek", 1, p) for p in ALL), step("process", 1, 1),
+             Step("revoke", 1, (0, 1), (fault("journal", 1, "abort"),))]
+    v3 = make(THREE, steps, partitions=3, drain=True)
+    v2 = parse(dumps(replace(v3, version=2)))
+    assert v2.version == 2 and dumps(v2) == dumps(replace(v3, version=2))
+    report2, _ = run(v2)
+    report3, _ = run(v3)
+    assert report2["status"] == report3["status"] == "PASS", report2["violations"]
+    assert [a["result"] for a in attempts(report2)] == [a["result"] for a in attempts(report3)]
