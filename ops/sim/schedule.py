@@ -31,7 +31,7 @@ from fencing.memory.faults import Fault, Interleave, Operation
 from fencing.types import SourceRecord
 from ops.reference.generate import generate
 from ops.sim.runner import finish, new_run, run_sync
-from ops.sim.swarm import ACTOR_OPS, Profile, draw_profile
+from ops.sim.swarm import Profile, draw_profile
 from ops.sim.trace import SimConfig, Step, Trace, toolchain
 
 __all__ = ["DEFAULT_STEPS", "generate_and_run", "make_trace"]
@@ -59,6 +59,7 @@ class _Gen:
     partitions: int
     next_id: int = 1
     steps: list[Step] = field(default_factory=list)
+    kinds: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # per actor
 
     def new_id(self) -> int:
         self.next_id += 1
@@ -67,7 +68,9 @@ class _Gen:
 
 def _fault_list(g: _Gen, actor: str) -> tuple[Fault, ...]:
     rng, prof = g.rng, g.profile
-    kinds = [k for k in prof.kinds if k[0] in ACTOR_OPS[actor]]
+    kinds = g.kinds.get(actor)
+    if kinds is None:
+        kinds = g.kinds[actor] = prof.kinds_of(actor)
     if not kinds or rng.random() >= prof.fault_rate:
         return ()
     taken: dict[tuple[Operation, int], Fault] = {}

@@ -42,6 +42,7 @@ ACTOR_OPS = {"assign": (Op.VALIDATE, Op.CLAIM, Op.OBSERVE, Op.SKIP, Op.JOURNAL),
              "revoke": (Op.JOURNAL,), "heartbeat": (Op.HEARTBEAT,)}
 _ACTORS = ("start", "process", "seek", "assign", "takeover", "revoke", "stop", "late",
            "heartbeat", "expire")
+_INDEX = {actor: i for i, actor in enumerate(_ACTORS)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,11 @@ class Profile:
     recreated: bool  # the topic is recreated before the drain (expected: BLOCKED)
 
     def weight(self, actor: str) -> float:
-        return self.weights[_ACTORS.index(actor)]
+        return self.weights[_INDEX[actor]]
+
+    def kinds_of(self, actor: str) -> tuple[Kind, ...]:
+        """The profile's fault kinds an ``actor`` step can carry."""
+        return tuple(k for k in self.kinds if k[0] in ACTOR_OPS[actor])
 
 
 def draw_profile(rng: random.Random) -> Profile:
