@@ -113,6 +113,7 @@ class MemoryFenceStore:
         self.on_event = on_event
         self.interleave_hook: Callable[[InterleavePoint], Awaitable[None]] | None = None
         self.rows: dict[TopicPartition, Row] = {}
+        self._names: dict[TopicPartition, str] = {}  # the rows' partitions, sorted, named
         self.journal_rows: list[JournalRow] = []
         self.quarantine: list[QuarantineRow] = []
         self.members: dict[str, MemberRow] = {}
@@ -162,7 +163,11 @@ class MemoryFenceStore:
 
     # -- internals -----------------------------------------------------------------------
     def _installed(self) -> tuple[tuple[str, int, int], ...]:
-        return tuple((str(tp), r.epoch, r.frontier) for tp, r in sorted(self.rows.items()))
+        names = self._names
+        if names.keys() != self.rows.keys():  # (topic, partition) order, as they sort
+            self._names = names = {tp: str(tp) for tp in sorted(self.rows)}
+        return tuple((name, self.rows[tp].epoch, self.rows[tp].frontier)
+                     for tp, name in names.items())
 
     def _log(
         self,

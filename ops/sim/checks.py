@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from consumer.decisions import LifetimeState
@@ -121,7 +122,7 @@ class Checker:
     """Runs every rule against ``store``; collects violations (first ``limit``)."""
 
     def __init__(self, store: MemoryFenceStore, source: Sequence[SourceRecord],
-                 *, dead: Callable[[], set[str]], limit: int = 20,
+                 *, dead: Callable[[], AbstractSet[str]], limit: int = 20,
                  enabled: bool = True) -> None:
         self.enabled = enabled  # False: every rule is skipped (the generator's own run)
         self._store = store
@@ -134,7 +135,7 @@ class Checker:
         self._quarantine: dict[Any, Any] = {}
         self._writes_seen = 0
         self._latest_claim: dict[TopicPartition, tuple[int | None, str | None]] = {}
-        self._dead: set[str] = set()
+        self._dead: AbstractSet[str] = frozenset()
         self._journal_seen = 0
         self._last_seen: tuple[Any, ...] | None = None
         self._last_data: tuple[Any, ...] | None = None
@@ -170,7 +171,7 @@ class Checker:
         seen = (len(store.writes), len(store.journal_rows), len(store.quarantine),
                 tuple(store.rows.items()))  # rows are frozen: a change is a new Row
         if seen == self._last_seen:  # nothing durable changed since the last full check
-            self._dead = set(self._dead_now())
+            self._dead = self._dead_now()
             return
         self._last_seen = seen
         writes = store.writes
@@ -238,7 +239,7 @@ class Checker:
                     self.fail(place, f"stale token committed: {w.kind} {w.tp} by "
                                       f"{w.lifetime} at epoch {w.epoch}, latest claim {latest}")
         self._writes_seen = len(writes)
-        self._dead = set(self._dead_now())
+        self._dead = self._dead_now()
 
     def retained_tokens(self, place: str, lifecycles: Mapping[int, Lifecycle],
                         tps: Sequence[TopicPartition]) -> None:

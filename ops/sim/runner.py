@@ -107,6 +107,8 @@ class _Run:
                                       on_event=self._on_event)
         self.store.interleave_hook = self._interleave
         self.lifecycles: dict[int, Lifecycle] = {}
+        self._live: list[Lifecycle] = []
+        self._dead_ids: frozenset[str] = frozenset()
         self.cursors: dict[tuple[int, int], int] = {}
         self.attempts: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
@@ -128,9 +130,14 @@ class _Run:
         self.pending: list[asyncio.Future[None]] = []
 
     # -- hooks ---------------------------------------------------------------------------
-    def _dead(self) -> set[str]:
-        return {lc.lifetime_id for lc in self.lifecycles.values()
-                if lc.state is not LifetimeState.LIVE}
+    def _dead(self) -> frozenset[str]:
+        """Lifetimes that are not LIVE (none comes back): an immutable snapshot, rebuilt
+        only when one more left LIVE."""
+        gone = [lc for lc in self._live if lc.state is not LifetimeState.LIVE]
+        if gone:
+            self._live = [lc for lc in self._live if lc.state is LifetimeState.LIVE]
+            self._dead_ids = self._dead_ids | {lc.lifetime_id for lc in gone}
+        return self._dead_ids
 
     async def _wait(self, seconds: float) -> None:
         self.clock.advance(seconds)
@@ -209,6 +216,7 @@ class _Run:
                        wait=self._wait, budget_s=self.trace.config.budget_ms / 1000,
                        allow_retention_gap=self.trace.config.allow_retention_gap)
         self.lifecycles[worker] = lc
+        self._live.append(lc)
         return lc
 
     def _batch(self, worker: int, partition: int) -> tuple[SourceRecord, ...] | str:
