@@ -5,12 +5,14 @@ Rules
   within one attempt, from 1). ``outcome`` is what the store should do at the effect point:
   ``commit`` (normal), ``abort`` (NotCommitted for mutations, ReadFailed for reads),
   ``unknown-committed`` (apply, then raise OutcomeUnknown) or ``unknown-aborted`` (do not
-  apply, raise OutcomeUnknown); the unknown outcomes exist only for claim, process and
-  skip; ``journal`` can only be aborted (NotCommitted: the row is not written).
+  apply, raise OutcomeUnknown); the unknown outcomes exist only for claim, process, skip
+  and heartbeat; ``journal`` can only be aborted (NotCommitted: the row is not written).
 - ``delay_ms`` is logical time spent before the call, through the store's wait function.
 - ``interleave`` asks the driver to run other work ``before`` or ``after`` the atomic effect:
   ``stop`` the calling lifetime, start ``replacement`` lifetime N, and/or ``revoke`` the
-  calling lifetime's partition concurrently (the revoke must wait for the in-flight call).
+  calling lifetime's partitions concurrently (the revoke must wait for the in-flight calls).
+  Claim and process have both points; the reads (validate, observe) only ``before`` (a
+  stop or a takeover while the read is in flight).
 """
 
 from __future__ import annotations
@@ -28,14 +30,21 @@ class Operation(enum.Enum):
     PROCESS = "process"
     SKIP = "skip"  # gap-skip: moves the frontier under the token
     JOURNAL = "journal"  # release / retire rows (best effort)
+    HEARTBEAT = "heartbeat"  # the member row (status only; never guards data)
 
     @property
     def mutating(self) -> bool:
         """Writes whose reply can be lost (unknown outcomes are possible)."""
-        return self in (Operation.CLAIM, Operation.PROCESS, Operation.SKIP)
+        return self in (Operation.CLAIM, Operation.PROCESS, Operation.SKIP, Operation.HEARTBEAT)
 
     @property
     def interleavable(self) -> bool:
+        return self in (Operation.CLAIM, Operation.PROCESS, Operation.VALIDATE,
+                        Operation.OBSERVE)
+
+    @property
+    def has_after_point(self) -> bool:
+        """Only the atomic writes have a point after their effect."""
         return self in (Operation.CLAIM, Operation.PROCESS)
 
 
@@ -83,13 +92,18 @@ class Fault:
             raise ValueError(f"fault delay_ms must be >= 0, not {self.delay_ms}")
         if self.outcome.unknown and not self.operation.mutating:
             raise ValueError(
-                f"outcome {self.outcome.value} is only for claim, process and skip, "
-                f"not {self.operation.value}"
+                f"outcome {self.outcome.value} is only for claim, process, skip and "
+                f"heartbeat, not {self.operation.value}"
             )
         if self.interleave is not None and not self.operation.interleavable:
             raise ValueError(
-                f"interleave is only for claim and process, not {self.operation.value}"
+                f"interleave is only for validate, claim, observe and process, not "
+                f"{self.operation.value}"
             )
+        if (self.interleave is not None and self.interleave.at == "after"
+                and not self.operation.has_after_point):
+            raise ValueError(f"interleave at 'after' is only for claim and process, not "
+                             f"{self.operation.value} (a read has no effect to follow)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,7 @@ class WriteRecord:
     epoch: int | None
     attempt: str
     event: str = ""  # the journal event (claim rows are journaled by the claim itself)
+    skipped: tuple[int, int] | None = None  # a skip: the offsets [from, to) given up
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,7 @@ class StoreEvent:
     at_s: float
     installed: tuple[tuple[str, int, int], ...]
     started_s: float = 0.0  # when the call began (before its injected delay)
+    partition: int | None = None  # process: the batch's partition
 
 
 class MemoryTx:

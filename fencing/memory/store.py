@@ -12,14 +12,15 @@ Rules
 - ``process`` holds the partition's row lock while the handler runs (like ``SELECT ... FOR
   UPDATE``); ``claim`` takes the row locks of all its partitions in sorted order.
 - Faults are selected per attempt (``begin_attempt`` / ``attempt``): an operation
-  (validate, claim, observe, process), the call number of that operation within the
-  attempt, an outcome, an optional logical delay and an optional interleave point.
+  (validate, claim, observe, process, skip, journal, heartbeat), the call number of that
+  operation within the attempt, an outcome, an optional logical delay and an optional
+  interleave point.
   The effect point checks the storage fence first: a fence or a cancellation is never
   overridden by a fault; every call logs the requested outcome, whether the effect was
   applied and what the caller observed, separately (``events``).
 - ``interleave_hook`` (if set) is awaited before and after the atomic effect of every
-  claim and process and before every read (``skip`` and ``journal`` have faults and
-  events but no interleave hook);
+  claim and process and before every read (``skip``, ``journal`` and ``heartbeat`` have
+  faults and events but no interleave hook);
   cancellation is honoured at each of these points.
 - ``writes`` lists every durable write (claim, process, skip, journal) in order.
 """
@@ -27,6 +28,7 @@ Rules
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -77,7 +79,14 @@ __all__ = [
 class _Frame:
     label: str
     faults: tuple[Fault, ...]
+    store: object
     calls: dict[str, int] = field(default_factory=dict)
+
+
+# the nested attempt of the current task (asyncio copies it into the tasks it starts), so a
+# batch already in flight is never counted in a replacement's attempt
+_FRAME: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar(
+    "memory_store_frame", default=None)
 
 
 _Effect = Callable[[Fault | None, str, dict[str, bool], int], Awaitable[Any]]
@@ -104,6 +113,7 @@ class MemoryFenceStore:
         self.on_event = on_event
         self.interleave_hook: Callable[[InterleavePoint], Awaitable[None]] | None = None
         self.rows: dict[TopicPartition, Row] = {}
+        self._names: dict[TopicPartition, str] = {}  # the rows' partitions, sorted, named
         self.journal_rows: list[JournalRow] = []
         self.quarantine: list[QuarantineRow] = []
         self.members: dict[str, MemberRow] = {}
@@ -111,24 +121,30 @@ class MemoryFenceStore:
         self.events: list[StoreEvent] = []
         self._tables: dict[str, dict[Any, Any]] = {}
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
-        self._frames: list[_Frame] = [_Frame("-", ())]
+        self._base = _Frame("-", (), self)
 
     # -- attempts and faults -------------------------------------------------------------
     def begin_attempt(self, label: str, faults: Sequence[Fault] = ()) -> None:
-        """Start a new attempt at the bottom level: call numbers restart, ``faults`` apply."""
-        self._frames = [_Frame(label, tuple(faults))]
+        """Start a new attempt at the bottom level: call numbers restart, ``faults`` apply
+        (to the calling task and the tasks it starts from now on)."""
+        self._base = _Frame(label, tuple(faults), self)
+        _FRAME.set(None)
 
     @contextmanager
     def attempt(self, label: str, faults: Sequence[Fault] = ()) -> Iterator[None]:
-        """A nested attempt (e.g. a replacement inside an interleave); restores the outer one."""
-        self._frames.append(_Frame(label, tuple(faults)))
+        """A nested attempt (e.g. a replacement inside an interleave) for the calling task
+        and the tasks it starts inside the block; restores the outer one. Tasks already
+        running (another batch of the same step in flight) stay in the outer attempt."""
+        token = _FRAME.set(_Frame(label, tuple(faults), self))
         try:
             yield
         finally:
-            self._frames.pop()
+            _FRAME.reset(token)
 
     def _select(self, op: Operation) -> tuple[int, Fault | None, str]:
-        frame = self._frames[-1]
+        frame = _FRAME.get()
+        if frame is None or frame.store is not self:
+            frame = self._base
         call = frame.calls.get(op.value, 0) + 1
         frame.calls[op.value] = call
         for fault in frame.faults:
@@ -147,7 +163,11 @@ class MemoryFenceStore:
 
     # -- internals -----------------------------------------------------------------------
     def _installed(self) -> tuple[tuple[str, int, int], ...]:
-        return tuple((str(tp), r.epoch, r.frontier) for tp, r in sorted(self.rows.items()))
+        names = self._names
+        if names.keys() != self.rows.keys():  # (topic, partition) order, as they sort
+            self._names = names = {tp: str(tp) for tp in sorted(self.rows)}
+        return tuple((name, self.rows[tp].epoch, self.rows[tp].frontier)
+                     for tp, name in names.items())
 
     def _log(
         self,
@@ -159,6 +179,7 @@ class MemoryFenceStore:
         applied: bool,
         observed: str,
         started_s: float = 0.0,
+        partition: int | None = None,
     ) -> None:
         event = StoreEvent(
             attempt=label,
@@ -172,6 +193,7 @@ class MemoryFenceStore:
             at_s=self._clock(),
             installed=self._installed(),
             started_s=started_s,
+            partition=partition,
         )
         self.events.append(event)
         if self.on_event is not None:
@@ -189,11 +211,11 @@ class MemoryFenceStore:
 
     def _write(
         self, kind: str, tp: TopicPartition, lifetime: str | None, epoch: int | None, label: str,
-        event: str = "",
+        event: str = "", skipped: tuple[int, int] | None = None,
     ) -> None:
-        self.writes.append(WriteRecord(kind, tp, lifetime, epoch, label, event))
+        self.writes.append(WriteRecord(kind, tp, lifetime, epoch, label, event, skipped))
 
-    async def _run(self, op: Operation, effect: _Effect) -> Any:
+    async def _run(self, op: Operation, effect: _Effect, partition: int | None = None) -> Any:
         """Common frame of every faultable call: delay, interleave, effect, log, cancellation."""
         call, fault, label = self._select(op)
         state = {"applied": False}
@@ -205,13 +227,14 @@ class MemoryFenceStore:
             result = await effect(fault, label, state, call)
         except asyncio.CancelledError:
             self._log(label, op, call, fault, applied=state["applied"], observed="cancelled",
-                      started_s=t0)
+                      started_s=t0, partition=partition)
             raise
         except (Fenced, NotCommitted, OutcomeUnknown, ReadFailed) as exc:
             self._log(label, op, call, fault, applied=state["applied"], observed=_name(exc),
-                      started_s=t0)
+                      started_s=t0, partition=partition)
             raise
-        self._log(label, op, call, fault, applied=state["applied"], observed="ok", started_s=t0)
+        self._log(label, op, call, fault, applied=state["applied"], observed="ok", started_s=t0,
+                  partition=partition)
         return result
 
     # -- FenceStore ----------------------------------------------------------------------
@@ -321,7 +344,7 @@ class MemoryFenceStore:
                 )
             return new
 
-        return await self._run(Operation.PROCESS, effect)
+        return await self._run(Operation.PROCESS, effect, tp.partition)
 
     def _require(self, tp: TopicPartition, token: Token) -> Row:
         row = self.rows.get(tp)
@@ -368,7 +391,8 @@ class MemoryFenceStore:
                 self.journal_rows.append(JournalRow(
                     tp, row.owner or "", "gap-skip", token.epoch,
                     f"{reason}: {row.frontier}..{to_offset}", now))
-                self._write("skip", tp, row.owner, token.epoch, label)
+                self._write("skip", tp, row.owner, token.epoch, label,
+                            skipped=(row.frontier, to_offset))
                 state["applied"] = True
             if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_COMMITTED:
                 raise OutcomeUnknown(f"skip {tp}: injected lost reply after commit")
@@ -403,9 +427,19 @@ class MemoryFenceStore:
     async def heartbeat(self, *, lifetime: str, member_id: str | None, host: str, pid: int,
                         state: str, detail: Mapping[str, Any] | None = None) -> None:
         """Upsert this lifetime's member row with ``last_seen_s`` := now (status only)."""
-        await asyncio.sleep(0)
-        self.members[lifetime] = MemberRow(lifetime, member_id, host, pid, state,
-                                           dict(detail or {}), self._clock())
+        async def effect(fault: Fault | None, label: str, applied: dict[str, bool],
+                         call: int) -> None:
+            if fault is not None and fault.outcome is FaultOutcome.ABORT:
+                raise NotCommitted(f"heartbeat {lifetime}: injected rollback (call {call})")
+            if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_ABORTED:
+                raise OutcomeUnknown(f"heartbeat {lifetime}: injected lost reply, not applied")
+            self.members[lifetime] = MemberRow(lifetime, member_id, host, pid, state,
+                                               dict(detail or {}), self._clock())
+            applied["applied"] = True
+            if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_COMMITTED:
+                raise OutcomeUnknown(f"heartbeat {lifetime}: injected lost reply after commit")
+
+        await self._run(Operation.HEARTBEAT, effect)
 
 def _name(exc: BaseException) -> str:
     names: dict[type[BaseException], str] = {

@@ -61,7 +61,7 @@ def read_tables(
     tables: Any,
 ) -> tuple[dict[DocKey, DocState], dict[tuple[str, str, int], OutboxEntry]]:
     """Copies of the two effect tables from a ``TableTx`` or a plain ``{name: mapping}``."""
-    if isinstance(tables, TableTx):
+    if not isinstance(tables, dict) and isinstance(tables, TableTx):  # a Protocol check is slow
         docs, ob = tables.table(DOCUMENTS), tables.table(OUTBOX)
     else:
         docs, ob = tables.get(DOCUMENTS, {}), tables.get(OUTBOX, {})

@@ -10,6 +10,9 @@ API (everything a test or the simulator needs)
   document appears in two partitions (then cross-partition order would matter).
 - ``fold_prefix(source, frontiers)`` -> ``Expected``: fold of the records of each
   partition with ``offset < frontiers[(topic, partition)]`` (missing partition: none).
+- ``Folder``: the same fold one record at a time (``add``), its ``state()`` at any point
+  equal to ``fold`` of the records added so far (the simulator folds each partition
+  once per run instead of the whole prefix at every check).
 - ``diff(expected, actual)`` -> list of human-readable mismatches (empty when equal).
 - ``outbox_problems(state)`` -> mismatches between outbox and documents: per document
   the outbox sequences are 1..n without gaps, version == seq, the document's revision
@@ -29,6 +32,7 @@ from typing import Any
 __all__ = [
     "Doc",
     "Expected",
+    "Folder",
     "OutboxRow",
     "check",
     "diff",
@@ -169,6 +173,23 @@ class _Fold:
         if rev > doc.revision + 1:
             return f"skipped-revision: rev {rev}, current {doc.revision}"
         return None
+
+
+class Folder:
+    """An incremental ``fold``: ``add`` records in the order ``fold`` takes them;
+    ``state()`` equals ``fold`` of every record added so far (fresh mappings)."""
+
+    def __init__(self) -> None:
+        self._fold = _Fold()
+        self.added = 0
+
+    def add(self, rec: Any) -> None:
+        self._fold.step(rec)
+        self.added += 1
+
+    def state(self) -> Expected:
+        f = self._fold
+        return Expected(dict(f.docs), dict(f.outbox), dict(f.quarantine))
 
 
 def fold(records: Iterable[Any]) -> Expected:

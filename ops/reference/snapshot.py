@@ -15,20 +15,35 @@ from ops.reference.oracle import Doc, Expected, OutboxRow
 __all__ = ["memory_state", "memory_store_state", "pg_state"]
 
 
-def memory_state(tables: Any, quarantine: Mapping[tuple[str, int, int], str]) -> Expected:
+def _doc(d: Any) -> Doc:
+    return Doc(d.revision, d.body, d.withdrawn, d.partition, d.offset)
+
+
+def _outbox_row(e: Any) -> OutboxRow:
+    return OutboxRow(e.version, e.kind.value, e.body, e.partition, e.offset)
+
+
+def memory_state(tables: Any, quarantine: Mapping[tuple[str, int, int], str], *,
+                 memo: dict[int, tuple[Any, Any]] | None = None) -> Expected:
     """State of the in-memory tables (a ``TableTx`` or ``{name: mapping}``) plus the store's
-    quarantine, given as {(topic, partition, offset): reason}."""
+    quarantine, given as {(topic, partition, offset): reason}. With ``memo`` (a dict the
+    caller keeps), a table entry seen before (the same immutable object) is not converted
+    again: a caller reading the state after every commit gets the same row objects back."""
     docs, outbox = read_tables(tables)
-    return Expected(
-        documents={
-            k: Doc(d.revision, d.body, d.withdrawn, d.partition, d.offset) for k, d in docs.items()
-        },
-        outbox={
-            k: OutboxRow(e.version, e.kind.value, e.body, e.partition, e.offset)
-            for k, e in outbox.items()
-        },
-        quarantine=dict(quarantine),
-    )
+    if memo is None:
+        return Expected(documents={k: _doc(d) for k, d in docs.items()},
+                        outbox={k: _outbox_row(e) for k, e in outbox.items()},
+                        quarantine=dict(quarantine))
+
+    def seen(entry: Any, convert: Any) -> Any:
+        hit = memo.get(id(entry))
+        if hit is None or hit[0] is not entry:
+            hit = memo[id(entry)] = (entry, convert(entry))  # holds entry: its id stays its
+        return hit[1]
+
+    return Expected(documents={k: seen(d, _doc) for k, d in docs.items()},
+                    outbox={k: seen(e, _outbox_row) for k, e in outbox.items()},
+                    quarantine=dict(quarantine))
 
 
 async def pg_state(
@@ -67,7 +82,9 @@ async def pg_state(
     )
 
 
-def memory_store_state(store: Any) -> Expected:
-    """Committed state of a ``MemoryFenceStore`` (its ``tables()`` and ``quarantine`` rows)."""
+def memory_store_state(store: Any, *, memo: dict[int, tuple[Any, Any]] | None = None
+                       ) -> Expected:
+    """Committed state of a ``MemoryFenceStore`` (its ``tables()`` and ``quarantine`` rows);
+    ``memo`` as for ``memory_state``."""
     quarantine = {(q.tp.topic, q.tp.partition, q.offset): q.reason for q in store.quarantine}
-    return memory_state(store.tables(), quarantine)
+    return memory_state(store.tables(), quarantine, memo=memo)

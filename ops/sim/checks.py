@@ -3,8 +3,8 @@ the processed source prefix, plus the fence's own invariants.
 
 Rules (each failed rule is one violation string naming the place it was seen)
 - ``ops.reference.oracle.check`` at the durable frontiers: documents, outbox and
-  quarantine equal the fold; outbox sequences/versions consistent; quarantine and
-  progress agree.
+  quarantine equal the fold (records given up by a gap-skip are excluded from it);
+  outbox sequences/versions consistent; quarantine and progress agree.
 - Committed intent never changes: an outbox or quarantine row, once committed, stays
   with the same value.
 - A stale token never commits: every process/skip write carries the epoch of the latest
@@ -15,10 +15,13 @@ Rules (each failed rule is one violation string naming the place it was seen)
   owner; a lifetime writes no process/skip for a partition it released (``release``
   journal row) until it claims it again.
 - Attempts (checked after every attempt): a failed call that held a token, or ended
-  ``retired``/``refused``, leaves its lifetime out of LIVE (failures retire); a ``process``
-  reported ok has its batch end at or below the durable frontier; one reported failed had
-  no commit acknowledged to it; no guarded store call of a lifetime (journal rows are best
-  effort, not guarded) starts after the budget of the lifecycle call it serves.
+  ``retired``/``refused``, leaves its lifetime out of LIVE (failures retire); a call whose
+  lifetime was stopped in flight (any store call, validate and seek included) ends
+  ``retired`` with the lifetime STOPPED (or RETIRED, if it already was) and tokenless;
+  each batch (several may be in flight in one step) reported ok has its end at or below
+  the durable frontier, and one reported failed had no commit acknowledged to it; no
+  guarded store call of a lifetime (journal and heartbeat rows are best effort, not
+  guarded) starts after the budget of the lifecycle call it serves.
 - Tokens (checked after every attempt): a live lifetime's retained token is never ahead
   of the durable one, nor at the same epoch with another frontier; a successful seek
   returns the durable frontier under the durable token; a lifetime is never fenced under
@@ -27,7 +30,9 @@ Rules (each failed rule is one violation string naming the place it was seen)
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from consumer.decisions import LifetimeState
@@ -41,11 +46,83 @@ from ops.reference.snapshot import memory_store_state
 __all__ = ["Checker"]
 
 
+class _PartitionFolds:
+    """``oracle.fold_prefix`` of one source at any frontiers, folding each partition's
+    records once (``oracle.Folder``) and joining the partitions' states. Exact because the
+    oracle refuses a document in two partitions: then the partitions' folds are disjoint.
+    A source with a key in two partitions folds the whole prefix each time (as
+    ``fold_prefix``, which raises where the oracle would); a frontier that moves back
+    refolds its partition from the start."""
+
+    def __init__(self, source: Sequence[SourceRecord]) -> None:
+        self._source = source
+        self._records: dict[tuple[str, int], list[SourceRecord]] = {}
+        for r in source:
+            self._records.setdefault((r.topic, r.partition), []).append(r)
+        home: dict[bytes, int] = {}  # a document's id is its key: one partition per key
+        self._homed = all(home.setdefault(r.key, r.partition) == r.partition
+                          for r in source if r.key is not None)  # else: fold_prefix raises
+        self._folders: dict[tuple[str, int], oracle.Folder] = {}
+        self._parts: dict[tuple[tuple[str, int], int], oracle.Expected] = {}
+        self._whole: dict[tuple[Any, ...], tuple[oracle.Expected, list[str] | None]] = {}
+        self._part_problems: dict[tuple[tuple[str, int], int], list[str]] = {}
+
+    def _part(self, tp: tuple[str, int], frontier: int) -> tuple[int, oracle.Expected]:
+        records = self._records.get(tp, [])
+        n = bisect.bisect_left([r.offset for r in records], frontier)
+        state = self._parts.get((tp, n))
+        if state is None:
+            folder = self._folders.get(tp)
+            if folder is None or folder.added > n:
+                folder = self._folders[tp] = oracle.Folder()
+            for r in records[folder.added:n]:
+                folder.add(r)
+            state = self._parts[(tp, n)] = folder.state()
+        return n, state
+
+    def expected(self, frontiers: Mapping[tuple[str, int], int]
+                 ) -> tuple[oracle.Expected, Callable[[], list[str]]]:
+        """The fold at ``frontiers`` and (memoized) ``oracle.outbox_problems`` of it."""
+        if not self._homed:
+            exp = oracle.fold_prefix(self._source, frontiers)
+            return exp, lambda: oracle.outbox_problems(exp)
+        parts = [(tp, *self._part(tp, f)) for tp, f in sorted(frontiers.items())]
+        key = tuple((tp, n) for tp, n, _ in parts)
+        hit = self._whole.get(key)
+        if hit is None:
+            docs: dict[Any, Any] = {}
+            outbox: dict[Any, Any] = {}
+            quarantine: dict[Any, Any] = {}
+            for _, _, state in parts:
+                docs.update(state.documents)
+                outbox.update(state.outbox)
+                quarantine.update(state.quarantine)
+            hit = self._whole[key] = (oracle.Expected(docs, outbox, quarantine), None)
+        exp = hit[0]
+
+        def consistency() -> list[str]:
+            problems = self._whole[key][1]
+            if problems is None:  # the partitions' documents are disjoint: no problem in
+                # any partition's fold means none in their union (else ask the union)
+                clean = all(not self._problems(tp, n) for tp, n, _ in parts)
+                problems = [] if clean else oracle.outbox_problems(exp)
+                self._whole[key] = (exp, problems)
+            return list(problems)
+        return exp, consistency
+
+    def _problems(self, tp: tuple[str, int], n: int) -> list[str]:
+        problems = self._part_problems.get((tp, n))
+        if problems is None:
+            problems = self._part_problems[(tp, n)] = oracle.outbox_problems(
+                self._parts[(tp, n)])
+        return problems
+
+
 class Checker:
     """Runs every rule against ``store``; collects violations (first ``limit``)."""
 
     def __init__(self, store: MemoryFenceStore, source: Sequence[SourceRecord],
-                 *, dead: Callable[[], set[str]], limit: int = 20,
+                 *, dead: Callable[[], AbstractSet[str]], limit: int = 20,
                  enabled: bool = True) -> None:
         self.enabled = enabled  # False: every rule is skipped (the generator's own run)
         self._store = store
@@ -53,12 +130,12 @@ class Checker:
         self._limit = limit
         self.source: tuple[SourceRecord, ...] = tuple(source)
         self.violations: list[str] = []
-        self._folds: dict[tuple[Any, ...], oracle.Expected] = {}
+        self._folds = _PartitionFolds(self.source)
         self._outbox: dict[Any, Any] = {}
         self._quarantine: dict[Any, Any] = {}
         self._writes_seen = 0
         self._latest_claim: dict[TopicPartition, tuple[int | None, str | None]] = {}
-        self._dead: set[str] = set()
+        self._dead: AbstractSet[str] = frozenset()
         self._journal_seen = 0
         self._last_seen: tuple[Any, ...] | None = None
         self._last_data: tuple[Any, ...] | None = None
@@ -66,12 +143,19 @@ class Checker:
         self._claims_journaled: set[tuple[TopicPartition, int | None, str]] = set()
         self._released: set[tuple[TopicPartition, str | None]] = set()
         self.checks = 0
+        self.excluded = 0
+        self._converted: dict[int, tuple[Any, Any]] = {}  # table entry -> its oracle row
+        self._skips_seen = 0
 
     def exclude(self, tp: TopicPartition, first: int, end: int) -> None:
-        """Drop source records of ``tp`` in [first, end) (an accepted retention gap)."""
-        self.source = tuple(r for r in self.source
-                            if not (r.tp == tp and first <= r.offset < end))
-        self._folds.clear()
+        """Drop source records of ``tp`` in [first, end) (an accepted retention gap);
+        ``excluded`` counts the records dropped."""
+        kept = tuple(r for r in self.source if not (r.tp == tp and first <= r.offset < end))
+        if len(kept) == len(self.source):
+            return
+        self.excluded += len(self.source) - len(kept)
+        self.source = kept
+        self._folds = _PartitionFolds(self.source)
         self._last_seen = self._last_data = None
 
     def fail(self, place: str, problem: str) -> None:
@@ -85,12 +169,16 @@ class Checker:
         self.checks += 1
         store = self._store
         seen = (len(store.writes), len(store.journal_rows), len(store.quarantine),
-                tuple((tp, r.epoch, r.frontier, r.owner) for tp, r in store.rows.items()))
+                tuple(store.rows.items()))  # rows are frozen: a change is a new Row
         if seen == self._last_seen:  # nothing durable changed since the last full check
-            self._dead = set(self._dead_now())
+            self._dead = self._dead_now()
             return
         self._last_seen = seen
         writes = store.writes
+        for w in writes[self._skips_seen:]:  # a gap-skip gives records up: not owed any more
+            if w.skipped is not None:
+                self.exclude(w.tp, *w.skipped)
+        self._skips_seen = len(writes)
         for w in writes[self._scanned:]:
             if w.kind in ("process", "skip"):
                 self._data_writes += 1
@@ -105,18 +193,17 @@ class Checker:
         self._check_journal(place)
 
     def _check_state(self, place: str, frontiers: dict[tuple[str, int], int]) -> None:
-        actual = memory_store_state(self._store)
-        key = tuple(sorted(frontiers.items()))
-        expected = self._folds.get(key)
-        if expected is None:
-            expected = self._folds[key] = oracle.fold_prefix(self.source, frontiers)
+        actual = memory_store_state(self._store, memo=self._converted)
+        expected, consistency = self._folds.expected(frontiers)
+        same = actual == expected  # then the outbox rules give what they give the fold
         for problem in (*oracle.progress_problems(actual, frontiers),
-                        *oracle.outbox_problems(actual), *oracle.diff(expected, actual)):
+                        *(consistency() if same else oracle.outbox_problems(actual)),
+                        *(() if same else oracle.diff(expected, actual))):
             self.fail(place, problem)
         for name, before, now in (("outbox", self._outbox, actual.outbox),
                                   ("quarantine", self._quarantine, actual.quarantine)):
             for k, v in before.items():
-                if now.get(k) != v:
+                if now.get(k) is not v and now.get(k) != v:  # the same object: unchanged
                     self.fail(place, f"committed {name} row {k} changed from {v} to "
                                       f"{now.get(k)}")
         self._outbox, self._quarantine = dict(actual.outbox), dict(actual.quarantine)
@@ -152,16 +239,19 @@ class Checker:
                     self.fail(place, f"stale token committed: {w.kind} {w.tp} by "
                                       f"{w.lifetime} at epoch {w.epoch}, latest claim {latest}")
         self._writes_seen = len(writes)
-        self._dead = set(self._dead_now())
+        self._dead = self._dead_now()
 
     def retained_tokens(self, place: str, lifecycles: Mapping[int, Lifecycle],
                         tps: Sequence[TopicPartition]) -> None:
         """Retained tokens never run ahead of or behind durable state under one epoch."""
+        durables: list[Token | None] | None = None
         for worker, lc in sorted(lifecycles.items()):
             if lc.state is not LifetimeState.LIVE:
                 continue
-            for tp in tps:
-                token, durable = lc.token(tp), self._store.token_of(tp)
+            if durables is None:
+                durables = [self._store.token_of(tp) for tp in tps]
+            for tp, durable in zip(tps, durables, strict=True):
+                token = lc.token(tp)
                 if token is None:
                     continue
                 if durable is None or token.epoch > durable.epoch or (
@@ -190,14 +280,28 @@ class Checker:
                              f"outcome): held {held}, durable {durable}")
 
     def attempt_outcome(self, place: str, *, worker: int, state: LifetimeState, result: str,
-                        held: Token | None, actor: str, tp: TopicPartition | None,
-                        batch_end: int | None, acked: bool) -> None:
-        """Failures retire; a reported outcome agrees with the committed state."""
+                        held: Token | None, actor: str) -> None:
+        """Failures retire."""
         failed = result in ("retired", "refused") or (result == "fenced" and held is not None)
         if failed and state is LifetimeState.LIVE:
             self.fail(place, f"lifetime {worker} is still live after its {actor} ended "
                              f"{result}")
-        if actor != "process" or batch_end is None or tp is None:
+
+    def stopped_in_flight(self, place: str, *, worker: int, result: str, state: LifetimeState,
+                          stopped_from: str, tokens: Sequence[Token | None]) -> None:
+        """A lifecycle call whose lifetime was stopped while its store call was in flight
+        ends ``retired`` (every batch of it), and the lifetime holds no token and is STOPPED
+        (RETIRED when it had already retired for another reason when the stop came)."""
+        want = (LifetimeState.RETIRED if stopped_from == LifetimeState.RETIRED.value
+                else LifetimeState.STOPPED)
+        if result != "retired" or state is not want or any(t is not None for t in tokens):
+            self.fail(place, f"lifetime {worker} stopped in flight ended {result}, "
+                             f"{state.value}, holding {[t for t in tokens if t is not None]}")
+
+    def batch_outcome(self, place: str, *, worker: int, tp: TopicPartition, result: str,
+                      batch_end: int | None, acked: bool) -> None:
+        """A batch's reported outcome agrees with the committed state."""
+        if batch_end is None:
             return
         durable = self._store.token_of(tp)
         if result == "ok" and (durable is None or durable.frontier < batch_end):

@@ -17,10 +17,12 @@ Rules
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import multiprocessing
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from ops.sim.reduce import failure_of, save_failure, save_trace
@@ -120,6 +122,25 @@ def sweep(first: int, last: int, *, now: Callable[[], float], steps: int = DEFAU
     """Both classes of every seed in [first, last]; summary with seeds per second. ``jobs``
     processes share the seeds in chunks; results are merged in seed order, so the summary
     (apart from the timing) does not depend on ``jobs``."""
+    with _quiet_logs():
+        return _sweep(first, last, now=now, steps=steps, jobs=jobs, chunk=chunk)
+
+
+@contextlib.contextmanager
+def _quiet_logs() -> Iterator[None]:
+    """The production code's operator warnings (failed heartbeats, skipped gaps: thousands
+    in a long sweep) are off while a sweep runs (its workers fork with this setting); the
+    summary is the sweep's output. ERROR and above still show."""
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(before)
+
+
+def _sweep(first: int, last: int, *, now: Callable[[], float], steps: int, jobs: int,
+           chunk: int) -> dict[str, Any]:
     started = now()
     statuses: Counter[str] = Counter()
     violations = unexpected = 0

@@ -186,6 +186,25 @@ def _retry_blind() -> list[Patch]:
     return [(consumer.lifecycle, "guarded_process", process)]
 
 
+def _stop_without_cancel() -> list[Patch]:
+    real = consumer.lifecycle.Lifecycle.stop
+
+    def stop(self: Any) -> None:  # the state moves and tokens go, the calls in flight go on
+        tasks, self._tasks = self._tasks, set()
+        real(self)
+        self._tasks = tasks
+    return [(consumer.lifecycle.Lifecycle, "stop", stop)]
+
+
+def _gap_unrefused() -> list[Patch]:
+    real = fencing.memory.store.decide_validation
+
+    def validate(check: Any, row: Any) -> Any:  # the frontier is taken to be past the gap
+        return real(check, None if row is None else (row[0], max(
+            row[1], check.facts.low_watermark), row[2]))
+    return [(fencing.memory.store, "decide_validation", validate)]
+
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("adopt-observed-epoch", "an unknown claim adopts the epoch it re-reads",
            _adopt_observed),
@@ -210,6 +229,10 @@ MUTANTS: tuple[Mutant, ...] = (
            _resolve_without_read),
     Mutant("retry-without-reread", "an unknown commit is retried without re-reading",
            _retry_blind),
+    Mutant("stop-without-cancel", "stop moves the state but leaves the calls in flight "
+           "running", _stop_without_cancel),
+    Mutant("gap-unrefused", "the source check ignores records deleted below the durable "
+           "frontier", _gap_unrefused),
 )
 
 

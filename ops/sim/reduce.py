@@ -36,10 +36,15 @@ def expected(report: Mapping[str, Any]) -> bool:
     """True for the outcome a generated run must have: PASS; PASS_WITH_EXCLUSIONS when its
     config accepts retention gaps (the records the operator gave up are excluded); BLOCKED
     by a ``RecreatedTopic`` refusal when the topic was recreated before the drain (an
-    operator must choose where it restarts)."""
+    operator must choose where it restarts); BLOCKED by a ``RetentionGap`` refusal when
+    Kafka deleted records mid-run and the config does not accept retention gaps (an
+    operator must re-produce them or accept the loss)."""
     status = report["status"]
     if status == "BLOCKED" and report.get("topic_recreated_before_drain"):
         return any("RecreatedTopic" in d for d in report["diagnostics"])
+    if status == "BLOCKED" and report.get("expired_mid_run") and not report[
+            "allow_retention_gap"]:
+        return any("RetentionGap" in d for d in report["diagnostics"])
     return status == "PASS" or (
         status == "PASS_WITH_EXCLUSIONS" and report["allow_retention_gap"])
 

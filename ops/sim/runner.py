@@ -10,10 +10,17 @@ Rules
   batch is delivered to ``process`` (even if processing fails); ``assign`` clears it,
   ``revoke`` keeps it (a batch fetched before the revoke may still be delivered: a late
   call). Processing without a cursor is ``unseeked``; nothing left is ``idle``.
+- A process step of a set (version 3) fetches one batch per partition and has them all in
+  flight at once in its lifetime (``asyncio.gather``); each batch's outcome is reported
+  (``batches``) and checked on its own.
 - An interleave runs its replacement (fresh lifetime: assign the step's partitions in one
   call, seek each; no faults), then starts the calling lifetime's concurrent revoke of them
-  (``revoke: true``; awaited after the step), then stops the calling lifetime, before the
-  selected call returns.
+  (``revoke: true``; awaited after the step; for a process step of a set, a revoke of all
+  of them, which must wait for every batch's guard), then stops the calling lifetime, before
+  the selected call returns (or, for a read, before it reads).
+- ``expire`` moves Kafka's low watermark of a partition (what the next source check sees);
+  batches already fetched below it may still be delivered. A ``heartbeat`` step is one tick
+  of the lifetime's member heartbeat (``ops.sim.boundaries``).
 - The checker runs after every store call returns, every interleave, every wait and every
   attempt. Drain stops every lifetime, starts a fresh one, assigns every partition (one
   claim for the set from trace version 2; one per partition for version 1), seeks each and
@@ -24,7 +31,8 @@ Rules
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from consumer.decisions import LifetimeState
 from consumer.lifecycle import Lifecycle
@@ -33,13 +41,15 @@ from fencing.memory.faults import InterleavePoint
 from fencing.memory.store import MemoryFenceStore, StoreEvent
 from fencing.types import SourceCheck, SourceFacts, SourceRecord, Token, TopicPartition
 from ops.reference.memory import memory_ref_handler
+from ops.sim.boundaries import Heartbeats, refusal_rules
 from ops.sim.checks import Checker
 from ops.sim.report import build_report
 from ops.sim.trace import Step, Trace, fault_json
 
-__all__ = ["LogicalClock", "finish", "new_run", "run_trace"]
+__all__ = ["LogicalClock", "finish", "new_run", "run_sync", "run_trace"]
 
 TOPIC_ID = "sim-topic-id"
+T = TypeVar("T")
 
 
 class LogicalClock:
@@ -53,6 +63,25 @@ class LogicalClock:
 
     def advance(self, seconds: float) -> None:
         self.now_us += round(seconds * 1_000_000)
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(coro)`` without its SIGINT handler: installing that handler formats
+    the main task's repr (the whole trace, ~1 ms a run). Tasks left pending are cancelled
+    and awaited before the loop closes, as ``asyncio.run`` does."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
 
 
 def _result(exc: BaseException) -> str:
@@ -78,11 +107,14 @@ class _Run:
                                       on_event=self._on_event)
         self.store.interleave_hook = self._interleave
         self.lifecycles: dict[int, Lifecycle] = {}
+        self._live: list[Lifecycle] = []
+        self._dead_ids: frozenset[str] = frozenset()
         self.cursors: dict[tuple[int, int], int] = {}
         self.attempts: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.diagnostics: list[str] = []
         self.lows = [0] * cfg.partitions
+        self._tps = [TopicPartition(cfg.topic, p) for p in range(cfg.partitions)]
         self.topic_id = TOPIC_ID
         self.by_partition: dict[int, list[SourceRecord]] = {p: [] for p in range(cfg.partitions)}
         for r in trace.records:
@@ -92,14 +124,20 @@ class _Run:
         self.attempt_index = -1
         self.current: Step | None = None
         self.call_us: dict[str, int] = {}  # lifetime -> when its current lifecycle call began
-        self.batch_end: int | None = None
+        self.batch_ends: dict[int, int] = {}  # partition -> end of the batch delivered
+        self.batch_results: dict[int, tuple[str, FenceError | None]] = {}
+        self.heartbeats = Heartbeats(self)
         self.pending: list[asyncio.Future[None]] = []
-        self.excluded = 0
 
     # -- hooks ---------------------------------------------------------------------------
-    def _dead(self) -> set[str]:
-        return {lc.lifetime_id for lc in self.lifecycles.values()
-                if lc.state is not LifetimeState.LIVE}
+    def _dead(self) -> frozenset[str]:
+        """Lifetimes that are not LIVE (none comes back): an immutable snapshot, rebuilt
+        only when one more left LIVE."""
+        gone = [lc for lc in self._live if lc.state is not LifetimeState.LIVE]
+        if gone:
+            self._live = [lc for lc in self._live if lc.state is LifetimeState.LIVE]
+            self._dead_ids = self._dead_ids | {lc.lifetime_id for lc in gone}
+        return self._dead_ids
 
     async def _wait(self, seconds: float) -> None:
         self.clock.advance(seconds)
@@ -114,7 +152,9 @@ class _Run:
             "selected": ev.requested, "delay_ms": ev.delay_ms, "interleave": ev.interleave,
             "applied": ev.applied, "observed": ev.observed, "t_us": self.clock.now_us,
             "installed": {tp: [epoch, frontier] for tp, epoch, frontier in ev.installed}})
-        if ev.operation != "journal":  # best-effort rows, not guarded calls
+        if ev.partition is not None:
+            self.events[-1]["partition"] = ev.partition
+        if ev.operation not in ("journal", "heartbeat"):  # best-effort rows, not guarded
             self.checker.call_started_in_budget(
                 f"attempt {attempt} {ev.operation} call {ev.call}", worker,
                 round(ev.started_s * 1_000_000), self.call_us.get(worker),
@@ -136,11 +176,14 @@ class _Run:
             self.pending.append(asyncio.ensure_future(
                 lc.revoke([self.tp(p) for p in step.partitions])))
             await asyncio.sleep(0)
+        stopped_from = None
         if il.stop:
+            stopped_from = self.lifecycles[step.worker].state.value
             self.lifecycles[step.worker].stop()
         self.attempts[-1]["interleaves"].append(
             {"at": point.at, "operation": point.operation.value, "call": point.call,
-             "stop": il.stop, "replacement": il.replacement, "revoke": il.revoke})
+             "stop": il.stop, "replacement": il.replacement, "revoke": il.revoke,
+             **({"stopped_from": stopped_from} if il.stop else {})})
         self.checker.check(f"attempt {self.attempt_index} interleave {point.at} "
                            f"{point.operation.value} call {point.call}")
 
@@ -162,7 +205,7 @@ class _Run:
 
     # -- model ---------------------------------------------------------------------------
     def tp(self, partition: int) -> TopicPartition:
-        return TopicPartition(self.trace.config.topic, partition)
+        return self._tps[partition]
 
     def source_check(self, partition: int) -> SourceCheck:
         facts = SourceFacts(self.topic_id, self.lows[partition], self.ends[partition])
@@ -173,6 +216,7 @@ class _Run:
                        wait=self._wait, budget_s=self.trace.config.budget_ms / 1000,
                        allow_retention_gap=self.trace.config.allow_retention_gap)
         self.lifecycles[worker] = lc
+        self._live.append(lc)
         return lc
 
     def _batch(self, worker: int, partition: int) -> tuple[SourceRecord, ...] | str:
@@ -184,7 +228,7 @@ class _Run:
         if not batch:
             return "idle"
         self.cursors[(worker, partition)] = batch[-1].offset + 1
-        self.batch_end = batch[-1].offset + 1
+        self.batch_ends[partition] = batch[-1].offset + 1
         return batch
 
     # -- steps ---------------------------------------------------------------------------
@@ -201,15 +245,21 @@ class _Run:
         self.attempts.append(attempt)
         first_event = len(self.events)
         self.call_us[str(step.worker)] = self.clock.now_us
-        self.batch_end = None
+        self.batch_ends, self.batch_results = {}, {}
         lc = self.lifecycles.get(step.worker)
         held = {p: lc.token(self.tp(p)) for p in step.partitions} if lc is not None else {}
         failure: FenceError | None = None
+        refusable = self._refusable(step.partitions) if step.actor == "assign" else []
+        writes_before = len(self.store.writes)
         try:
             attempt["result"] = await self._act(step)
         except FenceError as exc:
             attempt["result"], attempt["error"] = _result(exc), _error_text(exc)
             failure = exc
+        if len(self.batch_results) > 1:  # several batches in flight: each its own outcome
+            attempt["batches"] = {str(q): r for q, (r, _) in sorted(self.batch_results.items())}
+            attempt["error"] = next((_error_text(e) for _, e in self.batch_results.values()
+                                     if e is not None), None)
         for task in self.pending:  # an interleaved revoke finishes after the call it awaited
             try:
                 await task
@@ -219,15 +269,31 @@ class _Run:
         self._token_checks(step, attempt["result"], held, failure)
         label = str(step.worker)
         lc = self.lifecycles.get(step.worker)
-        if lc is not None and step.actor not in ("start", "stop"):
-            acked = any(e["lifetime"] == label and e["operation"] == "process"
-                        and e["observed"] == "ok" for e in self.events[first_event:])
+        place = f"attempt {self.attempt_index}"
+        if lc is not None and step.actor in ("assign", "seek", "process", "revoke"):
             self.checker.attempt_outcome(
-                f"attempt {self.attempt_index}", worker=step.worker, state=lc.state,
-                result=attempt["result"], held=next(
-                    (t for t in held.values() if t is not None), None), actor=step.actor,
-                tp=self.tp(step.partitions[0]) if step.actor == "process" else None,
-                batch_end=self.batch_end, acked=acked)
+                place, worker=step.worker, state=lc.state, result=attempt["result"],
+                held=next((t for t in held.values() if t is not None), None), actor=step.actor)
+            for q, (result, _) in sorted(self.batch_results.items()):
+                acked = any(e["lifetime"] == label and e["operation"] == "process"
+                            and e.get("partition") == q and e["observed"] == "ok"
+                            for e in self.events[first_event:])
+                self.checker.batch_outcome(place, worker=step.worker, tp=self.tp(q),
+                                           result=result, batch_end=self.batch_ends.get(q),
+                                           acked=acked)
+        stops = [i["stopped_from"] for i in attempt["interleaves"] if i.get("stop")]
+        if lc is not None and stops:
+            self.checker.stopped_in_flight(place, worker=step.worker, result=attempt["result"],
+                                           state=lc.state, stopped_from=stops[0], tokens=[
+                                               lc.token(self.tp(q)) for q in range(
+                                                   self.trace.config.partitions)])
+        if step.actor == "assign" and lc is not None:
+            claimed = [w.tp for w in self.store.writes[writes_before:]
+                       if w.kind == "claim" and w.lifetime == label]
+            refusal_rules(self.checker, place, worker=step.worker, result=attempt["result"],
+                          refusable=refusable, claimed=claimed,
+                          interleaved=bool(attempt["interleaves"] or attempt["replacements"]),
+                          tokens=[lc.token(self.tp(q)) for q in step.partitions])
         attempt["selectors_used"] = sum(
             1 for e in self.events[first_event:]
             if e["selected"] is not None and e["lifetime"] == label)
@@ -240,11 +306,11 @@ class _Run:
                       exc: BaseException | None) -> None:
         place = f"attempt {self.attempt_index}"
         for q, token in held.items():
-            if exc is not None and token is not None:
-                self.checker.not_self_fenced(place, step.worker, self.tp(q), token, exc)
+            failed = self.batch_results[q][1] if q in self.batch_results else exc
+            if failed is not None and token is not None:
+                self.checker.not_self_fenced(place, step.worker, self.tp(q), token, failed)
         p = step.partitions[0] if step.partitions else None
-        self.checker.retained_tokens(place, self.lifecycles,
-                                     [self.tp(q) for q in range(self.trace.config.partitions)])
+        self.checker.retained_tokens(place, self.lifecycles, self._tps)
         if step.actor == "seek" and result == "ok" and p is not None:
             self.checker.seek_position(place, step.worker, self.tp(p),
                                        self.lifecycles[step.worker].token(self.tp(p)),
@@ -255,6 +321,10 @@ class _Run:
         if step.actor == "start":
             self._new_lifecycle(worker)
             return "started"
+        if step.actor == "expire":  # Kafka's retention: the source check sees a new low
+            assert isinstance(p, int) and step.offset is not None
+            self.lows[p] = max(self.lows[p], step.offset)
+            return "expired"
         lc = self.lifecycles.get(worker)
         if lc is None:
             return "unstarted"  # a replacement whose interleave was never reached
@@ -270,16 +340,53 @@ class _Run:
         if step.actor == "revoke":  # the fetch cursor stays: a fetched batch may come late
             await lc.revoke([self.tp(q) for q in ps])
             return "ok"
+        if step.actor == "heartbeat":
+            return await self.heartbeats.tick(worker, lc)
+        if step.actor == "process":
+            return await self._process(lc, worker, ps)
         assert isinstance(p, int)
-        tp = self.tp(p)
-        if step.actor == "seek":
-            self.cursors[(worker, p)] = await lc.seek(tp)
-            return "ok"
-        batch = self._batch(worker, p)
-        if isinstance(batch, str):
-            return batch
-        await lc.process(tp, batch, memory_ref_handler)
+        self.cursors[(worker, p)] = await lc.seek(self.tp(p))
         return "ok"
+
+    async def _process(self, lc: Lifecycle, worker: int, ps: tuple[int, ...]) -> str:
+        """One batch per partition, all in flight at once; a single one raises its error."""
+        async def one(q: int) -> str:
+            batch = self._batch(worker, q)
+            if isinstance(batch, str):
+                return batch
+            try:
+                await lc.process(self.tp(q), batch, memory_ref_handler)
+            except FenceError as exc:
+                self.batch_results[q] = (_result(exc), exc)
+                raise
+            self.batch_results[q] = ("ok", None)
+            return "ok"
+
+        if len(ps) == 1:
+            return await one(ps[0])
+        done = await asyncio.gather(*(one(q) for q in ps), return_exceptions=True)
+        for outcome in done:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, FenceError):
+                raise outcome
+        failed = [self.batch_results[q][0] for q in ps
+                  if q in self.batch_results and self.batch_results[q][1] is not None]
+        if failed:
+            return failed[0]
+        return "ok" if self.batch_results else "idle" if all(
+            o == "idle" for o in done) else "unseeked"
+
+    def _refusable(self, ps: tuple[int, ...]) -> list[int]:
+        """Partitions whose source check must be refused now: Kafka deleted records below
+        the durable frontier (without ``allow_retention_gap``) or reports another topic."""
+        out = []
+        for q in ps:
+            row = self.store.rows.get(self.tp(q))
+            if row is None:
+                continue
+            if (row.topic_id is not None and row.topic_id != self.topic_id) or (
+                    row.frontier < self.lows[q] and not self.trace.config.allow_retention_gap):
+                out.append(q)
+        return out
 
     # -- drain ---------------------------------------------------------------------------
     def _progress(self) -> int:
@@ -300,9 +407,7 @@ class _Run:
             self.lows[p] = max(self.lows[p], low)
             durable = self.durable(p) or 0
             if cfg.allow_retention_gap and durable < self.lows[p]:
-                before = len(self.checker.source)
                 self.checker.exclude(self.tp(p), durable, self.lows[p])
-                self.excluded += before - len(self.checker.source)
         worker = max([*self.lifecycles, *_declared(self.trace)], default=0) + 1
         ok = (await self.step(Step("start", worker), fair=True))["result"] == "started"
         every = tuple(range(cfg.partitions))
@@ -369,7 +474,7 @@ async def finish(run: _Run, trace: Trace) -> dict[str, Any]:
                         violations=run.checker.violations, violations_before=violations_before,
                         complete_before=complete_before, boundary_before=boundary_before,
                         boundary=run_boundary(run), drained=drained, blocked=blocked,
-                        excluded=run.excluded, diagnostics=run.diagnostics,
+                        excluded=run.checker.excluded, diagnostics=run.diagnostics,
                         checks=run.checker.checks)
 
 
@@ -396,7 +501,7 @@ def run_trace(trace: Trace, *, keep: list[Any] | None = None) -> dict[str, Any]:
     ``keep`` (tests): receives the run object, whose ``store`` and ``lifecycles`` can then
     be inspected."""
     try:
-        return asyncio.run(_execute(trace, keep))
+        return run_sync(_execute(trace, keep))
     except Exception as exc:  # a simulator or production bug: ERROR, never a crash
         return build_report(trace, attempts=[], events=[], violations=[
             f"internal: {type(exc).__name__}: {exc}"], violations_before=1,

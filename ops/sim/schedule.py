@@ -14,12 +14,14 @@ Rules
   predecessor by 1 to 3 offsets.
 - Faults are legal choices only; interleaves reserve fresh replacement ids. Assign, revoke
   and takeover steps may carry a set of partitions (one lifecycle call), so faults and
-  replacements apply to a multi-partition claim.
+  replacements apply to a multi-partition claim; a process step may carry a set of the
+  lifetime's ready partitions (several batches in flight). Heartbeats aim at lifetimes
+  whose heartbeat still writes; retention (``expire``) only at claimed partitions that
+  still owe records, to just past their durable frontier or further.
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -28,8 +30,8 @@ from consumer.decisions import LifetimeState
 from fencing.memory.faults import Fault, Interleave, Operation
 from fencing.types import SourceRecord
 from ops.reference.generate import generate
-from ops.sim.runner import finish, new_run
-from ops.sim.swarm import ACTOR_OPS, Profile, draw_profile
+from ops.sim.runner import finish, new_run, run_sync
+from ops.sim.swarm import Profile, draw_profile
 from ops.sim.trace import SimConfig, Step, Trace, toolchain
 
 __all__ = ["DEFAULT_STEPS", "generate_and_run", "make_trace"]
@@ -57,6 +59,7 @@ class _Gen:
     partitions: int
     next_id: int = 1
     steps: list[Step] = field(default_factory=list)
+    kinds: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # per actor
 
     def new_id(self) -> int:
         self.next_id += 1
@@ -65,7 +68,9 @@ class _Gen:
 
 def _fault_list(g: _Gen, actor: str) -> tuple[Fault, ...]:
     rng, prof = g.rng, g.profile
-    kinds = [k for k in prof.kinds if k[0] in ACTOR_OPS[actor]]
+    kinds = g.kinds.get(actor)
+    if kinds is None:
+        kinds = g.kinds[actor] = prof.kinds_of(actor)
     if not kinds or rng.random() >= prof.fault_rate:
         return ()
     taken: dict[tuple[Operation, int], Fault] = {}
@@ -83,8 +88,8 @@ def _fault_list(g: _Gen, actor: str) -> tuple[Fault, ...]:
                 stop = rng.random() < 0.4
                 replacement = g.new_id() if (not stop and not revoke) or rng.random() < 0.5 \
                     else None
-                interleave = Interleave(rng.choice(("before", "after")), stop, replacement,
-                                        revoke)
+                at = rng.choice(("before", "after")) if op.has_after_point else "before"
+                interleave = Interleave(at, stop, replacement, revoke)
             taken[(op, call)] = Fault(op, call, outcome, rng.choice(prof.delays), interleave)
     return tuple(taken[k] for k in sorted(taken, key=lambda k: (k[0].value, k[1])))
 
@@ -112,6 +117,18 @@ def _some(g: _Gen, ps: list[int]) -> int | tuple[int, ...]:
         chosen = tuple(sorted(g.rng.sample(ps, g.rng.randint(2, len(ps)))))
         return chosen
     return g.rng.choice(ps)
+
+
+def _owing(g: _Gen) -> list[tuple[int, int]]:
+    """Claimed partitions whose durable frontier is below the end and Kafka's low
+    watermark (where retention can still delete records the group owes)."""
+    run = g.run
+    out = []
+    for p in range(g.partitions):
+        token = run.store.token_of(run.tp(p))  # type: ignore[attr-defined]
+        if token is not None and max(token.frontier, run.lows[p]) < run.ends[p]:  # type: ignore[attr-defined]
+            out.append((p, max(token.frontier, run.lows[p])))  # type: ignore[attr-defined]
+    return out
 
 
 def _late(g: _Gen, live: list[int], held: dict[int, list[int]]) -> list[Step] | None:
@@ -148,10 +165,31 @@ def _next(g: _Gen) -> list[Step]:
     if len(live) > 1:
         options.append(("stop", prof.weight("stop")))
     options.append(("late", prof.weight("late")))
+    beats = g.run.heartbeats  # type: ignore[attr-defined]
+    if any(beats.writes_more(w, lc) for w, lc in g.run.lifecycles.items()):  # type: ignore[attr-defined]
+        options.append(("heartbeat", prof.weight("heartbeat")))
+    owing = _owing(g) if prof.weight("expire") else []
+    if owing:
+        options.append(("expire", prof.weight("expire")))
     kind = rng.choices([o for o, _ in options], weights=[w for _, w in options])[0]
     if kind == "process":
         w, p = rng.choice(ready)
-        return [Step("process", w, p, _fault_list(g, "process"))]
+        ps = _some(g, [q for x, q in ready if x == w])
+        faults = _fault_list(g, "process")
+        if isinstance(ps, tuple) and rng.random() < prof.revoke_rate / 2 and not any(
+                f.operation is Operation.PROCESS and f.call == 1 for f in faults):
+            # an eager revoke of the whole set while its batches are in flight
+            revoke = Interleave(rng.choice(("before", "after")), revoke=True)
+            faults = (*faults, Fault(Operation.PROCESS, 1, interleave=revoke))
+            faults = tuple(sorted(faults, key=lambda f: (f.operation.value, f.call)))
+        return [Step("process", w, ps, faults)]
+    if kind == "heartbeat":
+        beating = [w for w, lc in sorted(g.run.lifecycles.items())  # type: ignore[attr-defined]
+                   if beats.writes_more(w, lc)]
+        return [Step("heartbeat", rng.choice(beating), None, _fault_list(g, "heartbeat"))]
+    if kind == "expire":
+        p, frontier = rng.choice(owing)
+        return [Step("expire", 0, p, offset=rng.randint(frontier + 1, g.run.ends[p]))]  # type: ignore[attr-defined]
     if kind == "seek":
         w, p = rng.choice(unsought)
         return [Step("seek", w, p, _fault_list(g, "seek"))]
@@ -213,7 +251,7 @@ def make_trace(seed: int, *, klass: str = "valid", steps: int = DEFAULT_STEPS,
                drain: bool = True) -> Trace:
     """The trace of ``seed``: config, source records and ``steps`` steps."""
     g, shell = _start(seed, klass, steps, checking=False)
-    asyncio.run(_generate(g, steps))
+    run_sync(_generate(g, steps))
     return replace(shell, steps=tuple(g.steps), drain=drain)
 
 
@@ -229,4 +267,4 @@ def generate_and_run(seed: int, *, klass: str = "valid", steps: int = DEFAULT_ST
         trace = replace(shell, steps=tuple(g.steps), drain=drain)
         return trace, await finish(g.run, trace)  # type: ignore[arg-type]
 
-    return asyncio.run(go())
+    return run_sync(go())

@@ -4,7 +4,11 @@ kind can reach states that a run full of it cannot).
 
 Rules
 - Pure: ``draw_profile`` takes the seed's ``random.Random`` and nothing else.
-- Every profile enables at least one fault kind; unknown outcomes only for claim/process.
+- Every profile enables at least one fault kind; unknown outcomes only for the writes
+  (claim, process, skip, heartbeat).
+- Five profiles in six never let Kafka's retention delete records mid-run (``expire``
+  weight 0); the others do now and then, so an assign of a set may be refused for one
+  partition (or gap-skip it with ``allow_retention_gap``).
 - One profile in four has a 400 ms budget (delays and retry waits can exhaust it); one in
   four has retention gaps before the drain with ``allow_retention_gap``; one in ten has its
   topic recreated before the drain.
@@ -30,11 +34,15 @@ KINDS: tuple[Kind, ...] = (
     (Op.PROCESS, F.UNKNOWN_ABORTED),
     (Op.SKIP, F.ABORT), (Op.SKIP, F.UNKNOWN_COMMITTED), (Op.SKIP, F.UNKNOWN_ABORTED),
     (Op.JOURNAL, F.ABORT),
+    (Op.HEARTBEAT, F.ABORT), (Op.HEARTBEAT, F.UNKNOWN_COMMITTED),
+    (Op.HEARTBEAT, F.UNKNOWN_ABORTED),
 )
 ACTOR_OPS = {"assign": (Op.VALIDATE, Op.CLAIM, Op.OBSERVE, Op.SKIP, Op.JOURNAL),
              "seek": (Op.OBSERVE, Op.JOURNAL), "process": (Op.PROCESS, Op.OBSERVE, Op.JOURNAL),
-             "revoke": (Op.JOURNAL,)}
-_ACTORS = ("start", "process", "seek", "assign", "takeover", "revoke", "stop", "late")
+             "revoke": (Op.JOURNAL,), "heartbeat": (Op.HEARTBEAT,)}
+_ACTORS = ("start", "process", "seek", "assign", "takeover", "revoke", "stop", "late",
+           "heartbeat", "expire")
+_INDEX = {actor: i for i, actor in enumerate(_ACTORS)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +54,7 @@ class Profile:
     delays: tuple[int, ...]  # logical delay choices in ms
     interleave_rate: float  # first claim/process call carries an interleave
     revoke_rate: float  # a process interleave revokes the partition meanwhile
-    multi_rate: float  # an assign/revoke/takeover step takes a set of partitions
+    multi_rate: float  # an assign/revoke/takeover/process step takes a set of partitions
     weights: tuple[float, ...]  # per actor of _ACTORS
     revoke_first: float  # a takeover revokes the old holder first (else: a zombie remains)
     partitions: int
@@ -57,7 +65,11 @@ class Profile:
     recreated: bool  # the topic is recreated before the drain (expected: BLOCKED)
 
     def weight(self, actor: str) -> float:
-        return self.weights[_ACTORS.index(actor)]
+        return self.weights[_INDEX[actor]]
+
+    def kinds_of(self, actor: str) -> tuple[Kind, ...]:
+        """The profile's fault kinds an ``actor`` step can carry."""
+        return tuple(k for k in self.kinds if k[0] in ACTOR_OPS[actor])
 
 
 def draw_profile(rng: random.Random) -> Profile:
@@ -65,7 +77,8 @@ def draw_profile(rng: random.Random) -> Profile:
     kinds = tuple(k for k in KINDS if rng.random() < 0.5) or (rng.choice(KINDS),)
     weights = (rng.choice((0.02, 0.05)), rng.uniform(0.3, 0.6), rng.uniform(0.1, 0.25),
                rng.uniform(0.05, 0.2), rng.uniform(0.02, 0.15), rng.uniform(0.03, 0.12),
-               rng.uniform(0.0, 0.04), rng.uniform(0.0, 0.03))
+               rng.uniform(0.0, 0.04), rng.uniform(0.0, 0.03), rng.uniform(0.02, 0.08),
+               rng.choice((0.0, 0.0, 0.0, 0.0, 0.0, 0.04)))
     return Profile(
         kinds=kinds, fault_rate=rng.choice((0.15, 0.3, 0.5)), max_faults=rng.randint(1, 4),
         burst_rate=rng.choice((0.0, 0.2, 0.4)),

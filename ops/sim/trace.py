@@ -1,4 +1,4 @@
-"""Trace format version 2 (``worker-schedule-v1``; version 1 is still read): parse
+"""Trace format version 3 (``worker-schedule-v1``; versions 1 and 2 are still read): parse
 strictly, dump canonically.
 
 Long because the trace format's strict validation (unknown fields, provenance, choices)
@@ -20,6 +20,12 @@ Rules
   partition while the batch is in flight); the config's ``topic_recreated_before_drain``
   (written only when true, so version 1 digests are unchanged). A trace is dumped with
   the version it was read with, so a version 1 trace round-trips byte for byte.
+- Version 3 adds (and versions 1 and 2 may not use): a list of partitions for a process
+  step (one batch per partition, all in flight at once in one lifetime); interleaves on
+  validate and observe (``at: before`` only: a stop or takeover while the read is in
+  flight, e.g. during a seek); the ``heartbeat`` actor (one member-heartbeat tick of a
+  lifetime) with ``heartbeat`` faults; the ``expire`` actor (``partition``, ``offset``, no
+  worker: Kafka's retention deletes the partition's records below ``offset``).
 - ``dumps`` is canonical (sorted keys, fixed separators, one trailing newline), so a
   parse/dump round trip is byte-identical.
 """
@@ -54,16 +60,18 @@ __all__ = [
     "toolchain",
 ]
 
-VERSION = 2
-VERSIONS = (1, 2)
+VERSION = 3
+VERSIONS = (1, 2, 3)
 IMPLEMENTATION = "worker-schedule-v1"
-ACTORS = ("start", "assign", "seek", "process", "revoke", "stop")
+ACTORS = ("start", "assign", "seek", "process", "revoke", "stop", "heartbeat", "expire")
+_V3_ACTORS = ("heartbeat", "expire")
 _WORKER_ACTORS_WITH_PARTITION = ("assign", "seek", "process", "revoke")
 _FAULT_OPS = {"assign": ("validate", "claim", "observe"), "seek": ("observe",),
               "process": ("process", "observe")}
 _FAULT_OPS_V2 = {"assign": ("validate", "claim", "observe", "skip", "journal"),
                  "seek": ("observe", "journal"), "process": ("process", "observe", "journal"),
                  "revoke": ("journal",)}
+_FAULT_OPS_V3 = {**_FAULT_OPS_V2, "heartbeat": ("heartbeat",)}
 
 
 class TraceError(ValueError):
@@ -116,7 +124,8 @@ class Step:
     actor: str
     worker: int
     partition: int | tuple[int, ...] | None = None  # a tuple: assign/revoke of a set (v2)
-    faults: tuple[Fault, ...] = ()
+    faults: tuple[Fault, ...] = ()  # process of a set: v3
+    offset: int | None = None  # expire (v3): the partition's new low watermark
 
     @property
     def partitions(self) -> tuple[int, ...]:
@@ -165,7 +174,11 @@ def fault_json(f: Fault) -> dict[str, Any]:
 
 
 def _step_json(s: Step) -> dict[str, Any]:
-    out: dict[str, Any] = {"actor": s.actor, "worker": s.worker}
+    out: dict[str, Any] = {"actor": s.actor}
+    if s.actor != "expire":
+        out["worker"] = s.worker
+    if s.offset is not None:
+        out["offset"] = s.offset
     if s.partition is not None:
         out["partition"] = list(s.partition) if isinstance(s.partition, tuple) else s.partition
     if s.faults:
@@ -259,7 +272,8 @@ def _config(raw: Any, version: int) -> SimConfig:
 def _fault(raw: Any, where: str, actor: str, version: int) -> Fault:
     f = _obj(raw, where, ("operation", "call", "outcome"), ("delay_ms", "interleave"))
     op = f["operation"]
-    choices = (_FAULT_OPS if version == 1 else _FAULT_OPS_V2).get(actor, ())
+    choices = (_FAULT_OPS if version == 1 else _FAULT_OPS_V2 if version == 2
+               else _FAULT_OPS_V3).get(actor, ())
     if op not in choices:
         raise TraceError(f"{where}.operation: {op!r} is not a choice for a {actor} step "
                          f"in version {version} (choices: {', '.join(choices) or 'none'})")
@@ -276,6 +290,8 @@ def _fault(raw: Any, where: str, actor: str, version: int) -> Fault:
         if revoke and (actor != "process" or op != "process"):
             raise TraceError(f"{where}.interleave.revoke: only for a process step's process "
                              "call")
+        if version < 3 and op in ("validate", "observe"):
+            raise TraceError(f"{where}.interleave: an interleave on {op} needs version 3")
         rep = il.get("replacement")
         try:
             interleave = Interleave(il["at"], stop, None if rep is None else
@@ -297,9 +313,10 @@ def _fault(raw: Any, where: str, actor: str, version: int) -> Fault:
 def _partition(part: Any, where: str, actor: str, partitions: int,
                version: int) -> int | tuple[int, ...]:
     if isinstance(part, list):
-        if version == 1 or actor not in ("assign", "revoke"):
+        if version == 1 or actor not in ("assign", "revoke", "process") or (
+                actor == "process" and version < 3):
             raise TraceError(f"{where}.partition: a list is only for assign and revoke "
-                             "(version 2)")
+                             "(version 2) and process (version 3)")
         if not part:
             raise TraceError(f"{where}.partition: expected a non-empty list")
         ps = tuple(_int(v, f"{where}.partition[{k}]") for k, v in enumerate(part))
@@ -320,10 +337,20 @@ def _steps(raw: Any, partitions: int, version: int) -> tuple[Step, ...]:
     out: list[Step] = []
     for i, rs in enumerate(raw):
         where = f"steps[{i}]"
+        actor = rs.get("actor") if isinstance(rs, dict) else None
+        if actor == "expire" and version >= 3:
+            e = _obj(rs, where, ("actor", "partition", "offset"))
+            if isinstance(e["partition"], list):
+                raise TraceError(f"{where}.partition: expire takes one partition")
+            out.append(Step("expire", 0, _partition(e["partition"], where, actor, partitions,
+                                                    version),
+                            offset=_int(e["offset"], f"{where}.offset")))
+            continue
+        if isinstance(rs, dict) and "actor" in rs and (
+                actor not in ACTORS or (actor in _V3_ACTORS and version < 3)):
+            raise TraceError(f"{where}.actor: unknown actor {actor!r} in version {version}")
         s = _obj(rs, where, ("actor", "worker"), ("partition", "faults"))
         actor = s["actor"]
-        if actor not in ACTORS:
-            raise TraceError(f"{where}.actor: unknown actor {actor!r}")
         worker = _int(s["worker"], f"{where}.worker")
         if actor == "start":
             if worker in declared:

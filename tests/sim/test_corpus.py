@@ -14,7 +14,8 @@ def test_corpus_passes_and_is_deterministic() -> None:
     bad = [r for r in manifest["runs"] if r["failure"] is not None or not r["deterministic"]]
     assert bad == [], bad
     # PASS_WITH_EXCLUSIONS stays its own status (a seed that accepted a retention gap);
-    # BLOCKED only where the topic was recreated before the drain
+    # BLOCKED only where the topic was recreated before the drain or Kafka deleted
+    # records mid-run that the config does not give up
     assert {r["status"] for r in manifest["runs"]} <= {"PASS", "PASS_WITH_EXCLUSIONS",
                                                       "BLOCKED"}
     assert {r["status"] for r in manifest["runs"]} & {"PASS_WITH_EXCLUSIONS", "BLOCKED"}
@@ -31,7 +32,8 @@ def test_sweep_summary_counts_both_classes() -> None:
     summary = sweep(20, 29, now=lambda: next(ticks))
     assert summary["runs"] == 20 and summary["unexpected"] == 0
     assert sum(summary["statuses"].values()) == 20
-    assert set(summary["statuses"]) <= {"PASS", "PASS_WITH_EXCLUSIONS"}
+    # BLOCKED only as expected (a recreated topic, or records deleted mid-run unaccepted)
+    assert set(summary["statuses"]) <= {"PASS", "PASS_WITH_EXCLUSIONS", "BLOCKED"}
     assert summary["violations"] == 0 and summary["seeds_per_s"] == 5.0
     assert summary["steps_without_io"]["percent"] <= 10  # steps aim at live lifetimes
 

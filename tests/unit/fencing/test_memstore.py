@@ -260,14 +260,18 @@ async def test_validate_refusals_and_gap_skip() -> None:
 
 
 def test_fault_choices_are_validated() -> None:
-    with pytest.raises(ValueError, match="only for claim, process and skip"):
+    with pytest.raises(ValueError, match="only for claim, process, skip and heartbeat"):
         Fault(Operation.OBSERVE, 1, FaultOutcome.UNKNOWN_ABORTED)
-    with pytest.raises(ValueError, match="only for claim, process and skip"):
+    with pytest.raises(ValueError, match="only for claim, process, skip and heartbeat"):
         Fault(Operation.JOURNAL, 1, FaultOutcome.UNKNOWN_COMMITTED)
     with pytest.raises(ValueError, match="interleave is only"):
         Fault(Operation.SKIP, 1, interleave=Interleave("after", stop=True))
     with pytest.raises(ValueError, match="interleave is only"):
-        Fault(Operation.VALIDATE, 1, interleave=Interleave("before", stop=True))
+        Fault(Operation.HEARTBEAT, 1, interleave=Interleave("before", stop=True))
+    # a read has a point before it, none after (stop in flight of validate and seek)
+    Fault(Operation.VALIDATE, 1, interleave=Interleave("before", stop=True))
+    with pytest.raises(ValueError, match="'after' is only for claim and process"):
+        Fault(Operation.OBSERVE, 1, interleave=Interleave("after", stop=True))
     with pytest.raises(ValueError):
         Fault(Operation.CLAIM, 0)
     with pytest.raises(ValueError):
