@@ -83,9 +83,12 @@ lint: setup
 bench-store: setup
 	$(BIN)/python -m ops.bench.store
 
-# worker benchmark: raw / unfenced / fenceworker / batch-1, rebalance times -> artifacts/bench/worker.json
+# worker benchmark: baselines a/b/b'/e, fenceworker c/d, scale -> artifacts/bench/worker.json
+# and PNG charts next to it; BENCH_ARGS=--quick for small sizes (the smoke test's mode)
+BENCH_ARGS ?=
 bench: stack-up
-	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.worker
+	$(BIN)/pip install -q -e '.[bench]'
+	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.worker $(BENCH_ARGS)
 
 # the README's "run it": stack, migrate, topic, produce, two workers, one leaves, status, traces
 demo: stack-up
