@@ -4,8 +4,9 @@
   ``assign {...}`` (the callback began) to ``assigned {...}`` (validated, claimed in one
   statement, every partition's frontier read for the seek): claim + seek, per size. O(1)
   round trips means this grows far slower than the partition count.
-- Join: 3 members started together on 48 partitions per group protocol; from the earliest
-  ``lifetime.start`` to every partition having a committed batch (PostgreSQL frontier > 0).
+- Join: 3 members started together on 48 partitions per group protocol, under steady
+  production; from the earliest ``lifetime.start`` to the moment every partition is owned
+  by one of 3 distinct members and committed a batch since its latest claim (journal).
 - Rebalance: member B joins A under steady production; B's join to the first commit on a
   partition moved to it (per group setup; the earlier benchmark, kept).
 - Scale-out: the worker with 1, 2, 3 members on 12 partitions (``ops.bench.runs``; the
@@ -95,38 +96,21 @@ def assignment_cost(dsn: str, partitions: int, produce: Produce, logs: Path) -> 
     return {"partitions": partitions, "claim_seek_s": round(done - began, 3)}
 
 
-def join_time(dsn: str, setup: str, produce: Produce, logs: Path,
-              partitions: int = 48, members: int = 3) -> dict[str, Any]:
-    topic, group, schema = uid("join"), uid("gj"), fresh_schema(dsn)
-    produce(topic, partitions * 20, partitions, 6)
-    files = [logs / f"join-{setup}-{i}.log" for i in range(members)]
-    procs = [_start(_argv(topic, group, schema, SETUPS[setup]), f) for f in files]
-    done_at = None
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            rows = asyncio.run(_rows(dsn, schema, group))
-            if len(rows) == partitions and all(r["frontier"] > 0 for r in rows):
-                done_at = time.time()
-                break
-            time.sleep(0.05)
-    finally:
-        _stop(procs)
-    starts = [t for t in (_log_time(f, "lifetime.start") for f in files) if t is not None]
-    if done_at is None or not starts:
-        return {"setup": setup, "error": "not every partition committed within 120 s"}
-    owners = {r["owner"] for r in rows}
-    return {"setup": setup, "members": members, "partitions": partitions,
-            "join_to_all_committed_s": round(done_at - min(starts), 3),
-            "owners_at_end": len(owners)}
+async def _settled(dsn: str, schema: str, group: str) -> list[Any]:
+    """Per partition: its owner, and whether it committed since its latest claim."""
+    async with connection(dsn) as conn:
+        return list(await conn.fetch(f"""
+SELECT p.partition, p.owner, p.frontier > split_part(j.detail, '=', 2)::bigint AS committed
+FROM "{schema}".partitions p
+CROSS JOIN LATERAL (SELECT detail FROM "{schema}".journal j
+    WHERE j.group_id = p.group_id AND j.topic = p.topic AND j.partition = p.partition
+      AND j.event = 'claim' ORDER BY j.id DESC LIMIT 1) j
+WHERE p.group_id = $1""", group))
 
 
-def rebalance_time(setup: str, dsn: str, partitions: int, produce: Produce,
-                   logs: Path) -> dict[str, Any]:
-    """Member B joins a group where A owns every partition under steady production; time
-    from B's subscribe to the first commit on a partition moved to B."""
-    topic, group, schema = uid("rebal"), uid("gr"), fresh_schema(dsn)
-    produce(topic, 20_000, partitions, 3)
+def _feeder(topic: str, partitions: int, produce: Produce) -> tuple[threading.Event,
+                                                                     threading.Thread]:
+    """Steady production into ``topic`` until the returned event is set."""
     stop = threading.Event()
 
     def keep_producing() -> None:
@@ -135,10 +119,51 @@ def rebalance_time(setup: str, dsn: str, partitions: int, produce: Produce,
             produce(topic, 2_000, partitions, seed)
             seed += 1
 
-    argv = _argv(topic, group, schema, SETUPS[setup])
-    procs = [_start(argv, logs / f"rebalance-{setup}-a.log")]
     feeder = threading.Thread(target=keep_producing, daemon=True)
     feeder.start()
+    return stop, feeder
+
+
+def join_time(dsn: str, setup: str, produce: Produce, logs: Path,
+              partitions: int = 48, members: int = 3) -> dict[str, Any]:
+    """3 members start together under steady production: from the earliest start to every
+    partition owned by one of ``members`` distinct members that committed since claiming."""
+    topic, group, schema = uid("join"), uid("gj"), fresh_schema(dsn)
+    produce(topic, partitions * 20, partitions, 6)
+    stop, feeder = _feeder(topic, partitions, produce)
+    files = [logs / f"join-{setup}-{i}.log" for i in range(members)]
+    procs = [_start(_argv(topic, group, schema, SETUPS[setup]), f) for f in files]
+    done_at, owners = None, 0
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            rows = asyncio.run(_settled(dsn, schema, group))
+            owners = len({r["owner"] for r in rows})
+            if len(rows) == partitions and owners == members and all(
+                    r["committed"] for r in rows):
+                done_at = time.time()
+                break
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        _stop(procs)
+        feeder.join(timeout=60)
+    starts = [t for t in (_log_time(f, "lifetime.start") for f in files) if t is not None]
+    if done_at is None or not starts:
+        return {"setup": setup, "error": f"not settled within 120 s ({owners} owners)"}
+    return {"setup": setup, "members": members, "partitions": partitions,
+            "join_to_all_committed_s": round(done_at - min(starts), 3)}
+
+
+def rebalance_time(setup: str, dsn: str, partitions: int, produce: Produce,
+                   logs: Path) -> dict[str, Any]:
+    """Member B joins a group where A owns every partition under steady production; time
+    from B's subscribe to the first commit on a partition moved to B."""
+    topic, group, schema = uid("rebal"), uid("gr"), fresh_schema(dsn)
+    produce(topic, 20_000, partitions, 3)
+    argv = _argv(topic, group, schema, SETUPS[setup])
+    procs = [_start(argv, logs / f"rebalance-{setup}-a.log")]
+    stop, feeder = _feeder(topic, partitions, produce)
     b_log = logs / f"rebalance-{setup}-b.log"
     resumed: float | None = None
     at_move: dict[int, int] = {}
@@ -179,7 +204,8 @@ def produce_large(topic: str, count: int, size: int, partitions: int) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     bootstrap = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
-    AdminClient({"bootstrap.servers": bootstrap}).create_topics(
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the answer
+    admin.create_topics(
         [NewTopic(topic, partitions, 1, config={"max.message.bytes": str(2 * size)})]
     )[topic].result(30)
     p = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": str(2 * size),
