@@ -46,9 +46,9 @@ DEFAULTS = WorkerConfig(topic="-", group_id="-", bootstrap_servers="-", dsn="")
 
 
 def _consumer(bootstrap: str, group: str, topic: str) -> Any:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,  # prefetch as the worker
                   "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                  "enable.partition.eof": False, "queued.max.messages.kbytes": "4096"})  # as the worker
+                  "enable.partition.eof": False, "queued.max.messages.kbytes": "4096"})
     c.subscribe([topic])
     return c
 

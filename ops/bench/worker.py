@@ -4,7 +4,7 @@ On one produced source (``--count`` records, default 200,000, ``--partitions`` 6
 domain, valid class) it runs every entry of ``RUNS`` (``ops.bench.runs``), each as its own
 process(es) with its own group and schema, timed by one clock (``ops.bench.clock``):
 (a) raw consumption without a database; (b) a pipelined unfenced at-least-once consumer;
-(b′) today's stop-and-wait unfenced consumer; (e) the database ceiling (the same handler
+(b') today's stop-and-wait unfenced consumer; (e) the database ceiling (the same handler
 over the same records from memory, no Kafka); (c) the worker; (d) the worker with batches
 of one on the first ``--single-count`` records of a second topic (a rate). The repeated
 runs alternate ``--repeat`` times on the same data; the median by records/s is reported.
@@ -36,10 +36,10 @@ PY = sys.executable
 #: and its ratios one more line of ``RATIOS``.
 RUNS: list[Run] = [
     Run("a_raw", "(a) raw consume, no DB", "baseline", ("raw",), repeat=False),
-    Run("a_raw_aioconsumer", "(a′) raw via AIOConsumer", "baseline", ("raw-aio",),
+    Run("a_raw_aioconsumer", "(a') raw via AIOConsumer", "baseline", ("raw-aio",),
         repeat=False),
     Run("b_pipelined", "(b) unfenced, pipelined", "baseline", ("pipelined",)),
-    Run("b_prime_stop_and_wait", "(b′) unfenced, stop-and-wait", "baseline",
+    Run("b_prime_stop_and_wait", "(b') unfenced, stop-and-wait", "baseline",
         ("stop-and-wait",)),
     Run("e_db_ceiling", "(e) DB ceiling, from memory", "baseline", ("memory",)),
     Run("c_fenceworker", "(c) fenceworker", "worker"),
