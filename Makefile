@@ -10,7 +10,7 @@ SEED ?= 17
 PYTEST_ARGS ?=
 
 .PHONY: setup stack-up stack-down stack-status test test-unit test-integration \
-        test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store \
+        test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-profile \
         demo migrate clean crash-matrix
 
 setup: $(STAMP)
@@ -93,6 +93,11 @@ bench: stack-up
 # the README's "run it": stack, migrate, topic, produce, two workers, one leaves, status, traces
 demo: stack-up
 	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.demo
+
+# the worker at full speed under py-spy (all threads): top functions -> artifacts/bench/profile.json
+bench-profile: stack-up
+	$(BIN)/pip install -q -e '.[bench]'
+	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.profile $(BENCH_ARGS)
 
 # apply the fence schema migrations to FENCE_DSN (FENCE_SCHEMA, default fence)
 migrate: setup
