@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import sys
@@ -211,6 +212,9 @@ async def run_memory(a: argparse.Namespace, marks: Marks, pool: Any,
             loaded[key].extend(recs)
             seen += len(recs)
     c.close()
+    # the whole topic is now live objects: without freezing them, every full collection of
+    # the cyclic GC would walk them all (the worker holds at most its queue bounds)
+    gc.freeze()
     buffers = {k: _buffer(v[0].offset, a.batch_max_records, cfg) for k, v in loaded.items()}
     for key, recs in loaded.items():
         buffers[key].queue_max_records = buffers[key].queue_max_bytes = 1 << 62
