@@ -46,6 +46,7 @@ class Marks:
         self.first: float | None = None
         self.last: float | None = None
         self.records = 0
+        self.batches = 0
         self._clock = clock
         self._written = 0.0
         self._pending: asyncio.TimerHandle | None = None
@@ -57,6 +58,7 @@ class Marks:
     def end(self, records: int) -> None:
         self.last = self._clock()
         self.records += records
+        self.batches += 1
         if self.last - self._written >= FLUSH_S:
             self.flush()
         elif self._pending is None:
@@ -74,7 +76,8 @@ class Marks:
         self._written = self._clock()
         tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"first": self.first, "last": self.last,
-                                   "records": self.records, "pid": os.getpid()}))
+                                   "records": self.records, "batches": self.batches,
+                                   "pid": os.getpid()}))
         os.replace(tmp, self.path)
 
 
@@ -126,5 +129,6 @@ def combined(paths: Iterable[Path]) -> dict[str, Any]:
         return {"records": 0, "elapsed_s": 0.0}
     first = min(m["first"] for m in marks)
     last = max(m["last"] for m in marks)
-    return {"records": sum(m["records"] for m in marks), "elapsed_s": last - first,
-            "first": first, "last": last}
+    records, batches = sum(m["records"] for m in marks), sum(m.get("batches", 0) for m in marks)
+    return {"records": records, "elapsed_s": last - first, "first": first, "last": last,
+            "mean_batch": round(records / batches, 1) if batches else None}

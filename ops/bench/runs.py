@@ -145,6 +145,7 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
     elapsed = got["elapsed_s"]
     return {"records": got["records"], "elapsed_s": round(elapsed, 3),
             "records_per_s": round(got["records"] / elapsed) if elapsed > 0 else 0,
+            "mean_batch": got.get("mean_batch"),
             "peak_rss_mib": round(max(r for _, r in reaped) / 1024, 1),
             "exit": [c for c, _ in reaped] if run.members > 1 else reaped[0][0],
             "members": run.members}
