@@ -42,14 +42,19 @@ def write_all(result: dict[str, Any], folder: Path) -> list[Path]:
     plt.close(fig)
     scale = result.get("scale")
     if scale:
-        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5))
         pts = [a for a in scale["assignment"] if "claim_seek_s" in a]
         left.plot([a["partitions"] for a in pts], [a["claim_seek_s"] * 1000 for a in pts],
                   marker="o")
         left.set_xscale("log", base=2)
         left.set_xlabel("partitions assigned to one member")
         left.set_ylabel("claim + seek (ms)")
-        left.set_title("assignment cost", fontsize=9)
+        left.set_ylim(bottom=0)
+        joins = "\n".join(f"{j['setup']}: {j['join_to_all_committed_s']} s"
+                           for j in scale.get("join_3x48", []) if "join_to_all_committed_s" in j)
+        left.set_title("assignment cost (one member)", fontsize=9)
+        left.text(0.02, 0.97, f"3 members x 48 partitions,\njoin -> all committed:\n{joins}",
+                  transform=left.transAxes, fontsize=7, va="top")
         members = scale["members_12_partitions"]
         right.plot([m["members"] for m in members], [m["records_per_s"] for m in members],
                    marker="o")
