@@ -10,7 +10,7 @@ SEED ?= 18
 PYTEST_ARGS ?=
 
 .PHONY: setup stack-up stack-down stack-status test test-unit test-integration \
-        test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink \
+        test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
         demo migrate clean crash-matrix
 
 setup: $(STAMP)
@@ -83,9 +83,12 @@ lint: setup
 bench-store: setup
 	$(BIN)/python -m ops.bench.store
 
-# worker benchmark: raw / unfenced / fenceworker / table sink / batch-1, rebalance times -> artifacts/bench/worker.json
+# worker benchmark: baselines a/b/b'/e, fenceworker c/d, scale -> artifacts/bench/worker.json
+# and PNG charts next to it; BENCH_ARGS=--quick for small sizes (the smoke test's mode)
+BENCH_ARGS ?=
 bench: stack-up
-	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.worker
+	$(BIN)/pip install -q -e '.[bench]'
+	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.worker $(BENCH_ARGS)
 
 # the table sink alone: its write methods per batch (printed), then its worker run -> artifacts/bench/worker_sink.json
 bench-sink: stack-up
@@ -95,6 +98,11 @@ bench-sink: stack-up
 # the README's "run it": stack, migrate, topic, produce, two workers, one leaves, status, traces
 demo: stack-up
 	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.demo
+
+# the worker at full speed under py-spy (all threads): top functions -> artifacts/bench/profile.json
+bench-profile: stack-up
+	$(BIN)/pip install -q -e '.[bench]'
+	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.profile $(BENCH_ARGS)
 
 # apply the fence schema migrations to FENCE_DSN (FENCE_SCHEMA, default fence)
 migrate: setup

@@ -83,26 +83,31 @@ class PartitionBuffer:
 
     def add(self, records: Iterable[SourceRecord]) -> int:
         """Append records in order; return how many were dropped as stale."""
-        dropped = 0
+        dropped = added = 0
+        append, next_offset = self._records.append, self.next_offset  # per record: locals
         for rec in records:
-            if rec.offset < self.next_offset:
+            offset = rec.offset
+            if offset < next_offset:
                 dropped += 1
                 continue
             size = record_size(rec)
-            self._records.append((rec, size))
-            self._bytes += size
-            self.next_offset = rec.offset + 1
+            append((rec, size))
+            added += size
+            next_offset = offset + 1
+        self._bytes += added
+        self.next_offset = next_offset
         return dropped
 
     def take_batch(self) -> list[SourceRecord]:
         """Remove and return the next batch (possibly empty), bounded by count and bytes."""
         batch: list[SourceRecord] = []
         size_total = 0
-        while self._records and len(batch) < self.max_records:
-            rec, size = self._records[0]
-            if batch and size_total + size > self.max_bytes:
+        queue, max_bytes = self._records, self.max_bytes  # per record: locals
+        for _ in range(min(len(queue), self.max_records)):
+            rec, size = queue[0]
+            if batch and size_total + size > max_bytes:
                 break
-            self._records.popleft()
+            queue.popleft()
             batch.append(rec)
             size_total += size
         self._bytes -= size_total

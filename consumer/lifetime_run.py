@@ -201,7 +201,7 @@ class LifetimeRun:
         checks = build_checks(facts, allow_retention_gap=self._cfg.allow_retention_gap)
         try:
             await self._lc.assign(checks)
-            positions = {tp: int(await self._lc.seek(tp)) for tp in tps}
+            positions = await self._lc.seek_all(tps)  # one read for the assignment
         except BaseException as exc:
             self._fail(exc)
             return None

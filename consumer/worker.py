@@ -28,7 +28,7 @@ from consumer.lifetime_run import LifetimeRun
 from consumer.mirror import MirrorState
 from consumer.ports import FactsPort, KafkaPort, LifecyclePort
 from fencing.store import HandlerFn
-from fencing.types import SourceRecord, TopicPartition
+from fencing.types import SourceRecord, Token, TopicPartition
 
 __all__ = ["KafkaPort", "Worker"]
 
@@ -58,6 +58,7 @@ class Worker:
         self._on_event = on_event or (lambda _event: None)
         self._stop_requested = asyncio.Event()
         self.current: LifetimeRun | None = None
+        self._lifecycle: LifecyclePort | None = None  # the current lifetime's
         self.abandoned = False  # a run's in-flight work outlived the shutdown bound
         self.lifetimes: list[str] = []
 
@@ -88,6 +89,11 @@ class Worker:
         """Per owned partition of the current lifetime: its last fetch or commit progress."""
         return {} if self.current is None else self.current.progress()
 
+    def tokens(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, Token | None]:
+        """The current lifetime's retained token per partition (None when not held); no I/O."""
+        lc = self._lifecycle
+        return {tp: None if lc is None else lc.token(tp) for tp in tps}
+
     def emit(self, event: ev.WorkerEvent) -> None:
         """Log ``event`` and hand it to the observer."""
         log.info("%s", event)
@@ -108,7 +114,7 @@ class Worker:
     async def _run_lifetime(self) -> ExitCode:
         lifetime_id = f"lt-{uuid.uuid4().hex[:12]}"
         self.lifetimes.append(lifetime_id)
-        lifecycle = self._lifecycle_factory(lifetime_id)
+        self._lifecycle = lifecycle = self._lifecycle_factory(lifetime_id)
         self.current = run = LifetimeRun(self, lifetime_id, lifecycle, self._kafka_factory)
         self.emit(ev.LifetimeStarted(lifetime_id))
         code = await run.run(self._stop_requested)

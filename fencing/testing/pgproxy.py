@@ -21,6 +21,9 @@ Rules
   closed, ``CUT_AFTER`` after the server finished and both sides are closed, ``CUT_SENT``
   once the message was written and both sides are closed, ``HOLD_REPLY``
   when the server's first reply byte is held. A rule fires ``times`` times (default once).
+- ``statements`` lists every statement the server was asked to execute, in order, as
+  (``time.monotonic()``, SQL text): each simple ``Query``, and each ``Bind`` resolved to the
+  SQL of its ``Parse`` (so a cached prepared statement counts once per execution).
 - ``refuse(True)`` closes the listener (connections are refused) and drops every open
   connection; ``refuse(False)`` listens again on the same port.
 """
@@ -32,6 +35,7 @@ import collections
 import contextlib
 import enum
 import struct
+import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
@@ -79,6 +83,7 @@ class _Conn:
     def __init__(self, cw: asyncio.StreamWriter, sw: asyncio.StreamWriter) -> None:
         self.cw, self.sw = cw, sw
         self.armed: dict[bytes, Rule] = {}
+        self.parsed: dict[bytes, str] = {}  # prepared statement name -> SQL
         self.cut_after: Rule | None = None
         self.hold: Rule | None = None
         self.tasks: list[asyncio.Task[None]] = []
@@ -103,6 +108,7 @@ class PgProxy:
         self.rules: list[Rule] = []
         # client messages by type after startup; ``round_trips()`` counts Query + Sync
         self.client_messages: collections.Counter[str] = collections.Counter()
+        self.statements: list[tuple[float, str]] = []  # (monotonic time, SQL) per execution
         self._server: asyncio.Server | None = None
         self._conns: set[_Conn] = set()
         self._release = asyncio.Event()
@@ -219,7 +225,18 @@ class PgProxy:
             if conn.cut_after is None and conn.hold is None:
                 conn.close()
 
+    def _record(self, conn: _Conn, kind: bytes, body: bytes) -> None:
+        if kind == b"Q":
+            self.statements.append((time.monotonic(), body.rstrip(b"\0").decode(errors="replace")))
+        elif kind == b"P":
+            name, _, rest = body.partition(b"\0")
+            conn.parsed[name] = rest.partition(b"\0")[0].decode(errors="replace")
+        elif kind == b"B":
+            stmt = body.split(b"\0", 2)[1]
+            self.statements.append((time.monotonic(), conn.parsed.get(stmt, "?")))
+
     def _rule_for(self, conn: _Conn, kind: bytes, body: bytes) -> Rule | None:
+        self._record(conn, kind, body)
         if kind == b"Q":
             return self._match(body)
         if kind == b"P":

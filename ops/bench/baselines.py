@@ -1,136 +1,272 @@
-"""Baseline consumers for ``ops.bench.worker`` (each runs as its own process; prints one JSON line).
+"""Baseline consumers for ``ops.bench.worker`` (each runs as its own process).
+
+Every mode times itself with ``ops.bench.clock`` (the same wrapper the worker runs use) and
+writes its marks to ``--clock-file``; batches are cut by ``consumer.batching``'s
+``PartitionBuffer`` with the worker's default bounds, so only the runtime differs.
 
 - ``raw``: consume the topic to its end with no database (records/s of librdkafka + Python).
 - ``raw-aio``: the same through ``confluent_kafka.aio.AIOConsumer`` (for comparison only).
-- ``unfenced``: an ordinary at-least-once consumer: per consume() call, per partition, one
-  PostgreSQL transaction running the same reference handler over the batch (partitions
-  concurrently on a pool of ``--db-concurrency``), then an asynchronous Kafka offset commit.
-  No epochs, no frontier row, no quarantine: what a careful engineer writes without fencing.
+- ``pipelined`` (b): an unfenced at-least-once consumer that fetches while it writes: one
+  task consumes into per-partition buffers (pause at the queue bound, resume at half, as the
+  worker), one runner per partition takes batches and applies each in its own transaction
+  with the reference handler, at most ``--db-concurrency`` at once; processed offsets are
+  committed to Kafka asynchronously between two consume() calls. No epochs, no frontier
+  row, no quarantine: what a careful engineer writes without fencing.
+- ``stop-and-wait`` (b'): consume up to 1000 records, apply them (per partition, batches
+  concurrently), commit, consume again.
+- ``memory`` (e): the database ceiling: the records are read from the topic into memory
+  first (untimed), then the same handler runs over the same batches with the same
+  concurrency, in plain transactions, with no Kafka at all.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
+import os
 import sys
-import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KTP
 
+from consumer.batching import Flow, PartitionBuffer
+from consumer.config import WorkerConfig
 from consumer.kafka.adapter import to_record
 from fencing.types import SourceRecord
+from ops.bench.clock import Marks, wrap
+from ops.reference.pg import make_pg_handler
+
+Key = tuple[str, int]
+#: the worker's defaults: batch and queue bounds, concurrency, poll timeout
+DEFAULTS = WorkerConfig(topics=("-",), group_id="-", bootstrap_servers="-", dsn="")
 
 
 def _consumer(bootstrap: str, group: str, topic: str) -> Any:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,  # prefetch as the worker
                   "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                  "enable.partition.eof": False, "queued.max.messages.kbytes": "16384"})
+                  "enable.partition.eof": False, "queued.max.messages.kbytes": "4096"})
     c.subscribe([topic])
     return c
 
 
-def run_raw(bootstrap: str, group: str, topic: str, total: int) -> dict[str, Any]:
-    c = _consumer(bootstrap, group, topic)
-    seen, t_first = 0, 0.0
-    while seen < total:
+def _buffer(next_offset: int, batch_max: int, cfg: WorkerConfig) -> PartitionBuffer:
+    return PartitionBuffer(next_offset=next_offset, max_records=batch_max,
+                           max_bytes=cfg.batch_max_bytes,
+                           queue_max_records=batch_max * cfg.queue_max_batches,
+                           queue_max_bytes=cfg.queue_max_bytes)
+
+
+def run_raw(a: argparse.Namespace, marks: Marks) -> None:
+    c = _consumer(a.bootstrap, a.group, a.topic)
+    seen = 0
+    while seen < a.total:
         msgs = c.consume(1000, 0.5)
+        if not msgs:
+            continue
+        marks.begin()
         for m in msgs:
             if m.error() is None:
-                if not seen:
-                    t_first = time.monotonic()
                 to_record(m)  # same translation cost as the worker
                 seen += 1
-    elapsed = time.monotonic() - t_first
+        marks.end(len(msgs))
+    marks.flush()
     c.close()
-    return {"records": seen, "elapsed_s": elapsed}
 
 
-async def run_raw_aio(bootstrap: str, group: str, topic: str, total: int) -> dict[str, Any]:
+async def run_raw_aio(a: argparse.Namespace, marks: Marks) -> None:
     """Raw consumption through ``confluent_kafka.aio.AIOConsumer`` (measured, not used)."""
     from confluent_kafka.aio import AIOConsumer
 
-    c = AIOConsumer({"bootstrap.servers": bootstrap, "group.id": group,
+    c = AIOConsumer({"bootstrap.servers": a.bootstrap, "group.id": a.group,
                      "enable.auto.commit": False, "auto.offset.reset": "earliest",
                      "queued.max.messages.kbytes": "4096"})
-    await c.subscribe([topic])
-    seen, t_first = 0, 0.0
-    while seen < total:
-        for m in await c.consume(1000, 0.5):
+    await c.subscribe([a.topic])
+    seen = 0
+    while seen < a.total:
+        msgs = await c.consume(1000, 0.5)
+        if not msgs:
+            continue
+        marks.begin()
+        for m in msgs:
             if m.error() is None:
-                if not seen:
-                    t_first = time.monotonic()
                 to_record(m)
                 seen += 1
-    elapsed = time.monotonic() - t_first
+        marks.end(len(msgs))
+    marks.flush()
     await c.close()
-    return {"records": seen, "elapsed_s": elapsed}
 
 
-async def run_unfenced(bootstrap: str, group: str, topic: str, total: int, dsn: str,
-                       schema: str, batch_max: int, concurrency: int) -> dict[str, Any]:
+async def _runners(buffers: dict[Key, PartitionBuffer], apply: Callable[
+        [list[SourceRecord]], Awaitable[None]], concurrency: int, total: int,
+        on_batch: Callable[[Key, list[SourceRecord]], None]) -> tuple[
+        Callable[[Key], None], asyncio.Event]:
+    """Per-partition runner tasks over ``buffers``; returns (wake(key), all-done event)."""
+    slots = asyncio.Semaphore(concurrency)
+    wakes: dict[Key, asyncio.Event] = {}
+    done = asyncio.Event()
+    processed = 0
+
+    async def runner(key: Key) -> None:
+        nonlocal processed
+        buf, wake = buffers[key], wakes[key]
+        while not done.is_set():
+            if not len(buf):
+                wake.clear()
+                await wake.wait()
+                continue
+            async with slots:
+                batch = buf.take_batch()
+                await apply(batch)
+            on_batch(key, batch)
+            processed += len(batch)
+            if processed >= total:
+                done.set()
+                for w in wakes.values():
+                    w.set()
+
+    tasks: list[asyncio.Task[None]] = []
+
+    def wake(key: Key) -> None:
+        if key not in wakes:
+            wakes[key] = asyncio.Event()
+            tasks.append(asyncio.create_task(runner(key)))
+        wakes[key].set()
+
+    return wake, done
+
+
+async def run_pipelined(a: argparse.Namespace, marks: Marks, pool: Any,
+                        apply: Callable[[list[SourceRecord]], Awaitable[None]]) -> None:
+    cfg = DEFAULTS
+    c = _consumer(a.bootstrap, a.group, a.topic)
+    loop = asyncio.get_running_loop()
+    buffers: dict[Key, PartitionBuffer] = {}
+    to_commit: dict[Key, int] = {}
+    wake, done = await _runners(buffers, apply, a.db_concurrency, a.total,
+                                lambda k, b: to_commit.__setitem__(k, b[-1].offset + 1))
+    while not done.is_set():
+        if to_commit:
+            c.commit(offsets=[KTP(t, p, o) for (t, p), o in to_commit.items()],
+                     asynchronous=True)
+            to_commit.clear()
+        for (t, p), buf in buffers.items():
+            flow = buf.flow()
+            if flow is Flow.PAUSE:
+                c.pause([KTP(t, p)])
+            elif flow is Flow.RESUME:
+                c.resume([KTP(t, p)])
+        msgs = await loop.run_in_executor(None, c.consume, 1000, cfg.poll_timeout_s)
+        for key, recs in _by_partition(msgs).items():
+            if key not in buffers:
+                buffers[key] = _buffer(recs[0].offset, a.batch_max_records, cfg)
+            buffers[key].add(recs)
+            wake(key)
+    c.close()
+
+
+def _by_partition(msgs: list[Any]) -> dict[Key, list[SourceRecord]]:
+    by_tp: dict[Key, list[SourceRecord]] = defaultdict(list)
+    for m in msgs:
+        if m.error() is None:
+            r = to_record(m)
+            by_tp[(r.topic, r.partition)].append(r)
+    return by_tp
+
+
+async def run_stop_and_wait(a: argparse.Namespace, marks: Marks, pool: Any,
+                            apply: Callable[[list[SourceRecord]], Awaitable[None]]) -> None:
+    c = _consumer(a.bootstrap, a.group, a.topic)
+    loop = asyncio.get_running_loop()
+    sem = asyncio.Semaphore(a.db_concurrency)
+    seen = 0
+
+    async def bounded(batch: list[SourceRecord]) -> None:
+        async with sem:
+            await apply(batch)
+
+    while seen < a.total:
+        by_tp = _by_partition(await loop.run_in_executor(None, c.consume, 1000, 0.5))
+        jobs = [bounded(recs[i:i + a.batch_max_records]) for recs in by_tp.values()
+                for i in range(0, len(recs), a.batch_max_records)]
+        await asyncio.gather(*jobs)
+        if by_tp:
+            c.commit(offsets=[KTP(t, p, recs[-1].offset + 1) for (t, p), recs in by_tp.items()],
+                     asynchronous=True)
+        seen += sum(len(v) for v in by_tp.values())
+    c.close()
+
+
+async def run_memory(a: argparse.Namespace, marks: Marks, pool: Any,
+                     apply: Callable[[list[SourceRecord]], Awaitable[None]]) -> None:
+    cfg = DEFAULTS
+    c = _consumer(a.bootstrap, a.group, a.topic)
+    loaded: dict[Key, list[SourceRecord]] = defaultdict(list)
+    seen = 0
+    while seen < a.total:  # untimed: the records come from the same topic
+        for key, recs in _by_partition(c.consume(1000, 0.5)).items():
+            loaded[key].extend(recs)
+            seen += len(recs)
+    c.close()
+    # the whole topic is now live objects: without freezing them, every full collection of
+    # the cyclic GC would walk them all (the worker holds at most its queue bounds)
+    gc.freeze()
+    buffers = {k: _buffer(v[0].offset, a.batch_max_records, cfg) for k, v in loaded.items()}
+    for key, recs in loaded.items():
+        buffers[key].queue_max_records = buffers[key].queue_max_bytes = 1 << 62
+        buffers[key].add(recs)
+    wake, done = await _runners(buffers, apply, a.db_concurrency, seen, lambda k, b: None)
+    for key in buffers:
+        wake(key)
+    await done.wait()
+
+
+MODES = {"pipelined": run_pipelined, "stop-and-wait": run_stop_and_wait, "memory": run_memory}
+
+
+async def _with_db(a: argparse.Namespace, marks: Marks) -> None:
     import asyncpg
 
-    from ops.reference.pg import make_pg_handler
-
-    handler = make_pg_handler(schema=schema)
-    pool = await asyncpg.create_pool(dsn, min_size=concurrency, max_size=concurrency)
-    c = _consumer(bootstrap, group, topic)
-    loop = asyncio.get_running_loop()
-    seen, t_first = 0, 0.0
+    handler = wrap(make_pg_handler(schema=a.schema), marks)
+    pool = await asyncpg.create_pool(os.environ["FENCE_DSN"], min_size=a.db_concurrency,
+                                     max_size=a.db_concurrency)
 
     async def apply(records: list[SourceRecord]) -> None:
         async with pool.acquire() as conn, conn.transaction():
             await handler(conn, records)
 
-    while seen < total:
-        msgs = await loop.run_in_executor(None, c.consume, 1000, 0.5)
-        by_tp: dict[tuple[str, int], list[SourceRecord]] = defaultdict(list)
-        for m in msgs:
-            if m.error() is None:
-                r = to_record(m)
-                by_tp[(r.topic, r.partition)].append(r)
-        if not by_tp:
-            continue
-        if not seen:
-            t_first = time.monotonic()
-        jobs = [apply(recs[i:i + batch_max]) for recs in by_tp.values()
-                for i in range(0, len(recs), batch_max)]
-        await asyncio.gather(*jobs)
-        c.commit(offsets=[KTP(t, p, recs[-1].offset + 1) for (t, p), recs in by_tp.items()],
-                 asynchronous=True)
-        seen += sum(len(v) for v in by_tp.values())
-    elapsed = time.monotonic() - t_first
-    c.close()
-    await pool.close()
-    return {"records": seen, "elapsed_s": elapsed}
+    try:
+        await MODES[a.mode](a, marks, pool, apply)
+    finally:
+        marks.flush()
+        await pool.close()
 
 
 def main(argv: list[str] | None = None) -> int:
+    defaults = DEFAULTS
     p = argparse.ArgumentParser(prog="python -m ops.bench.baselines")
-    p.add_argument("mode", choices=["raw", "raw-aio", "unfenced"])
+    p.add_argument("mode", choices=["raw", "raw-aio", *MODES])
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--group", required=True)
     p.add_argument("--topic", required=True)
     p.add_argument("--total", type=int, required=True)
+    p.add_argument("--clock-file", required=True)
     p.add_argument("--schema", default="fence")
-    p.add_argument("--batch-max-records", type=int, default=500)
-    p.add_argument("--db-concurrency", type=int, default=4)
+    p.add_argument("--batch-max-records", type=int, default=defaults.batch_max_records)
+    p.add_argument("--db-concurrency", type=int, default=defaults.db_concurrency)
     a = p.parse_args(argv)
+    marks = Marks(a.clock_file)
     if a.mode == "raw":
-        out = run_raw(a.bootstrap, a.group, a.topic, a.total)
+        run_raw(a, marks)
     elif a.mode == "raw-aio":
-        out = asyncio.run(run_raw_aio(a.bootstrap, a.group, a.topic, a.total))
+        asyncio.run(run_raw_aio(a, marks))
     else:
-        import os
-
-        out = asyncio.run(run_unfenced(a.bootstrap, a.group, a.topic, a.total,
-                                       os.environ["FENCE_DSN"], a.schema,
-                                       a.batch_max_records, a.db_concurrency))
-    print(json.dumps(out))
+        asyncio.run(_with_db(a, marks))
+    print(json.dumps({"records": marks.records}))
     return 0
 
 

@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from consumer.config import (
@@ -36,7 +36,7 @@ from fencing.errors import (
     ConfigError,
 )
 from fencing.handler import HandlerContext, build_handler
-from fencing.types import TopicPartition
+from fencing.types import Token, TopicPartition
 from ops.worker import startup
 from ops.worker.observability import ObsOptions, WorkerObservability
 from ops.worker.observability import add_arguments as add_obs_arguments
@@ -213,9 +213,15 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
     source = KafkaSource(startup.admin_conf(cfg))
     store = await startup.open_store(cfg)
     telemetry = setup_telemetry()  # OTEL_SERVICE_NAME, default fenceworker
+
+    async def own_frontiers(tps: Sequence[TopicPartition]) -> dict[TopicPartition, Token | None]:
+        # lag samples read the lifetime's retained tokens (the frontiers it committed: only
+        # the owner moves them), not PostgreSQL, so an idle worker issues no statement
+        return worker.tokens(tps)
+
     obs = WorkerObservability(options=obs_options or ObsOptions(), telemetry=telemetry,
                               store=store, cooperative=cfg.cooperative,
-                              lag_facts=source.facts, observe=store.observe,
+                              lag_facts=source.facts, observe=own_frontiers,
                               group_id=cfg.group_id)
     obs.instruments.export_zeros(TopicPartition(topic, p)
                                  for topic, count in partition_counts.items()

@@ -149,3 +149,19 @@ def test_exact_rule_matches_the_whole_statement_only() -> None:
     assert exact.matches(b"commit\0") and exact.matches(b" COMMIT \0")
     assert not exact.matches(b"COMMIT;\0") and not exact.matches(b"SELECT 'commit'\0")
     assert Rule("COMMIT", Action.HOLD_REPLY).matches(b"COMMIT;\0")
+
+
+async def test_statements_lists_every_query_and_every_bind_of_a_parsed_statement(
+        setup: tuple[Upstream, PgProxy]) -> None:
+    _up, proxy = setup
+    r, w = await connect(proxy)
+    w.write(msg(b"Q", b"SELECT 1\0"))
+    w.write(msg(b"P", b"s1\0INSERT INTO members VALUES ($1)\0\0\0") + msg(b"S", b""))
+    for _ in range(2):  # a cached prepared statement: one entry per execution
+        w.write(msg(b"B", b"\0s1\0") + msg(b"E", b"\0\0\0\0\0") + msg(b"S", b""))
+    await w.drain()
+    for _ in range(4):  # Query + three Syncs answered
+        await r.readuntil(b"Z\0\0\0\x05I")
+    assert [sql for _at, sql in proxy.statements] == [
+        "SELECT 1", "INSERT INTO members VALUES ($1)", "INSERT INTO members VALUES ($1)"]
+    w.close()

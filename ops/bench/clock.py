@@ -1,0 +1,134 @@
+"""The benchmark's one clock: every run is timed by the same wrapper around its handler.
+
+Rules
+- The clock is ``time.monotonic()`` (Linux ``CLOCK_MONOTONIC``): one system-wide clock, so
+  marks taken in several processes (the harness, a baseline, one or three workers) compare
+  directly. PostgreSQL's clock would also be shared, but reading it costs a statement per
+  batch inside the measured transaction, and run (a) has no database.
+- A run's span is first record handed to processing (the first handler call begins) to
+  last batch processed (the last handler call returned). Every run with a database pays the
+  same single COMMIT round trip after that last return, which the span leaves out (about a
+  millisecond against seconds). Run (a) has no handler: it marks around ``to_record``.
+- ``Marks`` are written atomically (``os.replace``) at most every ``FLUSH_S`` and once more
+  ``FLUSH_S`` after the latest batch, so the final marks land without a shutdown hook; the
+  harness polls files, never the database, so it takes no CPU from the measured run.
+- ``clocked`` is a handler factory (``fencectl run --handler ops.bench.clock:clocked
+  --handler-setting clock_file=PATH``): the reference handler for the run's schema, or
+  with ``handler=accept`` one that accepts every record and writes nothing (memory runs
+  with 1 MiB records).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from fencing.handler import HandlerContext, declaration_of, handler, handler_factory
+from fencing.store import HandlerFn
+from fencing.types import ACCEPT, SourceRecord, Verdict
+from ops.reference.pg import ensure_tables, make_pg_handler
+
+__all__ = ["FLUSH_S", "Marks", "accept_all", "clocked", "combined", "wrap"]
+
+FLUSH_S = 0.5  # a flush costs ~1 ms: 0.1 s took ~1% of the measured CPU (py-spy)
+
+
+class Marks:
+    """First handler call, last handler return and records handled, flushed to ``path``."""
+
+    def __init__(self, path: str | Path, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = Path(path)
+        self.first: float | None = None
+        self.last: float | None = None
+        self.records = 0
+        self.batches = 0
+        self._clock = clock
+        self._written = 0.0
+        self._pending: asyncio.TimerHandle | None = None
+
+    def begin(self) -> None:
+        if self.first is None:
+            self.first = self._clock()
+
+    def end(self, records: int) -> None:
+        self.last = self._clock()
+        self.records += records
+        self.batches += 1
+        if self.last - self._written >= FLUSH_S:
+            self.flush()
+        elif self._pending is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self.flush()
+                return
+            self._pending = loop.call_later(FLUSH_S, self.flush)
+
+    def flush(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
+        self._written = self._clock()
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"first": self.first, "last": self.last,
+                                   "records": self.records, "batches": self.batches,
+                                   "pid": os.getpid()}))
+        os.replace(tmp, self.path)
+
+
+def wrap(inner: HandlerFn, marks: Marks) -> HandlerFn:
+    """``inner`` timed by ``marks`` (keeps its declaration)."""
+
+    async def timed(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
+        marks.begin()
+        out = await inner(conn, records)
+        marks.end(len(records))
+        return list(out)
+
+    decl = declaration_of(inner)
+    return handler(durability=decl.durability.value, effects=decl.effects.value)(timed)
+
+
+@handler(durability="durable-critical", effects="transactional")
+async def accept_all(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
+    """Accepts every record and writes nothing (the fence row still moves)."""
+    return [ACCEPT] * len(records)
+
+
+async def _ensure(conn: Any, context: HandlerContext) -> None:
+    await ensure_tables(conn, context.schema)
+
+
+@handler_factory(ensure_tables=_ensure)
+def clocked(context: HandlerContext) -> HandlerFn:
+    """The timed handler of a benchmark worker run (see the module Rules)."""
+    inner = (accept_all if context.settings.get("handler") == "accept"
+             else make_pg_handler(schema=context.schema))
+    return wrap(inner, Marks(context.settings["clock_file"]))
+
+
+def read(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    out = []
+    for p in paths:
+        try:
+            out.append(json.loads(p.read_text()))
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+    return out
+
+
+def combined(paths: Iterable[Path]) -> dict[str, Any]:
+    """One run's span over the marks of all its processes: earliest first, latest last."""
+    marks = [m for m in read(paths) if m.get("first") is not None]
+    if not marks:
+        return {"records": 0, "elapsed_s": 0.0}
+    first = min(m["first"] for m in marks)
+    last = max(m["last"] for m in marks)
+    records, batches = sum(m["records"] for m in marks), sum(m.get("batches", 0) for m in marks)
+    return {"records": records, "elapsed_s": last - first, "first": first, "last": last,
+            "mean_batch": round(records / batches, 1) if batches else None}

@@ -1,0 +1,57 @@
+"""``python -m ops.bench.hotpath``: ns per record of the worker's own per-record steps.
+
+No services: synthetic confluent-kafka ``Message`` objects (100-byte values, one header,
+as ``fencectl produce``) go through the steps the worker runs for every record outside the
+handler: translation (``consumer.kafka.adapter.to_record``) and the partition buffer
+(``PartitionBuffer.add`` then ``take_batch`` in 500-record batches). Best of ``--repeat``
+rounds. Optimisations of these steps quote this command before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import timeit
+from typing import Any
+
+from confluent_kafka import Message
+
+from consumer.batching import PartitionBuffer
+from consumer.kafka.adapter import to_record
+
+
+def messages(n: int) -> list[Any]:
+    return [Message(topic="bench", partition=0, offset=i, key=b"doc-%07d" % (i % 1000),
+                    value=b"x" * 100, headers=[("traceparent", b"0" * 55)],
+                    timestamp=(1, 1_700_000_000_000 + i)) for i in range(n)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ops.bench.hotpath")
+    p.add_argument("--records", type=int, default=100_000)
+    p.add_argument("--repeat", type=int, default=7)
+    a = p.parse_args(argv)
+    msgs = messages(a.records)
+    records = [to_record(m) for m in msgs]
+
+    def translate() -> None:
+        for m in msgs:
+            to_record(m)
+
+    def buffer() -> None:
+        buf = PartitionBuffer(next_offset=0, max_records=500, max_bytes=1 << 20,
+                              queue_max_records=1 << 40, queue_max_bytes=1 << 40)
+        for i in range(0, len(records), 1000):
+            buf.add(records[i:i + 1000])
+            while len(buf) >= 500:
+                buf.take_batch()
+
+    out = {name: round(min(timeit.repeat(fn, number=1, repeat=a.repeat)) / a.records * 1e9)
+           for name, fn in (("to_record_ns", translate), ("buffer_add_take_ns", buffer))}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

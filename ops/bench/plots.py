@@ -1,0 +1,72 @@
+"""PNG charts of ``make bench`` next to its JSON (matplotlib: the ``bench`` extra).
+
+- ``throughput.png``: records/s per run (median), the ratios in the title.
+- ``scale.png``: assignment cost (claim + seek) against partitions per member, and
+  records/s against members on 12 partitions.
+Without matplotlib it writes nothing and says so (the JSON is the result; the charts show it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_all"]
+
+
+def write_all(result: dict[str, Any], folder: Path) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing (pip install -e '.[bench]'): no charts written")
+        return []
+    written = []
+    runs = result["runs"]
+    names = list(runs)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    rates = [runs[n]["records_per_s"] for n in names]
+    bars = ax.barh([runs[n].get("label", n) for n in names], rates, color="#4878a8")
+    ax.bar_label(bars, labels=[f"{r:,}" for r in rates], padding=3, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("records/s (median of repeats)")
+    ratio_text = "  ".join(f"{k.replace('_over_', '/')} {v}" for k, v in
+                           result["ratios"].items() if v is not None)
+    ax.set_title(f"{result['count']:,} records, {result['partitions']} partitions\n{ratio_text}",
+                 fontsize=9)
+    fig.tight_layout()
+    written.append(folder / "throughput.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+    scale = result.get("scale")
+    if scale:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5))
+        pts = [a for a in scale["assignment"] if "claim_seek_s" in a]
+        left.plot([a["partitions"] for a in pts], [a["claim_seek_s"] * 1000 for a in pts],
+                  marker="o")
+        left.set_xscale("log", base=2)
+        left.set_xlabel("partitions assigned to one member")
+        left.set_ylabel("claim + seek (ms)")
+        left.set_ylim(bottom=0)
+        joins = "\n".join(f"{j['setup']}: {j['join_to_all_committed_s']} s"
+                           for j in scale.get("join_3x48", []) if "join_to_all_committed_s" in j)
+        left.set_title("assignment cost (one member)", fontsize=9)
+        left.text(0.02, 0.97, f"3 members x 48 partitions,\njoin -> all committed:\n{joins}",
+                  transform=left.transAxes, fontsize=7, va="top")
+        members = scale["members_12_partitions"]
+        right.plot([m["members"] for m in members], [m["records_per_s"] for m in members],
+                   marker="o")
+        right.set_xticks([m["members"] for m in members])
+        right.set_xlabel("members (12 partitions)")
+        right.set_ylabel("records/s")
+        right.set_ylim(bottom=0)
+        backlog = scale.get("backlog", {})
+        right.set_title(f"scale-out; backlog {backlog.get('records', 0):,} drained by 3 in "
+                        f"{backlog.get('elapsed_s', 0)} s", fontsize=9)
+        fig.tight_layout()
+        written.append(folder / "scale.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    return written

@@ -1,0 +1,108 @@
+"""``make bench-profile``: the worker at full speed under py-spy (all threads, no idle).
+
+Produces ``--count`` reference records, starts one worker (the timed handler of
+``ops.bench.clock``), attaches ``py-spy record --format raw`` to it until the marks reach
+``--count``, then ranks functions by own samples (where the CPU was) and by inclusive
+samples, and writes ``artifacts/bench/profile.json`` plus the raw stacks. py-spy is in the
+``bench`` extra; it needs ptrace rights on the worker (root, or ``CAP_SYS_PTRACE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from ops.bench import clock
+from ops.bench.runs import ROOT, Run, env, fresh_schema, uid, worker_argv
+
+OUT = ROOT / "artifacts" / "bench" / "profile.json"
+_FRAME = re.compile(r"^(?P<func>.+?) \((?P<file>[^:]+)(?::\d+)?\)$")
+
+
+def _name(frame: str) -> str:
+    """``func (path/to/file.py:12)`` -> ``file.py:func`` relative to the repository."""
+    m = _FRAME.match(frame.strip())
+    if not m:
+        return frame.strip()
+    path = m["file"]
+    for marker in ("/site-packages/", str(ROOT) + "/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+    return f"{path}:{m['func']}"
+
+
+def rank(raw: str, top: int = 10) -> dict[str, Any]:
+    """Own and inclusive samples per function from py-spy's raw (collapsed) stacks."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = [_name(f) for f in stack.split(";")]
+        frames = [f for f in frames if not f.startswith(("process ", "thread "))]
+        if not frames:
+            continue
+        total += n
+        own[frames[-1]] += n
+        for f in set(frames):
+            inclusive[f] += n
+    def share(c: Counter[str]) -> list[dict[str, Any]]:
+        return [{"function": f, "samples": n, "share": round(n / max(total, 1), 3)}
+                for f, n in c.most_common(top)]
+    return {"samples": total, "own": share(own), "inclusive": share(inclusive)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ops.bench.profile")
+    p.add_argument("--count", type=int, default=200_000)
+    p.add_argument("--partitions", type=int, default=6)
+    p.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    p.add_argument("--out", type=Path, default=OUT)
+    a = p.parse_args(argv)
+    from ops.bench.worker import produce
+
+    dsn = os.environ["FENCE_DSN"]
+    topic = uid("prof")
+    produce(topic, a.count, a.partitions, 1)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-profile-"))
+    marks, raw = tmp / "marks.json", a.out.with_suffix(".raw.txt")
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    run = Run("profile", "profile", "worker")
+    worker = subprocess.Popen(worker_argv(run, topic, uid("gp"), fresh_schema(dsn), marks),
+                              env=env(), cwd=ROOT)
+    spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "-p",
+                            str(worker.pid), "--format", "raw", "-o", str(raw), "--rate",
+                            str(a.rate), "--nonblocking"], cwd=ROOT)
+    try:
+        while clock.combined([marks])["records"] < a.count and worker.poll() is None:
+            time.sleep(0.2)
+    finally:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        spy.wait(60)
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+    got = clock.combined([marks])
+    result = {"records": got["records"], "elapsed_s": round(got["elapsed_s"], 3),
+              "records_per_s": round(got["records"] / max(got["elapsed_s"], 1e-9)),
+              "py_spy_rate": a.rate, "raw": str(raw.relative_to(ROOT)),
+              **rank(raw.read_text())}
+    a.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""How one benchmark run is started and timed: baselines and workers, one clock.
+
+Rules
+- A run is a ``Run`` in a registry (``ops.bench.worker.RUNS``): a name (the JSON key), a
+  label (the chart and the README), a kind (``baseline``: ``ops.bench.baselines MODE``;
+  ``worker``: ``fencectl run`` with the timed handler ``ops.bench.clock:clocked``), extra
+  arguments, the topic it reads and how many members it starts. Adding a variant (a sink,
+  another batch size) is one more ``Run``; a ratio is one more entry of ``RATIOS``.
+- Every run gets its own group and schema (fresh effect tables), and is timed only by the
+  marks of ``ops.bench.clock`` (first handler call to last handler return, all processes
+  of the run on one ``CLOCK_MONOTONIC``). The harness waits by polling the marks files
+  every 0.2 s, never the database.
+- Peak memory is each process's ``ru_maxrss`` (``os.wait4``), the largest of the run's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ops.bench import clock
+from ops.operator.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+COOPERATIVE = ["--group-protocol", "classic", "--assignment-strategy", "cooperative-sticky",
+               "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500"]
+
+__all__ = ["COOPERATIVE", "ROOT", "Run", "env", "execute", "fresh_schema", "uid"]
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    label: str
+    kind: str  # "baseline" | "worker"
+    args: tuple[str, ...] = ()
+    topic: str = "main"  # which produced topic: "main" or "single" (the batch-1 subset)
+    members: int = 1
+    repeat: bool = True  # alternates with the other repeated runs ``--repeat`` times
+    handler: str = "reference"  # "reference" or "accept" (writes nothing but the fence)
+    settings: tuple[str, ...] = field(default_factory=tuple)  # extra --handler-setting
+
+
+def uid(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["OTEL_TRACES_EXPORTER"] = "none"
+    e["OTEL_METRICS_EXPORTER"] = "none"
+    e["PYTHONPATH"] = str(ROOT)
+    return e
+
+
+async def _schema(dsn: str) -> str:
+    from fencing.postgres.schema import migrate
+    from ops.reference.pg import ensure_tables
+
+    schema = uid("bench")
+    async with connection(dsn) as conn:
+        await migrate(conn, schema)
+        await ensure_tables(conn, schema)
+    return schema
+
+
+def fresh_schema(dsn: str) -> str:
+    return asyncio.run(_schema(dsn))
+
+
+def worker_argv(run: Run, topic: str, group: str, schema: str, clock_file: Path) -> list[str]:
+    return [PY, "-m", "ops.cli", "run", "--topic", topic, "--group", group, "--schema", schema,
+            "--log-level", "WARNING", *COOPERATIVE,
+            "--handler", "ops.bench.clock:clocked",
+            "--handler-setting", f"clock_file={clock_file}",
+            "--handler-setting", f"handler={run.handler}",
+            *(x for s in run.settings for x in ("--handler-setting", s)), *run.args]
+
+
+def _collect(procs: list[subprocess.Popen[bytes]], out: dict[int, tuple[int, int]]) -> bool:
+    """Reap the processes that ended (exit code, ru_maxrss KiB) into ``out`` (never through
+    ``Popen.poll``, which would lose the rusage); True once all ended."""
+    for proc in procs:
+        if proc.pid not in out:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                out[proc.pid] = (proc.returncode, usage.ru_maxrss)
+    return len(out) == len(procs)
+
+
+def _reap(procs: list[subprocess.Popen[bytes]], out: dict[int, tuple[int, int]],
+          timeout_s: float) -> list[tuple[int, int]]:
+    """Wait for every process (kill after ``timeout_s``); (exit code, ru_maxrss KiB) each."""
+    deadline = time.monotonic() + timeout_s
+    while not _collect(procs, out):
+        if time.monotonic() > deadline:
+            for proc in procs:
+                if proc.pid not in out:
+                    os.kill(proc.pid, signal.SIGKILL)
+        time.sleep(0.05)
+    return [out[p.pid] for p in procs]
+
+
+def execute(run: Run, topic: str, total: int, dsn: str, *,
+            timeout_s: float = 1800) -> dict[str, Any]:
+    """Start ``run`` on ``topic``, wait until its processes handled ``total`` records (by
+    their marks), stop them; the run's span, rate, peak RSS and exit codes."""
+    schema, group = fresh_schema(dsn), uid("gb" if run.kind == "baseline" else "gw")
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench-{run.name}-"))
+    files = [tmp / f"member-{i}.json" for i in range(run.members)]
+    procs: list[subprocess.Popen[bytes]] = []
+    for f in files:
+        if run.kind == "baseline":
+            argv = [PY, "-m", "ops.bench.baselines", *run.args, "--bootstrap",
+                    os.environ["KAFKA_BOOTSTRAP_SERVERS"], "--group", group, "--topic", topic,
+                    "--total", str(total), "--schema", schema, "--clock-file", str(f)]
+        else:
+            argv = worker_argv(run, topic, group, schema, f)
+        procs.append(subprocess.Popen(argv, env=env(), cwd=ROOT, stdout=subprocess.DEVNULL))
+    deadline = time.monotonic() + timeout_s
+    ended: dict[int, tuple[int, int]] = {}
+    got = clock.combined(files)
+    while got["records"] < total and time.monotonic() < deadline:
+        if _collect(procs, ended):
+            break
+        time.sleep(0.2)
+        got = clock.combined(files)
+    time.sleep(2 * clock.FLUSH_S)  # the last flush of every member
+    got = clock.combined(files)
+    for p in procs:
+        if p.pid not in ended:
+            os.kill(p.pid, signal.SIGTERM)  # not send_signal: its poll() would reap it
+    reaped = _reap(procs, ended, 60)
+    elapsed = got["elapsed_s"]
+    return {"records": got["records"], "elapsed_s": round(elapsed, 3),
+            "records_per_s": round(got["records"] / elapsed) if elapsed > 0 else 0,
+            "mean_batch": got.get("mean_batch"),
+            "peak_rss_mib": round(max(r for _, r in reaped) / 1024, 1),
+            "exit": [c for c, _ in reaped] if run.members > 1 else reaped[0][0],
+            "members": run.members}

@@ -1,0 +1,49 @@
+"""``make bench`` cannot rot: its quick mode (``BENCH_ARGS=--quick``) runs every registered
+run and the scale section on small sizes against the real services, and must produce a
+complete result (every run handled every record, every ratio, no failed scale step)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ops.bench.worker import RATIOS, RUNS
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_bench_produces_every_run_ratio_and_scale_point(services, tmp_path: Path) -> None:
+    out = tmp_path / "worker.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "ops.bench.worker", "--quick", "--out",
+                           str(out)], cwd=ROOT, env=env, capture_output=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["runs"]) == {r.name for r in RUNS}
+    for r in RUNS:
+        got = result["runs"][r.name]
+        want = result["count"] if r.topic == "main" else 300
+        assert got["records"] >= want and got["records_per_s"] > 0, (r.name, got)
+        assert got["exit"] == 0, (r.name, got)
+    assert set(result["ratios"]) == set(RATIOS)
+    assert all(v is not None and v > 0 for v in result["ratios"].values()), result["ratios"]
+    scale = result["scale"]
+    assert [a["partitions"] for a in scale["assignment"]] == [1, 8]
+    assert all("claim_seek_s" in a for a in scale["assignment"]), scale["assignment"]
+    assert all("join_to_all_committed_s" in j for j in scale["join_3x48"]), scale["join_3x48"]
+    assert [m["members"] for m in scale["members_12_partitions"]] == [1, 2, 3]
+    assert scale["backlog"]["records"] >= 20_000
+    assert scale["large_records"]["records"] >= 12
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:  # the bench extra is not installed: the JSON alone
+        return
+    for chart in ("throughput.png", "scale.png"):
+        assert (tmp_path / chart).stat().st_size > 1000, chart
