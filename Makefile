@@ -90,10 +90,12 @@ bench: stack-up
 	$(BIN)/pip install -q -e '.[bench]'
 	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.worker $(BENCH_ARGS)
 
-# the table sink alone: its write methods per batch (printed), then its worker run -> artifacts/bench/worker_sink.json
+# the table sink alone: its write methods per batch (printed), then its b/b'/e/c runs (same
+# clock and registry as make bench) -> artifacts/bench/worker_sink.json and its chart
 bench-sink: stack-up
+	$(BIN)/pip install -q -e '.[bench]'
 	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.sink && \
-		$(BIN)/python -m ops.bench.worker --sink-only
+		$(BIN)/python -m ops.bench.worker --sink-only $(BENCH_ARGS)
 
 # the README's "run it": stack, migrate, topic, produce, two workers, one leaves, status, traces
 demo: stack-up

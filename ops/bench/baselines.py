@@ -17,6 +17,10 @@ writes its marks to ``--clock-file``; batches are cut by ``consumer.batching``'s
 - ``memory`` (e): the database ceiling: the records are read from the topic into memory
   first (untimed), then the same handler runs over the same batches with the same
   concurrency, in plain transactions, with no Kafka at all.
+
+The handler is the reference handler, or with ``--sink TABLE [--sink-key COL]`` the table
+sink (the same factory and spec the worker's sink runs build: ``ops.bench.clock.sink_spec``,
+its table created in ``--schema`` before the first record).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from consumer.batching import Flow, PartitionBuffer
 from consumer.config import WorkerConfig
 from consumer.kafka.adapter import to_record
 from fencing.types import SourceRecord
-from ops.bench.clock import Marks, wrap
+from ops.bench.clock import Marks, sink_spec, wrap
 from ops.reference.pg import make_pg_handler
 
 Key = tuple[str, int]
@@ -231,9 +235,18 @@ MODES = {"pipelined": run_pipelined, "stop-and-wait": run_stop_and_wait, "memory
 async def _with_db(a: argparse.Namespace, marks: Marks) -> None:
     import asyncpg
 
-    handler = wrap(make_pg_handler(schema=a.schema), marks)
+    from fencing.postgres.sink import ensure_table, make_table_sink
+
     pool = await asyncpg.create_pool(os.environ["FENCE_DSN"], min_size=a.db_concurrency,
                                      max_size=a.db_concurrency)
+    if a.sink is None:
+        handler = wrap(make_pg_handler(schema=a.schema), marks)
+    else:
+        spec = sink_spec({"table": a.sink, **({"key": a.sink_key} if a.sink_key else {})},
+                         a.schema)
+        async with pool.acquire() as conn:
+            await ensure_table(conn, spec)
+        handler = wrap(make_table_sink(spec), marks)
 
     async def apply(records: list[SourceRecord]) -> None:
         async with pool.acquire() as conn, conn.transaction():
@@ -258,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schema", default="fence")
     p.add_argument("--batch-max-records", type=int, default=defaults.batch_max_records)
     p.add_argument("--db-concurrency", type=int, default=defaults.db_concurrency)
+    p.add_argument("--sink", default=None, metavar="TABLE",
+                   help="the table sink into TABLE (in --schema) instead of the reference handler")
+    p.add_argument("--sink-key", default=None, metavar="COLUMN", help="with --sink: upsert key")
     a = p.parse_args(argv)
     marks = Marks(a.clock_file)
     if a.mode == "raw":

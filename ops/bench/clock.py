@@ -15,7 +15,10 @@ Rules
 - ``clocked`` is a handler factory (``fencectl run --handler ops.bench.clock:clocked
   --handler-setting clock_file=PATH``): the reference handler for the run's schema, or
   with ``handler=accept`` one that accepts every record and writes nothing (memory runs
-  with 1 MiB records).
+  with 1 MiB records), or with ``handler=sink`` the built-in table sink
+  (``fencing.postgres.sink:table_sink``) with the remaining settings (``table``, ``key``,
+  ``method``) passed through as ``fencectl run --sink`` passes them; an unqualified
+  ``table`` is placed in the run's schema, so every run writes a fresh table.
 """
 
 from __future__ import annotations
@@ -24,16 +27,17 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fencing.handler import HandlerContext, declaration_of, handler, handler_factory
+from fencing.postgres.sink import SinkSpec, ensure_table, make_table_sink
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, SourceRecord, Verdict
 from ops.reference.pg import ensure_tables, make_pg_handler
 
-__all__ = ["FLUSH_S", "Marks", "accept_all", "clocked", "combined", "wrap"]
+__all__ = ["FLUSH_S", "Marks", "accept_all", "clocked", "combined", "sink_spec", "wrap"]
 
 FLUSH_S = 0.5  # a flush costs ~1 ms: 0.1 s took ~1% of the measured CPU (py-spy)
 
@@ -100,14 +104,30 @@ async def accept_all(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict
     return [ACCEPT] * len(records)
 
 
+_OWN = ("clock_file", "handler")  # the clock's settings; the rest belong to the sink
+
+
+def sink_spec(settings: Mapping[str, str], schema: str) -> SinkSpec:
+    """The table sink's spec from a run's settings (an unqualified table in ``schema``)."""
+    rest = {k: v for k, v in settings.items() if k not in _OWN}
+    if "." not in rest.get("table", "."):
+        rest["table"] = f"{schema}.{rest['table']}"
+    return SinkSpec.from_settings(rest)
+
+
 async def _ensure(conn: Any, context: HandlerContext) -> None:
-    await ensure_tables(conn, context.schema)
+    if context.settings.get("handler") == "sink":
+        await ensure_table(conn, sink_spec(context.settings, context.schema))
+    else:
+        await ensure_tables(conn, context.schema)
 
 
 @handler_factory(ensure_tables=_ensure)
 def clocked(context: HandlerContext) -> HandlerFn:
     """The timed handler of a benchmark worker run (see the module Rules)."""
-    inner = (accept_all if context.settings.get("handler") == "accept"
+    kind = context.settings.get("handler")
+    inner = (accept_all if kind == "accept"
+             else make_table_sink(sink_spec(context.settings, context.schema)) if kind == "sink"
              else make_pg_handler(schema=context.schema))
     return wrap(inner, Marks(context.settings["clock_file"]))
 

@@ -44,10 +44,10 @@ class Run:
     label: str
     kind: str  # "baseline" | "worker"
     args: tuple[str, ...] = ()
-    topic: str = "main"  # which produced topic: "main" or "single" (the batch-1 subset)
+    topic: str = "main"  # which produced topic: "main", "single" (the batch-1 subset), "sink"
     members: int = 1
     repeat: bool = True  # alternates with the other repeated runs ``--repeat`` times
-    handler: str = "reference"  # "reference" or "accept" (writes nothing but the fence)
+    handler: str = "reference"  # "reference", "accept" (only the fence) or "sink" (table sink)
     settings: tuple[str, ...] = field(default_factory=tuple)  # extra --handler-setting
 
 

@@ -6,7 +6,11 @@ process(es) with its own group and schema, timed by one clock (``ops.bench.clock
 (a) raw consumption without a database; (b) a pipelined unfenced at-least-once consumer;
 (b') today's stop-and-wait unfenced consumer; (e) the database ceiling (the same handler
 over the same records from memory, no Kafka); (c) the worker; (d) the worker with batches
-of one on the first ``--single-count`` records of a second topic (a rate). The repeated
+of one on the first ``--single-count`` records of a second topic (a rate). The table sink
+(``fencectl run --sink``) gets the same b/b'/e/c runs on a third topic of ``--count``
+100-byte JSON values (``ops.bench.sink.produce_values``), upserting on ``id`` into a fresh
+table per run, and one worker run in insert mode (no key); ``--sink-only`` runs just those
+(``make bench-sink``). The repeated
 runs alternate ``--repeat`` times on the same data; the median by records/s is reported.
 Then scale (``ops.bench.scale``): assignment cost, join → first commit, members 1..3, the
 backlog drain and memory. Results: ``artifacts/bench/worker.json`` and PNG charts next to
@@ -26,14 +30,13 @@ from typing import Any
 
 from ops.bench import scale
 from ops.bench.runs import ROOT, Run, env, execute, uid
+from ops.bench.sink import produce_values
 
 OUT = ROOT / "artifacts" / "bench" / "worker.json"
 PY = sys.executable
 
 #: every throughput run, in the order they are run (see ``ops.bench.runs.Run``). A variant
-#: (the table sink once ``fencectl run --sink table=NAME`` exists) is one more entry here,
-#: e.g. ``Run("c_table_sink", "(c) table sink", "worker", ("--sink", "table=bench_sink"))``,
-#: and its ratios one more line of ``RATIOS``.
+#: is one more entry here and its ratios one more line of ``RATIOS``.
 RUNS: list[Run] = [
     Run("a_raw", "(a) raw consume, no DB", "baseline", ("raw",), repeat=False),
     Run("a_raw_aioconsumer", "(a') raw via AIOConsumer", "baseline", ("raw-aio",),
@@ -46,14 +49,33 @@ RUNS: list[Run] = [
     Run("d_fenceworker_batch1", "(d) fenceworker, batch 1", "worker",
         ("--batch-max-records", "1"), topic="single", repeat=False),
 ]
+#: the table sink's runs: same clock, 100-byte JSON values, upsert on ``id`` (insert: no key)
+SINK = ("--sink", "bench_sink", "--sink-key", "id")
+SINK_RUNS: list[Run] = [
+    Run("b_sink_pipelined", "(b) sink: unfenced, pipelined", "baseline",
+        ("pipelined", *SINK), topic="sink"),
+    Run("b_prime_sink_stop_and_wait", "(b') sink: unfenced, stop-and-wait", "baseline",
+        ("stop-and-wait", *SINK), topic="sink"),
+    Run("e_sink_db_ceiling", "(e) sink: DB ceiling, from memory", "baseline",
+        ("memory", *SINK), topic="sink"),
+    Run("c_sink_fenceworker", "(c) sink: fenceworker, upsert", "worker", topic="sink",
+        handler="sink", settings=("table=bench_sink", "key=id")),
+    Run("c_sink_insert", "(c) sink: fenceworker, insert", "worker", topic="sink",
+        handler="sink", settings=("table=bench_sink",), repeat=False),
+]
+RUNS += SINK_RUNS
 #: ratio name -> (numerator run, denominator run), of records/s
 RATIOS: dict[str, tuple[str, str]] = {
     "c_over_b": ("c_fenceworker", "b_pipelined"),
     "c_over_b_prime": ("c_fenceworker", "b_prime_stop_and_wait"),
     "c_over_e": ("c_fenceworker", "e_db_ceiling"),
     "c_over_d": ("c_fenceworker", "d_fenceworker_batch1"),
+    "c_sink_over_b_sink": ("c_sink_fenceworker", "b_sink_pipelined"),
+    "c_sink_over_b_prime_sink": ("c_sink_fenceworker", "b_prime_sink_stop_and_wait"),
+    "c_sink_over_e_sink": ("c_sink_fenceworker", "e_sink_db_ceiling"),
 }
-TARGETS = {"c_over_b": 0.95, "c_over_e": 0.8, "c_over_d": 10}
+TARGETS = {"c_over_b": 0.95, "c_over_e": 0.8, "c_over_d": 10,
+           "c_sink_fenceworker_records_per_s": 60_000}
 
 
 def produce(topic: str, count: int, partitions: int, seed: int) -> None:
@@ -85,6 +107,8 @@ def throughput(runs: list[Run], topics: dict[str, tuple[str, int]], repeat: int,
 def ratios(runs: dict[str, Any]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for name, (num, den) in RATIOS.items():
+        if num not in runs and den not in runs:  # neither was chosen (--only, --sink-only)
+            continue
         if num in runs and den in runs and runs[den]["records_per_s"]:
             out[name] = round(runs[num]["records_per_s"] / runs[den]["records_per_s"], 3)
         else:
@@ -101,20 +125,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="small sizes, one repeat, small scale section (smoke test)")
     p.add_argument("--only", default="", help="comma-separated run names (default: all)")
+    p.add_argument("--sink-only", action="store_true",
+                   help="only the table sink's runs, no scale section (make bench-sink)")
     p.add_argument("--no-scale", action="store_true", help="skip the scale section")
     p.add_argument("--out", type=Path, default=OUT)
     a = p.parse_args(argv)
     if a.quick:
         a.count, a.single_count, a.repeat = min(a.count, 6_000), min(a.single_count, 300), 1
+    if a.sink_only:
+        a.only, a.no_scale = ",".join(r.name for r in SINK_RUNS), True
+        if a.out == OUT:
+            a.out = OUT.with_name("worker_sink.json")
     dsn = os.environ["FENCE_DSN"]
-    topic, single = uid("bench"), uid("bench1")
-    print(f"producing {a.count} records to {topic} ...", flush=True)
-    produce(topic, a.count, a.partitions, 1)
-    produce(single, a.single_count, a.partitions, 2)
     only = {n for n in a.only.split(",") if n}
     chosen = [r for r in RUNS if not only or r.name in only]
-    runs = throughput(chosen, {"main": (topic, a.count), "single": (single, a.single_count)},
-                      a.repeat, dsn)
+    topics = {"main": (uid("bench"), a.count), "single": (uid("bench1"), a.single_count),
+              "sink": (uid("benchsink"), a.count)}
+    for kind in sorted({r.topic for r in chosen}):
+        name, count = topics[kind]
+        print(f"producing {count} records to {name} ...", flush=True)
+        if kind == "sink":
+            produce_values(name, count, a.partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"])
+        else:
+            produce(name, count, a.partitions, 1 if kind == "main" else 2)
+    runs = throughput(chosen, topics, a.repeat, dsn)
     if "d_fenceworker_batch1" in runs:
         runs["d_fenceworker_batch1"]["note"] = (
             f"measured on {a.single_count} records of the same generator (a rate)")
@@ -123,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
                     "python": platform.python_version()},
         "count": a.count, "partitions": a.partitions, "repeat": a.repeat, "quick": a.quick,
         "clock": "CLOCK_MONOTONIC, first handler call -> last handler return (ops.bench.clock)",
+        "sink": "table sink: 100-byte JSON values, upsert on id (c_sink_insert: no key), "
+                "binary COPY (the default method)",
         "runs": runs, "ratios": ratios(runs), "targets": TARGETS,
     }
     if not a.no_scale:
