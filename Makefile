@@ -101,10 +101,12 @@ bench-sink: stack-up
 demo: stack-up
 	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.demo
 
-# the worker at full speed under py-spy (all threads): top functions -> artifacts/bench/profile.json
+# the worker at full speed under py-spy (all threads): top functions -> artifacts/bench/profile.json,
+# then the table sink's run -> artifacts/bench/profile_sink.json
 bench-profile: stack-up
 	$(BIN)/pip install -q -e '.[bench]'
-	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.profile $(BENCH_ARGS)
+	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.profile $(BENCH_ARGS) && \
+		$(BIN)/python -m ops.bench.profile --sink $(BENCH_ARGS)
 
 # apply the fence schema migrations to FENCE_DSN (FENCE_SCHEMA, default fence)
 migrate: setup

@@ -3,8 +3,11 @@
 No services: synthetic confluent-kafka ``Message`` objects (100-byte values, one header,
 as ``fencectl produce``) go through the steps the worker runs for every record outside the
 handler: translation (``consumer.kafka.adapter.to_record``) and the partition buffer
-(``PartitionBuffer.add`` then ``take_batch`` in 500-record batches). Best of ``--repeat``
-rounds. Optimisations of these steps quote this command before and after.
+(``PartitionBuffer.add`` then ``take_batch`` in 500-record batches); and the table sink's
+per-record conversion (``fencing.postgres.sink.rows.convert``) of the benchmark's 100-byte
+JSON values (``ops.bench.sink.sink_value``) into the layout of the table it creates with a
+key column (upsert on ``id``). Best of ``--repeat`` rounds. Optimisations of these steps
+quote this command before and after.
 """
 
 from __future__ import annotations
@@ -19,6 +22,15 @@ from confluent_kafka import Message
 
 from consumer.batching import PartitionBuffer
 from consumer.kafka.adapter import to_record
+from fencing.postgres.sink.rows import Column, Layout, convert
+from fencing.types import SourceRecord
+from ops.bench.sink import sink_value
+
+#: the layout ``fencing.postgres.sink.catalog.create_ddl`` gives a table with key ``id``
+SINK_LAYOUT = Layout((Column("id", "text", True), Column("payload", "jsonb", True),
+                      Column("kafka_topic", "text", True), Column("kafka_partition", "int4", True),
+                      Column("kafka_offset", "int8", True), Column("kafka_key", "text"),
+                      Column("kafka_timestamp", "timestamptz")), key="id")
 
 
 def messages(n: int) -> list[Any]:
@@ -47,8 +59,17 @@ def main(argv: list[str] | None = None) -> int:
             while len(buf) >= 500:
                 buf.take_batch()
 
+    values = [SourceRecord("bench", 0, i, b"o%d" % i, sink_value(i),
+                           timestamp_ms=1_700_000_000_000 + i)
+              for i in range(a.records)]
+
+    def sink_convert() -> None:
+        for r in values:
+            convert(SINK_LAYOUT, r)
+
     out = {name: round(min(timeit.repeat(fn, number=1, repeat=a.repeat)) / a.records * 1e9)
-           for name, fn in (("to_record_ns", translate), ("buffer_add_take_ns", buffer))}
+           for name, fn in (("to_record_ns", translate), ("buffer_add_take_ns", buffer),
+                            ("sink_convert_ns", sink_convert))}
     print(json.dumps(out))
     return 0
 

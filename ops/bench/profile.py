@@ -3,7 +3,9 @@
 Produces ``--count`` reference records, starts one worker (the timed handler of
 ``ops.bench.clock``), attaches ``py-spy record --format raw`` to it until the marks reach
 ``--count``, then ranks functions by own samples (where the CPU was) and by inclusive
-samples, and writes ``artifacts/bench/profile.json`` plus the raw stacks. py-spy is in the
+samples, and writes ``artifacts/bench/profile.json`` plus the raw stacks. ``--sink``: the
+table sink's worker run instead (100-byte JSON values, upsert on ``id``, as ``make bench``'s
+``c_sink_fenceworker``) -> ``artifacts/bench/profile_sink.json``. py-spy is in the
 ``bench`` extra; it needs ptrace rights on the worker (root, or ``CAP_SYS_PTRACE``).
 """
 
@@ -70,17 +72,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=200_000)
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--sink", action="store_true", help="profile the table sink's run")
+    p.add_argument("--out", type=Path, default=None)
     a = p.parse_args(argv)
-    from ops.bench.worker import produce
+    from ops.bench.worker import SINK_RUNS, produce, produce_values
 
     dsn = os.environ["FENCE_DSN"]
     topic = uid("prof")
-    produce(topic, a.count, a.partitions, 1)
+    if a.sink:
+        produce_values(topic, a.count, a.partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"])
+        run = next(r for r in SINK_RUNS if r.name == "c_sink_fenceworker")
+    else:
+        produce(topic, a.count, a.partitions, 1)
+        run = Run("profile", "profile", "worker")
+    a.out = a.out or (OUT.with_name("profile_sink.json") if a.sink else OUT)
     tmp = Path(tempfile.mkdtemp(prefix="bench-profile-"))
     marks, raw = tmp / "marks.json", a.out.with_suffix(".raw.txt")
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    run = Run("profile", "profile", "worker")
     worker = subprocess.Popen(worker_argv(run, topic, uid("gp"), fresh_schema(dsn), marks),
                               env=env(), cwd=ROOT)
     spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "-p",
