@@ -40,7 +40,7 @@ from fencing.errors import ConfigError
 from fencing.handler import HandlerContext, handler, handler_factory
 from fencing.postgres.sink.catalog import Method, SinkSpec, Target, ensure_table, read_layout
 from fencing.postgres.sink.catalog import quote as _quote
-from fencing.postgres.sink.rows import Delete, Misfit, Upsert, convert, last_wins
+from fencing.postgres.sink.rows import Delete, Misfit, Upsert, converter, last_wins
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, Reject, SourceRecord, Verdict
 
@@ -57,6 +57,7 @@ class _Writer:
         self.t = target
         self.method = method
         self.key = target.layout.key
+        self.convert = converter(target.layout)
         self.stage = f"fence_sink_stage_{zlib.crc32(target.quoted.encode()):08x}"
         cols = ", ".join(_quote(c.name) for c in target.layout.columns)
         self.make_stage = (f"SET LOCAL client_min_messages = warning; CREATE TEMP TABLE IF NOT "
@@ -149,9 +150,10 @@ def make_table_sink(spec: SinkSpec) -> HandlerFn:
         writer = writers[0]
         verdicts: list[Verdict] = [ACCEPT] * len(records)
         ops: list[tuple[int, Upsert | Delete]] = []
+        convert = writer.convert
         for i, record in enumerate(records):
             try:
-                ops.append((i, convert(writer.t.layout, record)))
+                ops.append((i, convert(record)))
             except Misfit as exc:
                 verdicts[i] = Reject(f"table sink: {exc}")
         if ops and await _in_savepoint(conn, lambda: writer.write(conn, [o for _, o in ops])):

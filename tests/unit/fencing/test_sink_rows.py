@@ -47,9 +47,20 @@ def test_fields_map_to_columns_by_name_and_reserved_columns_come_from_the_record
                    "u": uuid.UUID(u), "tag": "ab", "doc": '{"x":[1]}',
                    "payload": json.dumps({"id": "a", "n": 5, "amount": 1.5, "ok": True, "u": u,
                                           "tag": "ab", "doc": {"x": [1]}, "extra": 1,
-                                          "kafka_offset": 99}, separators=(",", ":")),
+                                          "kafka_offset": 99}),  # jsonb: the value's own text
                    "kafka_offset": 7, "kafka_key": "k1"}
     assert "at" not in got  # absent with a default: the database's default
+
+
+def test_a_json_or_text_payload_and_a_value_not_in_utf8_get_the_compact_re_encoding() -> None:
+    value = {"id": "a", "amount": 1}
+    compact = '{"id":"a","amount":1}'
+    for type_name in ("json", "text"):
+        op = convert(Layout((Column("payload", type_name),)), rec(value))
+        assert isinstance(op, Upsert) and op.values == (compact,), type_name
+    for raw in (b"\xef\xbb\xbf" + json.dumps(value).encode(), json.dumps(value).encode("utf-16")):
+        op = convert(Layout((Column("payload", "jsonb"),)), rec(raw))  # json.loads reads both
+        assert isinstance(op, Upsert) and op.values == (compact,), raw
 
 
 def test_timestamps_naive_read_as_utc() -> None:
