@@ -1,6 +1,8 @@
 """PNG charts of ``make bench`` next to its JSON (matplotlib: the ``bench`` extra).
 
-- ``throughput.png``: records/s per run (median), the ratios in the title.
+- ``throughput.png``: records/s per run (median), the ratios in the title (the reference
+  handler's on one line, the table sink's on the next); ``throughput_sink.png`` for
+  ``--sink-only`` (``make bench-sink``), so it never replaces ``make bench``'s chart.
 - ``scale.png``: assignment cost (claim + seek) against partitions per member, and
   records/s against members on 12 partitions.
 Without matplotlib it writes nothing and says so (the JSON is the result; the charts show it).
@@ -14,7 +16,7 @@ from typing import Any
 __all__ = ["write_all"]
 
 
-def write_all(result: dict[str, Any], folder: Path) -> list[Path]:
+def write_all(result: dict[str, Any], folder: Path, suffix: str = "") -> list[Path]:
     try:
         import matplotlib
 
@@ -26,18 +28,20 @@ def write_all(result: dict[str, Any], folder: Path) -> list[Path]:
     written = []
     runs = result["runs"]
     names = list(runs)
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 2 + 0.35 * len(names)))
     rates = [runs[n]["records_per_s"] for n in names]
     bars = ax.barh([runs[n].get("label", n) for n in names], rates, color="#4878a8")
     ax.bar_label(bars, labels=[f"{r:,}" for r in rates], padding=3, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("records/s (median of repeats)")
-    ratio_text = "  ".join(f"{k.replace('_over_', '/')} {v}" for k, v in
-                           result["ratios"].items() if v is not None)
+    ratio_text = "\n".join("  ".join(f"{k.replace('_over_', '/')} {v}" for k, v in
+                                     result["ratios"].items()
+                                     if v is not None and ("sink" in k) == sink)
+                           for sink in (False, True))
     ax.set_title(f"{result['count']:,} records, {result['partitions']} partitions\n{ratio_text}",
                  fontsize=9)
     fig.tight_layout()
-    written.append(folder / "throughput.png")
+    written.append(folder / f"throughput{suffix}.png")
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
     scale = result.get("scale")

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     a.out.write_text(json.dumps(result, indent=2) + "\n")
     from ops.bench import plots
 
-    charts = plots.write_all(result, a.out.parent)
+    charts = plots.write_all(result, a.out.parent, "_sink" if a.sink_only else "")
     print(json.dumps(result["ratios"], indent=2))
     print("wrote", a.out, *(str(c) for c in charts))
     return 0
