@@ -5,7 +5,10 @@ Produces ``--count`` reference records, starts one worker (the timed handler of
 ``--count``, then ranks functions by own samples (where the CPU was) and by inclusive
 samples, and writes ``artifacts/bench/profile.json`` plus the raw stacks. ``--sink``: the
 table sink's worker run instead (100-byte JSON values, upsert on ``id``, as ``make bench``'s
-``c_sink_fenceworker``) -> ``artifacts/bench/profile_sink.json``. py-spy is in the
+``c_sink_fenceworker``) -> ``artifacts/bench/profile_sink.json``. Next to the profile it
+reports where the machine's CPU went over the measured span (``cpu``: seconds and share of
+all cores, from ``/proc``, for the worker, PostgreSQL's processes, Kafka's JVM and the rest
+of the machine), which tells whether the worker or the database is the limit. py-spy is in the
 ``bench`` extra; it needs ptrace rights on the worker (root, or ``CAP_SYS_PTRACE``).
 """
 
@@ -67,6 +70,41 @@ def rank(raw: str, top: int = 10) -> dict[str, Any]:
     return {"samples": total, "own": share(own), "inclusive": share(inclusive)}
 
 
+def _ticks() -> tuple[dict[int, tuple[str, int]], int]:
+    """Per process (comm, utime + stime in clock ticks), and the machine's busy ticks."""
+    procs: dict[int, tuple[str, int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1]
+            fields = rest.split()
+            procs[int(d.name)] = (comm, int(fields[11]) + int(fields[12]))
+    cpu = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return procs, sum(cpu) - cpu[3] - cpu[4]  # all but idle and iowait
+
+
+def cpu_share(before: tuple[dict[int, tuple[str, int]], int],
+              after: tuple[dict[int, tuple[str, int]], int], worker: int,
+              elapsed_s: float) -> dict[str, Any]:
+    """CPU seconds between two ``_ticks`` by group, and each as a share of all cores."""
+    hz = os.sysconf("SC_CLK_TCK")
+    groups: Counter[str] = Counter()
+    for pid, (comm, ticks) in after[0].items():
+        used = ticks - before[0].get(pid, (comm, 0))[1]
+        group = ("worker" if pid == worker else "postgres" if comm.startswith("postgres")
+                 else "kafka" if comm == "java" else "py-spy" if comm == "py-spy" else "")
+        if group:
+            groups[group] += used
+    groups["machine"] = after[1] - before[1]
+    cores = os.cpu_count() or 1
+    return {"elapsed_s": round(elapsed_s, 2), "cores": cores, **{
+        g: {"cpu_s": round(t / hz, 2), "share_of_all_cores": round(t / hz / elapsed_s / cores, 3)}
+        for g, t in groups.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ops.bench.profile")
     p.add_argument("--count", type=int, default=200_000)
@@ -94,9 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "-p",
                             str(worker.pid), "--format", "raw", "-o", str(raw), "--rate",
                             str(a.rate), "--nonblocking"], cwd=ROOT)
+    start: tuple[dict[int, tuple[str, int]], int] | None = None
     try:
         while clock.combined([marks])["records"] < a.count and worker.poll() is None:
-            time.sleep(0.2)
+            if start is None and clock.combined([marks])["records"]:
+                start, started = _ticks(), time.monotonic()
+            time.sleep(0.05 if start is None else 0.2)
+        end, ended = _ticks(), time.monotonic()
     finally:
         spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
         spy.wait(60)
@@ -106,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"records": got["records"], "elapsed_s": round(got["elapsed_s"], 3),
               "records_per_s": round(got["records"] / max(got["elapsed_s"], 1e-9)),
               "py_spy_rate": a.rate, "raw": str(raw.relative_to(ROOT)),
+              "load_average_1m": round(os.getloadavg()[0], 2),
+              "cpu": cpu_share(start, end, worker.pid, ended - started) if start else None,
               **rank(raw.read_text())}
     a.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
