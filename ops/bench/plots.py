@@ -34,10 +34,14 @@ def write_all(result: dict[str, Any], folder: Path, suffix: str = "") -> list[Pa
     ax.bar_label(bars, labels=[f"{r:,}" for r in rates], padding=3, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("records/s (median of repeats)")
-    ratio_text = "\n".join("  ".join(f"{k.replace('_over_', '/')} {v}" for k, v in
+    ratio_text = "\n".join(line for line in ("  ".join(f"{k.replace('_over_', '/')} {v}" for k, v in
                                      result["ratios"].items()
                                      if v is not None and ("sink" in k) == sink)
-                           for sink in (False, True))
+                           for sink in (False, True)) if line)
+    target = result.get("targets", {}).get("c_sink_fenceworker_records_per_s")
+    if target and any("sink" in n for n in names):  # the table sink's target
+        ax.axvline(target, color="#b04040", linestyle="--", linewidth=1)
+        ax.text(target, -0.6, f" sink target {target:,}", color="#b04040", fontsize=7)
     ax.set_title(f"{result['count']:,} records, {result['partitions']} partitions\n{ratio_text}",
                  fontsize=9)
     fig.tight_layout()
