@@ -24,14 +24,22 @@ Rules
 from __future__ import annotations
 
 import datetime as dt
-import decimal
 import json
 import math
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fencing.postgres.sink.values import (
+    CONVERT,
+    Column,
+    Misfit,
+    integer_value,
+    json_text,
+    key_text,
+    supported,
+    text_value,
+)
 from fencing.types import SourceRecord
 
 __all__ = [
@@ -49,26 +57,6 @@ __all__ = [
 
 RESERVED = ("payload", "kafka_topic", "kafka_partition", "kafka_offset", "kafka_key",
             "kafka_timestamp")
-_INT_BOUNDS = {"int2": 1 << 15, "int4": 1 << 31, "int8": 1 << 63}
-
-
-class Misfit(ValueError):
-    """A record that does not fit the table; its message is the quarantine reason."""
-
-
-@dataclass(frozen=True, slots=True)
-class Column:
-    """One writable column of the target table, as the catalog describes it."""
-
-    name: str
-    type_name: str  # pg_type.typname of the column's type (int4, text, jsonb, ...)
-    not_null: bool = False
-    has_default: bool = False
-    max_chars: int | None = None  # varchar(n) / char(n)
-
-    @property
-    def required(self) -> bool:
-        return self.not_null and not self.has_default
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,122 +86,11 @@ class Delete:
     key: Any
 
 
-def _integer(col: Column, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
-        else:
-            raise Misfit(f"column {col.name} ({col.type_name}): expected an integer, got "
-                         f"{json.dumps(v)[:40]}")
-    bound = _INT_BOUNDS[col.type_name]
-    if not -bound <= v < bound:
-        raise Misfit(f"column {col.name} ({col.type_name}): {v} is out of range")
-    return int(v)
-
-
-def _number(col: Column, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise Misfit(f"column {col.name} ({col.type_name}): expected a number, got "
-                     f"{json.dumps(v)[:40]}")
-    return float(v)
-
-
-def _numeric(col: Column, v: Any) -> decimal.Decimal:
-    if isinstance(v, bool) or not isinstance(v, int | float | str):
-        raise Misfit(f"column {col.name} (numeric): expected a number, got {json.dumps(v)[:40]}")
-    try:
-        d = decimal.Decimal(str(v))
-    except decimal.InvalidOperation:
-        raise Misfit(f"column {col.name} (numeric): {v!r} is not a number") from None
-    if not d.is_finite():
-        raise Misfit(f"column {col.name} (numeric): {v!r} is not finite")
-    return d
-
-
-def _text(col: Column, v: Any) -> str:
-    if isinstance(v, str):
-        s = v
-    elif isinstance(v, bool | int | float):
-        s = json.dumps(v)
-    else:
-        raise Misfit(f"column {col.name} ({col.type_name}): expected a string, got "
-                     f"{json.dumps(v)[:40]}")
-    if "\x00" in s:
-        raise Misfit(f"column {col.name}: text cannot hold a NUL character")
-    if col.max_chars is not None and len(s) > col.max_chars:
-        raise Misfit(f"column {col.name} ({col.type_name}({col.max_chars})): {len(s)} "
-                     "characters is too long")
-    return s
-
-
-def _boolean(col: Column, v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise Misfit(f"column {col.name} (bool): expected true or false, got "
-                     f"{json.dumps(v)[:40]}")
-    return v
-
-
-def _json(col: Column, v: Any) -> str:
-    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
-
-
-def _uuid(col: Column, v: Any) -> uuid.UUID:
-    if not isinstance(v, str):
-        raise Misfit(f"column {col.name} (uuid): expected a string, got {json.dumps(v)[:40]}")
-    try:
-        return uuid.UUID(v)
-    except ValueError:
-        raise Misfit(f"column {col.name} (uuid): {v!r} is not a UUID") from None
-
-
-def _iso(col: Column, v: Any) -> str:
-    if not isinstance(v, str):
-        raise Misfit(f"column {col.name} ({col.type_name}): expected an ISO-8601 string, got "
-                     f"{json.dumps(v)[:40]}")
-    return v
-
-
-def _timestamptz(col: Column, v: Any) -> dt.datetime:
-    try:
-        t = dt.datetime.fromisoformat(_iso(col, v))
-    except ValueError:
-        raise Misfit(f"column {col.name} (timestamptz): {v!r} is not ISO-8601") from None
-    return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)  # naive: read as UTC
-
-
-def _timestamp(col: Column, v: Any) -> dt.datetime:
-    try:
-        t = dt.datetime.fromisoformat(_iso(col, v))
-    except ValueError:
-        raise Misfit(f"column {col.name} (timestamp): {v!r} is not ISO-8601") from None
-    return t if t.tzinfo is None else t.astimezone(dt.UTC).replace(tzinfo=None)
-
-
-def _date(col: Column, v: Any) -> dt.date:
-    try:
-        return dt.date.fromisoformat(_iso(col, v))
-    except ValueError:
-        raise Misfit(f"column {col.name} (date): {v!r} is not an ISO-8601 date") from None
-
-
-_CONVERT: dict[str, Callable[[Column, Any], Any]] = {
-    "int2": _integer, "int4": _integer, "int8": _integer,
-    "float4": _number, "float8": _number, "numeric": _numeric,
-    "text": _text, "varchar": _text, "bpchar": _text, "name": _text,
-    "bool": _boolean, "json": _json, "jsonb": _json, "uuid": _uuid,
-    "timestamptz": _timestamptz, "timestamp": _timestamp, "date": _date,
-}
-
-
-def supported(type_name: str) -> bool:
-    """True when the sink can write a column of this ``pg_type.typname``."""
-    return type_name in _CONVERT
-
-
 def _payload(col: Column, record: SourceRecord, obj: Any, text: str | None) -> Any:
     if col.type_name == "jsonb" and text is not None:
         return text  # the value as it came: jsonb parses it the same as a re-encoding of obj
-    return _json(col, obj) if col.type_name in ("json", "jsonb") else _text(col, _json(col, obj))
+    return json_text(col, obj) if col.type_name in ("json", "jsonb") else text_value(
+        col, json_text(col, obj))
 
 
 def _reserved(col: Column) -> Callable[[SourceRecord, Any, str | None], Any]:
@@ -225,21 +102,14 @@ def _reserved(col: Column) -> Callable[[SourceRecord, Any, str | None], Any]:
     if name == "kafka_topic":
         return lambda record, obj, text: record.topic
     if name == "kafka_partition":
-        return lambda record, obj, text: _integer(col, record.partition)
+        return lambda record, obj, text: integer_value(col, record.partition)
     if name == "kafka_offset":
-        return lambda record, obj, text: _integer(col, record.offset)
+        return lambda record, obj, text: integer_value(col, record.offset)
     if name == "kafka_key":
-        return lambda record, obj, text: None if record.key is None else _key_text(
+        return lambda record, obj, text: None if record.key is None else key_text(
             col, record.key)
     return lambda record, obj, text: None if record.timestamp_ms is None else (  # timestamp
         dt.datetime.fromtimestamp(record.timestamp_ms / 1000, tz=dt.UTC))
-
-
-def _key_text(col: Column, key: bytes) -> str:
-    try:
-        return _text(col, key.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise Misfit(f"column {col.name}: the Kafka key is not UTF-8") from None
 
 
 def _parse(value: bytes) -> tuple[dict[str, Any], str | None]:
@@ -267,10 +137,10 @@ def _key_of(col: Column, record: SourceRecord, obj: dict[str, Any] | None) -> An
     if obj is not None and obj.get(col.name) is not None:
         raw = obj[col.name]
     elif record.key is not None:
-        raw = _key_text(col, record.key)
+        raw = key_text(col, record.key)
     else:
         raise Misfit(f"key column {col.name}: neither the value nor the Kafka key holds it")
-    return _CONVERT[col.type_name](col, raw)
+    return CONVERT[col.type_name](col, raw)
 
 
 _RESERVED, _KEY, _FIELD = 0, 1, 2
@@ -281,8 +151,8 @@ def converter(layout: Layout) -> Callable[[SourceRecord], Upsert | Delete]:
     column how it is filled (reserved, key or field) and the function that fills it."""
     plan: tuple[tuple[Column, int, Callable[..., Any]], ...] = tuple(
         (c, _RESERVED, _reserved(c)) if c.name in RESERVED
-        else (c, _KEY, _CONVERT[c.type_name]) if c.name == layout.key
-        else (c, _FIELD, _CONVERT[c.type_name]) for c in layout.columns)
+        else (c, _KEY, CONVERT[c.type_name]) if c.name == layout.key
+        else (c, _FIELD, CONVERT[c.type_name]) for c in layout.columns)
     key_col = layout.column(layout.key) if layout.key is not None else None
 
     def convert_one(record: SourceRecord) -> Upsert | Delete:
