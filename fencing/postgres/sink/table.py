@@ -86,8 +86,8 @@ class _Writer:
         """The fast path inside SAVEPOINT ``savepoint``: opened by the first statement and
         released by the last. An upsert by COPY sends the SAVEPOINT with the staging
         table's statement and the RELEASE with its set statement (one simple query each: a
-        batch of upserts costs three round trips, not five); a refusal inside leaves the
-        savepoint open, for ``ROLLBACK TO``."""
+        batch of upserts costs four round trips, the COPY's two included, not six); a
+        refusal inside leaves the savepoint open, for ``ROLLBACK TO``."""
         if self.key is not None:  # key order: batches sharing keys lock them in one order
             ops = sorted(last_wins(ops), key=lambda op: op.key)
         groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
