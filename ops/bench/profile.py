@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     got = clock.combined([marks])
     result = {"records": got["records"], "elapsed_s": round(got["elapsed_s"], 3),
               "records_per_s": round(got["records"] / max(got["elapsed_s"], 1e-9)),
-              "py_spy_rate": a.rate, "raw": str(raw.relative_to(ROOT)),
+              "py_spy_rate": a.rate,
+              "raw": str(raw.relative_to(ROOT) if raw.is_relative_to(ROOT) else raw),
               "load_average_1m": round(os.getloadavg()[0], 2),
               "cpu": cpu_share(start, end, worker.pid, ended - started) if start else None,
               **rank(raw.read_text())}
