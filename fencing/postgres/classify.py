@@ -31,6 +31,12 @@ tests/integration/test_lost_commit.py and tests/unit/test_classify.py)
   a note ("outcome unknown") and discards the connection; the cancelled lifetime stops and
   never writes again, and the next owner's claim fences whatever did commit.
 - Errors that are not foreign (``FenceError``, a handler's own exceptions) are not translated.
+- Inside the handler (``wrap_handler_error``): serialization failure 40001, deadlock 40P01,
+  lock not available 55P03 and lost connections are transient (a failure before COMMIT is
+  a known "not committed": the batch is rolled back and retried with backoff); a statement
+  in an aborted transaction (25P02, handler misuse) and deployment errors (classes 42 and 3F:
+  undefined table or column, permission, schema) keep their own classification and stop
+  the lifetime; any other error is poison (``fencing.failures``).
 - ``connection_suspect``: after a cancellation or a foreign error other than a server error
   reply (SQLSTATE outside class 08) the store discards the connection instead of using it.
 """
@@ -49,6 +55,7 @@ from fencing.errors import (
     ReadFailed,
     StatementRejected,
 )
+from fencing.failures import handler_failure
 
 __all__ = [
     "DETERMINISTIC_CLASSES",
@@ -56,8 +63,10 @@ __all__ = [
     "classify",
     "connection_suspect",
     "deterministic",
+    "handler_transient",
     "is_foreign",
     "translate",
+    "wrap_handler_error",
 ]
 
 
@@ -117,6 +126,30 @@ def connection_suspect(exc: BaseException) -> bool:
         return False
     state = _sqlstate(exc)
     return not (isinstance(exc, asyncpg.PostgresError) and state and not state.startswith("08"))
+
+
+_TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
+_NOT_WRAPPED_CLASSES = frozenset({"42", "3F"})
+_MISUSE_SQLSTATE = "25P02"
+
+
+def handler_transient(exc: BaseException) -> bool:
+    """True for an error of the handler's own statements that a retry may not repeat."""
+    state = _sqlstate(exc)
+    if state in _TRANSIENT_SQLSTATES or state.startswith("08") or state in _UNKNOWN_SQLSTATES:
+        return True
+    return isinstance(exc, asyncpg.InterfaceError | OSError | TimeoutError | EOFError) \
+        and not isinstance(exc, asyncpg.PostgresError)
+
+
+def wrap_handler_error(exc: Exception, what: str) -> Exception:
+    """What the store raises for ``exc`` from the handler: ``HandlerFailed`` (transient or
+    poison), or ``exc`` itself where the lifetime must stop (see the Rules)."""
+    state = _sqlstate(exc)
+    if isinstance(exc, asyncpg.PostgresError) and (
+            state == _MISUSE_SQLSTATE or state[:2] in _NOT_WRAPPED_CLASSES):
+        return exc
+    return handler_failure(exc, what=what, transient=handler_transient)
 
 
 def classify(exc: BaseException, phase: Phase) -> type[FenceError] | None:

@@ -52,7 +52,7 @@ def test_incoherent_handler_is_refused_at_load_naming_it_and_the_pair() -> None:
     assert done.returncode == 2
     line = one_line(done)
     assert "--handler tests.unit.ops.handlers_mixed:mailer" in line
-    assert "durability=durable-critical effects=external-non-idempotent" in line
+    assert "durability=durable-critical effects=loss-tolerant" in line
     # the module imports, and its coherent handler loads
     assert callable(load_handler("tests.unit.ops.handlers_mixed:ledger"))
 

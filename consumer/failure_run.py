@@ -1,0 +1,232 @@
+"""Handler failures of one partition: transient retries, bisection, quarantine, suspects.
+
+Rules (the decisions live in ``fencing.failures``; this module only sequences I/O)
+- Entered only after ``Lifecycle.process`` raised ``HandlerFailed`` (nothing applied), or
+  for the first batch of a *suspect* partition: a healthy partition never comes here, so
+  its batches cost what they cost before.
+- Transient: before each retry the attempt is counted durably (``record_attempt``, which
+  also re-checks the epoch) with the time of the retry; the backoff is waited through the
+  ``wait`` the caller gives (it ends early when the partition is revoked or the worker
+  stops); meanwhile the partition takes nothing new from its buffer, which fills and
+  pauses it, while the other partitions keep flowing (the retrying one keeps one of the
+  ``--db-concurrency`` slots). Every retry is a new
+  fenced transaction that also deletes the count (``clear_attempts``).
+- After ``--retry-max-attempts`` (or at once for poison) the batch is bisected
+  (``fencing.failures.Bisection``); each poison record is quarantined with the exception's
+  type, message and traceback digest in the transaction that moves the frontier past it;
+  the other records are applied exactly once. A handler declared ``on_failure="stop"``
+  fail-stops the lifetime instead (the ``HandlerFailed`` is raised).
+- ``outcome-uncertain`` handlers are never retried or bisected: a failed batch is
+  quarantined whole (its external effects may have happened), and a suspect record with an
+  earlier attempt is quarantined instead of tried again.
+- Suspect (``Attempts.suspect``): the frontier record alone; quarantined when its durable
+  count reached ``--max-attempts``, else its count is incremented first, then it is tried.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from consumer.observability.instruments import Instruments
+from consumer.ports import LifecyclePort
+from fencing.errors import HandlerFailed
+from fencing.failures import Attempts, Bisection, RetryPolicy, death_reason
+from fencing.handler import Declaration, Effects, OnFailure, check_verdicts
+from fencing.store import HandlerFn
+from fencing.types import Reject, SourceRecord, Token, TopicPartition, Verdict
+
+__all__ = ["FailureRun", "RetryInterrupted", "interruptible"]
+
+log = logging.getLogger("fenceworker.failures")
+
+Wait = Callable[[float], Awaitable[None]]
+
+
+class RetryInterrupted(Exception):
+    """A retry backoff ended early: the partition closed or the run is ending."""
+
+
+def interruptible(clock: Callable[[], float], wait: Wait,
+                  stopped: Callable[[], bool]) -> Wait:
+    """A backoff ``wait`` that raises ``RetryInterrupted`` once ``stopped()`` (checked at
+    least every 100 ms on the injected clock and wait)."""
+    async def backoff(seconds: float) -> None:
+        deadline = clock() + seconds
+        while not stopped():
+            left = deadline - clock()
+            if left <= 0:
+                return
+            await wait(min(left, 0.1))
+        raise RetryInterrupted("retry abandoned: the partition closed or the run is ending")
+    return backoff
+
+
+def poison_reject(failure: HandlerFailed, *, why: str = "poison") -> Reject:
+    """The quarantine verdict of a record whose handler raised ``failure``."""
+    return Reject(f"{why}: {failure.error_type}: {failure.error_message}"[:2000],
+                  error_type=failure.error_type, error_message=failure.error_message,
+                  traceback_digest=failure.traceback_digest)
+
+
+def with_rejects(inner: HandlerFn, rejects: Mapping[int, Reject]) -> HandlerFn:
+    """``inner`` over the records whose offset is not in ``rejects``; those get their Reject."""
+    if not rejects:
+        return inner
+
+    async def handler(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
+        apply = [r for r in records if r.offset not in rejects]
+        got = iter(check_verdicts(await inner(conn, apply), len(apply)) if apply else ())
+        return [rejects[r.offset] if r.offset in rejects else next(got) for r in records]
+
+    return handler
+
+
+class FailureRun:
+    """The failure handling of a worker's partitions (see the module Rules)."""
+
+    def __init__(self, *, lifecycle: LifecyclePort, handler: HandlerFn, declaration: Declaration,
+                 policy: RetryPolicy, rng: random.Random, clock: Callable[[], float],
+                 wait: Wait, instruments: Instruments | None = None) -> None:
+        """``clock``/``wait``/``rng``: injected time and randomness of the backoffs."""
+        self._lc = lifecycle
+        self._handler = handler
+        self._decl = declaration
+        self._policy = policy
+        self._rng = rng
+        self._clock = clock
+        self._wait = wait
+        self._m = instruments
+        self.retrying: dict[TopicPartition, tuple[int, float]] = {}  # attempt, backoff s
+
+    def _count(self, tp: TopicPartition, kind: str, n: int = 1) -> None:
+        if self._m is not None and n:
+            self._m.handler_failure(tp, kind=kind, count=n)
+
+    @property
+    def _uncertain(self) -> bool:
+        return self._decl.effects is Effects.OUTCOME_UNCERTAIN
+
+    async def submit(self, tp: TopicPartition, batch: Sequence[SourceRecord], *,
+                     links: Sequence[object], stopped: Callable[[], bool]) -> Token:
+        """``lifecycle.process`` of one batch; a suspect's first record and handler failures
+        take the paths of the module Rules; their backoff waits raise ``RetryInterrupted``
+        once ``stopped()``."""
+        suspect = self._lc.failure_marks(tp)  # a dict lookup: no I/O on the hot path
+        if suspect is None:
+            try:
+                return await self._lc.process(tp, batch, self._handler, links=links)
+            except HandlerFailed as failure:
+                return await self.failed(tp, batch, failure,
+                                         wait=interruptible(self._clock, self._wait, stopped))
+        wait = interruptible(self._clock, self._wait, stopped)
+        token = await self.suspect(tp, batch[0], suspect, wait=wait)
+        if len(batch) == 1:
+            return token
+        batch = batch[1:]
+        try:
+            return await self._lc.process(tp, batch, self._handler, links=links)
+        except HandlerFailed as failure:
+            return await self.failed(tp, batch, failure, wait=wait)
+
+    async def suspect(self, tp: TopicPartition, record: SourceRecord, mark: Attempts, *,
+                      wait: Wait) -> Token:
+        """Try the frontier record of a suspect partition alone (or quarantine it)."""
+        limit = self._policy.max_attempts
+        if mark.count >= limit or (self._uncertain and mark.count > 0):
+            log.warning("%s offset %d: quarantined after %d unfinished attempts", tp,
+                        record.offset, mark.count)
+            self._count(tp, "quarantine")
+            reject = Reject(death_reason(mark.count, mark.last_error),
+                            error_type="ProcessDeath" if not mark.last_error else None)
+            return await self._lc.process(tp, [record], with_rejects(
+                self._handler, {record.offset: reject}), clear_attempts=True)
+        count = await self._lc.record_attempt(tp, offset=record.offset, max_attempts=limit,
+                                              error=None, next_retry_in_s=None)
+        self._count(tp, "attempt")
+        try:
+            return await self._lc.process(tp, [record], self._handler, clear_attempts=True)
+        except HandlerFailed as failure:
+            return await self.failed(tp, [record], failure, attempts=count, wait=wait)
+
+    async def failed(self, tp: TopicPartition, batch: Sequence[SourceRecord],
+                     failure: HandlerFailed, *, wait: Wait, attempts: int = 1) -> Token:
+        """Handle ``failure`` of ``batch`` (nothing of it applied); return the new token."""
+        log.warning("%s offsets %d..%d: %s", tp, batch[0].offset, batch[-1].offset, failure)
+        if self._uncertain:
+            self._count(tp, "quarantine", len(batch))
+            why = "outcome-uncertain effect failed mid-batch; not replayed"
+            return await self._lc.process(tp, batch, with_rejects(
+                self._handler, {r.offset: poison_reject(failure, why=why) for r in batch}),
+                clear_attempts=True)
+        try:
+            return await self._retry(tp, batch, self._handler, failure, attempts, wait)
+        except HandlerFailed as last:
+            failure = last
+        if self._decl.on_failure is OnFailure.STOP:
+            raise failure
+        return await self._bisect(tp, batch, failure, wait)
+
+    async def _retry(self, tp: TopicPartition, batch: Sequence[SourceRecord],
+                     handler: HandlerFn, failure: HandlerFailed, attempts: int,
+                     wait: Wait) -> Token:
+        """Retry a transient ``failure`` with backoff; raise the last ``HandlerFailed``."""
+        policy = self._policy
+        try:
+            while failure.transient and attempts < policy.retry_max_attempts:
+                backoff_s = policy.backoff_s(attempts, self._rng)
+                attempts = max(attempts + 1, await self._lc.record_attempt(
+                    tp, offset=batch[0].offset, max_attempts=policy.retry_max_attempts,
+                    error=f"{failure.error_type}: {failure.error_message}",
+                    next_retry_in_s=backoff_s))
+                self._count(tp, "retry")
+                self.retrying[tp] = (attempts, backoff_s)
+                await wait(backoff_s)
+                try:
+                    return await self._lc.process(tp, batch, handler, clear_attempts=True)
+                except HandlerFailed as again:
+                    log.warning("%s: attempt %d of %d failed: %s", tp, attempts,
+                                policy.retry_max_attempts, again)
+                    failure = again
+        finally:
+            self.retrying.pop(tp, None)
+        raise failure
+
+    async def _bisect(self, tp: TopicPartition, batch: Sequence[SourceRecord],
+                      failure: HandlerFailed, wait: Wait) -> Token:
+        plan = Bisection(len(batch))
+        rejects: dict[int, Reject] = {}
+        token: Token | None = None
+        while True:
+            found = len(plan.poison)
+            probe = plan.next()
+            for i in plan.poison[found:]:
+                rejects[batch[i].offset] = poison_reject(failure)
+                self._count(tp, "quarantine")
+                log.warning("%s offset %d: poison record quarantined (%s)", tp,
+                            batch[i].offset, failure.error_type)
+            if probe is None:
+                break
+            self._count(tp, "bisection", int(probe.bisecting))
+            records = batch[probe.start:probe.end]
+            handler = with_rejects(self._handler, {i: rejects[i] for i in
+                                                   (batch[j].offset for j in probe.reject)})
+            try:
+                token = await self._lc.process(tp, records, handler, clear_attempts=True)
+            except HandlerFailed as again:
+                failure = again
+                try:  # a transient failure is not proof of poison: retry it first
+                    token = await self._retry(tp, records, handler, again, 1, wait)
+                except HandlerFailed as still:
+                    failure = still
+                    plan.failed()
+                else:
+                    plan.committed()
+            else:
+                plan.committed()
+        log.info("%s: bisected %d records in %d probes, %d poison", tp, len(batch),
+                 plan.probes, len(plan.poison))
+        assert token is not None, "a bisection commits at least one transaction"
+        return token
