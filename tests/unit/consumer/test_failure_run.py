@@ -1,0 +1,195 @@
+"""FailureRun over the production Lifecycle and the in-memory store: transient retries,
+bisection (cost bounded by ceil(log2 n) probe transactions), durable counts, suspects."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from consumer import Lifecycle
+from consumer.failure_run import FailureRun, RetryInterrupted
+from fencing.errors import HandlerFailed, Transient
+from fencing.failures import RetryPolicy
+from fencing.handler import Declaration, Durability, Effects, OnFailure
+from fencing.memory.store import MemoryFenceStore
+from fencing.store import HandlerFn
+from fencing.types import ACCEPT, SourceCheck, SourceFacts, SourceRecord, Token, TopicPartition
+
+TP = TopicPartition("t", 0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+        self.waits: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    async def wait(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.now_s += seconds
+        await asyncio.sleep(0)
+
+
+def recs(*offsets: int) -> list[SourceRecord]:
+    return [SourceRecord(TP.topic, TP.partition, o, b"k", str(o).encode()) for o in offsets]
+
+
+def counting(poison: set[int] = frozenset(), transient_failures: int = 0) -> HandlerFn:  # type: ignore[assignment]
+    """Counts each record's committed applications in table ``applied``; raises for poison
+    offsets; raises ``Transient`` for its first ``transient_failures`` calls."""
+    calls = {"n": 0}
+
+    async def handle(conn: Any, records: Sequence[SourceRecord]) -> list[Any]:
+        calls["n"] += 1
+        if calls["n"] <= transient_failures:
+            raise Transient("downstream busy")
+        applied = conn.table("applied")
+        for r in records:
+            if r.offset in poison:
+                raise ValueError(f"cannot parse {r.offset}")
+            applied[r.offset] = applied.get(r.offset, 0) + 1
+        return [ACCEPT] * len(records)
+
+    return handle
+
+
+async def owner(store: MemoryFenceStore, clock: Clock, lifetime: str, *, high: int = 1000,
+                ) -> Lifecycle:
+    lc = Lifecycle(store=store, lifetime_id=lifetime, clock=clock, wait=clock.wait)
+    await lc.assign([SourceCheck(TP, SourceFacts("id", 0, high))])
+    return lc
+
+
+def failure_run(lc: Lifecycle, handler: HandlerFn, clock: Clock, *,
+                decl: Declaration | None = None, **policy: int) -> FailureRun:
+    return FailureRun(lifecycle=lc, handler=handler, declaration=decl or Declaration(),
+                      policy=RetryPolicy(**policy), rng=random.Random(1), clock=clock,
+                      wait=clock.wait)
+
+
+def never() -> bool:
+    return False
+
+
+def processed(store: MemoryFenceStore) -> int:
+    return sum(1 for w in store.writes if w.kind == "process")
+
+
+@pytest.mark.parametrize("bad", [0, 1, 250, 498, 499])
+async def test_poison_in_500_is_quarantined_and_499_applied_once_within_log2(bad: int) -> None:
+    store, clock = MemoryFenceStore("g"), Clock()
+    lc = await owner(store, clock, "L1")
+    run = failure_run(lc, counting({bad}), clock)
+    token = await run.submit(TP, recs(*range(500)), links=(), stopped=never)
+    assert token == Token(1, 500) == store.token_of(TP)
+    assert store.tables()["applied"] == {o: 1 for o in range(500) if o != bad}
+    [q] = store.quarantine
+    assert (q.offset, q.error_type) == (bad, "ValueError") and "cannot parse" in q.reason
+    # committed transactions: the bisection's probes that applied records, plus the rest;
+    # never more than ceil(log2(500)) = 9 probes, plus the one that moves past the poison
+    assert processed(store) <= math.ceil(math.log2(500)) + 1
+    assert clock.waits == []  # poison is not retried with backoff
+
+
+async def test_transient_twice_is_applied_once_after_two_backoffs_and_its_count_cleared() -> None:
+    store, clock = MemoryFenceStore("g"), Clock()
+    lc = await owner(store, clock, "L1")
+    run = failure_run(lc, counting(transient_failures=2), clock, initial_ms=100, max_ms=1000)
+    token = await run.submit(TP, recs(0, 1, 2), links=(), stopped=never)
+    assert token == Token(1, 3)
+    assert store.tables()["applied"] == {0: 1, 1: 1, 2: 1}
+    assert store.quarantine == [] and processed(store) == 1
+    assert 0.1 <= sum(clock.waits) < 0.1 + 0.2 + 0.1  # ~0.1 then ~0.2 s, jittered down
+    assert store.attempt_rows == {}  # deleted in the committing transaction
+
+
+async def test_transient_past_its_attempts_is_treated_as_poison() -> None:
+    store, clock = MemoryFenceStore("g"), Clock()
+    lc = await owner(store, clock, "L1")
+    run = failure_run(lc, counting(transient_failures=100), clock, retry_max_attempts=2)
+    await run.submit(TP, recs(0), links=(), stopped=never)
+    [q] = store.quarantine
+    assert q.error_type == "Transient" and store.attempt_rows == {}
+
+
+async def test_a_handler_declared_to_stop_raises_the_failure() -> None:
+    store, clock = MemoryFenceStore("g"), Clock()
+    lc = await owner(store, clock, "L1")
+    run = failure_run(lc, counting({1}), clock,
+                      decl=Declaration(on_failure=OnFailure.STOP))
+    with pytest.raises(HandlerFailed, match="cannot parse 1"):
+        await run.submit(TP, recs(0, 1, 2), links=(), stopped=never)
+    assert store.token_of(TP) == Token(1, 0) and store.quarantine == []
+
+
+async def test_outcome_uncertain_failed_batch_is_quarantined_whole_never_replayed() -> None:
+    store, clock = MemoryFenceStore("g"), Clock()
+    lc = await owner(store, clock, "L1")
+    handler = counting(transient_failures=1)
+    run = failure_run(lc, handler, clock, decl=Declaration(
+        Durability.DURABLE_CRITICAL, Effects.OUTCOME_UNCERTAIN))
+    await run.submit(TP, recs(0, 1), links=(), stopped=never)
+    assert [q.offset for q in store.quarantine] == [0, 1]
+    assert "applied" not in store.tables() and clock.waits == []
+
+
+async def test_a_stopped_partition_abandons_its_backoff() -> None:
+    store, clock = MemoryFenceStore("g"), Clock()
+    lc = await owner(store, clock, "L1")
+    run = failure_run(lc, counting(transient_failures=100), clock)
+    with pytest.raises(RetryInterrupted):
+        await run.submit(TP, recs(0), links=(), stopped=lambda: bool(clock.waits))
+    assert store.token_of(TP) == Token(1, 0)
+
+
+async def test_deaths_counted_durably_across_owners_quarantine_at_max_attempts() -> None:
+    """Each owner dies (no release) during its attempt of offset 0; the next owner sees the
+    unclean end and the count; at --max-attempts it quarantines instead of trying."""
+    store, clock = MemoryFenceStore("g"), Clock()
+    await owner(store, clock, "L0")  # dies in a multi-record batch: not yet attributed
+    for n in range(1, 4):
+        lc = await owner(store, clock, f"L{n}")
+        mark = lc.failure_marks(TP)
+        assert mark is not None and mark.unclean and mark.count == n - 1
+        # the attempt is counted durably before the record runs; then the process dies
+        assert await lc.record_attempt(TP, offset=0, max_attempts=3, error=None,
+                                       next_retry_in_s=None) == n
+    lc = await owner(store, clock, "L4")
+    run = failure_run(lc, counting(), clock, max_attempts=3)
+    token = await run.submit(TP, recs(0, 1, 2), links=(), stopped=never)
+    assert token == Token(5, 3)
+    [q] = store.quarantine
+    assert q.offset == 0 and "3 attempts" in q.reason and "killed the process" in q.reason
+    assert store.tables()["applied"] == {1: 1, 2: 1} and store.attempt_rows == {}
+
+
+async def test_idle_crashes_never_quarantine() -> None:
+    store, clock = MemoryFenceStore("g"), Clock()
+    for n in range(6):  # six owners die idle, none released
+        await owner(store, clock, f"L{n}")
+    lc = await owner(store, clock, "L6")
+    mark = lc.failure_marks(TP)
+    assert mark is not None and mark.unclean and mark.count == 0
+    run = failure_run(lc, counting(), clock, max_attempts=1)
+    before = processed(store)
+    await run.submit(TP, recs(0, 1, 2), links=(), stopped=never)
+    assert store.quarantine == [] and store.tables()["applied"] == {0: 1, 1: 1, 2: 1}
+    assert processed(store) - before == 2  # the suspect record alone, then the rest
+    assert lc.failure_marks(TP) is None and store.attempt_rows == {}
+    await run.submit(TP, recs(3, 4), links=(), stopped=never)
+    assert processed(store) - before == 3  # healthy again: one transaction per batch
+
+
+async def test_a_clean_handover_is_not_suspect() -> None:
+    store, clock = MemoryFenceStore("g"), Clock()
+    first = await owner(store, clock, "L1")
+    await first.revoke([TP])  # journals the release
+    lc = await owner(store, clock, "L2")
+    assert lc.failure_marks(TP) is None
