@@ -19,8 +19,13 @@ Rules (the decisions live in ``fencing.failures``; this module only sequences I/
 - ``outcome-uncertain`` handlers are never retried or bisected: a failed batch is
   quarantined whole (its external effects may have happened), and a suspect record with an
   earlier attempt is quarantined instead of tried again.
-- Suspect (``Attempts.suspect``): the frontier record alone; quarantined when its durable
-  count reached ``--max-attempts``, else its count is incremented first, then it is tried.
+- Suspect (``Attempts.suspect``, read when the partition is claimed): the next
+  ``suspect_window`` records (``--batch-max-records``: the most the dead process can have
+  had in flight) are tried one per transaction, each after its durable count was
+  incremented in its own committed write; a record whose earlier, unfinished attempts
+  reached ``--max-attempts`` is quarantined instead of tried (it killed the process that
+  often). A process that dies during such an attempt leaves the count behind; the count is
+  deleted by the transaction that moves the frontier past the record.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from typing import Any
 from consumer.observability.instruments import Instruments
 from consumer.ports import LifecyclePort
 from fencing.errors import HandlerFailed
-from fencing.failures import Attempts, Bisection, RetryPolicy, death_reason
+from fencing.failures import Bisection, RetryPolicy, death_reason
 from fencing.handler import Declaration, Effects, OnFailure, check_verdicts
 from fencing.store import HandlerFn
 from fencing.types import Reject, SourceRecord, Token, TopicPartition, Verdict
@@ -89,8 +94,11 @@ class FailureRun:
 
     def __init__(self, *, lifecycle: LifecyclePort, handler: HandlerFn, declaration: Declaration,
                  policy: RetryPolicy, rng: random.Random, clock: Callable[[], float],
-                 wait: Wait, instruments: Instruments | None = None) -> None:
-        """``clock``/``wait``/``rng``: injected time and randomness of the backoffs."""
+                 wait: Wait, suspect_window: int = 500,
+                 instruments: Instruments | None = None) -> None:
+        """``clock``/``wait``/``rng``: injected time and randomness of the backoffs;
+        ``suspect_window``: records tried alone after a suspect claim (``--batch-max-records``:
+        the largest batch the dead process may have had in flight)."""
         self._lc = lifecycle
         self._handler = handler
         self._decl = declaration
@@ -99,6 +107,8 @@ class FailureRun:
         self._clock = clock
         self._wait = wait
         self._m = instruments
+        self._window = suspect_window
+        self._suspect_left: dict[TopicPartition, int] = {}
         self.retrying: dict[TopicPartition, tuple[int, float]] = {}  # attempt, backoff s
 
     def _count(self, tp: TopicPartition, kind: str, n: int = 1) -> None:
@@ -111,45 +121,63 @@ class FailureRun:
 
     async def submit(self, tp: TopicPartition, batch: Sequence[SourceRecord], *,
                      links: Sequence[object], stopped: Callable[[], bool]) -> Token:
-        """``lifecycle.process`` of one batch; a suspect's first record and handler failures
-        take the paths of the module Rules; their backoff waits raise ``RetryInterrupted``
-        once ``stopped()``."""
-        suspect = self._lc.failure_marks(tp)  # a dict lookup: no I/O on the hot path
-        if suspect is None:
-            try:
-                return await self._lc.process(tp, batch, self._handler, links=links)
-            except HandlerFailed as failure:
-                return await self.failed(tp, batch, failure,
-                                         wait=interruptible(self._clock, self._wait, stopped))
-        wait = interruptible(self._clock, self._wait, stopped)
-        token = await self.suspect(tp, batch[0], suspect, wait=wait)
-        if len(batch) == 1:
-            return token
-        batch = batch[1:]
+        """``lifecycle.process`` of one batch; suspect records and handler failures take the
+        paths of the module Rules; their backoff waits raise ``RetryInterrupted`` once
+        ``stopped()``."""
+        if self._lc.take_failure_marks(tp) is not None:  # a dict lookup on the hot path
+            self._suspect_left[tp] = self._window
+        if tp in self._suspect_left:
+            return await self._suspects(tp, batch, interruptible(self._clock, self._wait,
+                                                                  stopped))
         try:
             return await self._lc.process(tp, batch, self._handler, links=links)
         except HandlerFailed as failure:
+            return await self.failed(tp, batch, failure,
+                                     wait=interruptible(self._clock, self._wait, stopped))
+
+    async def _suspects(self, tp: TopicPartition, batch: Sequence[SourceRecord],
+                        wait: Wait) -> Token:
+        """Records of the suspect window, one per transaction, each counted first."""
+        token: Token | None = None
+        for i, record in enumerate(batch):
+            left = self._suspect_left.get(tp, 0)
+            if left <= 0:
+                self._suspect_left.pop(tp, None)
+                return await self._rest(tp, batch[i:], wait)
+            token = await self.suspect(tp, record, wait=wait)
+            self._suspect_left[tp] = left - 1
+        if self._suspect_left.get(tp, 0) <= 0:
+            self._suspect_left.pop(tp, None)
+        assert token is not None
+        return token
+
+    async def _rest(self, tp: TopicPartition, batch: Sequence[SourceRecord],
+                    wait: Wait) -> Token:
+        try:
+            return await self._lc.process(tp, batch, self._handler)
+        except HandlerFailed as failure:
             return await self.failed(tp, batch, failure, wait=wait)
 
-    async def suspect(self, tp: TopicPartition, record: SourceRecord, mark: Attempts, *,
-                      wait: Wait) -> Token:
-        """Try the frontier record of a suspect partition alone (or quarantine it)."""
+    async def suspect(self, tp: TopicPartition, record: SourceRecord, *, wait: Wait) -> Token:
+        """Count an attempt of ``record`` durably, then try it alone; quarantine it instead
+        when earlier attempts that never completed reached ``--max-attempts``."""
         limit = self._policy.max_attempts
-        if mark.count >= limit or (self._uncertain and mark.count > 0):
+        got = await self._lc.record_attempt(tp, offset=record.offset, max_attempts=limit,
+                                            error=None, next_retry_in_s=None)
+        self._count(tp, "attempt")
+        earlier = got.count - 1
+        if earlier >= limit or (self._uncertain and earlier > 0):
             log.warning("%s offset %d: quarantined after %d unfinished attempts", tp,
-                        record.offset, mark.count)
+                        record.offset, earlier)
             self._count(tp, "quarantine")
-            reject = Reject(death_reason(mark.count, mark.last_error),
-                            error_type="ProcessDeath" if not mark.last_error else None)
+            reject = Reject(death_reason(earlier, got.last_error),
+                            error_type=None if got.last_error else "ProcessDeath")
             return await self._lc.process(tp, [record], with_rejects(
                 self._handler, {record.offset: reject}), clear_attempts=True)
-        count = await self._lc.record_attempt(tp, offset=record.offset, max_attempts=limit,
-                                              error=None, next_retry_in_s=None)
-        self._count(tp, "attempt")
         try:
             return await self._lc.process(tp, [record], self._handler, clear_attempts=True)
         except HandlerFailed as failure:
-            return await self.failed(tp, [record], failure, attempts=count, wait=wait)
+            return await self.failed(tp, [record], failure, attempts=got.count, wait=wait)
 
     async def failed(self, tp: TopicPartition, batch: Sequence[SourceRecord],
                      failure: HandlerFailed, *, wait: Wait, attempts: int = 1) -> Token:
@@ -177,10 +205,10 @@ class FailureRun:
         try:
             while failure.transient and attempts < policy.retry_max_attempts:
                 backoff_s = policy.backoff_s(attempts, self._rng)
-                attempts = max(attempts + 1, await self._lc.record_attempt(
+                attempts = max(attempts + 1, (await self._lc.record_attempt(
                     tp, offset=batch[0].offset, max_attempts=policy.retry_max_attempts,
                     error=f"{failure.error_type}: {failure.error_message}",
-                    next_retry_in_s=backoff_s))
+                    next_retry_in_s=backoff_s)).count)
                 self._count(tp, "retry")
                 self.retrying[tp] = (attempts, backoff_s)
                 await wait(backoff_s)

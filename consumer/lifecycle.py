@@ -28,7 +28,7 @@ Rules (docs/ARCHITECTURE.md, "Lifecycle"; the decisions live in ``consumer.decis
 - ``process`` raises ``HandlerFailed`` (the handler raised; rolled back) without retiring;
   ``record_attempt`` counts one attempt of an offset in its own committed, fenced write.
   ``assign`` reads the durable failure marks of the partitions it retains
-  (``failure_marks``); the worker decides what to do with them (``consumer.failure_run``).
+  (``take_failure_marks``); the worker decides what to do with them (``consumer.failure_run``).
 - Callers only see errors of ``fencing.errors``: ``Retired``, ``Fenced``, ``SourceRefused``
   (and ``ValueError`` for a malformed batch, before any I/O).
   ``seek``/``process`` of a partition without a token raise ``Fenced`` without I/O and
@@ -111,9 +111,10 @@ class Lifecycle(LifetimeFrame):
         """The retained token of ``tp`` (None when not held)."""
         return self._tokens.get(tp)
 
-    def failure_marks(self, tp: TopicPartition) -> Attempts | None:
-        """The durable failure marks ``assign`` read for ``tp`` (None: none or not read)."""
-        return self._marks.get(tp)
+    def take_failure_marks(self, tp: TopicPartition) -> Attempts | None:
+        """The durable failure marks ``assign`` read for ``tp``, once (None: none, not read,
+        or already taken)."""
+        return self._marks.pop(tp, None) if self._marks else None
 
     def _hooks(self, operation: str) -> CallHooks:
         """Retry and resolution callbacks (metrics) and spans of the guarded calls."""
@@ -348,12 +349,10 @@ class Lifecycle(LifetimeFrame):
             sp.set_attribute("fence.frontier", new.frontier)
         if self._tokens.get(tp) is token:
             self._tokens[tp] = new
-        if clear_attempts:
-            self._marks.pop(tp, None)
         return new
 
     async def record_attempt(self, tp: TopicPartition, *, offset: int, max_attempts: int,
-                             error: str | None, next_retry_in_s: float | None) -> int:
+                             error: str | None, next_retry_in_s: float | None) -> Attempts:
         """Count one more attempt of ``offset`` under the retained token (committed before
         the attempt runs); return the durable count. Fails like ``process``."""
         self._check_live()
@@ -361,14 +360,14 @@ class Lifecycle(LifetimeFrame):
         if tp not in self._tokens or not isinstance(store, AttemptStore):
             raise Fenced(f"record attempt {tp}: lifetime {self.lifetime_id} holds no token")
 
-        async def run(deadline_s: float) -> int:
+        async def run(deadline_s: float) -> Attempts:
             live = self._live_until(deadline_s)
             async with self._mutex:
                 guard = self._guards.setdefault(tp, asyncio.Lock())
                 await guard.acquire()
                 token = self._tokens.get(tp)
 
-            async def body() -> int:
+            async def body() -> Attempts:
                 live()
                 if token is None:
                     raise Fenced(f"record attempt {tp}: token dropped while waiting")

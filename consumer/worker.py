@@ -76,6 +76,7 @@ class Worker:
         return FailureRun(lifecycle=lifecycle, handler=self.handler,
                           declaration=declaration_of(self.handler), policy=self.config.retry,
                           rng=self._rng, clock=self.clock, wait=self.wait,
+                          suspect_window=self.config.batch_max_records,
                           instruments=self._instruments)
 
     @property

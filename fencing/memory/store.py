@@ -419,20 +419,19 @@ class MemoryFenceStore:
 
     async def record_attempt(self, tp: TopicPartition, token: Token, *, offset: int,
                              max_attempts: int, error: str | None,
-                             next_retry_in_s: float | None) -> int:
+                             next_retry_in_s: float | None) -> Attempts:
         """``AttemptStore.record_attempt``: one more attempt of ``offset`` under ``token``."""
-        await asyncio.sleep(0)
         async with self._lock(tp):
             self._require(tp, token)
             count, last = self.attempt_rows.get((tp, offset), (0, None))
-            self.attempt_rows[(tp, offset)] = (count + 1, error if error is not None else last)
-            return count + 1
+            last = error if error is not None else last
+            self.attempt_rows[(tp, offset)] = (count + 1, last)
+            return Attempts(count=count + 1, last_error=last)
 
     async def attempts(self, tokens: Mapping[TopicPartition, Token]
                        ) -> Mapping[TopicPartition, Attempts]:
         """``AttemptStore.attempts``: unclean = the previous epoch's claimer journaled no
         release/retire after its claim."""
-        await asyncio.sleep(0)
         out: dict[TopicPartition, Attempts] = {}
         for tp, token in tokens.items():
             count, last = self.attempt_rows.get((tp, token.frontier), (0, None))

@@ -373,9 +373,10 @@ class PgFenceStore:
 
     async def record_attempt(self, tp: TopicPartition, token: Token, *, offset: int,
                              max_attempts: int, error: str | None,
-                             next_retry_in_s: float | None) -> int:
+                             next_retry_in_s: float | None) -> Attempts:
         """Under ``token``, count one more attempt of ``offset`` (committed before the attempt
-        runs); returns the count. Raises ``Fenced`` when the token no longer matches."""
+        runs); returns the count and last error. Raises ``Fenced`` when the token no longer
+        matches."""
         rows = await self._fetch(
             Phase.IN_FLIGHT, f"record attempt {tp}@{offset}", self._sql.record_attempt,
             self.group_id, tp.topic, tp.partition, token.epoch, token.frontier, offset,
@@ -384,7 +385,7 @@ class PgFenceStore:
         if not rows:
             raise Fenced(f"record attempt {tp}: token epoch={token.epoch} "
                          f"frontier={token.frontier} no longer matches")
-        return int(rows[0]["attempts"])
+        return Attempts(count=int(rows[0]["attempts"]), last_error=rows[0]["last_error"])
 
     async def attempts(self, tokens: Mapping[TopicPartition, Token]
                        ) -> Mapping[TopicPartition, Attempts]:

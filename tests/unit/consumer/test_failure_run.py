@@ -18,7 +18,15 @@ from fencing.failures import RetryPolicy
 from fencing.handler import Declaration, Durability, Effects, OnFailure
 from fencing.memory.store import MemoryFenceStore
 from fencing.store import HandlerFn
-from fencing.types import ACCEPT, SourceCheck, SourceFacts, SourceRecord, Token, TopicPartition
+from fencing.types import (
+    ACCEPT,
+    SourceCheck,
+    SourceFacts,
+    SourceRecord,
+    Token,
+    TopicPartition,
+    Verdict,
+)
 
 TP = TopicPartition("t", 0)
 
@@ -68,10 +76,11 @@ async def owner(store: MemoryFenceStore, clock: Clock, lifetime: str, *, high: i
 
 
 def failure_run(lc: Lifecycle, handler: HandlerFn, clock: Clock, *,
-                decl: Declaration | None = None, **policy: int) -> FailureRun:
+                decl: Declaration | None = None, window: int = 500,
+                **policy: int) -> FailureRun:
     return FailureRun(lifecycle=lc, handler=handler, declaration=decl or Declaration(),
                       policy=RetryPolicy(**policy), rng=random.Random(1), clock=clock,
-                      wait=clock.wait)
+                      wait=clock.wait, suspect_window=window)
 
 
 def never() -> bool:
@@ -149,25 +158,46 @@ async def test_a_stopped_partition_abandons_its_backoff() -> None:
     assert store.token_of(TP) == Token(1, 0)
 
 
-async def test_deaths_counted_durably_across_owners_quarantine_at_max_attempts() -> None:
-    """Each owner dies (no release) during its attempt of offset 0; the next owner sees the
-    unclean end and the count; at --max-attempts it quarantines instead of trying."""
+class Death(BaseException):
+    """The process died: nothing of the fence's error handling runs."""
+
+
+def killer(victim: int, died: list[int]) -> HandlerFn:
+    """Accepts, except that handling ``victim`` "kills the process": it records the death and
+    raises ``Death`` (the transaction never commits, nothing after it runs)."""
+    inner = counting()
+
+    async def handle(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
+        if any(r.offset == victim for r in records):
+            died.append(victim)
+            raise Death
+        return await inner(conn, records)
+
+    return handle
+
+
+async def test_a_killer_record_is_quarantined_after_max_attempts_deaths_across_owners() -> None:
+    """Each owner dies without a release; the next one sees the unclean end, tries the
+    window's records one by one, each counted first; the killer's count reaches the limit."""
     store, clock = MemoryFenceStore("g"), Clock()
-    await owner(store, clock, "L0")  # dies in a multi-record batch: not yet attributed
-    for n in range(1, 4):
+    died: list[int] = []
+    for n in range(8):
         lc = await owner(store, clock, f"L{n}")
-        mark = lc.failure_marks(TP)
-        assert mark is not None and mark.unclean and mark.count == n - 1
-        # the attempt is counted durably before the record runs; then the process dies
-        assert await lc.record_attempt(TP, offset=0, max_attempts=3, error=None,
-                                       next_retry_in_s=None) == n
-    lc = await owner(store, clock, "L4")
-    run = failure_run(lc, counting(), clock, max_attempts=3)
-    token = await run.submit(TP, recs(0, 1, 2), links=(), stopped=never)
-    assert token == Token(5, 3)
+        run = failure_run(lc, killer(5, died), clock, max_attempts=2, window=10)
+        token = store.token_of(TP)
+        assert token is not None
+        try:
+            await run.submit(TP, recs(*range(token.frontier, 10)), links=(), stopped=never)
+        except Death:
+            lc.stop()  # the death: no release, no retire
+            continue
+        break
+    # the first death (in a 10-record batch) is not attributed; then 2 attributed deaths
+    assert died == [5, 5, 5]
     [q] = store.quarantine
-    assert q.offset == 0 and "3 attempts" in q.reason and "killed the process" in q.reason
-    assert store.tables()["applied"] == {1: 1, 2: 1} and store.attempt_rows == {}
+    assert q.offset == 5 and "2 attempts" in q.reason and "killed the process" in q.reason
+    assert store.tables()["applied"] == {o: 1 for o in range(10) if o != 5}
+    assert store.token_of(TP) == Token(4, 10) and store.attempt_rows == {}  # 4th owner
 
 
 async def test_idle_crashes_never_quarantine() -> None:
@@ -175,16 +205,14 @@ async def test_idle_crashes_never_quarantine() -> None:
     for n in range(6):  # six owners die idle, none released
         await owner(store, clock, f"L{n}")
     lc = await owner(store, clock, "L6")
-    mark = lc.failure_marks(TP)
-    assert mark is not None and mark.unclean and mark.count == 0
-    run = failure_run(lc, counting(), clock, max_attempts=1)
+    run = failure_run(lc, counting(), clock, max_attempts=1, window=2)
     before = processed(store)
     await run.submit(TP, recs(0, 1, 2), links=(), stopped=never)
     assert store.quarantine == [] and store.tables()["applied"] == {0: 1, 1: 1, 2: 1}
-    assert processed(store) - before == 2  # the suspect record alone, then the rest
-    assert lc.failure_marks(TP) is None and store.attempt_rows == {}
+    assert processed(store) - before == 3  # the window's 2 records alone, then the rest
+    assert store.attempt_rows == {}
     await run.submit(TP, recs(3, 4), links=(), stopped=never)
-    assert processed(store) - before == 3  # healthy again: one transaction per batch
+    assert processed(store) - before == 4  # healthy again: one transaction per batch
 
 
 async def test_a_clean_handover_is_not_suspect() -> None:
@@ -192,4 +220,4 @@ async def test_a_clean_handover_is_not_suspect() -> None:
     first = await owner(store, clock, "L1")
     await first.revoke([TP])  # journals the release
     lc = await owner(store, clock, "L2")
-    assert lc.failure_marks(TP) is None
+    assert lc.take_failure_marks(TP) is None
