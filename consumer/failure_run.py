@@ -205,10 +205,10 @@ class FailureRun:
         try:
             while failure.transient and attempts < policy.retry_max_attempts:
                 backoff_s = policy.backoff_s(attempts, self._rng)
-                attempts = max(attempts + 1, (await self._lc.record_attempt(
+                attempts = (await self._lc.record_attempt(  # the attempt about to start
                     tp, offset=batch[0].offset, max_attempts=policy.retry_max_attempts,
                     error=f"{failure.error_type}: {failure.error_message}",
-                    next_retry_in_s=backoff_s)).count)
+                    next_retry_in_s=backoff_s, at_least=attempts + 1)).count
                 self._count(tp, "retry")
                 self.retrying[tp] = (attempts, backoff_s)
                 await wait(backoff_s)

@@ -352,9 +352,11 @@ class Lifecycle(LifetimeFrame):
         return new
 
     async def record_attempt(self, tp: TopicPartition, *, offset: int, max_attempts: int,
-                             error: str | None, next_retry_in_s: float | None) -> Attempts:
+                             error: str | None, next_retry_in_s: float | None,
+                             at_least: int = 1) -> Attempts:
         """Count one more attempt of ``offset`` under the retained token (committed before
-        the attempt runs); return the durable count. Fails like ``process``."""
+        the attempt runs; at least ``at_least``); return the durable count. Fails like
+        ``process``."""
         self._check_live()
         store = self._store
         if tp not in self._tokens or not isinstance(store, AttemptStore):
@@ -373,7 +375,8 @@ class Lifecycle(LifetimeFrame):
                     raise Fenced(f"record attempt {tp}: token dropped while waiting")
                 return await with_policy(lambda: store.record_attempt(
                     tp, token, offset=offset, max_attempts=max_attempts, error=error,
-                    next_retry_in_s=next_retry_in_s), wait=self._wait, check_live=live)
+                    next_retry_in_s=next_retry_in_s, at_least=at_least), wait=self._wait,
+                    check_live=live)
 
             try:
                 return await self._framed(

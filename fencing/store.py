@@ -98,7 +98,8 @@ class AttemptStore(Protocol):
 
     async def record_attempt(self, tp: TopicPartition, token: Token, *, offset: int,
                              max_attempts: int, error: str | None,
-                             next_retry_in_s: float | None) -> Attempts: ...
+                             next_retry_in_s: float | None,
+                             at_least: int = 1) -> Attempts: ...
 
     async def attempts(self, tokens: Mapping[TopicPartition, Token]
                        ) -> Mapping[TopicPartition, Attempts]: ...

@@ -419,14 +419,15 @@ class MemoryFenceStore:
 
     async def record_attempt(self, tp: TopicPartition, token: Token, *, offset: int,
                              max_attempts: int, error: str | None,
-                             next_retry_in_s: float | None) -> Attempts:
+                             next_retry_in_s: float | None, at_least: int = 1) -> Attempts:
         """``AttemptStore.record_attempt``: one more attempt of ``offset`` under ``token``."""
         async with self._lock(tp):
             self._require(tp, token)
             count, last = self.attempt_rows.get((tp, offset), (0, None))
             last = error if error is not None else last
-            self.attempt_rows[(tp, offset)] = (count + 1, last)
-            return Attempts(count=count + 1, last_error=last)
+            count = max(count + 1, at_least)
+            self.attempt_rows[(tp, offset)] = (count, last)
+            return Attempts(count=count, last_error=last)
 
     async def attempts(self, tokens: Mapping[TopicPartition, Token]
                        ) -> Mapping[TopicPartition, Attempts]:

@@ -135,9 +135,10 @@ WITH p AS (
 )
 INSERT INTO {s}.attempts AS a (group_id, topic, partition, "offset", attempts, max_attempts,
                                last_error, next_retry_at, epoch)
-SELECT $1, $2, $3, $6, 1, $7, $8, now() + make_interval(secs => $9), $4 FROM p
+SELECT $1, $2, $3, $6, $10, $7, $8, now() + make_interval(secs => $9), $4 FROM p
 ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE
-    SET attempts = a.attempts + 1, max_attempts = EXCLUDED.max_attempts,
+    SET attempts = greatest(a.attempts + 1, EXCLUDED.attempts),
+        max_attempts = EXCLUDED.max_attempts,
         last_error = coalesce(EXCLUDED.last_error, a.last_error),
         next_retry_at = EXCLUDED.next_retry_at, epoch = EXCLUDED.epoch, updated_at = now()
 RETURNING a.attempts, a.last_error""",

@@ -373,15 +373,15 @@ class PgFenceStore:
 
     async def record_attempt(self, tp: TopicPartition, token: Token, *, offset: int,
                              max_attempts: int, error: str | None,
-                             next_retry_in_s: float | None) -> Attempts:
+                             next_retry_in_s: float | None, at_least: int = 1) -> Attempts:
         """Under ``token``, count one more attempt of ``offset`` (committed before the attempt
-        runs); returns the count and last error. Raises ``Fenced`` when the token no longer
-        matches."""
+        runs; the count becomes at least ``at_least``); returns the count and last error.
+        Raises ``Fenced`` when the token no longer matches."""
         rows = await self._fetch(
             Phase.IN_FLIGHT, f"record attempt {tp}@{offset}", self._sql.record_attempt,
             self.group_id, tp.topic, tp.partition, token.epoch, token.frontier, offset,
             max_attempts, None if error is None else error[:2000],
-            None if next_retry_in_s is None else float(next_retry_in_s))
+            None if next_retry_in_s is None else float(next_retry_in_s), max(1, int(at_least)))
         if not rows:
             raise Fenced(f"record attempt {tp}: token epoch={token.epoch} "
                          f"frontier={token.frontier} no longer matches")

@@ -85,7 +85,8 @@ async def test_transient_marker_and_poison_details_reach_quarantine(
                                   f' FROM "{fence_schema}".quarantine')
     finally:
         await conn.close()
-    assert row is not None and tuple(row) == (reject.reason, "ValueError", "bad", "0123456789abcdef")
+    assert row is not None
+    assert tuple(row) == (reject.reason, "ValueError", "bad", "0123456789abcdef")
 
 
 async def test_attempt_counts_are_fenced_read_back_and_deleted_with_the_frontier(

@@ -8,6 +8,7 @@ other member."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
 import signal
@@ -18,6 +19,7 @@ import asyncpg
 import pytest
 from confluent_kafka import Producer
 
+from tests.integration.observability_support import run_fencectl
 from tests.integration.workers import (
     GROUP_SETUPS,
     WorkerProc,
@@ -94,16 +96,19 @@ def test_transient_twice_applies_once_after_backoff_while_the_sibling_flows(serv
                           "--retry-initial-ms", "1500", "--retry-max-ms", "4000"))
     try:
         done: dict[int, float] = {}
-        seen_retrying = False
+        status: list[dict[str, Any]] = []
 
         def progress() -> bool:
-            nonlocal seen_retrying
             now = time.monotonic()
             for p, f in _frontiers(services.dsn, schema, group, topic).items():
                 if f == 200:
                     done.setdefault(p, now)
-            if 0 not in done and _attempts(services.dsn, schema, group):
-                seen_retrying = True  # a durable count while partition 0 retries
+            if 0 not in done and not status and _attempts(services.dsn, schema, group):
+                # a durable count while partition 0 backs off: status shows it retrying
+                out = run_fencectl("status", "--json", "--group", group, "--schema", schema,
+                                   env={"FENCE_DSN": services.dsn})
+                assert out.returncode == 0, out.stderr
+                status.extend(json.loads(out.stdout)["partitions"])
             return len(done) == 2
 
         wait_until(progress, timeout_s=90, what="both partitions complete", interval_s=0.1)
@@ -115,7 +120,11 @@ def test_transient_twice_applies_once_after_backoff_while_the_sibling_flows(serv
     assert applied == {(p, o): 1 for p in (0, 1) for o in range(200)}  # each exactly once
     assert _quarantine(services.dsn, schema, group) == []
     assert _attempts(services.dsn, schema, group) == {}  # deleted with the frontier
-    assert seen_retrying
+    [p0] = [p for p in status if p["partition"] == 0]
+    retrying = p0["retrying"]
+    assert retrying is not None and retrying["offset"] == 0 and retrying["max_attempts"] == 5
+    assert retrying["attempt"] in (2, 3) and retrying["next_retry_at"] is not None
+    assert any(n.startswith("retrying offset 0: attempt") for n in p0["notes"])
     assert done[1] < done[0]  # the sibling completed while partition 0 backed off
     assert "SerializationError" in log and "Transient: downstream busy (failure 2)" in log
     assert log.count("lifetime.start") == 1 and "lifetime ends" not in log
