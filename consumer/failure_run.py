@@ -41,6 +41,7 @@ from fencing.errors import HandlerFailed
 from fencing.failures import Bisection, RetryPolicy, death_reason
 from fencing.handler import Declaration, Effects, OnFailure, check_verdicts
 from fencing.store import HandlerFn
+from fencing.tracing import NO_TRACING, SpanHandle, Tracing
 from fencing.types import Reject, SourceRecord, Token, TopicPartition, Verdict
 
 __all__ = ["FailureRun", "RetryInterrupted", "interruptible"]
@@ -95,7 +96,7 @@ class FailureRun:
     def __init__(self, *, lifecycle: LifecyclePort, handler: HandlerFn, declaration: Declaration,
                  policy: RetryPolicy, rng: random.Random, clock: Callable[[], float],
                  wait: Wait, suspect_window: int = 500,
-                 instruments: Instruments | None = None) -> None:
+                 instruments: Instruments | None = None, tracing: Tracing = NO_TRACING) -> None:
         """``clock``/``wait``/``rng``: injected time and randomness of the backoffs;
         ``suspect_window``: records tried alone after a suspect claim (``--batch-max-records``:
         the largest batch the dead process may have had in flight)."""
@@ -108,12 +109,19 @@ class FailureRun:
         self._wait = wait
         self._m = instruments
         self._window = suspect_window
+        self._tracing = tracing
+        self._spans: dict[TopicPartition, SpanHandle] = {}  # open fence.handler_failure spans
         self._suspect_left: dict[TopicPartition, int] = {}
         self.retrying: dict[TopicPartition, tuple[int, float]] = {}  # attempt, backoff s
 
-    def _count(self, tp: TopicPartition, kind: str, n: int = 1) -> None:
+    def _count(self, tp: TopicPartition, kind: str, n: int = 1,
+               attrs: Mapping[str, Any] | None = None) -> None:
+        """Metrics and a span event (``fence.<kind>``) of one failure-handling step."""
         if self._m is not None and n:
             self._m.handler_failure(tp, kind=kind, count=n)
+        span = self._spans.get(tp)
+        if span is not None and n:
+            span.add_event(f"fence.{kind}", {"fence.count": n, **(attrs or {})})
 
     @property
     def _uncertain(self) -> bool:
@@ -181,7 +189,24 @@ class FailureRun:
 
     async def failed(self, tp: TopicPartition, batch: Sequence[SourceRecord],
                      failure: HandlerFailed, *, wait: Wait, attempts: int = 1) -> Token:
-        """Handle ``failure`` of ``batch`` (nothing of it applied); return the new token."""
+        """Handle ``failure`` of ``batch`` (nothing of it applied); return the new token.
+        One ``fence.handler_failure`` span holds the retries, probes and quarantines."""
+        if tp in self._spans:
+            return await self._failed(tp, batch, failure, wait=wait, attempts=attempts)
+        with self._tracing.span("fence.handler_failure", {
+                "messaging.destination.name": tp.topic,
+                "messaging.destination.partition.id": str(tp.partition),
+                "fence.first_offset": batch[0].offset, "fence.last_offset": batch[-1].offset,
+                "fence.transient": failure.transient,
+                "exception.type": failure.error_type}) as span:
+            self._spans[tp] = span
+            try:
+                return await self._failed(tp, batch, failure, wait=wait, attempts=attempts)
+            finally:
+                self._spans.pop(tp, None)
+
+    async def _failed(self, tp: TopicPartition, batch: Sequence[SourceRecord],
+                      failure: HandlerFailed, *, wait: Wait, attempts: int) -> Token:
         log.warning("%s offsets %d..%d: %s", tp, batch[0].offset, batch[-1].offset, failure)
         if self._uncertain:
             self._count(tp, "quarantine", len(batch))
@@ -209,7 +234,8 @@ class FailureRun:
                     tp, offset=batch[0].offset, max_attempts=policy.retry_max_attempts,
                     error=f"{failure.error_type}: {failure.error_message}",
                     next_retry_in_s=backoff_s, at_least=attempts + 1)).count
-                self._count(tp, "retry")
+                self._count(tp, "retry", attrs={"fence.attempt": attempts,
+                                                "fence.backoff_s": backoff_s})
                 self.retrying[tp] = (attempts, backoff_s)
                 await wait(backoff_s)
                 try:
@@ -232,7 +258,8 @@ class FailureRun:
             probe = plan.next()
             for i in plan.poison[found:]:
                 rejects[batch[i].offset] = poison_reject(failure)
-                self._count(tp, "quarantine")
+                self._count(tp, "quarantine", attrs={"messaging.kafka.offset": batch[i].offset,
+                                                     "exception.type": failure.error_type})
                 log.warning("%s offset %d: poison record quarantined (%s)", tp,
                             batch[i].offset, failure.error_type)
             if probe is None:

@@ -32,6 +32,7 @@ from consumer.observability.instruments import Instruments
 from consumer.ports import FactsPort, KafkaPort, LifecyclePort
 from fencing.handler import declaration_of
 from fencing.store import HandlerFn
+from fencing.tracing import NO_TRACING, Tracing
 from fencing.types import SourceRecord, TopicPartition
 
 __all__ = ["KafkaPort", "Worker"]
@@ -52,12 +53,14 @@ class Worker:
                  clock: Callable[[], float] = time.monotonic,
                  wait: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  rng: random.Random | None = None,
-                 instruments: Instruments | None = None) -> None:
+                 instruments: Instruments | None = None,
+                 tracing: Tracing = NO_TRACING) -> None:
         self.config = config
         self.clock = clock
         self.wait = wait  # retry backoffs (``consumer.failure_run``)
         self._rng = rng if rng is not None else random.Random()
         self._instruments = instruments
+        self._tracing = tracing
         self.handler = handler
         # producer-span links of a batch (opaque; None: none). They cost a header parse per
         # record, so ``fencectl run`` passes them only when spans are exported.
@@ -77,7 +80,7 @@ class Worker:
                           declaration=declaration_of(self.handler), policy=self.config.retry,
                           rng=self._rng, clock=self.clock, wait=self.wait,
                           suspect_window=self.config.batch_max_records,
-                          instruments=self._instruments)
+                          instruments=self._instruments, tracing=self._tracing)
 
     @property
     def source(self) -> FactsPort:

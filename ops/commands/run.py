@@ -273,7 +273,7 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
                 settings=settings, topic=cfg.topic, cooperative=cfg.cooperative,
                 rebalancer=rb, poll_timeout_s=cfg.poll_timeout_s, clock=time.monotonic,
                 on_commit_failure=obs.instruments.kafka_commit_failed),
-            on_event=obs.on_event, instruments=obs.instruments,
+            on_event=obs.on_event, instruments=obs.instruments, tracing=OtelTracing(),
             trace_links=links_for_records if telemetry.exporting else None)
         obs.member_id_source = lambda: worker.member_id
         obs.observer.progress = worker.progress

@@ -221,3 +221,41 @@ async def test_a_clean_handover_is_not_suspect() -> None:
     await first.revoke([TP])  # journals the release
     lc = await owner(store, clock, "L2")
     assert lc.take_failure_marks(TP) is None
+
+
+async def test_bisection_is_visible_as_metrics_and_span_events() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from consumer.observability.instruments import Instruments
+    from consumer.observability.otel_tracing import OtelTracing
+
+    exporter, spans = InMemorySpanExporter(), TracerProvider()
+    spans.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    instruments = Instruments(MeterProvider(metric_readers=[reader]).get_meter("test"))
+    store, clock = MemoryFenceStore("g"), Clock()
+    lc = await owner(store, clock, "L1")
+    run = FailureRun(lifecycle=lc, handler=counting({3}), declaration=Declaration(),
+                     policy=RetryPolicy(), rng=random.Random(1), clock=clock, wait=clock.wait,
+                     instruments=instruments, tracing=OtelTracing(spans.get_tracer("t")))
+    await run.submit(TP, recs(*range(8)), links=(), stopped=never)
+    [span] = [s for s in exporter.get_finished_spans() if s.name == "fence.handler_failure"]
+    events = [(e.name, dict(e.attributes or {})) for e in span.events]
+    assert [n for n, _ in events].count("fence.bisection") == 3  # ceil(log2(8))
+    [quarantined] = [a for n, a in events if n == "fence.quarantine"]
+    assert quarantined["messaging.kafka.offset"] == 3
+    assert quarantined["exception.type"] == "ValueError"
+    data = reader.get_metrics_data()
+    points: dict[tuple[str, Any], Any] = {}
+    for rm in data.resource_metrics:  # type: ignore[union-attr]
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for p in m.data.data_points:
+                    key = (m.name, dict(p.attributes or {}).get("kind"))
+                    points[key] = points.get(key, 0) + p.value  # type: ignore[union-attr]
+    assert points[("fence.handler.failures", "bisection")] == 3
+    assert points[("fence.handler.failures", "quarantine")] == 1
