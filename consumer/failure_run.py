@@ -1,16 +1,16 @@
 """Handler failures of one partition: transient retries, bisection, quarantine, suspects.
 
 Rules (the decisions live in ``fencing.failures``; this module only sequences I/O)
-- Entered only after ``Lifecycle.process`` raised ``HandlerFailed`` (nothing applied), or
-  for the first batch of a *suspect* partition: a healthy partition never comes here, so
-  its batches cost what they cost before.
+- ``submit`` is ``Lifecycle.process`` plus a dict lookup for a healthy partition: the
+  paths below run only after ``HandlerFailed`` (nothing applied) or inside the window of a
+  *suspect* partition, so a healthy partition's batches cost what they cost before.
 - Transient: before each retry the attempt is counted durably (``record_attempt``, which
   also re-checks the epoch) with the time of the retry; the backoff is waited through the
   ``wait`` the caller gives (it ends early when the partition is revoked or the worker
   stops); meanwhile the partition takes nothing new from its buffer, which fills and
   pauses it, while the other partitions keep flowing (the retrying one keeps one of the
-  ``--db-concurrency`` slots). Every retry is a new
-  fenced transaction that also deletes the count (``clear_attempts``).
+  ``--db-concurrency`` slots). Every retry is a new fenced transaction that also deletes
+  the count (``clear_attempts``).
 - After ``--retry-max-attempts`` (or at once for poison) the batch is bisected
   (``fencing.failures.Bisection``); each poison record is quarantined with the exception's
   type, message and traceback digest in the transaction that moves the frontier past it;

@@ -193,3 +193,40 @@ def test_a_record_that_kills_its_process_is_quarantined_after_max_attempts_death
     assert _applied(services.dsn, schema, topic) == {
         (p, o): 1 for p in (0, 1) for o in range(40) if (p, o) != (0, 5)}
     assert _attempts(services.dsn, schema, group) == {}
+
+
+def test_idle_members_killed_repeatedly_never_quarantine(services) -> None:
+    """SIGKILL an idle owner three times (--max-attempts 1): each successor sees the unclean
+    end, but nothing was in flight, so no count accumulates and nothing is quarantined."""
+    topic, group, schema = _topic(services, partitions=1, per_partition=10)
+    extra = (*HANDLER, "--max-attempts", "1")
+    for n in range(3):
+        w = WorkerProc(topic=topic, group=group, schema=schema, setup=SETUP, name=f"idle{n}",
+                       extra=extra)
+        try:
+            wait_until(lambda: _frontiers(services.dsn, schema, group, topic).get(0) == 10,
+                       timeout_s=60, what="the partition complete")
+            time.sleep(0.5)  # idle now
+            w.kill()
+            assert w.wait(30) == -signal.SIGKILL
+        finally:
+            w.ensure_dead()
+        assert _quarantine(services.dsn, schema, group) == []
+        assert _attempts(services.dsn, schema, group) == {}
+    # new records after the third death: applied once, one by one, nothing quarantined
+    p = Producer({"bootstrap.servers": services.kafka_bootstrap, "enable.idempotence": True})
+    for o in range(10, 20):
+        p.produce(topic, f"v{o}".encode(), f"k{o}".encode(), partition=0)
+    assert p.flush(60) == 0
+    w = WorkerProc(topic=topic, group=group, schema=schema, setup=SETUP, name="idle-last",
+                   extra=extra)
+    try:
+        wait_until(lambda: _frontiers(services.dsn, schema, group, topic).get(0) == 20,
+                   timeout_s=60, what="the new records")
+        code, log = _stop(w)
+    finally:
+        w.ensure_dead()
+    assert code == 0, log[-3000:]
+    assert _quarantine(services.dsn, schema, group) == []
+    assert _applied(services.dsn, schema, topic) == {(0, o): 1 for o in range(20)}
+    assert _attempts(services.dsn, schema, group) == {}
