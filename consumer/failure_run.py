@@ -1,6 +1,11 @@
 """Handler failures of one partition: transient retries, bisection, quarantine, suspects.
 
 Rules (the decisions live in ``fencing.failures``; this module only sequences I/O)
+- Every step of these paths first checks the caller's ``stopped()`` (through ``wait(0)``):
+  once the partition closed (revoked, lost) or the run ends, ``RetryInterrupted`` ends the
+  handling without another write, and so does a ``Fenced`` raised once it closed (its
+  token was dropped meanwhile); the batch is not applied and the next owner (or this
+  lifetime after reassignment) takes it from the durable frontier.
 - ``submit`` is ``Lifecycle.process`` plus a dict lookup for a healthy partition: the
   paths below run only after ``HandlerFailed`` (nothing applied) or inside the window of a
   *suspect* partition, so a healthy partition's batches cost what they cost before.
@@ -37,14 +42,14 @@ from typing import Any
 
 from consumer.observability.instruments import Instruments
 from consumer.ports import LifecyclePort
-from fencing.errors import HandlerFailed
+from fencing.errors import Fenced, HandlerFailed
 from fencing.failures import Bisection, RetryPolicy, death_reason
 from fencing.handler import Declaration, Effects, OnFailure, check_verdicts
 from fencing.store import HandlerFn
 from fencing.tracing import NO_TRACING, SpanHandle, Tracing
 from fencing.types import Reject, SourceRecord, Token, TopicPartition, Verdict
 
-__all__ = ["FailureRun", "RetryInterrupted", "interruptible"]
+__all__ = ["Backoff", "FailureRun", "RetryInterrupted", "interruptible"]
 
 log = logging.getLogger("fenceworker.failures")
 
@@ -55,19 +60,30 @@ class RetryInterrupted(Exception):
     """A retry backoff ended early: the partition closed or the run is ending."""
 
 
-def interruptible(clock: Callable[[], float], wait: Wait,
-                  stopped: Callable[[], bool]) -> Wait:
-    """A backoff ``wait`` that raises ``RetryInterrupted`` once ``stopped()`` (checked at
-    least every 100 ms on the injected clock and wait)."""
-    async def backoff(seconds: float) -> None:
-        deadline = clock() + seconds
-        while not stopped():
-            left = deadline - clock()
+class Backoff:
+    """A backoff wait that raises ``RetryInterrupted`` once ``stopped()`` (checked at least
+    every 100 ms on the injected clock and wait); ``await backoff(0)`` only checks."""
+
+    def __init__(self, clock: Callable[[], float], wait: Wait,
+                 stopped: Callable[[], bool]) -> None:
+        self._clock = clock
+        self._wait = wait
+        self.stopped = stopped
+
+    async def __call__(self, seconds: float) -> None:
+        deadline = self._clock() + seconds
+        while not self.stopped():
+            left = deadline - self._clock()
             if left <= 0:
                 return
-            await wait(min(left, 0.1))
+            await self._wait(min(left, 0.1))
         raise RetryInterrupted("retry abandoned: the partition closed or the run is ending")
-    return backoff
+
+
+def interruptible(clock: Callable[[], float], wait: Wait,
+                  stopped: Callable[[], bool]) -> Backoff:
+    """The ``Backoff`` of one partition's failure handling."""
+    return Backoff(clock, wait, stopped)
 
 
 def poison_reject(failure: HandlerFailed, *, why: str = "poison") -> Reject:
@@ -135,13 +151,26 @@ class FailureRun:
         if self._lc.take_failure_marks(tp) is not None:  # a dict lookup on the hot path
             self._suspect_left[tp] = self._window
         if tp in self._suspect_left:
-            return await self._suspects(tp, batch, interruptible(self._clock, self._wait,
-                                                                  stopped))
+            return await self._closing_ends(self._suspects(
+                tp, batch, interruptible(self._clock, self._wait, stopped)), stopped)
         try:
             return await self._lc.process(tp, batch, self._handler, links=links)
         except HandlerFailed as failure:
-            return await self.failed(tp, batch, failure,
-                                     wait=interruptible(self._clock, self._wait, stopped))
+            return await self._closing_ends(self.failed(
+                tp, batch, failure, wait=interruptible(self._clock, self._wait, stopped)),
+                stopped)
+
+    @staticmethod
+    async def _closing_ends(handling: Awaitable[Token], stopped: Callable[[], bool]) -> Token:
+        """``handling``; a ``Fenced`` once the partition closed is ``RetryInterrupted``: its
+        token was dropped (lost, revoked) while the failure was handled, nothing applied."""
+        try:
+            return await handling
+        except Fenced as exc:
+            if not stopped():
+                raise
+            log.warning("handling of a failed batch ended: the partition closed (%s)", exc)
+            raise RetryInterrupted(str(exc)) from exc
 
     async def _suspects(self, tp: TopicPartition, batch: Sequence[SourceRecord],
                         wait: Wait) -> Token:
@@ -170,6 +199,7 @@ class FailureRun:
         """Count an attempt of ``record`` durably, then try it alone; quarantine it instead
         when earlier attempts that never completed reached ``--max-attempts``."""
         limit = self._policy.max_attempts
+        await wait(0.0)  # raises RetryInterrupted once the partition closed (lost, revoked)
         got = await self._lc.record_attempt(tp, offset=record.offset, max_attempts=limit,
                                             error=None, next_retry_in_s=None)
         self._count(tp, "attempt")
@@ -230,6 +260,7 @@ class FailureRun:
         try:
             while failure.transient and attempts < policy.retry_max_attempts:
                 backoff_s = policy.backoff_s(attempts, self._rng)
+                await wait(0.0)  # a closed partition (lost, revoked) has no token to count
                 attempts = (await self._lc.record_attempt(  # the attempt about to start
                     tp, offset=batch[0].offset, max_attempts=policy.retry_max_attempts,
                     error=f"{failure.error_type}: {failure.error_message}",
@@ -264,6 +295,7 @@ class FailureRun:
                             batch[i].offset, failure.error_type)
             if probe is None:
                 break
+            await wait(0.0)
             self._count(tp, "bisection", int(probe.bisecting))
             records = batch[probe.start:probe.end]
             handler = with_rejects(self._handler, {i: rejects[i] for i in

@@ -259,3 +259,33 @@ async def test_bisection_is_visible_as_metrics_and_span_events() -> None:
                     points[key] = points.get(key, 0) + p.value  # type: ignore[union-attr]
     assert points[("fence.handler.failures", "bisection")] == 3
     assert points[("fence.handler.failures", "quarantine")] == 1
+
+
+async def test_a_partition_lost_during_a_failure_writes_nothing_more() -> None:
+    """The partition closed (lost, revoked) while its batch failed: no attempt count, no
+    retry, no probe; the batch stays unapplied for whoever owns the partition next."""
+    store, clock = MemoryFenceStore("g"), Clock()
+    lc = await owner(store, clock, "L1")
+    for handler in (counting(transient_failures=1), counting({0})):
+        run = failure_run(lc, handler, clock)
+        with pytest.raises(RetryInterrupted):
+            await run.submit(TP, recs(0, 1), links=(), stopped=lambda: True)
+        assert store.attempt_rows == {} and store.quarantine == []
+        assert store.token_of(TP) == Token(1, 0) and clock.waits == []
+
+
+async def test_a_token_dropped_while_the_failure_is_handled_ends_it_without_retiring() -> None:
+    """The lost callback drops the token between the check and the attempt count (a race
+    seen with KIP-848): the late ``Fenced`` ends the handling, the lifetime stays live."""
+    store, clock = MemoryFenceStore("g"), Clock()
+    lc = await owner(store, clock, "L1")
+
+    async def losing(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
+        lc.lost([TP])  # the lost callback ran while the handler failed
+        raise Transient("connection gone")
+
+    checks = iter([False])  # open at the first check, closed from then on
+    run = failure_run(lc, losing, clock)
+    with pytest.raises(RetryInterrupted):
+        await run.submit(TP, recs(0, 1), links=(), stopped=lambda: next(checks, True))
+    assert lc.state.value == "live" and store.attempt_rows == {}
