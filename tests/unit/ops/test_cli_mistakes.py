@@ -67,6 +67,10 @@ def test_incoherent_handler_is_refused_at_load_naming_it_and_the_pair() -> None:
     (["-X", "bootstrap.servers=other:9092"], {}, "--bootstrap-servers"),
     (["-X", "group.id=other"], {}, "set it once, with --group"),
     ([], {"KAFKA_BOOTSTRAP_SERVERS": ""}, "no --bootstrap-servers given"),
+    (["--retry-max-attempts", "0"], {}, "--retry-max-attempts must be >= 1 (got 0)"),
+    (["--retry-initial-ms", "500", "--retry-max-ms", "100"], {},
+     "--retry-max-ms must be >= --retry-initial-ms"),
+    (["--max-attempts", "0"], {}, "--max-attempts must be >= 1 (got 0)"),
 ])
 def test_run_refuses_configuration_mistakes(extra: list[str], env: dict[str, str],
                                             needle: str) -> None:
