@@ -40,6 +40,8 @@ import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
+
 from consumer.observability.instruments import Instruments
 from consumer.ports import LifecyclePort
 from fencing.errors import Fenced, HandlerFailed
@@ -49,7 +51,7 @@ from fencing.store import HandlerFn
 from fencing.tracing import NO_TRACING, SpanHandle, Tracing
 from fencing.types import Reject, SourceRecord, Token, TopicPartition, Verdict
 
-__all__ = ["Backoff", "FailureRun", "RetryInterrupted", "interruptible"]
+__all__ = ["Backoff", "FailureRun", "RetryInterrupted"]
 
 log = logging.getLogger("fenceworker.failures")
 
@@ -78,12 +80,6 @@ class Backoff:
                 return
             await self._wait(min(left, 0.1))
         raise RetryInterrupted("retry abandoned: the partition closed or the run is ending")
-
-
-def interruptible(clock: Callable[[], float], wait: Wait,
-                  stopped: Callable[[], bool]) -> Backoff:
-    """The ``Backoff`` of one partition's failure handling."""
-    return Backoff(clock, wait, stopped)
 
 
 def poison_reject(failure: HandlerFailed, *, why: str = "poison") -> Reject:
@@ -152,12 +148,12 @@ class FailureRun:
             self._suspect_left[tp] = self._window
         if tp in self._suspect_left:
             return await self._closing_ends(self._suspects(
-                tp, batch, interruptible(self._clock, self._wait, stopped)), stopped)
+                tp, batch, Backoff(self._clock, self._wait, stopped)), stopped)
         try:
             return await self._lc.process(tp, batch, self._handler, links=links)
         except HandlerFailed as failure:
             return await self._closing_ends(self.failed(
-                tp, batch, failure, wait=interruptible(self._clock, self._wait, stopped)),
+                tp, batch, failure, wait=Backoff(self._clock, self._wait, stopped)),
                 stopped)
 
     @staticmethod
@@ -255,29 +251,44 @@ class FailureRun:
     async def _retry(self, tp: TopicPartition, batch: Sequence[SourceRecord],
                      handler: HandlerFn, failure: HandlerFailed, attempts: int,
                      wait: Wait) -> Token:
-        """Retry a transient ``failure`` with backoff; raise the last ``HandlerFailed``."""
+        """Retry a transient ``failure`` (attempt number ``attempts``) with backoff under
+        tenacity; raise the last ``HandlerFailed``. Before each wait the attempt about to
+        start is counted durably (which re-checks the epoch) with its retry time."""
         policy = self._policy
+        if not failure.transient or attempts >= policy.retry_max_attempts:
+            raise failure
+        state = {"attempt": attempts}
+        pending: list[HandlerFailed] = [failure]  # the failure that got us here comes first
+
+        async def attempt() -> Token:
+            if pending:
+                raise pending.pop()
+            return await self._lc.process(tp, batch, handler, clear_attempts=True)
+
+        async def count_next(rs: RetryCallState) -> None:
+            failed = rs.outcome.exception() if rs.outcome is not None else None
+            backoff_s = rs.upcoming_sleep
+            await wait(0.0)  # a closed partition (lost, revoked) has no token to count
+            state["attempt"] = (await self._lc.record_attempt(
+                tp, offset=batch[0].offset, max_attempts=policy.retry_max_attempts,
+                error=None if not isinstance(failed, HandlerFailed)
+                else f"{failed.error_type}: {failed.error_message}",
+                next_retry_in_s=backoff_s, at_least=state["attempt"] + 1)).count
+            self._count(tp, "retry", attrs={"fence.attempt": state["attempt"],
+                                            "fence.backoff_s": backoff_s})
+            self.retrying[tp] = (state["attempt"], backoff_s)
+            log.warning("%s: attempt %d of %d in %.2f s after %s", tp, state["attempt"],
+                        policy.retry_max_attempts, backoff_s, failed)
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(lambda e: isinstance(e, HandlerFailed) and e.transient),
+            stop=lambda _rs: state["attempt"] >= policy.retry_max_attempts,
+            wait=lambda _rs: policy.backoff_s(state["attempt"], self._rng),
+            sleep=wait, before_sleep=count_next, reraise=True)
         try:
-            while failure.transient and attempts < policy.retry_max_attempts:
-                backoff_s = policy.backoff_s(attempts, self._rng)
-                await wait(0.0)  # a closed partition (lost, revoked) has no token to count
-                attempts = (await self._lc.record_attempt(  # the attempt about to start
-                    tp, offset=batch[0].offset, max_attempts=policy.retry_max_attempts,
-                    error=f"{failure.error_type}: {failure.error_message}",
-                    next_retry_in_s=backoff_s, at_least=attempts + 1)).count
-                self._count(tp, "retry", attrs={"fence.attempt": attempts,
-                                                "fence.backoff_s": backoff_s})
-                self.retrying[tp] = (attempts, backoff_s)
-                await wait(backoff_s)
-                try:
-                    return await self._lc.process(tp, batch, handler, clear_attempts=True)
-                except HandlerFailed as again:
-                    log.warning("%s: attempt %d of %d failed: %s", tp, attempts,
-                                policy.retry_max_attempts, again)
-                    failure = again
+            return await retrying(attempt)
         finally:
             self.retrying.pop(tp, None)
-        raise failure
 
     async def _bisect(self, tp: TopicPartition, batch: Sequence[SourceRecord],
                       failure: HandlerFailed, wait: Wait) -> Token:

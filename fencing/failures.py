@@ -7,8 +7,9 @@ Rules
   connections, ``fencing.postgres.classify.handler_transient``). Everything else is poison.
   A ``FenceError`` raised inside the handler (e.g. ``Retired`` from the retirement barrier)
   is never wrapped.
-- Backoff before attempt n+1 is exponential with equal jitter: ``min(max, initial * 2^(n-1))``
-  scaled by a factor in [0.5, 1) drawn from the injected ``random.Random``.
+- Backoff before attempt n+1 is tenacity's ``wait_exponential`` (``min(max, initial *
+  2^(n-1))``) with equal jitter: scaled by a factor in [0.5, 1) drawn from the injected
+  ``random.Random``.
 - ``Bisection`` finds poison records by committing prefixes: the range ``[lo, bad_hi)`` is
   known to hold a failure; a probe applies its lower half; success commits it (``lo``
   moves), failure shrinks the range. A range of one record is the poison record: it is
@@ -30,6 +31,9 @@ import random
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
+
+from tenacity import RetryCallState, wait_exponential
 
 from fencing.errors import ConfigError, FenceError, HandlerFailed, Transient
 
@@ -103,9 +107,20 @@ class RetryPolicy:
             raise ConfigError(f"--max-attempts must be >= 1 (got {self.max_attempts})")
 
     def backoff_s(self, attempt: int, rng: random.Random) -> float:
-        """Seconds to wait after failed attempt ``attempt`` (1-based), jittered by ``rng``."""
-        base_ms = min(float(self.max_ms), self.initial_ms * 2.0 ** max(0, attempt - 1))
-        return base_ms * (0.5 + 0.5 * rng.random()) / 1000.0
+        """Seconds to wait after failed attempt ``attempt`` (1-based): tenacity's exponential
+        schedule, jittered by the injected ``rng`` (tenacity's own jitter draws from the
+        global ``random``)."""
+        schedule = wait_exponential(multiplier=self.initial_ms / 1000.0,
+                                    max=self.max_ms / 1000.0)
+        base_s = schedule(cast(RetryCallState, _Attempt(max(1, attempt))))
+        return base_s * (0.5 + 0.5 * rng.random())
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    """The one field of tenacity's ``RetryCallState`` that ``wait_exponential`` reads."""
+
+    attempt_number: int
 
 
 @dataclass(frozen=True, slots=True)
