@@ -22,8 +22,7 @@ Rules (the decisions live in ``fencing.failures``; this module only sequences I/
   the other records are applied exactly once. A handler declared ``on_failure="stop"``
   fail-stops the lifetime instead (the ``HandlerFailed`` is raised).
 - ``outcome-uncertain`` handlers are never retried or bisected: a failed batch is
-  quarantined whole (its external effects may have happened), and a suspect record with an
-  earlier attempt is quarantined instead of tried again.
+  quarantined whole, and so is a suspect record with an earlier attempt.
 - Suspect (``Attempts.suspect``, read when the partition is claimed): the next
   ``suspect_window`` records (``--batch-max-records``: the most the dead process can have
   had in flight) are tried one per transaction, each after its durable count was
@@ -42,6 +41,7 @@ from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
+from consumer.decisions import LifetimeState
 from consumer.observability.instruments import Instruments
 from consumer.ports import LifecyclePort
 from fencing.errors import Fenced, HandlerFailed
@@ -135,9 +135,6 @@ class FailureRun:
         if span is not None and n:
             span.add_event(f"fence.{kind}", {"fence.count": n, **(attrs or {})})
 
-    @property
-    def _uncertain(self) -> bool:
-        return self._decl.effects is Effects.OUTCOME_UNCERTAIN
 
     async def submit(self, tp: TopicPartition, batch: Sequence[SourceRecord], *,
                      links: Sequence[object], stopped: Callable[[], bool]) -> Token:
@@ -156,14 +153,15 @@ class FailureRun:
                 tp, batch, failure, wait=Backoff(self._clock, self._wait, stopped)),
                 stopped)
 
-    @staticmethod
-    async def _closing_ends(handling: Awaitable[Token], stopped: Callable[[], bool]) -> Token:
-        """``handling``; a ``Fenced`` once the partition closed is ``RetryInterrupted``: its
-        token was dropped (lost, revoked) while the failure was handled, nothing applied."""
+    async def _closing_ends(self, handling: Awaitable[Token],
+                            stopped: Callable[[], bool]) -> Token:
+        """``handling``; a late ``Fenced`` (the lifetime still live: the token was dropped
+        by a revoke or loss while the failure was handled) is ``RetryInterrupted``. A fence
+        that retired the lifetime (a newer owner) is raised: the run ends (exit 3)."""
         try:
             return await handling
         except Fenced as exc:
-            if not stopped():
+            if not stopped() or self._lc.state is not LifetimeState.LIVE:
                 raise
             log.warning("handling of a failed batch ended: the partition closed (%s)", exc)
             raise RetryInterrupted(str(exc)) from exc
@@ -200,7 +198,7 @@ class FailureRun:
                                             error=None, next_retry_in_s=None)
         self._count(tp, "attempt")
         earlier = got.count - 1
-        if earlier >= limit or (self._uncertain and earlier > 0):
+        if earlier >= limit or (self._decl.effects is Effects.OUTCOME_UNCERTAIN and earlier > 0):
             log.warning("%s offset %d: quarantined after %d unfinished attempts", tp,
                         record.offset, earlier)
             self._count(tp, "quarantine")
@@ -234,7 +232,7 @@ class FailureRun:
     async def _failed(self, tp: TopicPartition, batch: Sequence[SourceRecord],
                       failure: HandlerFailed, *, wait: Wait, attempts: int) -> Token:
         log.warning("%s offsets %d..%d: %s", tp, batch[0].offset, batch[-1].offset, failure)
-        if self._uncertain:
+        if self._decl.effects is Effects.OUTCOME_UNCERTAIN:
             self._count(tp, "quarantine", len(batch))
             why = "outcome-uncertain effect failed mid-batch; not replayed"
             return await self._lc.process(tp, batch, with_rejects(
