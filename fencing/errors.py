@@ -80,7 +80,7 @@ class Transient(Exception):
 class HandlerFailed(FenceError):
     """The handler raised while applying a batch: the transaction rolled back, nothing of
     the batch applied, the lifetime stays live. ``transient``: a retry may succeed (a
-    ``Transient``, serialization failure, deadlock, lock timeout, lost connection); otherwise
+    ``Transient``, serialization failure, deadlock, lock timeout); otherwise
     the batch holds a poison record (the handler's or its input's)."""
 
     def __init__(self, message: str, *, transient: bool, error_type: str,

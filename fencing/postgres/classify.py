@@ -31,12 +31,15 @@ tests/integration/test_lost_commit.py and tests/unit/test_classify.py)
   a note ("outcome unknown") and discards the connection; the cancelled lifetime stops and
   never writes again, and the next owner's claim fences whatever did commit.
 - Errors that are not foreign (``FenceError``, a handler's own exceptions) are not translated.
-- Inside the handler (``wrap_handler_error``): serialization failure 40001, deadlock 40P01,
-  lock not available 55P03 and lost connections are transient (a failure before COMMIT is
-  a known "not committed": the batch is rolled back and retried with backoff); a statement
-  in an aborted transaction (25P02, handler misuse) and deployment errors (classes 42 and 3F:
-  undefined table or column, permission, schema) keep their own classification and stop
-  the lifetime; any other error is poison (``fencing.failures``).
+- Inside the handler (``wrap_handler_error``): serialization failure 40001, deadlock 40P01
+  and lock not available 55P03 are transient (a failure before COMMIT is a known "not
+  committed": the batch is rolled back and retried with backoff), and so is an ``OSError``
+  of the handler's own calls; a lost store connection (asyncpg's interface errors, 08,
+  57P0x) is the store's failure and stays ``NotCommitted`` (the
+  three-call policy retries it at once under the same token, so a zombie's retry is
+  fenced); a statement in an aborted transaction (25P02, handler misuse) and deployment
+  errors (classes 42 and 3F: undefined table or column, permission, schema) keep their own
+  classification and stop the lifetime; any other error is poison (``fencing.failures``).
 - ``connection_suspect``: after a cancellation or a foreign error other than a server error
   reply (SQLSTATE outside class 08) the store discards the connection instead of using it.
 """
@@ -134,20 +137,27 @@ _MISUSE_SQLSTATE = "25P02"
 
 
 def handler_transient(exc: BaseException) -> bool:
-    """True for an error of the handler's own statements that a retry may not repeat."""
+    """True for an error of the handler's own work that a retry may not repeat: 40001,
+    40P01, 55P03, or an ``OSError``/``TimeoutError`` of its own network calls."""
+    return _sqlstate(exc) in _TRANSIENT_SQLSTATES or (
+        isinstance(exc, OSError | TimeoutError) and not _store_failure(exc))
+
+
+def _store_failure(exc: BaseException) -> bool:
+    """The store's connection failing under a handler statement: asyncpg's interface and
+    connection errors, the server ending the session (SQLSTATE 08, 57P0x)."""
     state = _sqlstate(exc)
-    if state in _TRANSIENT_SQLSTATES or state.startswith("08") or state in _UNKNOWN_SQLSTATES:
-        return True
-    return isinstance(exc, asyncpg.InterfaceError | OSError | TimeoutError | EOFError) \
-        and not isinstance(exc, asyncpg.PostgresError)
+    return (isinstance(exc, asyncpg.InterfaceError | asyncpg.exceptions.InternalClientError)
+            or (isinstance(exc, asyncpg.PostgresError)
+                and (state.startswith("08") or state in _UNKNOWN_SQLSTATES)))
 
 
 def wrap_handler_error(exc: Exception, what: str) -> Exception:
     """What the store raises for ``exc`` from the handler: ``HandlerFailed`` (transient or
-    poison), or ``exc`` itself where the lifetime must stop (see the Rules)."""
+    poison), or ``exc`` itself where the store's classification applies (see the Rules)."""
     state = _sqlstate(exc)
-    if isinstance(exc, asyncpg.PostgresError) and (
-            state == _MISUSE_SQLSTATE or state[:2] in _NOT_WRAPPED_CLASSES):
+    if _store_failure(exc) or (isinstance(exc, asyncpg.PostgresError) and (
+            state == _MISUSE_SQLSTATE or state[:2] in _NOT_WRAPPED_CLASSES)):
         return exc
     return handler_failure(exc, what=what, transient=handler_transient)
 
