@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from consumer.decisions import AUTO_OFFSET_RESETS
 from fencing.errors import ConfigError
+from fencing.failures import RetryPolicy
 
 __all__ = [
     "DEFAULT_ASSIGNMENT_STRATEGY",
@@ -124,6 +125,9 @@ class WorkerConfig:
     """Extra librdkafka properties from ``-X key=value``."""
     handler_settings: Mapping[str, str] = field(default_factory=dict)
     """Settings for a handler factory from ``--handler-setting key=value`` (repeatable)."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Handler failures: ``--retry-initial-ms`` (200), ``--retry-max-ms`` (10000),
+    ``--retry-max-attempts`` (5) and ``--max-attempts`` (3) (``fencing.failures``)."""
 
     def check(self) -> None:
         """Raise ``ConfigError`` naming the first invalid setting."""
@@ -169,6 +173,7 @@ class WorkerConfig:
         if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", self.schema):
             raise ConfigError(f"--schema {self.schema!r} is not a lower-case SQL identifier "
                               "([a-z_][a-z0-9_]*)")
+        self.retry.check()
         kafka_settings(self)  # raises on conflicting -X
 
     @property

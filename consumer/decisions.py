@@ -16,7 +16,9 @@ Rules
 - A batch is submitted from the first record at or above the retained frontier; records
   below it are already durable under this lifetime's epoch and are dropped; a record of
   another partition or out of offset order is the caller's bug (``ValueError``).
-- Failures: ``Fenced`` and ``SourceRefused`` retire the lifetime and reach the caller as
+- Failures: ``HandlerFailed`` (the handler raised; nothing applied) passes through without
+  retiring: the worker retries, bisects or quarantines (``consumer.failure_run``).
+  ``Fenced`` and ``SourceRefused`` retire the lifetime and reach the caller as
   they are; ``StoreUnavailable``, ``OutcomeUnknown`` (including ``Unresolved``), an exhausted
   budget and any other error retire it and reach the caller as ``Retired``.
 """
@@ -29,6 +31,7 @@ from collections.abc import Sequence
 from fencing.errors import (
     ConfigError,
     Fenced,
+    HandlerFailed,
     Retired,
     SourceRefused,
 )
@@ -147,7 +150,7 @@ class FailureAction(enum.Enum):
 
 def classify_failure(exc: BaseException) -> FailureAction:
     """How the lifecycle treats an error raised by a guarded call."""
-    if isinstance(exc, Retired):
+    if isinstance(exc, Retired | HandlerFailed):
         return FailureAction.PASS_THROUGH
     if isinstance(exc, Fenced | SourceRefused):
         return FailureAction.RAISE_AS_IS

@@ -29,6 +29,7 @@ import enum
 from fencing.errors import (
     ConfigError,
     FenceError,
+    HandlerFailed,
     HandlerMisuse,
     Retired,
     SchemaMismatch,
@@ -70,7 +71,7 @@ def exit_code_for(exc: BaseException) -> ExitCode:
         return ExitCode.CONFIG
     if isinstance(exc, StatementRejected):
         return ExitCode.CONFIG if exc.sqlstate in CONFIG_SQLSTATES else ExitCode.INTERNAL
-    if isinstance(exc, HandlerMisuse):
+    if isinstance(exc, HandlerMisuse | HandlerFailed):  # misuse; a handler declared to stop
         return ExitCode.INTERNAL
     if isinstance(exc, SourceRefused):
         return ExitCode.SOURCE_REFUSED

@@ -25,6 +25,10 @@ Rules (docs/ARCHITECTURE.md, "Lifecycle"; the decisions live in ``consumer.decis
   it is the lifetime's last write; it never touches epochs, frontiers or effects.
 - Cancelling the caller of a guarded call (not ``stop``) retires the lifetime, without
   journaling: the interrupted I/O left an unknown outcome.
+- ``process`` raises ``HandlerFailed`` (the handler raised; rolled back) without retiring;
+  ``record_attempt`` counts one attempt of an offset in its own committed, fenced write.
+  ``assign`` reads the durable failure marks of the partitions it retains
+  (``take_failure_marks``); the worker decides what to do with them (``consumer.failure_run``).
 - Callers only see errors of ``fencing.errors``: ``Retired``, ``Fenced``, ``SourceRefused``
   (and ``ValueError`` for a malformed batch, before any I/O).
   ``seek``/``process`` of a partition without a token raise ``Fenced`` without I/O and
@@ -45,6 +49,7 @@ from consumer.lifetime_frame import LifetimeFrame
 from consumer.observability.instruments import Instruments
 from fencing.crashpoints import crash_point
 from fencing.errors import Fenced, FenceError
+from fencing.failures import Attempts
 from fencing.guarded import (
     CallHooks,
     guarded_claim,
@@ -53,7 +58,7 @@ from fencing.guarded import (
     guarded_skip,
 )
 from fencing.policy import with_policy
-from fencing.store import FenceStore, HandlerFn
+from fencing.store import AttemptStore, FenceStore, HandlerFn
 from fencing.tracing import NO_TRACING, SpanHandle, Tracing
 from fencing.types import (
     ClaimRequest,
@@ -98,12 +103,18 @@ class Lifecycle(LifetimeFrame):
         self._mutex = asyncio.Lock()
         self._guards: dict[TopicPartition, asyncio.Lock] = {}
         self._tokens: dict[TopicPartition, Token] = {}
+        self._marks: dict[TopicPartition, Attempts] = {}
         self._tasks: set[asyncio.Task[object]] = set()
 
     # -- local state -------------------------------------------------------------------
     def token(self, tp: TopicPartition) -> Token | None:
         """The retained token of ``tp`` (None when not held)."""
         return self._tokens.get(tp)
+
+    def take_failure_marks(self, tp: TopicPartition) -> Attempts | None:
+        """The durable failure marks ``assign`` read for ``tp``, once (None: none, not read,
+        or already taken)."""
+        return self._marks.pop(tp, None) if self._marks else None
 
     def _hooks(self, operation: str) -> CallHooks:
         """Retry and resolution callbacks (metrics) and spans of the guarded calls."""
@@ -196,6 +207,7 @@ class Lifecycle(LifetimeFrame):
                                                check_live=live)
                 retained[c.tp] = token
             self._tokens.update(retained)
+            await self._read_marks(retained, live)
             crash_point("after-claim", lifetime=self.lifetime_id, partitions=_names(retained),
                         epochs={str(tp): t.epoch for tp, t in retained.items()},
                         frontiers={str(tp): t.frontier for tp, t in retained.items()})
@@ -204,6 +216,21 @@ class Lifecycle(LifetimeFrame):
                 outer.set_attribute("fence.epoch", only.epoch)
                 outer.set_attribute("fence.frontier", only.frontier)
             return retained
+
+    async def _read_marks(self, retained: Mapping[TopicPartition, Token],
+                          live: Callable[[], None]) -> None:
+        """One read per assignment: the durable failure marks at the retained frontiers."""
+        store = self._store
+        if not retained or not isinstance(store, AttemptStore):
+            return
+        marks = await with_policy(lambda: store.attempts(retained), wait=self._wait,
+                                  check_live=live)
+        for tp in retained:
+            mark = marks.get(tp)
+            if mark is not None and mark.suspect:
+                self._marks[tp] = mark
+            else:
+                self._marks.pop(tp, None)
 
     # -- seek ----------------------------------------------------------------------------
     async def seek(self, tp: TopicPartition) -> int:
@@ -256,8 +283,9 @@ class Lifecycle(LifetimeFrame):
     # -- process -------------------------------------------------------------------------
     async def process(self, tp: TopicPartition, records: Sequence[SourceRecord],
                       handler: HandlerFn, *, links: Sequence[object] = (),
-                      context: object | None = None) -> Token:
+                      context: object | None = None, clear_attempts: bool = False) -> Token:
         """Commit one batch under the retained token; return the advanced token.
+        ``clear_attempts``: the same transaction deletes the attempt counts it moves past.
 
         Records below the retained frontier are already durable and are dropped (no I/O
         when none is left); records of another partition or out of order raise
@@ -267,11 +295,12 @@ class Lifecycle(LifetimeFrame):
         if tp not in self._tokens:
             raise Fenced(f"process {tp}: lifetime {self.lifetime_id} holds no token for it")
         return await self._guarded(
-            lambda deadline_s: self._process(tp, records, handler, deadline_s, links, context))
+            lambda deadline_s: self._process(tp, records, handler, deadline_s, links, context,
+                                             clear_attempts))
 
     async def _process(self, tp: TopicPartition, records: Sequence[SourceRecord],
                        handler: HandlerFn, deadline_s: float, links: Sequence[object],
-                       context: object | None) -> Token:
+                       context: object | None, clear_attempts: bool = False) -> Token:
         live = self._live_until(deadline_s)
 
         async def check() -> None:
@@ -286,7 +315,8 @@ class Lifecycle(LifetimeFrame):
         async def body() -> Token:
             if token is None:
                 raise Fenced(f"process {tp}: token dropped while waiting for the guard")
-            return await self._process_guarded(tp, token, records, handler, live, links, context)
+            return await self._process_guarded(tp, token, records, handler, live, links, context,
+                                               clear_attempts)
 
         try:
             return await self._framed(body, late=lambda: d.late_call(token, self._tokens.get(tp)),
@@ -297,7 +327,7 @@ class Lifecycle(LifetimeFrame):
     async def _process_guarded(self, tp: TopicPartition, token: Token,
                                records: Sequence[SourceRecord], handler: HandlerFn,
                                live: Callable[[], None], links: Sequence[object],
-                               context: object | None) -> Token:
+                               context: object | None, clear_attempts: bool) -> Token:
         live()
         batch = d.submittable(token, records)
         if not batch:
@@ -317,9 +347,10 @@ class Lifecycle(LifetimeFrame):
 
         with self._span("fence.process", tp, attrs, links=links, context=context) as sp:
             try:
+                extra = {"clear_attempts": True} if clear_attempts else {}  # hot path: none
                 new = await guarded_process(
                     self._store, tp, token, batch, barrier,
-                    wait=self._wait, check_live=live, hooks=self._hooks("process"))
+                    wait=self._wait, check_live=live, hooks=self._hooks("process"), **extra)
             except BaseException as exc:
                 if m is not None:
                     m.batch_failed(tp, outcome=type(exc).__name__,
@@ -333,6 +364,41 @@ class Lifecycle(LifetimeFrame):
         if self._tokens.get(tp) is token:
             self._tokens[tp] = new
         return new
+
+    async def record_attempt(self, tp: TopicPartition, *, offset: int, max_attempts: int,
+                             error: str | None, next_retry_in_s: float | None,
+                             at_least: int = 1) -> Attempts:
+        """Count one more attempt of ``offset`` under the retained token (committed before
+        the attempt runs; at least ``at_least``); return the durable count. Fails like
+        ``process``."""
+        self._check_live()
+        store = self._store
+        if tp not in self._tokens or not isinstance(store, AttemptStore):
+            raise Fenced(f"record attempt {tp}: lifetime {self.lifetime_id} holds no token")
+
+        async def run(deadline_s: float) -> Attempts:
+            live = self._live_until(deadline_s)
+            async with self._mutex:
+                guard = self._guards.setdefault(tp, asyncio.Lock())
+                await guard.acquire()
+                token = self._tokens.get(tp)
+
+            async def body() -> Attempts:
+                live()
+                if token is None:
+                    raise Fenced(f"record attempt {tp}: token dropped while waiting")
+                return await with_policy(lambda: store.record_attempt(
+                    tp, token, offset=offset, max_attempts=max_attempts, error=error,
+                    next_retry_in_s=next_retry_in_s, at_least=at_least), wait=self._wait,
+                    check_live=live)
+
+            try:
+                return await self._framed(
+                    body, late=lambda: d.late_call(token, self._tokens.get(tp)), holding=tp)
+            finally:
+                guard.release()
+
+        return await self._guarded(run)
 
     # -- revoke --------------------------------------------------------------------------
     async def revoke(self, tps: Sequence[TopicPartition]) -> None:

@@ -1,5 +1,8 @@
 """One worker lifetime's run: its consumer, its partitions, its batches, its end.
 
+Long because the rebalance callbacks, the partition runners and the shutdown share the
+run's state (handler failures live in ``consumer.failure_run``).
+
 Rules (the worker's; see ``consumer.worker`` for the process around it)
 - Rebalance callbacks (on the Kafka thread) block on coroutines of the loop: ``assigned``
   validates and claims through the lifecycle, then returns the durable frontiers the
@@ -13,6 +16,8 @@ Rules (the worker's; see ``consumer.worker`` for the process around it)
   After each commit the frontier is queued for Kafka (advisory; ``consumer.kafka.committer``),
   also when the batch's COMMIT reply was lost and the re-read resolved it as committed:
   ``lifecycle.process`` returns the resolved token either way.
+- Batches go through ``consumer.failure_run`` (``lifecycle.process``, and on a handler
+  failure retries, bisection, quarantine; retries end once the partition closes).
 - A fenced batch means this process was a zombie (its partition was lost and a newer owner
   committed): nothing of it applied, and the lifetime ends with exit 3.
 - A failure ends the run with ``exit_code_for(exc)``: stop fetching, leave the group
@@ -38,6 +43,7 @@ from consumer import events as ev
 from consumer.batching import Flow, InFlight, PartitionBuffer, in_flight_of
 from consumer.decisions import LifetimeState
 from consumer.exits import ExitCode, exit_code_for
+from consumer.failure_run import RetryInterrupted
 from consumer.kafka.adapter import call_on_loop
 from consumer.kafka.source import build_checks
 from consumer.ports import KafkaPort, LifecyclePort, Partition
@@ -70,6 +76,7 @@ class LifetimeRun:
         self._slots = asyncio.Semaphore(self._cfg.db_concurrency)
         self._stopping = False
         self.abandoned = False  # in-flight work outlived the shutdown bound
+        self.failures = worker.failure_run(lifecycle)
         self.kafka = kafka_factory(self)
 
     @property
@@ -294,10 +301,12 @@ class LifetimeRun:
                 part.inflight = inflight = in_flight_of(batch)
                 try:
                     links = self._w.trace_links(batch) if self._w.trace_links else ()
-                    token = await self._lc.process(part.tp, batch, self._w.handler,
-                                                   links=links)
+                    token = await self.failures.submit(part.tp, batch, links=links, stopped=lambda:
+                                                       part.closing or self._stopping)
                 except asyncio.CancelledError:
                     raise
+                except RetryInterrupted:
+                    return
                 except BaseException as exc:
                     if part.closing and isinstance(exc, Fenced):
                         # Lost meanwhile and a newer owner committed: this process was a

@@ -16,18 +16,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from consumer import events as ev
 from consumer.batching import InFlight
 from consumer.config import WorkerConfig
 from consumer.exits import ExitCode
+from consumer.failure_run import FailureRun
 from consumer.lifetime_run import LifetimeRun
 from consumer.mirror import MirrorState
+from consumer.observability.instruments import Instruments
 from consumer.ports import FactsPort, KafkaPort, LifecyclePort
+from fencing.handler import declaration_of
 from fencing.store import HandlerFn
+from fencing.tracing import NO_TRACING, Tracing
 from fencing.types import SourceRecord, Token, TopicPartition
 
 __all__ = ["KafkaPort", "Worker"]
@@ -45,9 +50,17 @@ class Worker:
                  kafka_factory: Callable[[LifetimeRun], KafkaPort], source: FactsPort,
                  on_event: Callable[[ev.WorkerEvent], None] | None = None,
                  trace_links: TraceLinks | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 wait: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 rng: random.Random | None = None,
+                 instruments: Instruments | None = None,
+                 tracing: Tracing = NO_TRACING) -> None:
         self.config = config
         self.clock = clock
+        self.wait = wait  # retry backoffs (``consumer.failure_run``)
+        self._rng = rng if rng is not None else random.Random()
+        self._instruments = instruments
+        self._tracing = tracing
         self.handler = handler
         # producer-span links of a batch (opaque; None: none). They cost a header parse per
         # record, so ``fencectl run`` passes them only when spans are exported.
@@ -61,6 +74,14 @@ class Worker:
         self._lifecycle: LifecyclePort | None = None  # the current lifetime's
         self.abandoned = False  # a run's in-flight work outlived the shutdown bound
         self.lifetimes: list[str] = []
+
+    def failure_run(self, lifecycle: LifecyclePort) -> FailureRun:
+        """The handler-failure handling of one lifetime (``consumer.failure_run``)."""
+        return FailureRun(lifecycle=lifecycle, handler=self.handler,
+                          declaration=declaration_of(self.handler), policy=self.config.retry,
+                          rng=self._rng, clock=self.clock, wait=self.wait,
+                          suspect_window=self.config.batch_max_records,
+                          instruments=self._instruments, tracing=self._tracing)
 
     @property
     def source(self) -> FactsPort:

@@ -13,6 +13,7 @@ __all__ = [
     "FenceError",
     "Fenced",
     "HandlerDeclarationError",
+    "HandlerFailed",
     "HandlerMisuse",
     "KafkaClientFailed",
     "NotCommitted",
@@ -26,6 +27,7 @@ __all__ = [
     "SourceUnavailable",
     "StatementRejected",
     "StoreUnavailable",
+    "Transient",
     "Unresolved",
 ]
 
@@ -68,6 +70,26 @@ class HandlerMisuse(FenceError):
     """The handler broke the store's transaction: it caught a PostgreSQL error without a
     SAVEPOINT (COMMIT was answered with ROLLBACK) or ended the transaction itself. The batch
     is not reported applied (the developer's)."""
+
+
+class Transient(Exception):
+    """Raised by a handler (or set as the ``__cause__`` of what it raises) to say a retry may
+    succeed: the batch is rolled back and retried with backoff (the world's)."""
+
+
+class HandlerFailed(FenceError):
+    """The handler raised while applying a batch: the transaction rolled back, nothing of
+    the batch applied, the lifetime stays live. ``transient``: a retry may succeed (a
+    ``Transient``, serialization failure, deadlock, lock timeout); otherwise
+    the batch holds a poison record (the handler's or its input's)."""
+
+    def __init__(self, message: str, *, transient: bool, error_type: str,
+                 error_message: str, traceback_digest: str) -> None:
+        super().__init__(message)
+        self.transient = transient
+        self.error_type = error_type
+        self.error_message = error_message
+        self.traceback_digest = traceback_digest
 
 
 class SourceUnavailable(FenceError):

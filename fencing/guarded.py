@@ -104,8 +104,10 @@ async def guarded_process(
     wait: Wait,
     check_live: Callable[[], None],
     hooks: CallHooks = NO_HOOKS,
+    clear_attempts: bool = False,
 ) -> Token:
-    """Commit one batch under ``token``; return the advanced token.
+    """Commit one batch under ``token``; return the advanced token. ``clear_attempts``:
+    the same transaction deletes the partition's attempt counts below the batch end.
 
     Raises ``Fenced`` (nothing of this call applied), ``NotCommitted`` after three calls,
     ``Unresolved`` when an unknown outcome cannot be re-read, or whatever ``check_live`` raises.
@@ -116,6 +118,9 @@ async def guarded_process(
 
     async def one_call() -> Token:
         try:
+            if clear_attempts:
+                return await store.process(tp, token, records, handler,  # type: ignore[call-arg]
+                                           clear_attempts=True)
             return await store.process(tp, token, records, handler)
         except OutcomeUnknown:
             pass

@@ -5,11 +5,17 @@ Rules
 - A handler declares its durability class and effect semantics with ``@handler(...)``;
   undeclared handlers are ``durable-critical`` + ``transactional``.
 - Exactly-once effects exist only for ``transactional`` effects (written through the
-  given connection). ``durable-critical`` with ``external-non-idempotent`` effects is
-  incoherent (a replay after a lost COMMIT would repeat the external effect) and is
-  refused at start: ``@handler(...)`` only records what was declared (so importing a module
-  never fails because of one handler, and its other handlers still load);
-  ``declaration_of`` / ``load_handler`` check it and name the handler and the pair.
+  given connection). Durability ``durable-critical`` | ``derived-reconcilable`` |
+  ``best-effort``; effects ``transactional`` | ``idempotent-or-observable`` |
+  ``outcome-uncertain`` | ``convergent`` | ``loss-tolerant``. ``INCOHERENT`` lists the pairs
+  refused at start with their reason (``loss-tolerant`` requires ``best-effort``).
+  ``@handler(...)`` only records what was declared (so importing a module never fails
+  because of one handler, and its other handlers still load); ``declaration_of`` /
+  ``load_handler`` check it and name the handler and the pair.
+- ``on_failure``: ``quarantine`` (default: poison records are isolated and quarantined) or
+  ``stop`` (a failure that survives its retries fail-stops the lifetime, exit 1).
+  ``outcome-uncertain`` handlers are never replayed after a failure (``consumer.failure_run``).
+- A handler marks an exception transient by raising ``Transient`` (or one caused by it).
 - A handler must return exactly one verdict per record; anything else raises
   ``HandlerDeclarationError`` inside the transaction, which then rolls back.
 - ``--handler module:name`` names a handler or a *factory*: a callable marked with
@@ -27,16 +33,19 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from fencing.errors import ConfigError, HandlerDeclarationError
+from fencing.errors import ConfigError, HandlerDeclarationError, Transient
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, Accept, Reject, Verdict
 
 __all__ = [
+    "INCOHERENT",
     "Declaration",
     "Durability",
     "Effects",
     "HandlerContext",
     "LoadedHandler",
+    "OnFailure",
+    "Transient",
     "build_from",
     "build_handler",
     "check_verdicts",
@@ -50,38 +59,50 @@ __all__ = [
 class Durability(enum.Enum):
     """How much losing an effect matters."""
 
-    DURABLE_CRITICAL = "durable-critical"
-    BEST_EFFORT = "best-effort"
+    DURABLE_CRITICAL = "durable-critical"  # losing or doubling it is an incident
+    DERIVED_RECONCILABLE = "derived-reconcilable"  # derived data, rebuilt from the source
+    BEST_EFFORT = "best-effort"  # may be dropped after its attempts
 
 
 class Effects(enum.Enum):
-    """Where the handler's effects land."""
+    """What the handler's effects are like when a batch is replayed."""
 
-    TRANSACTIONAL = (
-        "transactional"  # only through the given connection, inside the fenced transaction
-    )
-    EXTERNAL_IDEMPOTENT = "external-idempotent"  # outside the transaction, safe to repeat
-    EXTERNAL_NON_IDEMPOTENT = (
-        "external-non-idempotent"  # outside the transaction, not safe to repeat
-    )
+    TRANSACTIONAL = "transactional"  # only through the given connection: exactly once
+    IDEMPOTENT_OR_OBSERVABLE = "idempotent-or-observable"  # a replay is harmless or detected
+    OUTCOME_UNCERTAIN = "outcome-uncertain"  # after a failure, whether it happened is unknown
+    CONVERGENT = "convergent"  # replays converge to the same state (upserts, max, sets)
+    LOSS_TOLERANT = "loss-tolerant"  # may be lost without harm
+
+
+class OnFailure(enum.Enum):
+    """What a failure that survives its retries does (``@handler(on_failure=...)``)."""
+
+    QUARANTINE = "quarantine"
+    STOP = "stop"
+
+
+#: the refused (durability, effects) pairs and why; every other pair of the 15 is coherent
+INCOHERENT: dict[tuple[Durability, Effects], str] = {
+    (Durability.DURABLE_CRITICAL, Effects.LOSS_TOLERANT):
+        "loss-tolerant effects require best-effort durability: a durable-critical effect "
+        "must never be lost",
+    (Durability.DERIVED_RECONCILABLE, Effects.LOSS_TOLERANT):
+        "loss-tolerant effects require best-effort durability: a derived-reconcilable "
+        "effect is reconciled, not lost",
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Declaration:
     durability: Durability = Durability.DURABLE_CRITICAL
     effects: Effects = Effects.TRANSACTIONAL
+    on_failure: OnFailure = OnFailure.QUARANTINE
 
     def check(self) -> None:
-        """Raise ``HandlerDeclarationError`` when the pair is incoherent."""
-        if (
-            self.durability is Durability.DURABLE_CRITICAL
-            and self.effects is Effects.EXTERNAL_NON_IDEMPOTENT
-        ):
-            raise HandlerDeclarationError(
-                "durable-critical handlers cannot have external-non-idempotent effects: a lost "
-                "COMMIT replays the batch and would repeat them; write effects through the "
-                "given connection (transactional) or make them idempotent"
-            )
+        """Raise ``HandlerDeclarationError`` when the pair is incoherent (``INCOHERENT``)."""
+        reason = INCOHERENT.get((self.durability, self.effects))
+        if reason is not None:
+            raise HandlerDeclarationError(reason)
 
 
 _ATTR = "__fence_declaration__"
@@ -94,15 +115,18 @@ class _Declared:
 
     durability: str
     effects: str
+    on_failure: str = "quarantine"
 
     def parse(self) -> Declaration:
         """The checked ``Declaration``; raises ``HandlerDeclarationError`` naming the pair."""
         try:
-            decl = Declaration(Durability(self.durability), Effects(self.effects))
+            decl = Declaration(Durability(self.durability), Effects(self.effects),
+                               OnFailure(self.on_failure))
         except ValueError as exc:
             raise HandlerDeclarationError(
-                f"{exc}: use durability {' | '.join(d.value for d in Durability)} and effects "
-                f"{' | '.join(e.value for e in Effects)}") from exc
+                f"{exc}: use durability {' | '.join(d.value for d in Durability)}, effects "
+                f"{' | '.join(e.value for e in Effects)} and on_failure "
+                f"{' | '.join(o.value for o in OnFailure)}") from exc
         try:
             decl.check()
         except HandlerDeclarationError as exc:
@@ -112,13 +136,14 @@ class _Declared:
 
 
 def handler(
-    *, durability: str = "durable-critical", effects: str = "transactional"
+    *, durability: str = "durable-critical", effects: str = "transactional",
+    on_failure: str = "quarantine",
 ) -> Callable[[HandlerFn], HandlerFn]:
-    """Declare a handler's durability class and effect semantics.
+    """Declare a handler's durability class, effect semantics and failure behaviour.
 
     Never raises: an incoherent or unknown pair is refused when the handler is loaded
     (``declaration_of``, ``load_handler``), not when its module is imported."""
-    declared = _Declared(durability, effects)
+    declared = _Declared(durability, effects, on_failure)
 
     def mark(fn: HandlerFn) -> HandlerFn:
         setattr(fn, _ATTR, declared)

@@ -17,6 +17,12 @@ Rules
   ``Fenced`` (nothing applied), ``NotCommitted`` or ``OutcomeUnknown``.
 - ``skip`` is ``process`` without records: under the token, move the frontier forward to
   ``to_offset`` and journal ``reason`` (retention gap accepted by the operator's option).
+- A handler exception is raised as ``HandlerFailed`` (transient or poison; nothing
+  applied), except where it means the lifetime must stop (handler misuse, a deployment
+  error such as an undefined table). ``process(..., clear_attempts=True)`` also deletes the
+  partition's durable attempt counts below the batch end, in the same transaction.
+- ``AttemptStore`` (both stores): ``record_attempt`` counts one attempt of an offset under
+  the token in its own committed write; ``attempts`` reads the failure marks at claim.
 - ``journal`` appends an ownership-journal row (fence, retirement, release); it never
   decides anything and is best-effort for the caller.
 """
@@ -26,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from fencing.failures import Attempts
 from fencing.types import (
     ClaimRequest,
     SourceCheck,
@@ -36,7 +43,7 @@ from fencing.types import (
     Verdict,
 )
 
-__all__ = ["JOURNAL_EVENTS", "FenceStore", "HandlerFn"]
+__all__ = ["JOURNAL_EVENTS", "AttemptStore", "FenceStore", "HandlerFn"]
 
 # An effect handler: given the transaction's connection (asyncpg Connection for the
 # PostgreSQL store, a MemoryTx for the in-memory store) and the batch, returns one
@@ -83,3 +90,16 @@ class FenceStore(Protocol):
         epoch: int | None = None,
         detail: str = "",
     ) -> None: ...
+
+
+@runtime_checkable
+class AttemptStore(Protocol):
+    """Durable attempt counts of failing offsets (``fencing.failures``)."""
+
+    async def record_attempt(self, tp: TopicPartition, token: Token, *, offset: int,
+                             max_attempts: int, error: str | None,
+                             next_retry_in_s: float | None,
+                             at_least: int = 1) -> Attempts: ...
+
+    async def attempts(self, tokens: Mapping[TopicPartition, Token]
+                       ) -> Mapping[TopicPartition, Attempts]: ...

@@ -23,6 +23,7 @@ class SpanHandle(Protocol):
     """What the code that opened a span may do with it."""
 
     def set_attribute(self, key: str, value: Any) -> None: ...
+    def add_event(self, name: str, attrs: Mapping[str, Any]) -> None: ...
 
 
 class Tracing(Protocol):
@@ -34,6 +35,9 @@ class Tracing(Protocol):
 
 class _NullSpan:
     def set_attribute(self, key: str, value: Any) -> None:
+        return None
+
+    def add_event(self, name: str, attrs: Mapping[str, Any]) -> None:
         return None
 
 

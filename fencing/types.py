@@ -66,9 +66,15 @@ class Accept:
 
 @dataclass(frozen=True, slots=True)
 class Reject:
-    """Quarantine the record with ``reason`` in the transaction that advances the frontier."""
+    """Quarantine the record with ``reason`` in the transaction that advances the frontier.
+
+    The worker fills the ``error_*`` fields when it quarantines a poison record (the
+    handler's exception type, message and a digest of its traceback)."""
 
     reason: str
+    error_type: str | None = None
+    error_message: str | None = None
+    traceback_digest: str | None = None
 
 
 Verdict = Accept | Reject

@@ -34,6 +34,7 @@ from fencing.types import ACCEPT, Reject, SourceRecord, TopicPartition, Verdict
 
 __all__ = [
     "BATCH_BUCKETS_S",
+    "FAILURE_KINDS",
     "REBALANCE_BUCKETS_S",
     "RETIREMENT_REASONS",
     "RETRY_OPERATIONS",
@@ -54,6 +55,9 @@ RETIREMENT_REASONS = tuple(c.__name__ for c in (Fenced, Retired, OutcomeUnknown,
 
 def _tp_attrs(tp: TopicPartition) -> dict[str, str | int]:
     return {"topic": tp.topic, "partition": tp.partition}
+
+
+FAILURE_KINDS = ("attempt", "retry", "bisection", "quarantine")
 
 
 class Instruments:
@@ -83,6 +87,13 @@ class Instruments:
         self._retries = m.create_counter(
             "fence.retries", unit="{call}",
             description="Store calls retried under the three-call policy, by operation")
+        self._failures = m.create_counter(
+            "fence.handler.failures", unit="{event}",
+            description="Handler failure handling, by kind: attempt (a durable attempt count "
+                        "written), retry (a transient retry), bisection (a probe transaction), "
+                        "quarantine (a poison or exhausted record quarantined)")
+        for kind in FAILURE_KINDS:
+            self._failures.add(0, {"kind": kind})
         self._batch_duration = m.create_histogram(
             "fence.batch.duration", unit="s",
             description="Wall time of one guarded batch commit, including retries",
@@ -189,6 +200,10 @@ class Instruments:
     def retired(self, *, reason: str) -> None:
         """A lifetime retired (``fenced``, ``unresolved``, ``source-refused``, ``stopped`` ...)."""
         self._retirements.add(1, {"reason": reason})
+
+    def handler_failure(self, tp: TopicPartition, *, kind: str, count: int = 1) -> None:
+        """``count`` handler-failure events of ``kind`` (``FAILURE_KINDS``) on ``tp``."""
+        self._failures.add(count, {"kind": kind, **_tp_attrs(tp)})
 
     def retry(self, *, operation: str) -> None:
         """One store call of ``operation`` is retried after a not-committed or read error."""

@@ -33,6 +33,9 @@ class _Recorded:
         self.outcome_set = self.outcome_set or key == "fence.outcome"
         self.span.set_attribute(key, value)
 
+    def add_event(self, name: str, attrs: Mapping[str, Any]) -> None:
+        self.span.add_event(name, attributes=dict(attrs))
+
 
 class OtelTracing:
     """Spans from ``tracer`` (default: the global provider's ``fenceworker`` tracer)."""

@@ -42,6 +42,8 @@ class QuarantineRow:
     epoch: int
     key: bytes | None
     value: bytes | None
+    error_type: str | None = None
+    traceback_digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,9 @@ Rules
   claim and process and before every read (``skip``, ``journal`` and ``heartbeat`` have
   faults and events but no interleave hook);
   cancellation is honoured at each of these points.
+- Handler exceptions become ``HandlerFailed`` (transient only for a ``Transient``);
+  attempt counts live in ``attempt_rows`` (``AttemptStore``), read and written without
+  faults or events (the simulator models no handler failures).
 - ``writes`` lists every durable write (claim, process, skip, journal) in order.
 """
 
@@ -40,6 +43,7 @@ from fencing.errors import (
     OutcomeUnknown,
     ReadFailed,
 )
+from fencing.failures import Attempts, handler_failure
 from fencing.handler import check_verdicts
 from fencing.memory.faults import Fault, FaultOutcome, InterleavePoint, Operation
 from fencing.memory.rows import (
@@ -119,6 +123,7 @@ class MemoryFenceStore:
         self.members: dict[str, MemberRow] = {}
         self.writes: list[WriteRecord] = []
         self.events: list[StoreEvent] = []
+        self.attempt_rows: dict[tuple[TopicPartition, int], tuple[int, str | None]] = {}
         self._tables: dict[str, dict[Any, Any]] = {}
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._base = _Frame("-", (), self)
@@ -316,7 +321,8 @@ class MemoryFenceStore:
         return await self._run(Operation.OBSERVE, effect)
 
     async def process(
-        self, tp: TopicPartition, token: Token, records: Sequence[SourceRecord], handler: HandlerFn
+        self, tp: TopicPartition, token: Token, records: Sequence[SourceRecord], handler: HandlerFn,
+        *, clear_attempts: bool = False,
     ) -> Token:
         end = batch_end(tp, token, records)
 
@@ -329,13 +335,23 @@ class MemoryFenceStore:
                 if fault is not None and fault.outcome is FaultOutcome.ABORT:
                     raise NotCommitted(f"process {tp}: injected rollback (call {call})")
                 tx = MemoryTx(self.group_id, self._tables)
-                verdicts = check_verdicts(await handler(tx, records), len(records))
+                try:
+                    returned = await handler(tx, records)
+                except Exception as exc:
+                    err = handler_failure(exc, what=f"process {tp}")
+                    if err is exc:
+                        raise
+                    raise err from exc
+                verdicts = check_verdicts(returned, len(records))
                 self._require(tp, token)  # the row lock makes this a no-op; kept as an assertion
                 if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_ABORTED:
                     raise OutcomeUnknown(
                         f"process {tp}: injected lost COMMIT, not applied (call {call})"
                     )
                 new = self._commit_process(tp, token, end, records, verdicts, tx, label)
+                if clear_attempts:
+                    for key in [k for k in self.attempt_rows if k[0] == tp and k[1] < end]:
+                        del self.attempt_rows[key]
                 state["applied"] = True
             await self._point(Operation.PROCESS, call, "after", fault, label)
             if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_COMMITTED:
@@ -367,7 +383,8 @@ class MemoryFenceStore:
         for rec, verdict in zip(records, verdicts, strict=True):
             if isinstance(verdict, Reject):
                 self.quarantine.append(
-                    QuarantineRow(tp, rec.offset, verdict.reason, token.epoch, rec.key, rec.value)
+                    QuarantineRow(tp, rec.offset, verdict.reason, token.epoch, rec.key, rec.value,
+                                  verdict.error_type, verdict.traceback_digest)
                 )
         self._tables.update(tx._changed)
         self.rows[tp] = replace(row, frontier=end, updated_s=self._clock())
@@ -423,6 +440,37 @@ class MemoryFenceStore:
             state["applied"] = True
 
         await self._run(Operation.JOURNAL, effect)
+
+    async def record_attempt(self, tp: TopicPartition, token: Token, *, offset: int,
+                             max_attempts: int, error: str | None,
+                             next_retry_in_s: float | None, at_least: int = 1) -> Attempts:
+        """``AttemptStore.record_attempt``: one more attempt of ``offset`` under ``token``."""
+        async with self._lock(tp):
+            self._require(tp, token)
+            count, last = self.attempt_rows.get((tp, offset), (0, None))
+            last = error if error is not None else last
+            count = max(count + 1, at_least)
+            self.attempt_rows[(tp, offset)] = (count, last)
+            return Attempts(count=count, last_error=last)
+
+    async def attempts(self, tokens: Mapping[TopicPartition, Token]
+                       ) -> Mapping[TopicPartition, Attempts]:
+        """``AttemptStore.attempts``: unclean = the previous epoch's claimer journaled no
+        release/retire after its claim."""
+        out: dict[TopicPartition, Attempts] = {}
+        for tp, token in tokens.items():
+            count, last = self.attempt_rows.get((tp, token.frontier), (0, None))
+            out[tp] = Attempts(unclean=self._unclean(tp, token.epoch - 1), count=count,
+                               last_error=last)
+        return out
+
+    def _unclean(self, tp: TopicPartition, epoch: int) -> bool:
+        rows = [r for r in self.journal_rows if r.tp == tp]
+        for i, r in enumerate(rows):
+            if r.event == "claim" and r.epoch == epoch:
+                return not any(x.lifetime == r.lifetime and x.event in ("release", "retire")
+                               for x in rows[i + 1:])
+        return False
 
     async def heartbeat(self, *, lifetime: str, member_id: str | None, host: str, pid: int,
                         state: str, detail: Mapping[str, Any] | None = None) -> None:

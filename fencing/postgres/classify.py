@@ -31,6 +31,15 @@ tests/integration/test_lost_commit.py and tests/unit/test_classify.py)
   a note ("outcome unknown") and discards the connection; the cancelled lifetime stops and
   never writes again, and the next owner's claim fences whatever did commit.
 - Errors that are not foreign (``FenceError``, a handler's own exceptions) are not translated.
+- Inside the handler (``wrap_handler_error``): serialization failure 40001, deadlock 40P01
+  and lock not available 55P03 are transient (a failure before COMMIT is a known "not
+  committed": the batch is rolled back and retried with backoff), and so is an ``OSError``
+  of the handler's own calls; a lost store connection (asyncpg's interface errors, 08,
+  57P0x) is the store's failure and stays ``NotCommitted`` (the
+  three-call policy retries it at once under the same token, so a zombie's retry is
+  fenced); a statement in an aborted transaction (25P02, handler misuse) and deployment
+  errors (classes 42 and 3F: undefined table or column, permission, schema) keep their own
+  classification and stop the lifetime; any other error is poison (``fencing.failures``).
 - ``connection_suspect``: after a cancellation or a foreign error other than a server error
   reply (SQLSTATE outside class 08) the store discards the connection instead of using it.
 """
@@ -49,6 +58,7 @@ from fencing.errors import (
     ReadFailed,
     StatementRejected,
 )
+from fencing.failures import handler_failure
 
 __all__ = [
     "DETERMINISTIC_CLASSES",
@@ -56,8 +66,10 @@ __all__ = [
     "classify",
     "connection_suspect",
     "deterministic",
+    "handler_transient",
     "is_foreign",
     "translate",
+    "wrap_handler_error",
 ]
 
 
@@ -117,6 +129,37 @@ def connection_suspect(exc: BaseException) -> bool:
         return False
     state = _sqlstate(exc)
     return not (isinstance(exc, asyncpg.PostgresError) and state and not state.startswith("08"))
+
+
+_TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03"})
+_NOT_WRAPPED_CLASSES = frozenset({"42", "3F"})
+_MISUSE_SQLSTATE = "25P02"
+
+
+def handler_transient(exc: BaseException) -> bool:
+    """True for an error of the handler's own work that a retry may not repeat: 40001,
+    40P01, 55P03, or an ``OSError``/``TimeoutError`` of its own network calls."""
+    return _sqlstate(exc) in _TRANSIENT_SQLSTATES or (
+        isinstance(exc, OSError | TimeoutError) and not _store_failure(exc))
+
+
+def _store_failure(exc: BaseException) -> bool:
+    """The store's connection failing under a handler statement: asyncpg's interface and
+    connection errors, the server ending the session (SQLSTATE 08, 57P0x)."""
+    state = _sqlstate(exc)
+    return (isinstance(exc, asyncpg.InterfaceError | asyncpg.exceptions.InternalClientError)
+            or (isinstance(exc, asyncpg.PostgresError)
+                and (state.startswith("08") or state in _UNKNOWN_SQLSTATES)))
+
+
+def wrap_handler_error(exc: Exception, what: str) -> Exception:
+    """What the store raises for ``exc`` from the handler: ``HandlerFailed`` (transient or
+    poison), or ``exc`` itself where the store's classification applies (see the Rules)."""
+    state = _sqlstate(exc)
+    if _store_failure(exc) or (isinstance(exc, asyncpg.PostgresError) and (
+            state == _MISUSE_SQLSTATE or state[:2] in _NOT_WRAPPED_CLASSES)):
+        return exc
+    return handler_failure(exc, what=what, transient=handler_transient)
 
 
 def classify(exc: BaseException, phase: Phase) -> type[FenceError] | None:

@@ -9,7 +9,8 @@ Rules
   build needs; the store refuses to start on any other version (older: run
   ``fencectl migrate``; newer: deploy a newer worker).
 - ``grant_worker_sql`` is the least-privilege grant for a worker role: it reads and
-  writes the fence tables but cannot change the schema, rewrite the journal, or delete.
+  writes the fence tables but cannot change the schema, rewrite the journal, or delete
+  (except attempt counts, deleted once their offset commits).
 """
 
 from __future__ import annotations
@@ -137,4 +138,5 @@ def grant_worker_sql(schema: str, role: str) -> list[str]:
         f"GRANT SELECT ON {q}.schema_version TO {r}",
         f"GRANT SELECT, INSERT, UPDATE ON {q}.partitions, {q}.members, {q}.quarantine TO {r}",
         f"GRANT SELECT, INSERT ON {q}.journal TO {r}",
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON {q}.attempts TO {r}",
     ]

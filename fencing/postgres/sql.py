@@ -44,6 +44,9 @@ class Statements:
     skip: str
     journal: str
     heartbeat: str
+    record_attempt: str
+    clear_attempts: str
+    attempts: str
 
     @classmethod
     def for_schema(cls, schema: str) -> Statements:
@@ -92,13 +95,17 @@ SELECT id, epoch, frontier FROM {s}.partitions
 WHERE group_id = $1 AND topic = $2 AND partition = $3""",
             quarantine=f"""
 INSERT INTO {s}.quarantine AS q
-    (group_id, topic, partition, "offset", key, value, headers, reason, epoch)
-SELECT $1, $2, $3, o, k, v, h::jsonb, r, $4
-FROM unnest($5::bigint[], $6::bytea[], $7::bytea[], $8::text[], $9::text[]) AS t(o, k, v, h, r)
+    (group_id, topic, partition, "offset", key, value, headers, reason, epoch,
+     error_type, error_message, traceback_digest)
+SELECT $1, $2, $3, o, k, v, h::jsonb, r, $4, et, em, td
+FROM unnest($5::bigint[], $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[],
+            $11::text[], $12::text[]) AS t(o, k, v, h, r, et, em, td)
 ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE
     SET key = EXCLUDED.key, value = EXCLUDED.value, headers = EXCLUDED.headers,
         reason = EXCLUDED.reason, epoch = EXCLUDED.epoch, at = now(),
-        state = 'quarantined'""",
+        state = 'quarantined',
+        error_type = EXCLUDED.error_type, error_message = EXCLUDED.error_message,
+        traceback_digest = EXCLUDED.traceback_digest""",
             skip=f"""
 WITH upd AS (
     UPDATE {s}.partitions SET frontier = $6, updated_at = now()
@@ -120,4 +127,40 @@ ON CONFLICT (lifetime_id) DO UPDATE
     SET member_id = coalesce(EXCLUDED.member_id, m.member_id), host = EXCLUDED.host,
         pid = EXCLUDED.pid, state = EXCLUDED.state, detail = EXCLUDED.detail,
         last_seen = now()""",
+            # FOR SHARE: a concurrent claim is waited for and then fences this write
+            record_attempt=f"""
+WITH p AS (
+    SELECT 1 FROM {s}.partitions
+    WHERE group_id = $1 AND topic = $2 AND partition = $3 AND epoch = $4 AND frontier = $5
+    FOR SHARE
+)
+INSERT INTO {s}.attempts AS a (group_id, topic, partition, "offset", attempts, max_attempts,
+                               last_error, next_retry_at, epoch)
+SELECT $1, $2, $3, $6, $10, $7, $8, now() + make_interval(secs => $9), $4 FROM p
+ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE
+    SET attempts = greatest(a.attempts + 1, EXCLUDED.attempts),
+        max_attempts = EXCLUDED.max_attempts,
+        last_error = coalesce(EXCLUDED.last_error, a.last_error),
+        next_retry_at = EXCLUDED.next_retry_at, epoch = EXCLUDED.epoch, updated_at = now()
+RETURNING a.attempts, a.last_error""",
+            clear_attempts=f"""
+DELETE FROM {s}.attempts WHERE group_id = $1 AND topic = $2 AND partition = $3
+    AND "offset" < $4""",
+            # unclean: the lifetime that claimed the previous epoch journaled no release or
+            # retire for the partition after that claim (it died, or lost it silently)
+            attempts=f"""
+SELECT r.topic, r.partition, coalesce(a.attempts, 0) AS attempts, a.last_error,
+    EXISTS (
+        SELECT 1 FROM {s}.journal c
+        WHERE c.group_id = $1 AND c.topic = r.topic AND c.partition = r.partition
+          AND c.event = 'claim' AND c.epoch = r.epoch - 1
+          AND NOT EXISTS (
+              SELECT 1 FROM {s}.journal x
+              WHERE x.group_id = $1 AND x.topic = r.topic AND x.partition = r.partition
+                AND x.lifetime = c.lifetime AND x.id > c.id
+                AND x.event IN ('release', 'retire'))) AS unclean
+FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[]) AS r(topic, partition, epoch,
+                                                                   frontier)
+LEFT JOIN {s}.attempts a ON a.group_id = $1 AND a.topic = r.topic
+    AND a.partition = r.partition AND a."offset" = r.frontier""",
         )

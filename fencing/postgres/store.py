@@ -41,9 +41,10 @@ from typing import Any
 import asyncpg
 
 from fencing.crashpoints import crash_point, is_armed_for
-from fencing.errors import Fenced, HandlerMisuse
+from fencing.errors import Fenced, HandlerFailed, HandlerMisuse
+from fencing.failures import Attempts
 from fencing.handler import check_verdicts
-from fencing.postgres.classify import Phase, connection_suspect, translate
+from fencing.postgres.classify import Phase, connection_suspect, translate, wrap_handler_error
 from fencing.postgres.schema import DEFAULT_SCHEMA, check_version
 from fencing.postgres.sql import Statements
 from fencing.resolution import batch_end, decide_validation
@@ -260,6 +261,8 @@ class PgFenceStore:
         token: Token,
         records: Sequence[SourceRecord],
         handler: HandlerFn,
+        *,
+        clear_attempts: bool = False,
     ) -> Token:
         end = batch_end(tp, token, records)
         phase = Phase.BEFORE_COMMIT
@@ -268,8 +271,12 @@ class PgFenceStore:
                 row_id = await self._row_id(conn, tp, token)
                 try:
                     await self._apply(conn, tp, token, end, row_id, records, handler)
+                    if clear_attempts:  # only after a failure was seen: never on the hot path
+                        await conn.execute(self._sql.clear_attempts, self.group_id, tp.topic,
+                                           tp.partition, end)
                 except BaseException as exc:
-                    await _abandon(conn, exc)
+                    failed = exc.__cause__ if isinstance(exc, HandlerFailed) else None
+                    await _abandon(conn, failed if failed is not None else exc)
                     if getattr(exc, "sqlstate", None) == _IN_FAILED_TRANSACTION:
                         raise HandlerMisuse(
                             f"process {tp}: a statement ran in an aborted transaction "
@@ -333,7 +340,15 @@ class PgFenceStore:
             held = "no row" if now is None else f"epoch={now['epoch']} frontier={now['frontier']}"
             raise Fenced(f"process {tp}: token epoch={token.epoch} frontier={token.frontier} "
                          f"does not match the durable {held}")
-        verdicts = check_verdicts(await handler(conn, records), len(records))
+        try:
+            returned = await handler(conn, records)
+        except Exception as exc:
+            err = wrap_handler_error(exc, f"process {tp} offsets {records[0].offset}.."
+                                          f"{records[-1].offset}")
+            if err is exc:
+                raise
+            raise err from exc
+        verdicts = check_verdicts(returned, len(records))
         rejected = [(r, v) for r, v in zip(records, verdicts, strict=True)
                     if v is not ACCEPT and isinstance(v, Reject)]
         if rejected:
@@ -341,7 +356,9 @@ class PgFenceStore:
                 self._sql.quarantine, self.group_id, tp.topic, tp.partition, token.epoch,
                 [r.offset for r, _ in rejected], [r.key for r, _ in rejected],
                 [r.value for r, _ in rejected], [_headers_json(r.headers) for r, _ in rejected],
-                [v.reason for _, v in rejected])
+                [v.reason for _, v in rejected], [v.error_type for _, v in rejected],
+                [v.error_message for _, v in rejected],
+                [v.traceback_digest for _, v in rejected])
 
     async def skip(self, tp: TopicPartition, token: Token, *, to_offset: int, reason: str) -> Token:
         if to_offset < token.frontier:
@@ -353,6 +370,36 @@ class PgFenceStore:
             raise Fenced(f"skip {tp}: token epoch={token.epoch} frontier={token.frontier} "
                          "no longer matches")
         return Token(rows[0]["epoch"], rows[0]["frontier"])
+
+    async def record_attempt(self, tp: TopicPartition, token: Token, *, offset: int,
+                             max_attempts: int, error: str | None,
+                             next_retry_in_s: float | None, at_least: int = 1) -> Attempts:
+        """Under ``token``, count one more attempt of ``offset`` (committed before the attempt
+        runs; the count becomes at least ``at_least``); returns the count and last error.
+        Raises ``Fenced`` when the token no longer matches."""
+        rows = await self._fetch(
+            Phase.IN_FLIGHT, f"record attempt {tp}@{offset}", self._sql.record_attempt,
+            self.group_id, tp.topic, tp.partition, token.epoch, token.frontier, offset,
+            max_attempts, None if error is None else error[:2000],
+            None if next_retry_in_s is None else float(next_retry_in_s), max(1, int(at_least)))
+        if not rows:
+            raise Fenced(f"record attempt {tp}: token epoch={token.epoch} "
+                         f"frontier={token.frontier} no longer matches")
+        return Attempts(count=int(rows[0]["attempts"]), last_error=rows[0]["last_error"])
+
+    async def attempts(self, tokens: Mapping[TopicPartition, Token]
+                       ) -> Mapping[TopicPartition, Attempts]:
+        """Read-only: the durable failure marks of each partition at its token's frontier."""
+        tps = sorted(tokens)
+        if not tps:
+            return {}
+        rows = await self._fetch(
+            Phase.READ, "attempts", self._sql.attempts, self.group_id, [tp.topic for tp in tps],
+            [tp.partition for tp in tps], [tokens[tp].epoch for tp in tps],
+            [tokens[tp].frontier for tp in tps])
+        return {TopicPartition(r["topic"], r["partition"]): Attempts(
+            unclean=bool(r["unclean"]), count=int(r["attempts"]), last_error=r["last_error"])
+            for r in rows}
 
     async def journal(
         self,

@@ -35,6 +35,7 @@ from fencing import crashpoints
 from fencing.errors import (
     ConfigError,
 )
+from fencing.failures import RetryPolicy
 from fencing.handler import HandlerContext, build_handler
 from fencing.types import Token, TopicPartition
 from ops.worker import startup
@@ -98,6 +99,14 @@ def register(sub: Any) -> None:
                         "seconds (default 8; must be below the 20 s lifetime budget)")
     p.add_argument("--restart-lifetimes", type=int, default=0,
                    help="start up to N fresh lifetimes after a retirement before exiting 3")
+    p.add_argument("--retry-initial-ms", type=int, default=200,
+                   help="first backoff of a transient handler failure (jittered, doubling)")
+    p.add_argument("--retry-max-ms", type=int, default=10_000, help="longest retry backoff")
+    p.add_argument("--retry-max-attempts", type=int, default=5,
+                   help="attempts of a transiently failing batch before it is bisected")
+    p.add_argument("--max-attempts", type=int, default=3,
+                   help="durable attempts of one record (e.g. process deaths) before it is "
+                        "quarantined")
     p.add_argument("--log-level", default=None,
                    help=f"{' | '.join(n.lower() for n in _LOG_LEVELS)} (default "
                         "$FENCE_LOG_LEVEL or info)")
@@ -123,6 +132,9 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
         restart_lifetimes=args.restart_lifetimes,
         db_idle_in_transaction_timeout_s=args.db_idle_in_transaction_timeout_s,
         x_options=parse_x_options(args.x),
+        retry=RetryPolicy(initial_ms=args.retry_initial_ms, max_ms=args.retry_max_ms,
+                          retry_max_attempts=args.retry_max_attempts,
+                          max_attempts=args.max_attempts),
         handler_settings=settings)
     cfg.check()
     return cfg
@@ -240,7 +252,7 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
                 settings=settings, topic=cfg.subscription, cooperative=cfg.cooperative,
                 rebalancer=rb, poll_timeout_s=cfg.poll_timeout_s, clock=time.monotonic,
                 on_commit_failure=obs.instruments.kafka_commit_failed),
-            on_event=obs.on_event,
+            on_event=obs.on_event, instruments=obs.instruments, tracing=OtelTracing(),
             trace_links=links_for_records if telemetry.exporting else None)
         obs.member_id_source = lambda: worker.member_id
         obs.observer.progress = worker.progress

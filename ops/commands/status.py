@@ -76,9 +76,14 @@ async def read_rows(
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         now = await conn.fetchval("SELECT now()")
         prow = await conn.fetch(
-            f"SELECT group_id, topic, partition, epoch, frontier, owner, topic_id, updated_at"
-            f" FROM {q}.partitions WHERE $1::text IS NULL OR group_id = $1"
-            f" ORDER BY group_id, topic, partition", group)
+            f"SELECT p.group_id, p.topic, p.partition, p.epoch, p.frontier, p.owner,"
+            f" p.topic_id, p.updated_at, a.attempts, a.max_attempts, a.next_retry_at,"
+            f" a.last_error, (SELECT count(*) FROM {q}.quarantine x WHERE x.group_id ="
+            f" p.group_id AND x.topic = p.topic AND x.partition = p.partition) AS quarantined"
+            f" FROM {q}.partitions p LEFT JOIN {q}.attempts a ON a.group_id = p.group_id"
+            f" AND a.topic = p.topic AND a.partition = p.partition AND a.\"offset\" = p.frontier"
+            f" WHERE $1::text IS NULL OR p.group_id = $1"
+            f" ORDER BY p.group_id, p.topic, p.partition", group)
         mrow = await conn.fetch(
             f"SELECT lifetime_id, group_id, member_id, host, pid, state, started_at,"
             f" last_seen, detail::text AS detail FROM {q}.members"
@@ -87,7 +92,9 @@ async def read_rows(
             f" (SELECT owner FROM {q}.partitions WHERE $1::text IS NULL OR group_id = $1))"
             f" ORDER BY group_id, started_at, lifetime_id", group, members_since_s)
     parts = [PartitionRow(r["group_id"], r["topic"], r["partition"], r["epoch"], r["frontier"],
-                          r["owner"], r["topic_id"], r["updated_at"]) for r in prow]
+                          r["owner"], r["topic_id"], r["updated_at"], r["quarantined"],
+                          r["attempts"], r["max_attempts"], r["next_retry_at"], r["last_error"])
+             for r in prow]
     members = [MemberRow(r["lifetime_id"], r["group_id"], r["member_id"], r["host"], r["pid"],
                          r["state"], r["started_at"], r["last_seen"], json.loads(r["detail"]))
                for r in mrow]

@@ -18,6 +18,9 @@ Rules
   within the bound (``--offset-mirror-warn-s``; the row's ``updated_at`` is when the
   frontier last moved), *mismatch* (flagged with a note) when it differs longer than that,
   *unknown* when Kafka did not answer. No committed offset at all differs too.
+- A partition whose frontier offset has a durable attempt count is *retrying* (attempt n of
+  m, the next retry's time) or a *suspect* being tried alone; the quarantined count is shown
+  per partition (``fencing.failures``).
 - A partition is *stalled* while its owner is observed and lists it in its member row's
   ``detail.stalled`` (``consumer.observability.stall``); OWNER-STATE then reads
   ``observed/running/stalled`` and a note says so.
@@ -147,6 +150,11 @@ class PartitionRow:
     owner: str | None
     topic_id: str | None
     updated_at: datetime
+    quarantined: int = 0  # quarantine rows of the partition (rejects and poison records)
+    attempts: int | None = None  # durable attempt count at the frontier (None: not failing)
+    max_attempts: int | None = None
+    next_retry_at: datetime | None = None  # None: not backing off (a suspect attempt)
+    last_error: str | None = None
 
 
 class MirrorView(enum.Enum):
@@ -186,6 +194,23 @@ def _mirror_note(row: PartitionRow, committed: int | None, *, now: datetime,
             "check its log and fence_kafka_commits_failed_total")
 
 
+def _failure_notes(row: PartitionRow) -> list[str]:
+    notes = []
+    if row.attempts is not None:
+        error = f" (last error: {row.last_error})" if row.last_error else ""
+        if row.next_retry_at is not None:
+            notes.append(f"retrying offset {row.frontier}: attempt {row.attempts} of "
+                         f"{row.max_attempts}, next retry at {row.next_retry_at.isoformat()}"
+                         f"{error}")
+        else:
+            notes.append(f"suspect offset {row.frontier}: attempt {row.attempts} of "
+                         f"{row.max_attempts} before quarantine (earlier attempts did not "
+                         f"complete: process deaths?){error}")
+    if row.quarantined:
+        notes.append(f"{row.quarantined} record(s) quarantined")
+    return notes
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionView:
     row: PartitionRow
@@ -209,6 +234,10 @@ class PartitionView:
             "lag": self.lag, "topic_id": r.topic_id, "updated_at": r.updated_at.isoformat(),
             "kafka_committed": self.kafka_committed, "kafka_mirror": self.mirror.value,
             "stalled": self.stalled, "notes": list(self.notes),
+            "quarantined": r.quarantined, "retrying": None if r.attempts is None else {
+                "offset": r.frontier, "attempt": r.attempts, "max_attempts": r.max_attempts,
+                "next_retry_at": None if r.next_retry_at is None
+                else r.next_retry_at.isoformat(), "last_error": r.last_error},
         }
 
 
@@ -241,6 +270,7 @@ def view_partition(
         owner_state = f"{owner_state}/stalled"
         notes.append("stalled: its owner reports lag and no fetch or commit progress for "
                      "--stall-timeout-s (see the owner's /readyz and log)")
+    notes += _failure_notes(row)
     mirror = classify_mirror(row.frontier, committed, updated_at=row.updated_at,
                              now=row.updated_at if now is None else now, bound_s=mirror_warn_s)
     if mirror is MirrorView.MISMATCH and committed is not None and now is not None:

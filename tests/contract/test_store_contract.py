@@ -11,7 +11,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from fencing.errors import Fenced, HandlerDeclarationError, RecreatedTopic, RetentionGap
+from fencing.errors import (
+    Fenced,
+    HandlerDeclarationError,
+    HandlerFailed,
+    RecreatedTopic,
+    RetentionGap,
+)
 from fencing.memory.store import MemoryFenceStore, MemoryTx
 from fencing.postgres.store import PgFenceStore
 from fencing.store import FenceStore
@@ -218,9 +224,15 @@ async def test_handler_failure_rolls_back_everything(h: Harness, failure: str) -
             raise RuntimeError("handler bug")
         return verdicts[:-1]
 
-    expected = RuntimeError if failure == "raises" else HandlerDeclarationError
-    with pytest.raises(expected):
+    # a raise is the handler's failure, typed for the failure handling (poison: not a
+    # transient class), with the exception's type and message; misuse stays misuse
+    expected = HandlerFailed if failure == "raises" else HandlerDeclarationError
+    with pytest.raises(expected) as raised:
         await h.store.process(TP, token, make_records(TP, range(3), bad=[0]), broken)
+    if failure == "raises":
+        assert isinstance(raised.value, HandlerFailed) and not raised.value.transient
+        assert (raised.value.error_type, raised.value.error_message) == (
+            "RuntimeError", "handler bug")
     assert await h.effects() == [] and await h.quarantine() == []
     assert await h.store.observe([TP]) == {TP: Token(1, 0)}
     assert await h.store.process(TP, token, make_records(TP, range(3)), h.handle) == Token(1, 3)

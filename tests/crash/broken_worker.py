@@ -6,8 +6,9 @@ design of a worker that fences ownership in PostgreSQL but keeps progress in Kaf
 - ``Lifecycle.seek`` positions each partition at the group's committed Kafka offset (the
   earliest offset when there is none) instead of the durable frontier, and makes that its
   token's frontier;
-- the fence statement checks the epoch only (with the frontier check, every batch of this
-  worker would be fenced and it would exit 3 instead of applying records twice).
+- the fence statement (and the attempt count's, written after the unclean end the crash
+  leaves) checks the epoch only (with the frontier check, every batch of this worker would
+  be fenced and it would exit 3 instead of applying records twice).
 
 Wherever Kafka's committed offset lags PostgreSQL (a crash after COMMIT and before the
 Kafka commit) it applies records a second time, which the reference oracle sees. Only the
@@ -58,7 +59,9 @@ def _epoch_only(cls: type[Statements], schema: str) -> Statements:
     s = _real_for_schema(cls, schema)
     return dataclasses.replace(
         s, begin_fence=s.begin_fence.replace(" AND frontier = {frontier:d}", ""),
-        prepare_fence=s.prepare_fence.replace(" AND frontier = $4", ""))
+        prepare_fence=s.prepare_fence.replace(" AND frontier = $4", ""),
+        record_attempt=s.record_attempt.replace(" AND frontier = $5",
+                                                " AND $5::bigint IS NOT NULL"))
 
 
 Lifecycle.seek = _seek_from_kafka  # type: ignore[method-assign]

@@ -12,13 +12,22 @@ The others misbehave on purpose, each the way one liveness or exit-code test nee
 ``swallowing_handler`` (catches a PostgreSQL error without a SAVEPOINT), ``ending_handler``
 (ends the store's transaction itself), ``raising_handler`` (raises ``ValueError``),
 ``undefined_table_handler`` (selects from a table that does not exist) and
-``stubborn_handler`` (ignores cancellation while ``$FENCE_TEST_HOLD_DIR/hold`` exists).
+``stubborn_handler`` (ignores cancellation while ``$FENCE_TEST_HOLD_DIR/hold`` exists);
+``stopping_raising_handler`` is ``raising_handler`` declared ``on_failure="stop"``.
+
+``failing_handler`` (handler failures): counts each record's committed applications in
+``<schema>.applied`` (``n`` per topic, partition, offset) and fails on the records its
+``--handler-setting``s name as ``partition:offset``: ``transient`` (the first
+``transient_times`` batches holding it fail: SQLSTATE 40001 raised by PostgreSQL, then
+``Transient``), ``poison`` (``ValueError`` every time) and ``kill`` (the process SIGKILLs
+itself, as an OOM kill would).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -26,16 +35,19 @@ from typing import Any
 
 import asyncpg
 
+from fencing.errors import Transient
 from fencing.handler import HandlerContext, handler, handler_factory
 from fencing.store import HandlerFn
-from fencing.types import SourceRecord, Verdict
+from fencing.types import ACCEPT, SourceRecord, Verdict
 from ops.reference.pg import ensure_tables, make_pg_handler
 
 __all__ = [
     "ending_handler",
+    "failing_handler",
     "holding_handler",
     "raising_handler",
     "slow_handler",
+    "stopping_raising_handler",
     "stubborn_handler",
     "swallowing_handler",
     "undefined_table_handler",
@@ -48,13 +60,14 @@ async def _ensure(conn: Any, context: HandlerContext) -> None:
     await ensure_tables(conn, context.schema)
 
 
-def _factory(wrap: Wrap) -> Callable[[HandlerContext], HandlerFn]:
+def _factory(wrap: Wrap, *, on_failure: str = "quarantine") -> Callable[[HandlerContext],
+                                                                         HandlerFn]:
     """A factory of the reference handler for the run's schema, wrapped by ``wrap``."""
     @handler_factory(ensure_tables=_ensure)
     def build(context: HandlerContext) -> HandlerFn:
         inner = make_pg_handler(schema=context.schema)
 
-        @handler(durability="durable-critical", effects="transactional")
+        @handler(durability="durable-critical", effects="transactional", on_failure=on_failure)
         async def handle(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
             return list(await wrap(inner, conn, records))
 
@@ -126,3 +139,47 @@ ending_handler = _factory(_end)
 raising_handler = _factory(_raise)
 undefined_table_handler = _factory(_undefined)
 stubborn_handler = _factory(_stubborn)
+stopping_raising_handler = _factory(_raise, on_failure="stop")
+
+
+def _at(setting: str | None) -> tuple[int, int] | None:
+    if not setting:
+        return None
+    partition, _, offset = setting.partition(":")
+    return int(partition), int(offset)
+
+
+async def _ensure_applied(conn: Any, context: HandlerContext) -> None:
+    await conn.execute(
+        f'CREATE TABLE IF NOT EXISTS "{context.schema}".applied (topic text, partition int,'
+        ' "offset" bigint, n int NOT NULL, PRIMARY KEY (topic, partition, "offset"))')
+
+
+@handler_factory(ensure_tables=_ensure_applied)
+def failing_handler(context: HandlerContext) -> HandlerFn:
+    settings = context.settings
+    transient, poison, kill = (_at(settings.get(k)) for k in ("transient", "poison", "kill"))
+    times = int(settings.get("transient_times", "2"))
+    failures = {"n": 0}
+    sql = (f'INSERT INTO "{context.schema}".applied AS a (topic, partition, "offset", n)'
+           ' SELECT $1, p, o, 1 FROM unnest($2::int[], $3::bigint[]) AS t(p, o)'
+           ' ON CONFLICT (topic, partition, "offset") DO UPDATE SET n = a.n + 1')
+
+    @handler(durability="durable-critical", effects="transactional")
+    async def handle(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
+        held = {(r.partition, r.offset) for r in records}
+        if kill in held:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if transient in held and failures["n"] < times:
+            failures["n"] += 1
+            if failures["n"] == 1:
+                await conn.execute("DO $$ BEGIN RAISE EXCEPTION 'injected serialization "
+                                   "failure' USING ERRCODE = '40001'; END $$")
+            raise Transient(f"downstream busy (failure {failures['n']})")
+        if poison in held:
+            raise ValueError(f"cannot parse record {poison[1]} of partition {poison[0]}")
+        await conn.execute(sql, records[0].topic, [r.partition for r in records],
+                           [r.offset for r in records])
+        return [ACCEPT] * len(records)
+
+    return handle

@@ -11,7 +11,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from fencing.errors import Fenced, NotCommitted, RecreatedTopic, RetentionGap, SchemaMismatch
+from fencing.errors import (
+    Fenced,
+    HandlerFailed,
+    RecreatedTopic,
+    RetentionGap,
+    SchemaMismatch,
+)
 from fencing.postgres.schema import SCHEMA_VERSION
 from fencing.postgres.store import PgFenceStore
 from fencing.types import (
@@ -249,7 +255,7 @@ async def test_store_refuses_unknown_schema_version(pg_dsn: str, fence_schema: s
         await PgFenceStore.connect(pg_dsn, group_id="g", schema=fence_schema)
 
 
-async def test_deadlock_in_handler_is_not_committed_and_retry_succeeds(
+async def test_deadlock_in_handler_is_transient_not_committed_and_retry_succeeds(
         pg_store: PgFenceStore, pg_dsn: str, fence_schema: str) -> None:
     tp_a, tp_b = TopicPartition("dl", 0), TopicPartition("dl", 1)
     tokens = await pg_store.claim([ClaimRequest(tp_a, 0), ClaimRequest(tp_b, 0)], lifetime="L")
@@ -278,7 +284,8 @@ async def test_deadlock_in_handler_is_not_committed_and_retry_succeeds(
         pg_store.process(tp_b, tokens[tp_b], make_records(tp_b, [0]), locker(2, 1)),
         return_exceptions=True)
     failed = [r for r in results if isinstance(r, BaseException)]
-    assert len(failed) == 1 and isinstance(failed[0], NotCommitted)
+    # the handler's deadlock: rolled back, transient (the worker retries it with backoff)
+    assert len(failed) == 1 and isinstance(failed[0], HandlerFailed) and failed[0].transient
     assert isinstance(failed[0].__cause__, asyncpg.DeadlockDetectedError)
     loser = tp_a if isinstance(results[0], BaseException) else tp_b
     assert (await pg_store.observe([loser]))[loser] == Token(1, 0)  # rolled back

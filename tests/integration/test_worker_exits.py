@@ -4,7 +4,8 @@ PostgreSQL; misbehaving handlers from ``tests.integration.handlers``).
 Items of the liveness issue: 3 (a consumer that cannot be built exits 2 naming the
 setting), 4 (COMMIT answered ROLLBACK: nothing applied, Kafka's offset does not move,
 exit 1 naming the mistake), 6 (PostgreSQL unavailable after the three-call policy exits 5;
-a handler exception 1 with its traceback; an undefined table 2 naming the SQLSTATE) and 9
+a handler declared to stop on failure 1 with its traceback; an undefined table 2 naming the
+SQLSTATE) and 9
 (the shutdown bound is final: exit 6 listing the abandoned batch).
 """
 
@@ -96,13 +97,17 @@ def test_postgres_unavailable_after_three_calls_exits_5(services) -> None:
     assert "lifetime ends (exit 5" in log
 
 
-def test_handler_exception_exits_1_with_its_traceback(services) -> None:
+def test_handler_declared_to_stop_exits_1_with_its_traceback(services) -> None:
+    """A handler exception no longer retires the lifetime (poison records are isolated and
+    quarantined, tests/integration/test_worker_failures.py), except for a handler declared
+    ``on_failure="stop"``: it fail-stops with exit 1 and the handler's traceback."""
     topic, group, schema = _topic_with_records(services)
     w = WorkerProc(topic=topic, group=group, schema=schema, setup=SETUP, name="raise",
-                   extra=("--handler", f"{HANDLERS}:raising_handler"))
+                   extra=("--handler", f"{HANDLERS}:stopping_raising_handler"))
     code, log = _finish(w, 60)
     assert code == 1, log[-3000:]
     assert "Traceback" in log and "ValueError: handler bug at offset" in log
+    assert "HandlerFailed" in log
     rows = asyncio.run(durable_rows(services.dsn, schema, group, topic))
     assert {f for _e, f in rows.values()} == {0}
 

@@ -10,6 +10,7 @@ from fencing.errors import (
     BudgetExceeded,
     ConfigError,
     Fenced,
+    HandlerFailed,
     NotCommitted,
     OutcomeUnknown,
     ReadFailed,
@@ -102,6 +103,8 @@ def test_submittable_drops_durable_records_and_refuses_bad_batches() -> None:
     (Unresolved("x"), FailureAction.RAISE_RETIRED),
     (BudgetExceeded("x"), FailureAction.RAISE_RETIRED),
     (RuntimeError("handler bug"), FailureAction.RAISE_RETIRED),
+    (HandlerFailed("x", transient=False, error_type="ValueError", error_message="m",
+                   traceback_digest="0" * 16), FailureAction.PASS_THROUGH),  # not retired
 ])
 def test_failure_classification(exc: BaseException, action: FailureAction) -> None:
     assert d.classify_failure(exc) is action

@@ -64,11 +64,10 @@ def test_a_plain_handler_loads_as_before_and_has_no_table_setup() -> None:
 def test_an_incoherent_handler_built_by_a_factory_is_refused_naming_it() -> None:
     @handler_factory()
     def build(context: HandlerContext) -> Any:
-        return handler(durability="durable-critical", effects="external-non-idempotent")(
-            _accept)
+        return handler(durability="durable-critical", effects="loss-tolerant")(_accept)
 
     spec = f"{_module(build=build)}:build"
-    with pytest.raises(ConfigError, match=rf"--handler {spec}: refused: .*external-non"):
+    with pytest.raises(ConfigError, match=rf"--handler {spec}: refused: .*loss-tolerant"):
         build_handler(spec, CTX)
 
 

@@ -11,6 +11,7 @@ import pytest
 from fencing.errors import (
     Fenced,
     HandlerDeclarationError,
+    HandlerFailed,
     NotCommitted,
     OutcomeUnknown,
     ReadFailed,
@@ -103,8 +104,9 @@ async def test_handler_writes_are_invisible_unless_the_transaction_commits() -> 
         conn.table("effects")[0] = b"written"
         return []
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(HandlerFailed) as info:  # the store's contract: typed, rolled back
         await store.process(TP, token, recs(0), boom)
+    assert isinstance(info.value.__cause__, RuntimeError) and not info.value.transient
     with pytest.raises(HandlerDeclarationError):
         await store.process(TP, token, recs(0), short)
     assert store.tables() == {} and store.token_of(TP) == token

@@ -15,7 +15,7 @@ from fencing.types import ACCEPT, SourceRecord, Verdict
 __all__ = ["ledger", "mailer"]
 
 
-@handler(durability="durable-critical", effects="external-non-idempotent")
+@handler(durability="durable-critical", effects="loss-tolerant")
 async def mailer(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
     return [ACCEPT for _ in records]
 

@@ -52,7 +52,7 @@ def test_incoherent_handler_is_refused_at_load_naming_it_and_the_pair() -> None:
     assert done.returncode == 2
     line = one_line(done)
     assert "--handler tests.unit.ops.handlers_mixed:mailer" in line
-    assert "durability=durable-critical effects=external-non-idempotent" in line
+    assert "durability=durable-critical effects=loss-tolerant" in line
     # the module imports, and its coherent handler loads
     assert callable(load_handler("tests.unit.ops.handlers_mixed:ledger"))
 
@@ -70,6 +70,10 @@ def test_incoherent_handler_is_refused_at_load_naming_it_and_the_pair() -> None:
     (["--topic-pattern", r"t-\d+"], {}, "\\d is not POSIX extended regex syntax"),
     (["--topic-pattern", "t-(["], {}, "--topic-pattern 't-([': not a regular expression"),
     (["--topic", "^t.*"], {}, "--topic '^t.*': a topic name (for a regex use --topic-pattern)"),
+    (["--retry-max-attempts", "0"], {}, "--retry-max-attempts must be >= 1 (got 0)"),
+    (["--retry-initial-ms", "500", "--retry-max-ms", "100"], {},
+     "--retry-max-ms must be >= --retry-initial-ms"),
+    (["--max-attempts", "0"], {}, "--max-attempts must be >= 1 (got 0)"),
 ])
 def test_run_refuses_configuration_mistakes(extra: list[str], env: dict[str, str],
                                             needle: str) -> None:

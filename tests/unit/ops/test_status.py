@@ -190,3 +190,24 @@ def test_topics_sum_lag_and_owners_per_topic() -> None:
          "lag": None, "stalled": 0}]
     text = render_text(status)
     assert "TOPICS" in text and "returns" in text
+
+
+def test_a_retrying_partition_shows_attempt_n_of_m_next_retry_and_quarantined() -> None:
+    row = PartitionRow("g", "t", 0, 3, 10, "lt-a", "id", NOW, quarantined=2, attempts=2,
+                       max_attempts=5, next_retry_at=NOW + timedelta(seconds=3),
+                       last_error="Transient: busy")
+    view = view_partition(row, facts=SourceFacts("id", 0, 20), members={})
+    assert (f"retrying offset 10: attempt 2 of 5, next retry at "
+            f"{(NOW + timedelta(seconds=3)).isoformat()} (last error: Transient: busy)"
+            in view.notes)
+    assert "2 record(s) quarantined" in view.notes
+    doc = view.as_dict()
+    assert doc["quarantined"] == 2 and doc["retrying"]["attempt"] == 2
+    assert doc["retrying"]["max_attempts"] == 5 and doc["retrying"]["offset"] == 10
+    suspect = view_partition(dataclasses.replace(row, next_retry_at=None, last_error=None,
+                                                 quarantined=0), facts=None, members={})
+    assert suspect.notes == ("suspect offset 10: attempt 2 of 5 before quarantine (earlier "
+                             "attempts did not complete: process deaths?)",)
+    healthy = view_partition(dataclasses.replace(row, attempts=None, quarantined=0),
+                             facts=None, members={})
+    assert healthy.notes == () and healthy.as_dict()["retrying"] is None
