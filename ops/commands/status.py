@@ -79,7 +79,8 @@ async def read_rows(
             f"SELECT p.group_id, p.topic, p.partition, p.epoch, p.frontier, p.owner,"
             f" p.topic_id, p.updated_at, a.attempts, a.max_attempts, a.next_retry_at,"
             f" a.last_error, (SELECT count(*) FROM {q}.quarantine x WHERE x.group_id ="
-            f" p.group_id AND x.topic = p.topic AND x.partition = p.partition) AS quarantined"
+            f" p.group_id AND x.topic = p.topic AND x.partition = p.partition"
+            f" AND x.state = 'quarantined') AS quarantined"  # replayed rows are handled
             f" FROM {q}.partitions p LEFT JOIN {q}.attempts a ON a.group_id = p.group_id"
             f" AND a.topic = p.topic AND a.partition = p.partition AND a.\"offset\" = p.frontier"
             f" WHERE $1::text IS NULL OR p.group_id = $1"

@@ -162,6 +162,9 @@ async def test_list_show_replay_fail_again_and_purge(
                                '.quarantine WHERE "offset" = 1')
     assert who[0]["replayed_by"].startswith("operator:") and who[0]["replayed_at"] is not None
     assert who[0]["replay_result"] == "accepted"
+    # status counts what is still quarantined (3 and 4), not the replayed rows
+    status = run_fencectl("status", "--schema", schema, "--group", group, "--json")
+    assert [p["quarantined"] for p in _json(status)["partitions"]] == [2], status.stdout
 
     second = _json(_fencectl(schema, *replay))  # the same replay again: nothing twice
     assert (second["applied"], second["failed"]) == (0, 2)
