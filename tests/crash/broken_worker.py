@@ -3,9 +3,9 @@
 ``python -m tests.crash.broken_worker run ...`` is ``fencectl run`` with two patches, the
 design of a worker that fences ownership in PostgreSQL but keeps progress in Kafka:
 
-- ``Lifecycle.seek`` positions each partition at the group's committed Kafka offset (the
-  earliest offset when there is none) instead of the durable frontier, and makes that its
-  token's frontier;
+- ``Lifecycle.seek_all`` (every seek goes through it) positions each partition at the
+  group's committed Kafka offset (the earliest offset when there is none) instead of the
+  durable frontier, and makes that its token's frontier;
 - the fence statement (and the attempt count's, written after the unclean end the crash
   leaves) checks the epoch only (with the frontier check, every batch of this worker would
   be fenced and it would exit 3 instead of applying records twice).
@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka import ConsumerGroupTopicPartitions
@@ -41,15 +42,17 @@ def _committed(group: str, tp: TopicPartition) -> int:
     return offset if offset >= 0 else 0
 
 
-_real_seek = Lifecycle.seek
+_real_seek_all = Lifecycle.seek_all
 
 
-async def _seek_from_kafka(self: Lifecycle, tp: TopicPartition) -> int:
-    await _real_seek(self, tp)
-    position = await asyncio.to_thread(_committed, self.group_id, tp)
-    held = self._tokens[tp]
-    self._tokens[tp] = Token(held.epoch, position)
-    return position
+async def _seek_from_kafka(self: Lifecycle,
+                           tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+    await _real_seek_all(self, tps)
+    out: dict[TopicPartition, int] = {}
+    for tp in tps:
+        out[tp] = await asyncio.to_thread(_committed, self.group_id, tp)
+        self._tokens[tp] = Token(self._tokens[tp].epoch, out[tp])
+    return out
 
 
 _real_for_schema: Any = Statements.for_schema.__func__  # type: ignore[attr-defined]
@@ -64,7 +67,7 @@ def _epoch_only(cls: type[Statements], schema: str) -> Statements:
                                                 " AND $5::bigint IS NOT NULL"))
 
 
-Lifecycle.seek = _seek_from_kafka  # type: ignore[method-assign]
+Lifecycle.seek_all = _seek_from_kafka  # type: ignore[method-assign]
 Statements.for_schema = classmethod(_epoch_only)  # type: ignore[assignment,method-assign]
 
 if __name__ == "__main__":
