@@ -31,6 +31,7 @@ __all__ = [
     "grant_worker_sql",
     "load_migrations",
     "migrate",
+    "quote_ident",
     "quote_schema",
 ]
 
@@ -60,6 +61,11 @@ def load_migrations() -> tuple[Migration, ...]:
 
 
 SCHEMA_VERSION = len(load_migrations())
+
+
+def quote_ident(name: str) -> str:
+    """Any name (a role, a table, a column) as a quoted SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def quote_schema(schema: str) -> str:
@@ -132,7 +138,7 @@ def grant_worker_sql(schema: str, role: str) -> list[str]:
     handler requires). Run as the schema owner after ``migrate``.
     """
     q = quote_schema(schema)
-    r = '"' + role.replace('"', '""') + '"'
+    r = quote_ident(role)
     return [
         f"GRANT USAGE ON SCHEMA {q} TO {r}",
         f"GRANT SELECT ON {q}.schema_version TO {r}",

@@ -34,7 +34,7 @@ from datetime import datetime
 from typing import Any
 
 from fencing.handler import check_verdicts
-from fencing.postgres.schema import quote_schema
+from fencing.postgres.schema import quote_ident, quote_schema
 from fencing.store import HandlerFn
 from fencing.types import Reject, SourceRecord, TopicPartition, Verdict
 
@@ -232,7 +232,7 @@ def grant_operator_sql(schema: str, role: str) -> list[str]:
     journal, and read which groups exist (partition and member rows, read only). Run as
     the schema owner; add the handler's grants on its tables for replay."""
     q = quote_schema(schema)
-    r = '"' + role.replace('"', '""') + '"'
+    r = quote_ident(role)
     return [
         f"GRANT USAGE ON SCHEMA {q} TO {r}",
         f"GRANT SELECT ON {q}.schema_version, {q}.partitions, {q}.members TO {r}",

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fencing.handler import HandlerContext, handler, handler_factory
-from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
+from fencing.postgres.schema import DEFAULT_SCHEMA, quote_ident, quote_schema
 from fencing.store import HandlerFn
 from fencing.types import SourceRecord, Verdict
 from ops.reference.domain import DocKey, DocState, batch_keys, decide_batch, parse_batch
@@ -74,7 +74,7 @@ def grant_sql(schema: str, role: str) -> list[str]:
     """Statements granting ``role`` what the handler needs on the effect tables and nothing
     more (no DDL, no DELETE). Run as the tables' owner after ``ensure_tables``."""
     s = quote_schema(schema)
-    r = '"' + role.replace('"', '""') + '"'
+    r = quote_ident(role)
     return [
         f"GRANT USAGE ON SCHEMA {s} TO {r}",
         f"GRANT SELECT, INSERT, UPDATE ON {s}.ref_documents TO {r}",

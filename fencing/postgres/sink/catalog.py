@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fencing.errors import ConfigError
+from fencing.postgres.schema import quote_ident
 from fencing.postgres.sink.rows import RESERVED, Column, Layout, supported
 
-__all__ = ["Method", "SinkSpec", "Target", "create_ddl", "ensure_table", "quote", "read_layout"]
+__all__ = ["Method", "SinkSpec", "Target", "create_ddl", "ensure_table", "read_layout"]
 
 
 class Method(enum.Enum):
@@ -19,10 +20,6 @@ class Method(enum.Enum):
 
     COPY = "copy"  # binary COPY (into a staging table for upserts) + one set statement
     EXECUTEMANY = "executemany"  # one prepared INSERT (... ON CONFLICT) executed per row
-
-
-def quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +53,12 @@ class SinkSpec:
 
     @property
     def quoted(self) -> str:
-        return ".".join(quote(p) for p in self.table.split("."))
+        return ".".join(quote_ident(p) for p in self.table.split("."))
 
 
 def create_ddl(spec: SinkSpec) -> str:
     """The table the sink creates when it is missing."""
-    key = f"{quote(spec.key)} text PRIMARY KEY,\n    " if spec.key else ""
+    key = f"{quote_ident(spec.key)} text PRIMARY KEY,\n    " if spec.key else ""
     pk = "" if spec.key else ",\n    PRIMARY KEY (kafka_topic, kafka_partition, kafka_offset)"
     return (f"CREATE TABLE IF NOT EXISTS {spec.quoted} (\n    {key}payload jsonb NOT NULL,\n"
             "    kafka_topic text NOT NULL,\n    kafka_partition integer NOT NULL,\n"
@@ -100,7 +97,7 @@ class Target:
 
     @property
     def quoted(self) -> str:
-        return f"{quote(self.schema)}.{quote(self.name)}"
+        return f"{quote_ident(self.schema)}.{quote_ident(self.name)}"
 
 
 async def read_layout(conn: Any, spec: SinkSpec) -> tuple[Target | None, list[str]]:

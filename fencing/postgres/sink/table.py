@@ -38,8 +38,8 @@ import asyncpg
 
 from fencing.errors import ConfigError
 from fencing.handler import HandlerContext, handler, handler_factory
+from fencing.postgres.schema import quote_ident as _quote
 from fencing.postgres.sink.catalog import Method, SinkSpec, Target, ensure_table, read_layout
-from fencing.postgres.sink.catalog import quote as _quote
 from fencing.postgres.sink.rows import Delete, Misfit, Upsert, converter, last_wins
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, Reject, SourceRecord, Verdict
