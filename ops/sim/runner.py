@@ -1,5 +1,6 @@
 """Runs one trace: the production ``consumer.Lifecycle`` over ``MemoryFenceStore`` with
-logical time, serially, on a private asyncio loop; no real sleeps, no wall clock.
+logical time, serially, on a private asyncio loop whose clock is the logical clock
+(``ops.sim.loop``); no real sleeps, no wall clock.
 
 Long because the serial schedule interpreter handles every actor and fault kind in one
 place, so a trace reads top to bottom against it.
@@ -31,8 +32,7 @@ Rules
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
 from consumer.decisions import LifetimeState
 from consumer.lifecycle import Lifecycle
@@ -43,45 +43,13 @@ from fencing.types import SourceCheck, SourceFacts, SourceRecord, Token, TopicPa
 from ops.reference.memory import memory_ref_handler
 from ops.sim.boundaries import Heartbeats, refusal_rules
 from ops.sim.checks import Checker
+from ops.sim.loop import LogicalClock, run_sync
 from ops.sim.report import build_report
 from ops.sim.trace import Step, Trace, fault_json
 
 __all__ = ["LogicalClock", "finish", "new_run", "run_sync", "run_trace"]
 
 TOPIC_ID = "sim-topic-id"
-T = TypeVar("T")
-
-
-class LogicalClock:
-    """Logical time in whole microseconds; ``wait`` advances it and yields once."""
-
-    def __init__(self) -> None:
-        self.now_us = 0
-
-    def __call__(self) -> float:
-        return self.now_us / 1_000_000
-
-    def advance(self, seconds: float) -> None:
-        self.now_us += round(seconds * 1_000_000)
-
-
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(coro)`` without its SIGINT handler: installing that handler formats
-    the main task's repr (the whole trace, ~1 ms a run). Tasks left pending are cancelled
-    and awaited before the loop closes, as ``asyncio.run`` does."""
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        try:
-            pending = asyncio.all_tasks(loop)
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            loop.close()
 
 
 def _result(exc: BaseException) -> str:
@@ -444,10 +412,7 @@ def _declared(trace: Trace) -> list[int]:
     return ids
 
 
-async def _execute(trace: Trace, keep: list[_Run] | None = None) -> dict[str, Any]:
-    run = _Run(trace)
-    if keep is not None:
-        keep.append(run)
+async def _execute(run: _Run, trace: Trace) -> dict[str, Any]:
     for step in trace.steps:
         await run.step(step)
     return await finish(run, trace)
@@ -501,7 +466,10 @@ def run_trace(trace: Trace, *, keep: list[Any] | None = None) -> dict[str, Any]:
     ``keep`` (tests): receives the run object, whose ``store`` and ``lifecycles`` can then
     be inspected."""
     try:
-        return run_sync(_execute(trace, keep))
+        run = _Run(trace)
+        if keep is not None:
+            keep.append(run)
+        return run_sync(_execute(run, trace), clock=run.clock)
     except Exception as exc:  # a simulator or production bug: ERROR, never a crash
         return build_report(trace, attempts=[], events=[], violations=[
             f"internal: {type(exc).__name__}: {exc}"], violations_before=1,

@@ -251,7 +251,7 @@ def make_trace(seed: int, *, klass: str = "valid", steps: int = DEFAULT_STEPS,
                drain: bool = True) -> Trace:
     """The trace of ``seed``: config, source records and ``steps`` steps."""
     g, shell = _start(seed, klass, steps, checking=False)
-    run_sync(_generate(g, steps))
+    run_sync(_generate(g, steps), clock=g.run.clock)  # type: ignore[attr-defined]
     return replace(shell, steps=tuple(g.steps), drain=drain)
 
 
@@ -267,4 +267,4 @@ def generate_and_run(seed: int, *, klass: str = "valid", steps: int = DEFAULT_ST
         trace = replace(shell, steps=tuple(g.steps), drain=drain)
         return trace, await finish(g.run, trace)  # type: ignore[arg-type]
 
-    return run_sync(go())
+    return run_sync(go(), clock=g.run.clock)  # type: ignore[attr-defined]
