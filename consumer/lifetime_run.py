@@ -176,9 +176,10 @@ class LifetimeRun:
         if self._current("lost"):
             self._blocking(self._lost(tps), "lost")
 
-    def deliver(self, records: list[SourceRecord], release: Callable[[], None]) -> None:
+    def deliver(self, take: Callable[[], list[SourceRecord]],
+                release: Callable[[], None]) -> None:
         if self._current("deliver"):
-            self._loop.call_soon_threadsafe(self._take_delivery, records, release)
+            self._loop.call_soon_threadsafe(self._take_delivery, take, release)
         else:
             release()
 
@@ -257,8 +258,14 @@ class LifetimeRun:
                 tasks.append(part.task)
         return tasks
 
-    def _take_delivery(self, records: list[SourceRecord], release: Callable[[], None]) -> None:
+    def _take_delivery(self, take: Callable[[], list[SourceRecord]],
+                       release: Callable[[], None]) -> None:
         try:
+            try:
+                records = take()  # translated here, on the loop (kafka.adapter.translated)
+            except Exception as exc:  # never lost silently in the loop's exception handler
+                self._fail(exc)
+                return
             start = 0
             while start < len(records):
                 tp = records[start].tp

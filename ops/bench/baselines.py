@@ -18,6 +18,11 @@ writes its marks to ``--clock-file``; batches are cut by ``consumer.batching``'s
   first (untimed), then the same handler runs over the same batches with the same
   concurrency, in plain transactions, with no Kafka at all.
 
+Every mode settles the heap as the worker does before it consumes
+(``ops.worker.startup.settle_heap``: freeze the start-up heap, young collections every
+20,000 allocations), so only the fence and the worker's frame differ; ``--default-gc``
+keeps CPython's defaults (the run that shows what the setting is worth).
+
 The handler is the reference handler, or with ``--sink TABLE [--sink-key COL]`` the table
 sink (the same factory and spec the worker's sink runs build: ``ops.bench.clock.sink_spec``,
 its table created in ``--schema`` before the first record).
@@ -44,6 +49,7 @@ from consumer.kafka.adapter import to_record
 from fencing.types import SourceRecord
 from ops.bench.clock import Marks, sink_spec, wrap
 from ops.reference.pg import make_pg_handler
+from ops.worker.startup import settle_heap
 
 Key = tuple[str, int]
 #: the worker's defaults: batch and queue bounds, concurrency, poll timeout
@@ -219,6 +225,7 @@ async def run_memory(a: argparse.Namespace, marks: Marks, pool: Any,
     # the whole topic is now live objects: without freezing them, every full collection of
     # the cyclic GC would walk them all (the worker holds at most its queue bounds)
     gc.freeze()
+    a.settle()
     buffers = {k: _buffer(v[0].offset, a.batch_max_records, cfg) for k, v in loaded.items()}
     for key, recs in loaded.items():
         buffers[key].queue_max_records = buffers[key].queue_max_bytes = 1 << 62
@@ -274,7 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sink", default=None, metavar="TABLE",
                    help="the table sink into TABLE (in --schema) instead of the reference handler")
     p.add_argument("--sink-key", default=None, metavar="COLUMN", help="with --sink: upsert key")
+    p.add_argument("--default-gc", action="store_true",
+                   help="keep CPython's collector defaults (the worker settles its heap)")
     a = p.parse_args(argv)
+    a.settle = (lambda: None) if a.default_gc else settle_heap
+    a.settle()
     marks = Marks(a.clock_file)
     if a.mode == "raw":
         run_raw(a, marks)

@@ -42,6 +42,8 @@ RUNS: list[Run] = [
     Run("a_raw_aioconsumer", "(a') raw via AIOConsumer", "baseline", ("raw-aio",),
         repeat=False),
     Run("b_pipelined", "(b) unfenced, pipelined", "baseline", ("pipelined",)),
+    Run("b_pipelined_default_gc", "(b) with CPython's default collector", "baseline",
+        ("pipelined", "--default-gc"), repeat=False),
     Run("b_prime_stop_and_wait", "(b') unfenced, stop-and-wait", "baseline",
         ("stop-and-wait",)),
     Run("e_db_ceiling", "(e) DB ceiling, from memory", "baseline", ("memory",)),

@@ -271,6 +271,7 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
                  "schema=%s", ",".join(partition_counts) or "-", cfg.topic_pattern or "-",
                  cfg.group_id, cfg.group_protocol.value,
                  settings.get("partition.assignment.strategy", "-"), cfg.schema)
+        startup.settle_heap()
         code = await worker.run()
         log.info("worker exits with %d (%s)", int(code), code.name)
         return code

@@ -1,6 +1,7 @@
 """Start-up of one ``fencectl run`` before the worker starts: Kafka reachable and every named
 topic present (``ConfigError`` naming the setting otherwise), the store opened with the
-worker's session settings, the handler factory's tables ensured.
+worker's session settings, the handler factory's tables ensured; then the heap settled
+(``settle_heap``) right before the worker starts consuming.
 
 Rules
 - Every failure here is a ``ConfigError`` (exit 2) whose message names what to fix; the
@@ -11,6 +12,7 @@ Rules
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from typing import Any
 
@@ -27,7 +29,8 @@ from fencing.handler import LoadedHandler
 from ops.hints import schema_advice
 from ops.operator.db import connect_mistake, connection
 
-__all__ = ["admin_conf", "ensure_handler_tables", "open_store", "probe_kafka"]
+__all__ = ["GC_YOUNG_THRESHOLD", "admin_conf", "ensure_handler_tables", "open_store",
+           "probe_kafka", "settle_heap"]
 
 log = logging.getLogger("fenceworker.run")
 
@@ -117,3 +120,28 @@ async def _probe_topics(cfg: WorkerConfig, probe: KafkaSource) -> dict[str, int]
     except SourceUnavailable as exc:
         raise ConfigError(f"{cfg.bootstrap_source} {cfg.bootstrap_servers}: {exc}") from None
     return counts
+
+
+#: CPython's cyclic collector runs a young collection every ``threshold0`` net allocations of
+#: tracked objects (default 700) and, every ten of those, an older one; a full collection
+#: walks every tracked object of the process. A worker at full speed allocates several
+#: tracked objects per record (its ``SourceRecord``, the buffer's entry, asyncio's futures
+#: and handles per batch) and holds up to its queue bounds of records alive, so with the
+#: defaults the collector took 1.6 s of CPU in a 200,000-record `make bench` run (2,273
+#: young, 207 middle and 18 full collections, measured with ``gc.callbacks``) -- about 15%
+#: of the worker's time, spent proving that records freed by reference counting form no
+#: cycles. The same held for the unfenced baseline (1.4 s).
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def settle_heap(young_threshold: int = GC_YOUNG_THRESHOLD) -> None:
+    """Collect once, freeze what is left (modules, configuration, pools, the telemetry SDK:
+    start-up state that is never garbage, so no later collection walks it again), and run
+    young collections every ``young_threshold`` allocations instead of 700. Cycles are
+    still collected; between two young collections at most ``young_threshold`` tracked
+    objects wait (a few MiB at most). Measured: the collector's CPU per 200,000 records
+    1.6 s -> 0.24 s (``make bench`` notes in the README)."""
+    gc.collect()
+    gc.freeze()
+    _young, middle, old = gc.get_threshold()
+    gc.set_threshold(young_threshold, middle, old)

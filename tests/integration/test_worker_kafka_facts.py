@@ -65,7 +65,9 @@ class Recorder:
             self.owned.difference_update(tps)
             self.log.append((self.name, "lost", sorted(tps)))
 
-    def deliver(self, records: list[SourceRecord], release: Callable[[], None]) -> None:
+    def deliver(self, take: Callable[[], list[SourceRecord]],
+                release: Callable[[], None]) -> None:
+        records = take()
         with self.lock:
             for r in records:
                 if r.tp not in self.owned:
@@ -179,11 +181,12 @@ class Stalling(Recorder):
         super().__init__(*args)  # type: ignore[arg-type]
         self.stall_s = stall_s
 
-    def deliver(self, records: list[SourceRecord], release: Callable[[], None]) -> None:
+    def deliver(self, take: Callable[[], list[SourceRecord]],
+                release: Callable[[], None]) -> None:
         if self.stall_s:
             stall, self.stall_s = self.stall_s, 0.0
             time.sleep(stall)
-        super().deliver(records, release)
+        super().deliver(take, release)
 
 
 @pytest.mark.parametrize("setup", GROUP_SETUPS, ids=lambda s: s.name)
@@ -215,7 +218,8 @@ def test_missed_poll_interval_calls_on_lost_then_rejoins(services, setup: GroupS
 class Crashing(Recorder):
     """A Rebalancer whose delivery raises: an unexpected failure inside the Kafka thread."""
 
-    def deliver(self, records: list[SourceRecord], release: Callable[[], None]) -> None:
+    def deliver(self, take: Callable[[], list[SourceRecord]],
+                release: Callable[[], None]) -> None:
         raise RuntimeError("boom in delivery")
 
 

@@ -71,7 +71,7 @@ class FakeKafka:
 
     def deliver(self, records: list[SourceRecord]) -> None:
         done = threading.Event()
-        self.rb.deliver(records, done.set)
+        self.rb.deliver(lambda: records, done.set)
         assert done.wait(10)
 
 
@@ -297,6 +297,24 @@ async def test_kafka_thread_failure_ends_the_lifetime(failure: BaseException, co
         await asyncio.to_thread(fakes[0].rb.failed, exc)
     assert await asyncio.wait_for(run, 10) is code
     assert ("Traceback" in caplog.text) is (code is ExitCode.INTERNAL)
+
+
+async def test_a_delivery_that_cannot_be_translated_ends_the_lifetime(caplog: Any) -> None:
+    """Records are translated on the loop (``kafka.adapter.translated``); a translation that
+    raises ends the run with exit 1 and its traceback instead of vanishing into the loop's
+    exception handler, and the Kafka thread's delivery slot is still released."""
+    worker, _store, fakes = make(restart_lifetimes=0)
+    run = asyncio.create_task(worker.run())
+    await until_async(lambda: bool(fakes))
+    await asyncio.to_thread(fakes[-1].rb.assigned, [TP0])
+
+    def broken() -> list[SourceRecord]:
+        raise ValueError("untranslatable message")
+    released = threading.Event()
+    await asyncio.to_thread(fakes[0].rb.deliver, broken, released.set)
+    assert await asyncio.wait_for(run, 10) is ExitCode.INTERNAL
+    assert released.is_set()
+    assert "untranslatable message" in caplog.text and "Traceback" in caplog.text
 
 
 async def test_shutdown_bound_is_final_after_an_earlier_failure(caplog: Any) -> None:
