@@ -258,7 +258,9 @@ def build_from(target: Any, context: HandlerContext, *, label: str) -> LoadedHan
 
 def check_verdicts(verdicts: Sequence[Verdict], count: int) -> Sequence[Verdict]:
     """Return ``verdicts`` when it holds exactly ``count`` Accept/Reject values; raise otherwise."""
-    # hot path (every batch): the ACCEPT singleton short-circuits the type check
+    # hot path (every batch): all ACCEPT is counted in C (identity first), no Python loop
+    if len(verdicts) == count and verdicts.count(ACCEPT) == count:
+        return verdicts
     if len(verdicts) != count or not all(
         v is ACCEPT or isinstance(v, _VERDICT_TYPES) for v in verdicts
     ):

@@ -349,6 +349,8 @@ class PgFenceStore:
                 raise
             raise err from exc
         verdicts = check_verdicts(returned, len(records))
+        if verdicts.count(ACCEPT) == len(verdicts):
+            return  # the common case, counted in C: nothing to quarantine
         rejected = [(r, v) for r, v in zip(records, verdicts, strict=True)
                     if v is not ACCEPT and isinstance(v, Reject)]
         if rejected:
