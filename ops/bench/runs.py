@@ -11,6 +11,12 @@ Rules
   of the run on one ``CLOCK_MONOTONIC``). The harness waits by polling the marks files
   every 0.2 s, never the database.
 - Peak memory is each process's ``ru_maxrss`` (``os.wait4``), the largest of the run's.
+- PostgreSQL is brought to the same state before every run, as pgbench practice asks:
+  the previous run's schema is dropped (else autovacuum vacuums and analyzes its 200,000
+  fresh rows while a later run is measured) and a ``CHECKPOINT`` runs (else a run pays for
+  an earlier run's dirty buffers, or crosses the checkpoint that ~500 MB of WAL triggers
+  at the default ``max_wal_size``; the dev stack grants ``pg_checkpoint``). Measured on the
+  quiet machine without these: the same run varied by up to 40% between tries.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+
+from fencing.postgres.schema import quote_ident
 from ops.bench import clock
 from ops.operator.db import connection
 
@@ -35,7 +44,7 @@ PY = sys.executable
 COOPERATIVE = ["--group-protocol", "classic", "--assignment-strategy", "cooperative-sticky",
                "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500"]
 
-__all__ = ["COOPERATIVE", "ROOT", "Run", "env", "execute", "fresh_schema", "uid"]
+__all__ = ["COOPERATIVE", "ROOT", "Run", "env", "execute", "fresh_schema", "quiesce", "uid"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,28 @@ def env() -> dict[str, str]:
     e["OTEL_METRICS_EXPORTER"] = "none"
     e["PYTHONPATH"] = str(ROOT)
     return e
+
+
+async def _quiesce(dsn: str, drop: str | None) -> None:
+    async with connection(dsn) as conn:
+        if drop is not None:
+            await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(drop)} CASCADE")
+        try:
+            await conn.execute("CHECKPOINT")
+        except asyncpg.InsufficientPrivilegeError:
+            global _CHECKPOINT_REFUSED
+            if not _CHECKPOINT_REFUSED:
+                print("bench: CHECKPOINT refused (the role lacks pg_checkpoint): runs are not "
+                      "isolated from earlier runs' checkpoints", file=sys.stderr)
+            _CHECKPOINT_REFUSED = True
+
+
+_CHECKPOINT_REFUSED = False
+
+
+def quiesce(dsn: str, *, drop: str | None = None) -> None:
+    """Drop ``drop`` (a finished run's schema), then CHECKPOINT (see the module Rules)."""
+    asyncio.run(_quiesce(dsn, drop))
 
 
 async def _schema(dsn: str) -> str:
@@ -117,6 +148,7 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
     """Start ``run`` on ``topic``, wait until its processes handled ``total`` records (by
     their marks), stop them; the run's span, rate, peak RSS and exit codes."""
     schema, group = fresh_schema(dsn), uid("gb" if run.kind == "baseline" else "gw")
+    quiesce(dsn)
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-{run.name}-"))
     files = [tmp / f"member-{i}.json" for i in range(run.members)]
     procs: list[subprocess.Popen[bytes]] = []
@@ -142,6 +174,7 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
         if p.pid not in ended:
             os.kill(p.pid, signal.SIGTERM)  # not send_signal: its poll() would reap it
     reaped = _reap(procs, ended, 60)
+    quiesce(dsn, drop=schema)
     elapsed = got["elapsed_s"]
     return {"records": got["records"], "elapsed_s": round(elapsed, 3),
             "records_per_s": round(got["records"] / elapsed) if elapsed > 0 else 0,

@@ -219,6 +219,10 @@ DO $$ BEGIN
   ELSE
     ALTER ROLE {DB_USER} LOGIN CREATEDB CREATEROLE PASSWORD '{secret}';
   END IF;
+  -- the benchmarks start every run from a CHECKPOINT (ops/bench/runs.py); PostgreSQL 15+
+  IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'pg_checkpoint') THEN
+    GRANT pg_checkpoint TO {DB_USER};
+  END IF;
 END $$;
 SELECT 'CREATE DATABASE {DB_NAME} OWNER {DB_USER}'
  WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '{DB_NAME}')\\gexec
