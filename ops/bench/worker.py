@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=200_000)
     p.add_argument("--single-count", type=int, default=6_000)
     p.add_argument("--partitions", type=int, default=6)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--quick", action="store_true",
                    help="small sizes, one repeat, small scale section (smoke test)")
     p.add_argument("--only", default="", help="comma-separated run names (default: all)")
