@@ -10,7 +10,7 @@ of one on the first ``--single-count`` records of a second topic (a rate). The t
 (``fencectl run --sink``) gets the same b/b'/e/c runs on a third topic of ``--count``
 100-byte JSON values (``ops.bench.sink.produce_values``), upserting on ``id`` into a fresh
 table per run, and one worker run in insert mode (no key); ``--sink-only`` runs just those
-(``make bench-sink``). The repeated
+(``make bench-sink``); the sink also runs with 2 and 3 members (one try each). The repeated
 runs alternate ``--repeat`` times on the same data; the median by records/s is reported.
 Then scale (``ops.bench.scale``): assignment cost, join → first commit, members 1..3, the
 backlog drain and memory. Results: ``artifacts/bench/worker.json`` and PNG charts next to
@@ -64,6 +64,10 @@ SINK_RUNS: list[Run] = [
         handler="sink", settings=("table=bench_sink", "key=id")),
     Run("c_sink_insert", "(c) sink: fenceworker, insert", "worker", topic="sink",
         handler="sink", settings=("table=bench_sink",), repeat=False),
+    Run("c_sink_2_members", "(c) sink: 2 members, upsert", "worker", topic="sink",
+        handler="sink", settings=("table=bench_sink", "key=id"), members=2, repeat=False),
+    Run("c_sink_3_members", "(c) sink: 3 members, upsert", "worker", topic="sink",
+        handler="sink", settings=("table=bench_sink", "key=id"), members=3, repeat=False),
 ]
 RUNS += SINK_RUNS
 #: ratio name -> (numerator run, denominator run), of records/s

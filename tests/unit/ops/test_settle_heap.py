@@ -42,6 +42,7 @@ def test_cycles_made_after_settling_are_still_collected() -> None:
     node.me = node  # type: ignore[attr-defined]
     ref = weakref.ref(node)
     del node
-    kept: list[list[int]] = [[] for _ in range(100)]  # net allocations past the young threshold: a collection
+    # net allocations past the young threshold trigger a collection
+    kept: list[list[int]] = [[] for _ in range(100)]
     assert ref() is None
     assert len(kept) == 100
