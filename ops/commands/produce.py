@@ -148,6 +148,26 @@ class _Tracing:
         return run_bounded(flush, timeout_s=timeout_s)
 
 
+def _await_partitions(admin: AdminClient, topic: str, partitions: int,
+                      timeout_s: float = 15.0) -> Any:
+    """The topic's metadata once the broker reports ``partitions`` partitions with a leader
+    (or the last answer after ``timeout_s``). Kafka's ``Admin.createTopics`` javadoc: "It may
+    take several seconds after CreateTopicsResult returns success for all the brokers to
+    become aware that the topics have been created. During this time, listTopics and
+    describeTopics may not return information about the new topics." Seen here on a broker
+    started seconds before: the first metadata after creation listed 0 partitions
+    (`tests/unit/ops/test_produce_topic_wait.py`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        existing = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+        ready = (existing is not None and existing.error is None
+                 and len(existing.partitions) >= partitions
+                 and all(p.leader >= 0 for p in existing.partitions.values()))
+        if ready or time.monotonic() >= deadline:
+            return existing
+        time.sleep(0.1)
+
+
 def ensure_topic(admin: AdminClient, opts: ProduceOptions) -> str | None:
     """Create the topic if missing; None when it can take the records, else why not."""
     try:
@@ -163,8 +183,7 @@ def ensure_topic(admin: AdminClient, opts: ProduceOptions) -> str | None:
         except KafkaException as exc:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 return f"--topic {opts.topic}: cannot create: {exc}"
-        meta = admin.list_topics(topic=opts.topic, timeout=10)
-        existing = meta.topics.get(opts.topic)
+        existing = _await_partitions(admin, opts.topic, opts.partitions)
     have = 0 if existing is None else len(existing.partitions)
     if have < opts.partitions:
         return (f"--topic {opts.topic} has {have} partitions; "
