@@ -92,8 +92,12 @@ class _Conn:
         for w in (self.cw, self.sw):
             with contextlib.suppress(Exception):
                 w.close()
+        try:
+            me = asyncio.current_task()
+        except RuntimeError:  # closed by the garbage collector after its loop stopped
+            me = None
         for t in self.tasks:
-            if t is not asyncio.current_task():
+            if t is not me:
                 t.cancel()
 
 
