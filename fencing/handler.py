@@ -46,6 +46,7 @@ __all__ = [
     "LoadedHandler",
     "OnFailure",
     "Transient",
+    "accepted_all",
     "build_from",
     "build_handler",
     "check_verdicts",
@@ -256,10 +257,22 @@ def build_from(target: Any, context: HandlerContext, *, label: str) -> LoadedHan
     return LoadedHandler(fn, ensure_tables)
 
 
+def _all_accept(verdicts: Sequence[Verdict], count: int) -> bool:
+    # hot path (every batch): ACCEPT counted in C (identity first), no Python loop
+    return len(verdicts) == count and verdicts.count(ACCEPT) == count
+
+
+def accepted_all(verdicts: Sequence[Verdict], count: int) -> bool:
+    """``check_verdicts``, then whether every verdict is ACCEPT (one count for both)."""
+    if _all_accept(verdicts, count):
+        return True
+    check_verdicts(verdicts, count)
+    return False
+
+
 def check_verdicts(verdicts: Sequence[Verdict], count: int) -> Sequence[Verdict]:
     """Return ``verdicts`` when it holds exactly ``count`` Accept/Reject values; raise otherwise."""
-    # hot path (every batch): all ACCEPT is counted in C (identity first), no Python loop
-    if len(verdicts) == count and verdicts.count(ACCEPT) == count:
+    if _all_accept(verdicts, count):
         return verdicts
     if len(verdicts) != count or not all(
         v is ACCEPT or isinstance(v, _VERDICT_TYPES) for v in verdicts

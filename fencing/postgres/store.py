@@ -43,7 +43,7 @@ import asyncpg
 from fencing.crashpoints import crash_point, is_armed_for
 from fencing.errors import Fenced, HandlerFailed, HandlerMisuse
 from fencing.failures import Attempts
-from fencing.handler import check_verdicts
+from fencing.handler import accepted_all
 from fencing.postgres.classify import Phase, connection_suspect, translate, wrap_handler_error
 from fencing.postgres.schema import DEFAULT_SCHEMA, check_version
 from fencing.postgres.sql import Statements
@@ -348,10 +348,9 @@ class PgFenceStore:
             if err is exc:
                 raise
             raise err from exc
-        verdicts = check_verdicts(returned, len(records))
-        if verdicts.count(ACCEPT) == len(verdicts):
-            return  # the common case, counted in C: nothing to quarantine
-        rejected = [(r, v) for r, v in zip(records, verdicts, strict=True)
+        if accepted_all(returned, len(records)):
+            return  # the common case: nothing to quarantine
+        rejected = [(r, v) for r, v in zip(records, returned, strict=True)
                     if v is not ACCEPT and isinstance(v, Reject)]
         if rejected:
             await conn.execute(

@@ -223,9 +223,12 @@ async def run_memory(a: argparse.Namespace, marks: Marks, pool: Any,
             seen += len(recs)
     c.close()
     # the whole topic is now live objects: without freezing them, every full collection of
-    # the cyclic GC would walk them all (the worker holds at most its queue bounds)
-    gc.freeze()
-    a.settle()
+    # the cyclic GC would walk them all (the worker holds at most its queue bounds);
+    # settle_heap collects, then freezes
+    if a.default_gc:
+        gc.freeze()
+    else:
+        settle_heap()
     buffers = {k: _buffer(v[0].offset, a.batch_max_records, cfg) for k, v in loaded.items()}
     for key, recs in loaded.items():
         buffers[key].queue_max_records = buffers[key].queue_max_bytes = 1 << 62
@@ -284,8 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--default-gc", action="store_true",
                    help="keep CPython's collector defaults (the worker settles its heap)")
     a = p.parse_args(argv)
-    a.settle = (lambda: None) if a.default_gc else settle_heap
-    a.settle()
+    if not a.default_gc:
+        settle_heap()
     marks = Marks(a.clock_file)
     if a.mode == "raw":
         run_raw(a, marks)
