@@ -12,6 +12,7 @@ import pytest
 
 from fencing.errors import ConfigError
 from fencing.handler import (
+    ENSURE_LOCK_PREFIX,
     HandlerContext,
     build_handler,
     handler,
@@ -50,8 +51,47 @@ async def test_a_factory_gets_the_context_and_its_tables_are_ensured_with_it() -
     loaded = build_handler(f"{_module(build=build)}:build", CTX)
     assert loaded.fn is _accept and seen == [("built", CTX)]
     assert loaded.ensure_tables is not None
-    await loaded.ensure_tables("conn")
-    assert seen[-1] == ("conn", CTX)
+    conn = _LockConn()
+    await loaded.ensure_tables(conn)
+    assert seen[-1] == (conn, CTX)
+
+
+class _LockConn:
+    """Records the statements ``ensure_tables``'s wrapper sends around the factory's set-up."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, tuple[Any, ...]]] = []
+        self.closed = False
+
+    async def execute(self, sql: str, *args: Any) -> str:
+        self.sent.append((sql, args))
+        return "SELECT 1"
+
+    def is_closed(self) -> bool:
+        return self.closed
+
+
+async def test_a_factorys_set_up_runs_inside_the_schemas_session_lock_even_when_it_fails(
+        ) -> None:
+    order: list[str] = []
+
+    async def ensure(conn: Any, context: HandlerContext) -> None:
+        order.append(f"ensure after {len(conn.sent)} statement(s)")
+        raise RuntimeError("no CREATE right")
+
+    @handler_factory(ensure_tables=ensure)
+    def build(context: HandlerContext) -> Any:
+        return handler(durability="durable-critical", effects="transactional")(_accept)
+
+    loaded = build_handler(f"{_module(build=build)}:build", CTX)
+    assert loaded.ensure_tables is not None
+    conn = _LockConn()
+    with pytest.raises(RuntimeError, match="no CREATE right"):  # the set-up's own error
+        await loaded.ensure_tables(conn)
+    lock = f"{ENSURE_LOCK_PREFIX}{CTX.schema}"
+    assert conn.sent == [("SELECT pg_advisory_lock(hashtext($1))", (lock,)),
+                         ("SELECT pg_advisory_unlock(hashtext($1))", (lock,))]
+    assert order == ["ensure after 1 statement(s)"]  # locked before, unlocked after
 
 
 def test_a_plain_handler_loads_as_before_and_has_no_table_setup() -> None:
