@@ -34,6 +34,7 @@ from fencing.failures import RetryPolicy
 
 __all__ = [
     "DEFAULT_ASSIGNMENT_STRATEGY",
+    "DEFAULT_BATCH_MAX_RECORDS",
     "DEFAULT_HANDLER",
     "GroupProtocol",
     "WorkerConfig",
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 DEFAULT_HANDLER = "ops.reference.pg:reference"
+DEFAULT_BATCH_MAX_RECORDS = 500  # --sink's own: ops.commands.run.SINK_BATCH_MAX_RECORDS
 DEFAULT_ASSIGNMENT_STRATEGY = "cooperative-sticky"
 
 _OWNED_FALSE = ("enable.auto.commit", "enable.auto.offset.store")
@@ -95,8 +97,8 @@ class WorkerConfig:
     is refused."""
     auto_offset_reset: str = "earliest"
     """Initial frontier of a partition the store has never seen: earliest|latest."""
-    batch_max_records: int = 500
-    """Most records in one PostgreSQL transaction (``--batch-max-records``, default 500)."""
+    batch_max_records: int = DEFAULT_BATCH_MAX_RECORDS
+    """Most records in one transaction (``--batch-max-records``, default 500; 2000 with --sink)."""
     batch_max_bytes: int = 1 << 20
     """Most key+value bytes in one transaction (``--batch-max-bytes``, default 1 MiB)."""
     queue_max_batches: int = 16

@@ -31,6 +31,7 @@ from typing import Any
 from ops.bench import scale
 from ops.bench.runs import ROOT, Run, env, execute, uid
 from ops.bench.sink import produce_values
+from ops.commands.run import SINK_BATCH_MAX_RECORDS
 
 OUT = ROOT / "artifacts" / "bench" / "worker.json"
 PY = sys.executable
@@ -51,8 +52,10 @@ RUNS: list[Run] = [
     Run("d_fenceworker_batch1", "(d) fenceworker, batch 1", "worker",
         ("--batch-max-records", "1"), topic="single", repeat=False),
 ]
+# the sink's runs, baselines included, use the batch bound `fencectl run --sink` defaults to
+BATCH = ("--batch-max-records", str(SINK_BATCH_MAX_RECORDS))
+SINK = ("--sink", "bench_sink", "--sink-key", "id", *BATCH)
 #: the table sink's runs: same clock, 100-byte JSON values, upsert on ``id`` (insert: no key)
-SINK = ("--sink", "bench_sink", "--sink-key", "id")
 SINK_RUNS: list[Run] = [
     Run("b_sink_pipelined", "(b) sink: unfenced, pipelined", "baseline",
         ("pipelined", *SINK), topic="sink"),
@@ -60,13 +63,15 @@ SINK_RUNS: list[Run] = [
         ("stop-and-wait", *SINK), topic="sink"),
     Run("e_sink_db_ceiling", "(e) sink: DB ceiling, from memory", "baseline",
         ("memory", *SINK), topic="sink"),
-    Run("c_sink_fenceworker", "(c) sink: fenceworker, upsert", "worker", topic="sink",
+    Run("c_sink_fenceworker", "(c) sink: fenceworker, upsert", "worker", BATCH, topic="sink",
         handler="sink", settings=("table=bench_sink", "key=id")),
-    Run("c_sink_insert", "(c) sink: fenceworker, insert", "worker", topic="sink",
+    Run("c_sink_insert", "(c) sink: fenceworker, insert", "worker", BATCH, topic="sink",
         handler="sink", settings=("table=bench_sink",), repeat=False),
-    Run("c_sink_2_members", "(c) sink: 2 members, upsert", "worker", topic="sink",
+    Run("c_sink_batch_500", "(c) sink: batches of 500", "worker", ("--batch-max-records", "500"),
+        topic="sink", handler="sink", settings=("table=bench_sink", "key=id"), repeat=False),
+    Run("c_sink_2_members", "(c) sink: 2 members, upsert", "worker", BATCH, topic="sink",
         handler="sink", settings=("table=bench_sink", "key=id"), members=2, repeat=False),
-    Run("c_sink_3_members", "(c) sink: 3 members, upsert", "worker", topic="sink",
+    Run("c_sink_3_members", "(c) sink: 3 members, upsert", "worker", BATCH, topic="sink",
         handler="sink", settings=("table=bench_sink", "key=id"), members=3, repeat=False),
 ]
 RUNS += SINK_RUNS

@@ -13,8 +13,8 @@ from fencing.postgres.sink import SinkSpec
 from ops import cli
 from ops.bench.clock import sink_spec
 from ops.bench.runs import worker_argv
-from ops.bench.worker import RATIOS, RUNS, SINK, SINK_RUNS, ratios
-from ops.commands.run import SINK_HANDLER, config_from_args
+from ops.bench.worker import BATCH, RATIOS, RUNS, SINK, SINK_RUNS, ratios
+from ops.commands.run import SINK_BATCH_MAX_RECORDS, SINK_HANDLER, config_from_args
 
 ENV = {"KAFKA_BOOTSTRAP_SERVERS": "localhost:9092", "FENCE_DSN": "postgresql://x/y"}
 
@@ -34,7 +34,10 @@ def test_the_sink_worker_run_passes_the_sink_the_settings_of_fencectl_run_sink()
                        f"table={timed['table']}", "--sink-key", timed["key"]])
     assert timed == plain == {"table": "bench_sink", "key": "id"}
     # the baselines' flags name the same table and key
-    assert SINK == ("--sink", plain["table"], "--sink-key", plain["key"])
+    assert SINK == ("--sink", plain["table"], "--sink-key", plain["key"], *BATCH)
+    # ... and every sink run batches as `fencectl run --sink` does by default
+    assert BATCH == ("--batch-max-records", str(SINK_BATCH_MAX_RECORDS))
+    assert all(r.args[-2:] == BATCH for r in SINK_RUNS if r.name != "c_sink_batch_500")
 
 
 def test_sink_spec_places_an_unqualified_table_in_the_runs_schema() -> None:

@@ -10,7 +10,7 @@ from fencing.errors import ConfigError
 from fencing.handler import HandlerContext, build_handler
 from fencing.postgres.sink import Method, SinkSpec
 from ops import cli
-from ops.commands.run import SINK_HANDLER, config_from_args
+from ops.commands.run import SINK_BATCH_MAX_RECORDS, SINK_HANDLER, config_from_args
 
 ENV = {"KAFKA_BOOTSTRAP_SERVERS": "localhost:9092", "FENCE_DSN": "postgresql://x/y"}
 
@@ -26,6 +26,15 @@ def test_sink_selects_the_table_sink_factory_with_its_settings() -> None:
     loaded = build_handler(cfg.handler, HandlerContext("fence", "g", ("orders",),
                                                        cfg.handler_settings))
     assert loaded.ensure_tables is not None  # created or validated at start
+
+
+def test_the_sink_batches_bigger_by_default_and_an_explicit_bound_wins() -> None:
+    assert config_from_args(run_args(), ENV).batch_max_records == 500
+    assert config_from_args(run_args("--sink", "table=o"), ENV).batch_max_records \
+        == SINK_BATCH_MAX_RECORDS == 2000
+    for extra in (("--sink", "table=o"), ()):
+        got = config_from_args(run_args(*extra, "--batch-max-records", "300"), ENV)
+        assert got.batch_max_records == 300
 
 
 def test_without_sink_the_reference_handler_stays_the_default() -> None:
