@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -97,10 +96,17 @@ def _reserved(col: Column) -> Callable[[SourceRecord, Any, str | None], Any]:
     """How the reserved column ``col`` is filled from the record (the value's ``obj`` and its
     UTF-8 ``text``, None when the value was not UTF-8)."""
     name = col.name
+    if name == "payload" and col.type_name == "jsonb":  # the value as it came, when UTF-8
+        return lambda record, obj, text: json_text(col, obj) if text is None else text
     if name == "payload":
         return lambda record, obj, text: _payload(col, record, obj, text)
     if name == "kafka_topic":
         return lambda record, obj, text: record.topic
+    # Kafka's partition is an int32 and its offset an int64: no range to check in those
+    if name == "kafka_partition" and col.type_name in ("int4", "int8"):
+        return lambda record, obj, text: record.partition
+    if name == "kafka_offset" and col.type_name == "int8":
+        return lambda record, obj, text: record.offset
     if name == "kafka_partition":
         return lambda record, obj, text: integer_value(col, record.partition)
     if name == "kafka_offset":
@@ -108,27 +114,35 @@ def _reserved(col: Column) -> Callable[[SourceRecord, Any, str | None], Any]:
     if name == "kafka_key":
         return lambda record, obj, text: None if record.key is None else key_text(
             col, record.key)
-    return lambda record, obj, text: None if record.timestamp_ms is None else (  # timestamp
-        dt.datetime.fromtimestamp(record.timestamp_ms / 1000, tz=dt.UTC))
+    at, utc = dt.datetime.fromtimestamp, dt.UTC  # kafka_timestamp
+    return lambda record, obj, text: None if record.timestamp_ms is None else at(
+        record.timestamp_ms / 1000, tz=utc)
+
+
+def _nonfinite(constant: str) -> Any:
+    raise Misfit(f"value holds a non-finite number ({constant})")
+
+
+# Python's json reads NaN and +-Infinity (JSON has neither, and PostgreSQL refuses them);
+# ``parse_constant`` is called for exactly those, at any depth, so no scan afterwards
+_decode = json.JSONDecoder(parse_constant=_nonfinite).decode
 
 
 def _parse(value: bytes) -> tuple[dict[str, Any], str | None]:
     """The value's JSON object and its text (None when the bytes are not plain UTF-8, e.g.
-    with a BOM or in UTF-16, which ``json.loads`` of the bytes still reads)."""
+    with a BOM or in UTF-16, which are read as ``json.loads`` of the bytes reads them)."""
     text: str | None
     try:
         text = value.decode()
-        obj = json.loads(text)
+        obj = _decode(text)
     except (UnicodeDecodeError, json.JSONDecodeError):
         text = None
         try:
-            obj = json.loads(value)
+            obj = _decode(value.decode(json.detect_encoding(value), "surrogatepass"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise Misfit(f"value is not JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise Misfit(f"value is a JSON {type(obj).__name__}, not an object")
-    if any(isinstance(v, float) and not math.isfinite(v) for v in obj.values()):
-        raise Misfit("value holds a non-finite number")
     return obj, text
 
 
@@ -143,17 +157,72 @@ def _key_of(col: Column, record: SourceRecord, obj: dict[str, Any] | None) -> An
     return CONVERT[col.type_name](col, raw)
 
 
-_RESERVED, _KEY, _FIELD = 0, 1, 2
+Fill = Callable[[SourceRecord, dict[str, Any], "str | None"], Any]
+_ABSENT: Any = object()  # a field the value lacks: the column gets its default
+
+
+def _not_null(col: Column, fill: Fill) -> Fill:
+    def checked(record: SourceRecord, obj: dict[str, Any], text: str | None) -> Any:
+        v = fill(record, obj, text)
+        if v is None:
+            raise Misfit(f"column {col.name} is NOT NULL but the value holds null")
+        return v
+    return checked
+
+
+def _field(col: Column) -> Fill:
+    name, required, not_null, to_column = col.name, col.required, col.not_null, \
+        CONVERT[col.type_name]
+
+    def fill(record: SourceRecord, obj: dict[str, Any], text: str | None) -> Any:
+        v = obj.get(name, _ABSENT)
+        if v is None:
+            if not_null:
+                raise Misfit(f"column {name} is NOT NULL but the value holds null")
+            return None
+        if v is _ABSENT:
+            if required:
+                raise Misfit(f"missing required column {name}")
+            return _ABSENT
+        return to_column(col, v)
+    return fill
+
+
+def _fill(col: Column, layout: Layout) -> Fill:
+    """How ``col`` is filled: from the record (reserved), the key, or the value's field."""
+    if col.name in RESERVED:
+        fill = _reserved(col)
+        # payload, topic, partition and offset are never None; the key and timestamp may be
+        return _not_null(col, fill) if col.not_null and col.name in (
+            "kafka_key", "kafka_timestamp") else fill
+    if col.name == layout.key:
+        return lambda record, obj, text: _key_of(col, record, obj)
+    return _field(col)
+
+
+_set_op = tuple(getattr(Upsert, name).__set__ for name in ("key", "columns", "values"))
+
+
+def _upsert(key: Any, columns: tuple[str, ...], values: tuple[Any, ...]) -> Upsert:
+    """``Upsert(key, columns, values)`` without the frozen dataclass's ``__init__``, which
+    sets each field through ``object.__setattr__`` (a sixth of the conversion's time)."""
+    op: Upsert = object.__new__(Upsert)
+    _set_op[0](op, key)
+    _set_op[1](op, columns)
+    _set_op[2](op, values)
+    return op
 
 
 def converter(layout: Layout) -> Callable[[SourceRecord], Upsert | Delete]:
     """``convert`` for one layout, with what depends only on the layout decided once: per
-    column how it is filled (reserved, key or field) and the function that fills it."""
-    plan: tuple[tuple[Column, int, Callable[..., Any]], ...] = tuple(
-        (c, _RESERVED, _reserved(c)) if c.name in RESERVED
-        else (c, _KEY, CONVERT[c.type_name]) if c.name == layout.key
-        else (c, _FIELD, CONVERT[c.type_name]) for c in layout.columns)
+    column the function that fills it (checks included), all columns' names, the key's
+    position. Per record: one call per column, and a second pass only when a field is
+    absent (its column left to its default)."""
+    fills = tuple(_fill(c, layout) for c in layout.columns)
+    names = tuple(c.name for c in layout.columns)
+    has_fields = any(c.name not in RESERVED and c.name != layout.key for c in layout.columns)
     key_col = layout.column(layout.key) if layout.key is not None else None
+    key_at = names.index(layout.key) if layout.key is not None else -1
 
     def convert_one(record: SourceRecord) -> Upsert | Delete:
         if record.value is None:
@@ -162,28 +231,12 @@ def converter(layout: Layout) -> Callable[[SourceRecord], Upsert | Delete]:
                              "column")
             return Delete(_key_of(key_col, record, None))
         obj, text = _parse(record.value)
-        names: list[str] = []
-        values: list[Any] = []
-        key = None
-        for col, kind, fill in plan:
-            name = col.name
-            if kind == _RESERVED:
-                v = fill(record, obj, text)
-            elif kind == _KEY:
-                v = key = _key_of(col, record, obj)
-            elif name not in obj:
-                if col.required:
-                    raise Misfit(f"missing required column {name}")
-                continue
-            else:
-                v = obj[name]
-                if v is not None:
-                    v = fill(col, v)
-            if v is None and col.not_null:
-                raise Misfit(f"column {name} is NOT NULL but the value holds null")
-            names.append(name)
-            values.append(v)
-        return Upsert(key, tuple(names), tuple(values))
+        values = tuple([fill(record, obj, text) for fill in fills])
+        key = values[key_at] if key_at >= 0 else None
+        if has_fields and _ABSENT in values:
+            kept = [(n, v) for n, v in zip(names, values, strict=True) if v is not _ABSENT]
+            return _upsert(key, tuple(n for n, _ in kept), tuple(v for _, v in kept))
+        return _upsert(key, names, values)
 
     return convert_one
 

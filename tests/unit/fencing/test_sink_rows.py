@@ -115,3 +115,22 @@ def test_last_wins_keeps_the_last_operation_per_key_in_last_occurrence_order() -
 
 def test_supported_types() -> None:
     assert supported("jsonb") and supported("int8") and not supported("point")
+
+
+@pytest.mark.parametrize("raw", [b'{"id": "a", "amount": NaN}',
+                                 b'{"id": "a", "amount": 1, "doc": {"x": [-Infinity]}}'])
+def test_a_non_finite_number_at_any_depth_is_a_misfit_not_a_refusal_later(raw: bytes) -> None:
+    with pytest.raises(Misfit, match="value holds a non-finite number"):
+        convert(LAYOUT, rec(raw))
+
+
+def test_reserved_columns_keep_their_checks_where_the_column_is_narrower_than_kafka() -> None:
+    narrow = Layout((Column("payload", "jsonb"), Column("kafka_offset", "int4"),
+                     Column("kafka_key", "text", not_null=True)))
+    with pytest.raises(Misfit, match=r"column kafka_offset \(int4\): 2147483648 is out of range"):
+        convert(narrow, rec({"a": 1}, offset=2**31))
+    with pytest.raises(Misfit, match="column kafka_key is NOT NULL but the value holds null"):
+        convert(narrow, rec({"a": 1}, key=None))
+    op = convert(narrow, rec({"a": 1}, offset=5))
+    assert op == Upsert(None, ("payload", "kafka_offset", "kafka_key"), ('{"a": 1}', 5, "k1"))
+    assert hash(op) == hash(Upsert(None, op.columns, op.values))
