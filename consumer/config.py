@@ -1,5 +1,8 @@
 """Worker configuration: flags + environment -> one frozen ``WorkerConfig``; librdkafka settings.
 
+Long because every setting, its default, its reason and its check live here, the one place
+an operator's flag name leads to.
+
 Rules
 - Every setting has one name an operator can search for (the flag or the env var); a
   ``ConfigError`` message names it.
@@ -36,6 +39,7 @@ __all__ = [
     "DEFAULT_ASSIGNMENT_STRATEGY",
     "DEFAULT_BATCH_MAX_RECORDS",
     "DEFAULT_HANDLER",
+    "PREFETCH",
     "GroupProtocol",
     "WorkerConfig",
     "check_topic_pattern",
@@ -48,6 +52,9 @@ __all__ = [
 DEFAULT_HANDLER = "ops.reference.pg:reference"
 DEFAULT_BATCH_MAX_RECORDS = 500  # --sink's own: ops.commands.run.SINK_BATCH_MAX_RECORDS
 DEFAULT_ASSIGNMENT_STRATEGY = "cooperative-sticky"
+#: librdkafka's prefetch: at most 4 MiB over all partitions, and once there, the next fetch
+#: 10 ms later (its default, 1 s, starved the worker of records; README, Benchmarks)
+PREFETCH = {"queued.max.messages.kbytes": "4096", "fetch.queue.backoff.ms": "10"}
 
 _OWNED_FALSE = ("enable.auto.commit", "enable.auto.offset.store")
 _KIP848_FORBIDDEN = (
@@ -191,9 +198,8 @@ class WorkerConfig:
     @property
     def strategy(self) -> str:
         """The classic-protocol assignor in effect (``assignment_strategy`` or its default)."""
-        if self.assignment_strategy is None:
-            return DEFAULT_ASSIGNMENT_STRATEGY
-        return self.assignment_strategy
+        return DEFAULT_ASSIGNMENT_STRATEGY if self.assignment_strategy is None else \
+            self.assignment_strategy
 
     @property
     def cooperative(self) -> bool:
@@ -279,7 +285,7 @@ def kafka_settings(cfg: WorkerConfig) -> dict[str, str]:
         "enable.auto.offset.store": "false",
         "auto.offset.reset": "error",
         "enable.partition.eof": "false",
-        "queued.max.messages.kbytes": "4096",  # librdkafka prefetch bound (all partitions)
+        **PREFETCH,
         "group.protocol": cfg.group_protocol.value,
     }
     if cfg.group_protocol is GroupProtocol.CONSUMER:

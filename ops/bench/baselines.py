@@ -44,7 +44,7 @@ from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KTP
 
 from consumer.batching import Flow, PartitionBuffer
-from consumer.config import WorkerConfig
+from consumer.config import PREFETCH, WorkerConfig
 from consumer.kafka.adapter import to_record
 from fencing.types import SourceRecord
 from ops.bench.clock import Marks, sink_spec, wrap
@@ -59,7 +59,7 @@ DEFAULTS = WorkerConfig(topics=("-",), group_id="-", bootstrap_servers="-", dsn=
 def _consumer(bootstrap: str, group: str, topic: str) -> Any:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,  # prefetch as the worker
                   "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                  "enable.partition.eof": False, "queued.max.messages.kbytes": "4096"})
+                  "enable.partition.eof": False, **PREFETCH})
     c.subscribe([topic])
     return c
 
@@ -94,7 +94,7 @@ async def run_raw_aio(a: argparse.Namespace, marks: Marks) -> None:
 
     c = AIOConsumer({"bootstrap.servers": a.bootstrap, "group.id": a.group,
                      "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                     "queued.max.messages.kbytes": "4096"})
+                     **PREFETCH})
     await c.subscribe([a.topic])
     seen = 0
     while seen < a.total:

@@ -7,6 +7,8 @@
   partition is delivered after its revoke callback returned (buffered ones are dropped).
 - ``pause`` then ``resume`` continues at the record after the last one delivered: nothing
   is lost or repeated although pause purges librdkafka's prefetched records.
+- A full prefetch queue postpones the next fetch by ``fetch.queue.backoff.ms`` (1 s by
+  default), however soon the application drains it; the worker sets 10 ms.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka import TopicPartition as KTP
 from confluent_kafka.admin import AdminClient
 
-from consumer.config import GroupProtocol, WorkerConfig, kafka_settings
+from consumer.config import PREFETCH, GroupProtocol, WorkerConfig, kafka_settings
 from consumer.kafka.adapter import KafkaThread
 from fencing.errors import KafkaClientFailed
 from fencing.types import SourceRecord, TopicPartition
@@ -273,3 +275,56 @@ def test_failed_assign_fail_stops_and_positions_nothing(services, setup: GroupSe
     finally:
         t.close().result(timeout=30)
 
+
+
+def _longest_wait_draining(bootstrap: str, topic: str, total: int, extra: dict[str, str]
+                           ) -> tuple[float, float]:
+    """Consume ``topic`` to its end as fast as possible: (the longest time between two
+    non-empty consume() results, the whole span)."""
+    from confluent_kafka import Consumer
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("fqb"),
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                  "enable.partition.eof": False, "queued.max.messages.kbytes": "64", **extra})
+    c.subscribe([topic])
+    try:
+        seen, first, last, longest = 0, None, None, 0.0
+        deadline = time.monotonic() + 60
+        while seen < total and time.monotonic() < deadline:
+            msgs = [m for m in c.consume(500, 0.05) if m.error() is None]
+            if not msgs:
+                continue
+            now = time.monotonic()
+            if last is not None:
+                longest = max(longest, now - last)
+            first, last = first or now, now
+            seen += len(msgs)
+        assert seen == total and first is not None and last is not None
+        return longest, last - first
+    finally:
+        c.close()
+
+
+def test_a_full_prefetch_queue_postpones_the_next_fetch_by_fetch_queue_backoff_ms(
+        services) -> None:
+    """librdkafka (>= 2.3, CONFIGURATION.md): once a partition's local queue reached
+    ``queued.max.messages.kbytes``, the next fetch waits ``fetch.queue.backoff.ms``, 1 s by
+    default, even when the application drained the queue long before. With the worker's
+    prefetch bound that starved it of records for ~0.5 s at a time (README, Benchmarks);
+    the worker sets 10 ms (``consumer.config.PREFETCH``)."""
+    topic = unique("fqb")
+    create_topic(services.kafka_bootstrap, topic, 1)
+    from confluent_kafka import Producer
+    p = Producer({"bootstrap.servers": services.kafka_bootstrap, "linger.ms": 5})
+    total = 3000
+    for i in range(total):  # 3 MB: the 64 KiB queue fills and drains many times
+        p.produce(topic, b"x" * 1000, str(i).encode(), partition=0)
+    assert p.flush(30) == 0
+    slow_gap, slow_span = _longest_wait_draining(services.kafka_bootstrap, topic, total, {})
+    fast_gap, fast_span = _longest_wait_draining(services.kafka_bootstrap, topic, total,
+                                                 {"fetch.queue.backoff.ms":
+                                                  PREFETCH["fetch.queue.backoff.ms"]})
+    print(f"longest wait / span: default {slow_gap:.2f} / {slow_span:.2f} s, "
+          f"10 ms {fast_gap:.2f} / {fast_span:.2f} s")
+    assert slow_gap >= 0.5  # a postponed fetch: the 1 s backoff, less the drain time
+    assert fast_gap < slow_gap and fast_span < slow_span

@@ -44,6 +44,16 @@ def test_defaults_make_a_worker_owned_consumer() -> None:
     assert cfg().cooperative
 
 
+def test_prefetch_is_bounded_and_refetches_soon_and_x_can_change_either() -> None:
+    # librdkafka waits fetch.queue.backoff.ms (default 1 s) before fetching again once its
+    # queue reached queued.max.messages.kbytes; measured: the worker starved for ~0.5 s at a
+    # time behind its 4 MiB bound (README, Benchmarks)
+    s = kafka_settings(cfg())
+    assert (s["queued.max.messages.kbytes"], s["fetch.queue.backoff.ms"]) == ("4096", "10")
+    s = kafka_settings(cfg(x_options=parse_x_options(["fetch.queue.backoff.ms=1000"])))
+    assert s["fetch.queue.backoff.ms"] == "1000"
+
+
 def test_x_options_pass_through() -> None:
     s = kafka_settings(cfg(x_options=parse_x_options(["fetch.min.bytes=1", "client.id = me"])))
     assert s["fetch.min.bytes"] == "1" and s["client.id"] == "me"
