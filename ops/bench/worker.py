@@ -55,6 +55,15 @@ RUNS: list[Run] = [
 # the sink's runs, baselines included, use the batch bound `fencectl run --sink` defaults to
 BATCH = ("--batch-max-records", str(SINK_BATCH_MAX_RECORDS))
 SINK = ("--sink", "bench_sink", "--sink-key", "id", *BATCH)
+
+
+def _sink_worker(name: str, label: str, *, args: tuple[str, ...] = BATCH, key: bool = True,
+                 members: int = 1, repeat: bool = False) -> Run:
+    """A worker run of the table sink into ``bench_sink`` (upsert on ``id``; insert without)."""
+    return Run(name, label, "worker", args, topic="sink", handler="sink", members=members,
+               repeat=repeat, settings=("table=bench_sink", *(("key=id",) if key else ())))
+
+
 #: the table sink's runs: same clock, 100-byte JSON values, upsert on ``id`` (insert: no key)
 SINK_RUNS: list[Run] = [
     Run("b_sink_pipelined", "(b) sink: unfenced, pipelined", "baseline",
@@ -63,16 +72,12 @@ SINK_RUNS: list[Run] = [
         ("stop-and-wait", *SINK), topic="sink"),
     Run("e_sink_db_ceiling", "(e) sink: DB ceiling, from memory", "baseline",
         ("memory", *SINK), topic="sink"),
-    Run("c_sink_fenceworker", "(c) sink: fenceworker, upsert", "worker", BATCH, topic="sink",
-        handler="sink", settings=("table=bench_sink", "key=id")),
-    Run("c_sink_insert", "(c) sink: fenceworker, insert", "worker", BATCH, topic="sink",
-        handler="sink", settings=("table=bench_sink",), repeat=False),
-    Run("c_sink_batch_500", "(c) sink: batches of 500", "worker", ("--batch-max-records", "500"),
-        topic="sink", handler="sink", settings=("table=bench_sink", "key=id"), repeat=False),
-    Run("c_sink_2_members", "(c) sink: 2 members, upsert", "worker", BATCH, topic="sink",
-        handler="sink", settings=("table=bench_sink", "key=id"), members=2, repeat=False),
-    Run("c_sink_3_members", "(c) sink: 3 members, upsert", "worker", BATCH, topic="sink",
-        handler="sink", settings=("table=bench_sink", "key=id"), members=3, repeat=False),
+    _sink_worker("c_sink_fenceworker", "(c) sink: fenceworker, upsert", repeat=True),
+    _sink_worker("c_sink_insert", "(c) sink: fenceworker, insert", key=False),
+    _sink_worker("c_sink_batch_500", "(c) sink: batches of 500",
+                 args=("--batch-max-records", "500")),
+    _sink_worker("c_sink_2_members", "(c) sink: 2 members, upsert", members=2),
+    _sink_worker("c_sink_3_members", "(c) sink: 3 members, upsert", members=3),
 ]
 RUNS += SINK_RUNS
 #: ratio name -> (numerator run, denominator run), of records/s

@@ -85,21 +85,17 @@ class Delete:
     key: Any
 
 
-def _payload(col: Column, record: SourceRecord, obj: Any, text: str | None) -> Any:
-    if col.type_name == "jsonb" and text is not None:
-        return text  # the value as it came: jsonb parses it the same as a re-encoding of obj
-    return json_text(col, obj) if col.type_name in ("json", "jsonb") else text_value(
-        col, json_text(col, obj))
-
-
 def _reserved(col: Column) -> Callable[[SourceRecord, Any, str | None], Any]:
     """How the reserved column ``col`` is filled from the record (the value's ``obj`` and its
     UTF-8 ``text``, None when the value was not UTF-8)."""
     name = col.name
-    if name == "payload" and col.type_name == "jsonb":  # the value as it came, when UTF-8
+    if name == "payload" and col.type_name == "jsonb":
+        # the value as it came, when UTF-8: jsonb parses it the same as a re-encoding of obj
         return lambda record, obj, text: json_text(col, obj) if text is None else text
-    if name == "payload":
-        return lambda record, obj, text: _payload(col, record, obj, text)
+    if name == "payload" and col.type_name == "json":
+        return lambda record, obj, text: json_text(col, obj)
+    if name == "payload":  # text and the like: the compact re-encoding, length-checked
+        return lambda record, obj, text: text_value(col, json_text(col, obj))
     if name == "kafka_topic":
         return lambda record, obj, text: record.topic
     # Kafka's partition is an int32 and its offset an int64: no range to check in those
