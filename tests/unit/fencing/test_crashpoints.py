@@ -96,8 +96,16 @@ def test_stop_freezes_at_the_point_and_goes_on_after_sigcont(tmp_path: Path) -> 
             if marker.exists() and marker.read_text().endswith("\n"):
                 break
             time.sleep(0.05)
-        state = Path(f"/proc/{proc.pid}/stat").read_text().split()[2]
+        # The marker is written (and fsynced) before the process signals itself: between
+        # the two it still runs, so wait for the stop rather than read the state once.
+        state = ""
+        for _ in range(300):
+            state = Path(f"/proc/{proc.pid}/stat").read_text().split()[2]
+            if state == "T":
+                break
+            time.sleep(0.05)
         assert state == "T", state
+        assert proc.poll() is None  # frozen, not exited
         os.kill(proc.pid, signal.SIGCONT)
         out, _ = proc.communicate(timeout=30)
     finally:
