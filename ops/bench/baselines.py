@@ -17,6 +17,12 @@ writes its marks to ``--clock-file``; batches are cut by ``consumer.batching``'s
 - ``memory`` (e): the database ceiling: the records are read from the topic into memory
   first (untimed), then the same handler runs over the same batches with the same
   concurrency, in plain transactions, with no Kafka at all.
+- ``memory-consume`` (e'): (e), plus the worker's consume path in the same process while it
+  runs: a thread consumes the topic again (1,000 records per ``consume()``, the worker's
+  prefetch) and hands each result to the loop, which translates it (``to_record``, as the
+  worker does) and drops it; the thread stays at most one queue bound per partition ahead
+  of the records applied, as the worker's pause/resume keeps it. No fence, no lifecycle:
+  the ceiling of any consumer whose Kafka client and handler share one Python process.
 
 Every mode settles the heap as the worker does before it consumes
 (``ops.worker.startup.settle_heap``: freeze the start-up heap, young collections every
@@ -36,6 +42,8 @@ import gc
 import json
 import os
 import sys
+import threading
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -212,7 +220,9 @@ async def run_stop_and_wait(a: argparse.Namespace, marks: Marks, pool: Any,
 
 
 async def run_memory(a: argparse.Namespace, marks: Marks, pool: Any,
-                     apply: Callable[[list[SourceRecord]], Awaitable[None]]) -> None:
+                     apply: Callable[[list[SourceRecord]], Awaitable[None]], *,
+                     start: Callable[[int], threading.Thread] | None = None,
+                     ) -> threading.Thread | None:
     cfg = DEFAULTS
     c = _consumer(a.bootstrap, a.group, a.topic)
     loaded: dict[Key, list[SourceRecord]] = defaultdict(list)
@@ -233,13 +243,60 @@ async def run_memory(a: argparse.Namespace, marks: Marks, pool: Any,
     for key, recs in loaded.items():
         buffers[key].queue_max_records = buffers[key].queue_max_bytes = 1 << 62
         buffers[key].add(recs)
+    thread = None if start is None else start(len(buffers))  # (e'): consuming beside it
     wake, done = await _runners(buffers, apply, a.db_concurrency, seen, lambda k, b: None)
     for key in buffers:
         wake(key)
     await done.wait()
+    return thread
 
 
-MODES = {"pipelined": run_pipelined, "stop-and-wait": run_stop_and_wait, "memory": run_memory}
+def _paced_consume(a: argparse.Namespace, loop: asyncio.AbstractEventLoop,
+                   applied: Callable[[], int], window: int, stop: threading.Event) -> None:
+    """(e')'s Kafka thread: consume the topic, each result translated on the loop and
+    dropped, never more than ``window`` records ahead of ``applied()``."""
+    c = _consumer(a.bootstrap, a.group + "-consume", a.topic)
+    consumed = 0
+    try:
+        while consumed < a.total and not stop.is_set():
+            if consumed - applied() >= window:
+                time.sleep(0.001)  # the worker's queues are full: it pauses
+                continue
+            msgs = c.consume(1000, 0.05)
+            consumed += len(msgs)
+            if msgs:
+                loop.call_soon_threadsafe(_by_partition, msgs)
+    finally:
+        c.close()
+
+
+async def run_memory_consume(a: argparse.Namespace, marks: Marks, pool: Any,
+                             apply: Callable[[list[SourceRecord]], Awaitable[None]]) -> None:
+    applied = 0
+    stop = threading.Event()
+
+    async def counted(records: list[SourceRecord]) -> None:
+        nonlocal applied
+        await apply(records)
+        applied += len(records)
+
+    def start(partitions: int) -> threading.Thread:
+        window = partitions * a.batch_max_records * DEFAULTS.queue_max_batches
+        thread = threading.Thread(target=_paced_consume, name="kafka", daemon=True, args=(
+            a, asyncio.get_running_loop(), lambda: applied, window, stop))
+        thread.start()
+        return thread
+
+    thread = await run_memory(a, marks, pool, counted, start=start)
+    stop.set()
+    if thread is not None:
+        await asyncio.to_thread(thread.join)
+
+
+Mode = Callable[[argparse.Namespace, Marks, Any, Callable[[list[SourceRecord]],
+                                                         Awaitable[None]]], Awaitable[Any]]
+MODES: dict[str, Mode] = {"pipelined": run_pipelined, "stop-and-wait": run_stop_and_wait,
+                          "memory": run_memory, "memory-consume": run_memory_consume}
 
 
 async def _with_db(a: argparse.Namespace, marks: Marks) -> None:
