@@ -5,7 +5,8 @@ domain, valid class) it runs every entry of ``RUNS`` (``ops.bench.runs``), each 
 process(es) with its own group and schema, timed by one clock (``ops.bench.clock``):
 (a) raw consumption without a database; (b) a pipelined unfenced at-least-once consumer;
 (b') today's stop-and-wait unfenced consumer; (e) the database ceiling (the same handler
-over the same records from memory, no Kafka); (c) the worker; (d) the worker with batches
+over the same records from memory, no Kafka); (e') (e) with the worker's consume path in
+the same process (``ops.bench.baselines``); (c) the worker; (d) the worker with batches
 of one on the first ``--single-count`` records of a second topic (a rate). The table sink
 (``fencectl run --sink``) gets the same b/b'/e/c runs on a third topic of ``--count``
 100-byte JSON values (``ops.bench.sink.produce_values``), upserting on ``id`` into a fresh
@@ -13,8 +14,10 @@ table per run, and one worker run in insert mode (no key); ``--sink-only`` runs 
 (``make bench-sink``); the sink also runs with 2 and 3 members (one try each). The repeated
 runs alternate ``--repeat`` times on the same data; the median by records/s is reported.
 Then scale (``ops.bench.scale``): assignment cost, join → first commit, members 1..3, the
-backlog drain and memory. Results: ``artifacts/bench/worker.json`` and PNG charts next to
-it (``ops.bench.plots``). ``--quick``: small sizes, one repeat (the smoke test's mode).
+backlog drain and memory; each reported peak RSS is checked against the README's bound
+(``ops.bench.memory``, ``result["memory"]``). Results: ``artifacts/bench/worker.json``
+and PNG charts next to it (``ops.bench.plots``). ``--quick``: small sizes, one repeat
+(the smoke test's mode).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ops.bench import scale
+from ops.bench import memory, scale
 from ops.bench.runs import ROOT, Run, env, execute, uid
 from ops.bench.sink import produce_values
 from ops.commands.run import SINK_BATCH_MAX_RECORDS
@@ -182,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if not a.no_scale:
         result["scale"] = scale.run_all(dsn, quick=a.quick, produce=produce)
+    result["memory"] = memory.checks(result)  # the README's bound against each peak
     result["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2) + "\n")
@@ -189,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
 
     charts = plots.write_all(result, a.out.parent, "_sink" if a.sink_only else "")
     print(json.dumps(result["ratios"], indent=2))
+    for m in result["memory"]:
+        print(f"memory: {m['run']}: peak {m['peak_rss_mib']} MiB, bound {m['bound_mib']} MiB"
+              f" ({'within' if m['within_bound'] else 'EXCEEDED'})")
     print("wrote", a.out, *(str(c) for c in charts))
     return 0
 
