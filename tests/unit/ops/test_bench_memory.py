@@ -54,3 +54,19 @@ def test_no_base_no_check() -> None:
     result = _result(150.0)
     del result["runs"]["d_fenceworker_batch1"]
     assert checks(result) == []
+
+
+def test_the_bound_uses_the_worker_s_own_defaults() -> None:
+    import inspect
+
+    from consumer.config import PREFETCH, WorkerConfig
+    from consumer.kafka.adapter import KafkaThread
+
+    cfg = WorkerConfig(topics=("t",), group_id="g", bootstrap_servers="b", dsn="")
+    s = Settings()
+    assert (s.batch_max_records, s.batch_max_bytes, s.queue_max_batches, s.db_concurrency) == (
+        cfg.batch_max_records, cfg.batch_max_bytes, cfg.queue_max_batches, cfg.db_concurrency)
+    params = inspect.signature(KafkaThread).parameters
+    assert s.consume_max_records == params["consume_max_records"].default
+    assert s.max_outstanding == params["max_outstanding"].default
+    assert s.prefetch_bytes == int(PREFETCH["queued.max.messages.kbytes"]) * 1024
