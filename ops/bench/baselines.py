@@ -1,5 +1,9 @@
 """Baseline consumers for ``ops.bench.worker`` (each runs as its own process).
 
+Long because every baseline the worker is compared with is here side by side, sharing one
+consumer set-up, one buffer set-up and one runner pool, so that the only differences between
+two runs are the ones their docstrings name.
+
 Every mode times itself with ``ops.bench.clock`` (the same wrapper the worker runs use) and
 writes its marks to ``--clock-file``; batches are cut by ``consumer.batching``'s
 ``PartitionBuffer`` with the worker's default bounds, so only the runtime differs.

@@ -76,13 +76,21 @@ def _factory(wrap: Wrap, *, on_failure: str = "quarantine") -> Callable[[Handler
     return build
 
 
+def _announce_held(hold_dir: Path, records: Sequence[SourceRecord]) -> None:
+    """``held-<pid>-<partition>`` appears whole (written aside, then renamed): a test that
+    sees the file reads its content, never an empty file still being written."""
+    name = f"held-{os.getpid()}-{records[0].partition}"
+    aside = hold_dir / f".{name}.tmp"
+    aside.write_text(f"{records[0].partition} {records[0].offset} {records[-1].offset}")
+    os.replace(aside, hold_dir / name)
+
+
 async def _hold(inner: HandlerFn, conn: Any, records: Sequence[SourceRecord]) -> Any:
     hold_dir = os.environ.get("FENCE_TEST_HOLD_DIR")
     if hold_dir:
         hold = Path(hold_dir) / "hold"
         if hold.exists():
-            (Path(hold_dir) / f"held-{os.getpid()}-{records[0].partition}").write_text(
-                f"{records[0].partition} {records[0].offset} {records[-1].offset}")
+            _announce_held(Path(hold_dir), records)
             while hold.exists():  # noqa: ASYNC110 - a file written by another process
                 await asyncio.sleep(0.02)
     return await inner(conn, records)
@@ -121,8 +129,7 @@ async def _stubborn(inner: HandlerFn, conn: Any, records: Sequence[SourceRecord]
     hold_dir = os.environ.get("FENCE_TEST_HOLD_DIR")
     hold = Path(hold_dir) / "hold" if hold_dir else None
     if hold is not None and hold.exists():
-        (hold.parent / f"held-{os.getpid()}-{records[0].partition}").write_text(
-            f"{records[0].partition} {records[0].offset} {records[-1].offset}")
+        _announce_held(hold.parent, records)
         deadline = time.monotonic() + 120
         while hold.exists() and time.monotonic() < deadline:
             try:

@@ -274,7 +274,11 @@ async def test_session_ended_before_commit_is_not_committed(
     async def dawdle(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
         verdicts = await inner(conn, records)
         await conn.execute("SET LOCAL idle_in_transaction_session_timeout = '50ms'")
-        await asyncio.sleep(0.5)
+        for _ in range(200):  # until asyncpg has seen the server end the session (not a
+            await asyncio.sleep(0.05)  # fixed time: a loaded server may take longer)
+            if conn.is_closed():
+                break
+        assert conn.is_closed(), "the server did not end the idle transaction's session"
         return verdicts
 
     token = (await direct.claim([ClaimRequest(TP, 0)], lifetime="L1"))[TP]

@@ -65,7 +65,10 @@ def test_live_and_killed_members(services: ServiceSettings) -> None:
         wait_until(lambda: (r := readyz(f"http://127.0.0.1:{port_a}")) and r[0] == 200,
                  timeout_s=60, what="a ready")
         b = start_worker(topic=topic, group=group, schema=schema, http_port=port_b, name="b",
-                         extra=["-X", "session.timeout.ms=12000"])
+                         # b's row reads stale 3 s after its kill and a takes the partition
+                         # over when this session ends: the window for the stale snapshot, in
+                         # which each poll is a whole `fencectl status` (seconds under load)
+                         extra=["-X", "session.timeout.ms=25000"])
         b_ready = wait_until(lambda: (r := readyz(f"http://127.0.0.1:{port_b}")) and r[0] == 200
                            and r[1]["assigned"] and r, timeout_s=60, what="b ready")
         (b_part_name,) = b_ready[1]["assigned"]

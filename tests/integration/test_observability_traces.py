@@ -87,8 +87,12 @@ def test_span_tree_of_one_record(services: ServiceSettings) -> None:
         "traceparent"].decode()
     _version, producer_trace, producer_span, _flags = traceparent.split("-")
 
+    # every span asserted below, waited for: the exporter sends batches every 5 s and the
+    # rest at shutdown, and Jaeger stores each batch a moment after it arrives
     spans = jaeger_spans(services.jaeger_query_url, service, until=lambda ss: bool(
         _covering(ss, partition, offset)) and any(s.name == "fence.claim" for s in ss)
+        and any(s.name == "fence.assign" for s in ss)
+        and any(s.name == "fence.shutdown" for s in ss)
         and sum(s.name == "fence.seek" for s in ss) >= 2)
     (process,) = _covering(spans, partition, offset)
     tags = process.tags
@@ -153,11 +157,11 @@ async def test_lost_commit_is_a_resolution_span_and_counted_once(
             # the server committed before the worker learned it: wait for the resolution
             text = await until_blocking(
                 lambda: (got := http_get(base + "/metrics")) is not None and metric(
-                    got[1], "fence_batches_total", outcome="committed") >= 1 and got[1],
-                timeout_s=30, what="the batch resolved")
+                    got[1], "fence_records_processed_total", topic=topic) == 12 and got[1],
+                timeout_s=30, what="every batch resolved and counted")
             assert metric(text, "fence_unknown_outcomes_total", operation="process",
                           resolution="committed") == 1
-            assert metric(text, "fence_records_processed_total", topic=topic) == 12
+            assert metric(text, "fence_batches_total", outcome="committed") >= 1
             worker.terminate()
             assert await asyncio.to_thread(worker.wait, 30) == 0, worker.log()[-3000:]
         finally:

@@ -13,6 +13,7 @@ import math
 import re
 import signal
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import asyncpg
@@ -93,29 +94,37 @@ def test_transient_twice_applies_once_after_backoff_while_the_sibling_flows(serv
     w = WorkerProc(topic=topic, group=group, schema=schema, setup=SETUP, name="transient",
                    extra=(*HANDLER, "--handler-setting", "transient=0:10",
                           "--handler-setting", "transient_times=2", "--batch-max-records", "50",
-                          "--retry-initial-ms", "1500", "--retry-max-ms", "4000"))
+                          # backoffs of 2-4 s then 4-8 s (jitter x[0.5, 1)): a window wide
+                          # enough for a cold `fencectl status` on a loaded machine
+                          "--retry-initial-ms", "4000", "--retry-max-ms", "8000"))
+    pool = ThreadPoolExecutor(1)
     try:
         done: dict[int, float] = {}
-        status: list[dict[str, Any]] = []
+        job: Future[Any] | None = None
 
         def progress() -> bool:
+            nonlocal job
             now = time.monotonic()
             for p, f in _frontiers(services.dsn, schema, group, topic).items():
                 if f == 200:
                     done.setdefault(p, now)
-            if 0 not in done and not status and _attempts(services.dsn, schema, group):
-                # a durable count while partition 0 backs off: status shows it retrying
-                out = run_fencectl("status", "--json", "--group", group, "--schema", schema,
-                                   env={"FENCE_DSN": services.dsn})
-                assert out.returncode == 0, out.stderr
-                status.extend(json.loads(out.stdout)["partitions"])
+            if 0 not in done and job is None and _attempts(services.dsn, schema, group):
+                # a durable count while partition 0 backs off: status shows it retrying (run
+                # beside this poll, which keeps stamping completions while it runs)
+                job = pool.submit(run_fencectl, "status", "--json", "--group", group,
+                                  "--schema", schema, env={"FENCE_DSN": services.dsn})
             return len(done) == 2
 
         wait_until(progress, timeout_s=90, what="both partitions complete", interval_s=0.1)
         code, log = _stop(w)
+        assert job is not None, "no attempt count was ever seen while partition 0 backed off"
+        out = job.result(timeout=60)
     finally:
         w.ensure_dead()
+        pool.shutdown(wait=False, cancel_futures=True)
     assert code == 0, log[-3000:]
+    assert out.returncode == 0, out.stderr
+    status: list[dict[str, Any]] = json.loads(out.stdout)["partitions"]
     applied = _applied(services.dsn, schema, topic)
     assert applied == {(p, o): 1 for p in (0, 1) for o in range(200)}  # each exactly once
     assert _quarantine(services.dsn, schema, group) == []
@@ -204,11 +213,18 @@ def test_idle_members_killed_repeatedly_never_quarantine(services) -> None:
     topic, group, schema = _topic(services, partitions=1, per_partition=10)
     extra = (*HANDLER, "--max-attempts", "1")
     for n in range(3):
+        before = asyncio.run(durable_rows(services.dsn, schema, group, topic)).get(0, (0, 0))[0]
+
+        def claimed_and_complete(before: int = before) -> bool:
+            r = asyncio.run(durable_rows(services.dsn, schema, group, topic)).get(0)
+            return r is not None and r[0] > before and r[1] == 10
+
         w = WorkerProc(topic=topic, group=group, schema=schema, setup=SETUP, name=f"idle{n}",
                        extra=extra)
         try:
-            wait_until(lambda: _frontiers(services.dsn, schema, group, topic).get(0) == 10,
-                       timeout_s=60, what="the partition complete")
+            # this member claimed the partition (a new epoch) and it is complete: from the
+            # second round on the frontier is 10 already, so the claim is what to wait for
+            wait_until(claimed_and_complete, timeout_s=60, what="claimed and complete")
             time.sleep(0.5)  # idle now
             w.kill()
             assert w.wait(30) == -signal.SIGKILL

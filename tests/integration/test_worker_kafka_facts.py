@@ -164,8 +164,14 @@ def test_pause_resume_loses_and_repeats_nothing(services) -> None:
     try:
         wait_until(lambda: a.records, timeout_s=30, what="first records")
         t.pause(tp)
-        time.sleep(0.5)
+        # pause() queues a command the Kafka thread runs between two consume() calls; one
+        # queued after it has run once the pause has (commands run in order): wait for that,
+        # not a fixed time (a starved thread may deliver a batch more before it gets there)
+        paused = threading.Event()
+        t._commands.put(lambda _consumer: paused.set())
+        assert paused.wait(30), "the pause command never ran"
         n_paused = len(a.records)
+        assert n_paused < 3000, "everything was delivered before the pause: nothing tested"
         time.sleep(1.0)
         assert len(a.records) == n_paused, "records delivered while paused"
         t.resume(tp)

@@ -72,10 +72,13 @@ def test_pattern_picks_up_a_topic_created_while_running(services: ServiceSetting
                    timeout_s=60, what=f"{later}, created while running, applied")
         assert w.alive(), w.log()[-3000:]
         assert f"matches 1 topic(s) now: {first}" in w.log()  # `other` does not match
-        scrape = http_get(f"http://127.0.0.1:{port}/metrics")
-        assert scrape is not None and scrape[0] == 200
-        for topic in (named, first, later):
-            assert metric(scrape[1], "fence_records_processed_total", topic=topic) == COUNT
+        # the counter moves when the COMMIT's reply reaches the worker, a moment after
+        # PostgreSQL shows the frontier: wait for it (a read right away may be early)
+        wait_until(lambda: (got := http_get(f"http://127.0.0.1:{port}/metrics")) is not None
+                   and got[0] == 200 and all(
+                       metric(got[1], "fence_records_processed_total", topic=t) == COUNT
+                       for t in (named, first, later)),
+                   timeout_s=30, what="every record counted per topic")
         status = run_fencectl("status", "--json", "--group", group, "--schema", schema)
         assert status.returncode == 0, status.stderr
         totals = {t["topic"]: t for t in json.loads(status.stdout)["topics"]}

@@ -26,7 +26,7 @@ from ops.stack.config import (
     env_lines,
     settings_from,
 )
-from ops.stack.procs import alive, spawn, stop_pid
+from ops.stack.procs import alive, spawn, stop_pid, tracked_pid, wait_until
 
 # ports nobody uses in these tests' environment, distinct from the shared stack's
 _ISOLATED_PORTS = {name: str(41000 + i) for i, (name, _d) in enumerate(PORT_ENV.values())}
@@ -177,6 +177,9 @@ def test_tracked_but_silent_process_is_unhealthy_and_down_stops_it(tmp_path: Pat
         pid_path=pid_file,
     )
     try:
+        # the kernel fills /proc/<pid>/cmdline a moment after Popen returns (see
+        # test_stack_procs.py): under load the marker may not be there yet
+        assert wait_until(lambda: tracked_pid(pid_file, marker=marker) == pid, timeout_s=10)
         rows = {r.service: r for r in stack.status(s)}
         jaeger = rows[Service.JAEGER]
         assert (jaeger.state, jaeger.pid, jaeger.port) == (
