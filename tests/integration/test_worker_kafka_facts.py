@@ -148,6 +148,21 @@ def test_positions_callback_order_and_revoked_records(services, setup: GroupSetu
     assert log[-1][1] == "revoke-done"
 
 
+class Gated(Recorder):
+    """Holds the Kafka thread in its first delivery until ``gate`` opens."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.entered, self.gate = threading.Event(), threading.Event()
+
+    def deliver(self, take: Callable[[], list[SourceRecord]],
+                release: Callable[[], None]) -> None:
+        if not self.entered.is_set():
+            self.entered.set()
+            self.gate.wait(30)
+        super().deliver(take, release)
+
+
 def test_pause_resume_loses_and_repeats_nothing(services) -> None:
     bootstrap = services.kafka_bootstrap
     topic, group = unique("pause"), unique("gpause")
@@ -156,14 +171,17 @@ def test_pause_resume_loses_and_repeats_nothing(services) -> None:
     produce(bootstrap, recs)
     settings, coop = settings_for(GROUP_SETUPS[1], bootstrap, group)
     log: list[tuple[str, str, object]] = []
-    a = Recorder("a", log, start=0)
+    a = Gated("a", log, start=0)
     t = KafkaThread(settings=settings, topic=topic, cooperative=coop, rebalancer=a,
                     consume_max_records=100)
     tp = TopicPartition(topic, 0)
     t.start()
     try:
-        wait_until(lambda: a.records, timeout_s=30, what="first records")
+        # the pause is asked for while the thread delivers its first 100 records (with a
+        # 10 ms fetch backoff all 3000 arrive within milliseconds otherwise: nothing to pause)
+        assert a.entered.wait(30), "no first delivery"
         t.pause(tp)
+        a.gate.set()
         # pause() queues a command the Kafka thread runs between two consume() calls; one
         # queued after it has run once the pause has (commands run in order): wait for that,
         # not a fixed time (a starved thread may deliver a batch more before it gets there)
