@@ -3,7 +3,8 @@
 Produces ``--count`` reference records, starts one worker (the timed handler of
 ``ops.bench.clock``), attaches ``py-spy record --format raw`` to it until the marks reach
 ``--count``, then ranks functions by own samples (where the CPU was) and by inclusive
-samples, and writes ``artifacts/bench/profile.json`` plus the raw stacks. ``--sink``: the
+samples, splits the samples into the worker's parts (``PARTS``: the handler, the Kafka
+thread, the delivery on the loop, the worker's frame around the handler), and writes ``artifacts/bench/profile.json`` plus the raw stacks. ``--sink``: the
 table sink's worker run instead (100-byte JSON values, upsert on ``id``, as ``make bench``'s
 ``c_sink_fenceworker``) -> ``artifacts/bench/profile_sink.json``. Next to the profile it
 reports where the machine's CPU went over the measured span (``cpu``: seconds and share of
@@ -46,10 +47,31 @@ def _name(frame: str) -> str:
     return f"{path}:{m['func']}"
 
 
+#: where a sample belongs, by the first rule whose marker is one of its frames' names
+PARTS = (
+    ("handler", ("ops/bench/clock.py:", "ops/reference/", "fencing/postgres/sink/")),
+    ("kafka thread (consume() and hand-over)", ("consumer/kafka/adapter.py:KafkaThread._main",)),
+    ("delivery on the loop (translate, buffer)", ("consumer/lifetime_run.py:"
+                                                 "LifetimeRun._take_delivery",)),
+    ("worker frame outside the handler (lifecycle, fence, spans, metrics)",
+     ("consumer/", "fencing/")),
+)
+
+
+def part_of(frames: list[str]) -> str:
+    """The ``PARTS`` name of one sample's stack (``other``: the event loop itself, start-up)."""
+    for name, markers in PARTS:
+        if any(f.startswith(markers) for f in frames):
+            return name
+    return "other"
+
+
 def rank(raw: str, top: int = 10) -> dict[str, Any]:
-    """Own and inclusive samples per function from py-spy's raw (collapsed) stacks."""
+    """Own and inclusive samples per function from py-spy's raw (collapsed) stacks, and
+    the samples per ``PARTS`` entry."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
+    parts: Counter[str] = Counter()
     total = 0
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
@@ -62,12 +84,15 @@ def rank(raw: str, top: int = 10) -> dict[str, Any]:
             continue
         total += n
         own[frames[-1]] += n
+        parts[part_of(frames)] += n
         for f in set(frames):
             inclusive[f] += n
+
     def share(c: Counter[str]) -> list[dict[str, Any]]:
         return [{"function": f, "samples": n, "share": round(n / max(total, 1), 3)}
                 for f, n in c.most_common(top)]
-    return {"samples": total, "own": share(own), "inclusive": share(inclusive)}
+    return {"samples": total, "own": share(own), "inclusive": share(inclusive),
+            "parts": {p: round(n / max(total, 1), 3) for p, n in parts.most_common()}}
 
 
 def _ticks() -> tuple[dict[int, tuple[str, int]], int]:
