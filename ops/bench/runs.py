@@ -10,7 +10,14 @@ Rules
   marks of ``ops.bench.clock`` (first handler call to last handler return, all processes
   of the run on one ``CLOCK_MONOTONIC``). The harness waits by polling the marks files
   every 0.2 s, never the database.
-- Peak memory is each process's ``ru_maxrss`` (``os.wait4``), the largest of the run's.
+- Peak memory is each process's own high-water mark of resident memory (``VmHWM`` in
+  ``/proc/<pid>/status``, read every 0.2 s while it runs and once more before it is
+  stopped), the largest of the run's. Not ``ru_maxrss``: Linux carries the pre-exec
+  address space's high-water mark into it (``exec_mmap`` keeps the old mm's
+  ``hiwater_rss``), and ``subprocess`` spawns from this harness, so every child reported at
+  least the harness's own RSS (measured: a child sleeping 0.5 s under a parent holding
+  200 MiB: ``ru_maxrss`` 213 MiB, ``VmHWM`` 13 MiB; earlier benches reported ~112-116 MiB
+  for every process smaller than the harness).
 - PostgreSQL is brought to the same state before every run, as pgbench practice asks:
   the previous run's schema is dropped (else autovacuum vacuums and analyzes its 200,000
   fresh rows while a later run is measured) and a ``CHECKPOINT`` runs (else a run pays for
@@ -118,23 +125,42 @@ def worker_argv(run: Run, topic: str, group: str, schema: str, clock_file: Path)
             *(x for s in run.settings for x in ("--handler-setting", s)), *run.args]
 
 
-def _collect(procs: list[subprocess.Popen[bytes]], out: dict[int, tuple[int, int]]) -> bool:
-    """Reap the processes that ended (exit code, ru_maxrss KiB) into ``out`` (never through
-    ``Popen.poll``, which would lose the rusage); True once all ended."""
+def hwm_kib(pid: int) -> int:
+    """``VmHWM`` of a live process in KiB (0 once it exited: a zombie has no memory)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _sample(procs: list[subprocess.Popen[bytes]], peaks: dict[int, int]) -> None:
+    for proc in procs:
+        peaks[proc.pid] = max(peaks.get(proc.pid, 0), hwm_kib(proc.pid))
+
+
+def _collect(procs: list[subprocess.Popen[bytes]], out: dict[int, tuple[int, int]],
+             peaks: dict[int, int]) -> bool:
+    """Sample every live process's peak, reap the ones that ended (exit code, peak KiB) into
+    ``out``; True once all ended."""
+    _sample(procs, peaks)
     for proc in procs:
         if proc.pid not in out:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            pid, status = os.waitpid(proc.pid, os.WNOHANG)
             if pid:
                 proc.returncode = os.waitstatus_to_exitcode(status)
-                out[proc.pid] = (proc.returncode, usage.ru_maxrss)
+                out[proc.pid] = (proc.returncode, peaks.get(proc.pid, 0))
     return len(out) == len(procs)
 
 
 def _reap(procs: list[subprocess.Popen[bytes]], out: dict[int, tuple[int, int]],
-          timeout_s: float) -> list[tuple[int, int]]:
-    """Wait for every process (kill after ``timeout_s``); (exit code, ru_maxrss KiB) each."""
+          peaks: dict[int, int], timeout_s: float) -> list[tuple[int, int]]:
+    """Wait for every process (kill after ``timeout_s``); (exit code, peak KiB) each."""
     deadline = time.monotonic() + timeout_s
-    while not _collect(procs, out):
+    while not _collect(procs, out, peaks):
         if time.monotonic() > deadline:
             for proc in procs:
                 if proc.pid not in out:
@@ -162,18 +188,20 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
         procs.append(subprocess.Popen(argv, env=env(), cwd=ROOT, stdout=subprocess.DEVNULL))
     deadline = time.monotonic() + timeout_s
     ended: dict[int, tuple[int, int]] = {}
+    peaks: dict[int, int] = {}
     got = clock.combined(files)
     while got["records"] < total and time.monotonic() < deadline:
-        if _collect(procs, ended):
+        if _collect(procs, ended, peaks):
             break
         time.sleep(0.2)
         got = clock.combined(files)
     time.sleep(2 * clock.FLUSH_S)  # the last flush of every member
     got = clock.combined(files)
+    _sample(procs, peaks)  # the peak so far of each process still running
     for p in procs:
         if p.pid not in ended:
             os.kill(p.pid, signal.SIGTERM)  # not send_signal: its poll() would reap it
-    reaped = _reap(procs, ended, 60)
+    reaped = _reap(procs, ended, peaks, 60)
     quiesce(dsn, drop=schema)
     elapsed = got["elapsed_s"]
     return {"records": got["records"], "elapsed_s": round(elapsed, 3),
