@@ -4,8 +4,9 @@ Produces ``--count`` reference records, starts one worker (the timed handler of
 ``ops.bench.clock``), attaches ``py-spy record --format raw`` to it until the marks reach
 ``--count``, then ranks functions by own samples (where the CPU was) and by inclusive
 samples, splits the samples into the worker's parts (``PARTS``: the handler, the Kafka
-thread, the delivery on the loop, the worker's frame around the handler), and writes ``artifacts/bench/profile.json`` plus the raw stacks. ``--sink``: the
-table sink's worker run instead (100-byte JSON values, upsert on ``id``, as ``make bench``'s
+thread, the delivery on the loop, the worker's frame around the handler), and writes
+``artifacts/bench/profile.json`` plus the raw stacks. ``--sink``: the table sink's worker
+run instead (100-byte JSON values, upsert on ``id``, as ``make bench``'s
 ``c_sink_fenceworker``) -> ``artifacts/bench/profile_sink.json``. Next to the profile it
 reports where the machine's CPU went over the measured span (``cpu``: seconds and share of
 all cores, from ``/proc``, for the worker, PostgreSQL's processes, Kafka's JVM and the rest
