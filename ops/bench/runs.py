@@ -137,6 +137,18 @@ def hwm_kib(pid: int) -> int:
     return 0
 
 
+def interpreter_mib() -> float:
+    """``VmHWM`` of an interpreter that imported confluent-kafka and the Kafka adapter and
+    does nothing: what (a) and (d) both contain once (``ops.bench.memory``'s base)."""
+    proc = subprocess.Popen([PY, "-c", "import time, confluent_kafka\n"
+                             "from consumer.kafka import adapter\ntime.sleep(1.5)"],
+                            env=env(), cwd=ROOT)
+    time.sleep(1.0)
+    peak = hwm_kib(proc.pid)
+    proc.wait()
+    return round(peak / 1024, 1)
+
+
 def _sample(procs: list[subprocess.Popen[bytes]], peaks: dict[int, int]) -> None:
     for proc in procs:
         peaks[proc.pid] = max(peaks.get(proc.pid, 0), hwm_kib(proc.pid))

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.bench import memory, scale
-from ops.bench.runs import ROOT, Run, env, execute, uid
+from ops.bench.runs import ROOT, Run, env, execute, interpreter_mib, uid
 from ops.bench.sink import produce_values
 from ops.commands.run import SINK_BATCH_MAX_RECORDS
 
@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             produce_values(name, count, a.partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"])
         else:
             produce(name, count, a.partitions, 1 if kind == "main" else 2)
+    interpreter = interpreter_mib()  # part of the memory bound's base (ops.bench.memory)
     runs = throughput(chosen, topics, a.repeat, dsn)
     if "d_fenceworker_batch1" in runs:
         runs["d_fenceworker_batch1"]["note"] = (
@@ -182,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         "sink": "table sink: 100-byte JSON values, upsert on id (c_sink_insert: no key), "
                 "binary COPY (the default method)",
         "runs": runs, "ratios": ratios(runs), "targets": TARGETS,
+        "interpreter_mib": interpreter,
     }
     if not a.no_scale:
         result["scale"] = scale.run_all(dsn, quick=a.quick, produce=produce)
