@@ -9,8 +9,8 @@ group owns every partition for a moment):
 
 - ``base``: the worker with nothing buffered (Python, asyncpg, OpenTelemetry, the pools):
   the peak of (d) (batches of one: its queues hold 16 records), plus librdkafka's own
-  footprint at full speed: the peak of (a) (consumes, translates and drops at ~400,000
-  records/s) less an idle interpreter that imported the same modules (counted in both).
+  footprint at full speed: the peak of (a) (consumes, translates and drops, 300,000-500,000
+  records/s here) less an idle interpreter that imported the same modules (counted in both).
   librdkafka's fetch buffers and per-message structures, and the malloc arenas of its
   threads, take far more than the payload bytes its prefetch bound counts (measured: (a)
   ~97 MiB against an idle 27 MiB).
