@@ -149,16 +149,20 @@ def interpreter_mib() -> float:
     return round(peak / 1024, 1)
 
 
-def _sample(procs: list[subprocess.Popen[bytes]], peaks: dict[int, int]) -> None:
+def _sample(procs: list[subprocess.Popen[bytes]], peaks: dict[int, int],
+            reaped: dict[int, tuple[int, int]]) -> None:
+    """Raise each unreaped process's peak to its ``VmHWM`` now (a reaped pid may already
+    belong to another process)."""
     for proc in procs:
-        peaks[proc.pid] = max(peaks.get(proc.pid, 0), hwm_kib(proc.pid))
+        if proc.pid not in reaped:
+            peaks[proc.pid] = max(peaks.get(proc.pid, 0), hwm_kib(proc.pid))
 
 
 def _collect(procs: list[subprocess.Popen[bytes]], out: dict[int, tuple[int, int]],
              peaks: dict[int, int]) -> bool:
     """Sample every live process's peak, reap the ones that ended (exit code, peak KiB) into
     ``out``; True once all ended."""
-    _sample(procs, peaks)
+    _sample(procs, peaks, out)
     for proc in procs:
         if proc.pid not in out:
             pid, status = os.waitpid(proc.pid, os.WNOHANG)
@@ -209,7 +213,7 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
         got = clock.combined(files)
     time.sleep(2 * clock.FLUSH_S)  # the last flush of every member
     got = clock.combined(files)
-    _sample(procs, peaks)  # the peak so far of each process still running
+    _sample(procs, peaks, ended)  # the peak so far of each process still running
     for p in procs:
         if p.pid not in ended:
             os.kill(p.pid, signal.SIGTERM)  # not send_signal: its poll() would reap it
