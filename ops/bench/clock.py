@@ -9,6 +9,11 @@ Rules
   last batch processed (the last handler call returned). Every run with a database pays the
   same single COMMIT round trip after that last return, which the span leaves out (about a
   millisecond against seconds). Run (a) has no handler: it marks around ``to_record``.
+- Next to the span each process marks its own CPU time over it (``time.process_time()``:
+  every thread of the process, user + system, at the first call and at the last return),
+  summed over a run's processes as ``cpu_s``. Wall-clock rates on this shared VM move by
+  ±15% between tries (CPU stolen by the host, disk stalls); CPU seconds per record do not
+  count time the process waited, so they compare what each run *does* per record.
 - ``Marks`` are written atomically (``os.replace``) at most every ``FLUSH_S`` and once more
   ``FLUSH_S`` after the latest batch, so the final marks land without a shutdown hook; the
   harness polls files, never the database, so it takes no CPU from the measured run.
@@ -45,22 +50,28 @@ FLUSH_S = 0.5  # a flush costs ~1 ms: 0.1 s took ~1% of the measured CPU (py-spy
 class Marks:
     """First handler call, last handler return and records handled, flushed to ``path``."""
 
-    def __init__(self, path: str | Path, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, path: str | Path, clock: Callable[[], float] = time.monotonic,
+                 cpu: Callable[[], float] = time.process_time) -> None:
         self.path = Path(path)
         self.first: float | None = None
         self.last: float | None = None
+        self.cpu_first: float | None = None
+        self.cpu_last: float | None = None
         self.records = 0
         self.batches = 0
         self._clock = clock
+        self._cpu = cpu
         self._written = 0.0
         self._pending: asyncio.TimerHandle | None = None
 
     def begin(self) -> None:
         if self.first is None:
             self.first = self._clock()
+            self.cpu_first = self._cpu()
 
     def end(self, records: int) -> None:
         self.last = self._clock()
+        self.cpu_last = self._cpu()
         self.records += records
         self.batches += 1
         if self.last - self._written >= FLUSH_S:
@@ -81,6 +92,7 @@ class Marks:
         tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"first": self.first, "last": self.last,
                                    "records": self.records, "batches": self.batches,
+                                   "cpu_first": self.cpu_first, "cpu_last": self.cpu_last,
                                    "pid": os.getpid()}))
         os.replace(tmp, self.path)
 
@@ -150,5 +162,6 @@ def combined(paths: Iterable[Path]) -> dict[str, Any]:
     first = min(m["first"] for m in marks)
     last = max(m["last"] for m in marks)
     records, batches = sum(m["records"] for m in marks), sum(m.get("batches", 0) for m in marks)
+    cpu = sum((m.get("cpu_last") or 0.0) - (m.get("cpu_first") or 0.0) for m in marks)
     return {"records": records, "elapsed_s": last - first, "first": first, "last": last,
-            "mean_batch": round(records / batches, 1) if batches else None}
+            "mean_batch": round(records / batches, 1) if batches else None, "cpu_s": cpu}

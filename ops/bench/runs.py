@@ -223,6 +223,9 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
     return {"records": got["records"], "elapsed_s": round(elapsed, 3),
             "records_per_s": round(got["records"] / elapsed) if elapsed > 0 else 0,
             "mean_batch": got.get("mean_batch"),
+            "cpu_s": round(got.get("cpu_s", 0.0), 3),
+            "cpu_us_per_record": (round(got["cpu_s"] * 1e6 / got["records"], 2)
+                                  if got["records"] and got.get("cpu_s") else None),
             "peak_rss_mib": round(max(r for _, r in reaped) / 1024, 1),
             "exit": [c for c, _ in reaped] if run.members > 1 else reaped[0][0],
             "members": run.members}

@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -121,20 +122,48 @@ def throughput(runs: list[Run], topics: dict[str, tuple[str, int]], repeat: int,
     out: dict[str, Any] = {}
     for r in runs:
         ordered = sorted(tries[r.name], key=lambda x: x["records_per_s"])
+        cpu = sorted(x["cpu_us_per_record"] for x in tries[r.name] if x.get("cpu_us_per_record"))
         out[r.name] = {"label": r.label, **ordered[len(ordered) // 2],
-                       "all_records_per_s": [x["records_per_s"] for x in tries[r.name]]}
+                       "all_records_per_s": [x["records_per_s"] for x in tries[r.name]],
+                       "all_cpu_us_per_record": [x.get("cpu_us_per_record")
+                                                 for x in tries[r.name]],
+                       "median_cpu_us_per_record": cpu[len(cpu) // 2] if cpu else None}
     return out
 
 
-def ratios(runs: dict[str, Any]) -> dict[str, float | None]:
+def _per_try(n: dict[str, Any], d: dict[str, Any]) -> float | None:
+    """The median of try i of ``n`` over try i of ``d`` (alternated, minutes apart)."""
+    pairs = [x / y for x, y in zip(n.get("all_records_per_s", ()),
+                                   d.get("all_records_per_s", ()), strict=False) if y]
+    return round(statistics.median(pairs), 3) if len(pairs) > 1 else None
+
+
+def _per_cpu(n: dict[str, Any], d: dict[str, Any]) -> float | None:
+    """Records per CPU-second of ``n`` over ``d`` (medians of CPU per record)."""
+    cn, cd = n.get("median_cpu_us_per_record"), d.get("median_cpu_us_per_record")
+    return round(cd / cn, 3) if cn and cd else None
+
+
+def ratios(runs: dict[str, Any], how: str = "rate") -> dict[str, float | None]:
+    """Every ratio of ``RATIOS`` whose runs were chosen, one of three ways: ``rate`` the
+    medians' records/s (what the targets name); ``paired`` the median of the per-try ratios
+    (a slow spell of the shared machine moves the two runs of one try alike); ``cpu``
+    records per CPU-second of each run's own process(es) (what the numerator costs per
+    record next to the denominator, whatever the machine's speed: CPU time is not spent
+    waiting for a stolen core or a stalled disk)."""
+    of = {"paired": _per_try, "cpu": _per_cpu}.get(how)
     out: dict[str, float | None] = {}
     for name, (num, den) in RATIOS.items():
         if num not in runs and den not in runs:  # neither was chosen (--only, --sink-only)
             continue
-        if num in runs and den in runs and runs[den]["records_per_s"]:
-            out[name] = round(runs[num]["records_per_s"] / runs[den]["records_per_s"], 3)
-        else:
+        n, d = runs.get(num), runs.get(den)
+        if n is None or d is None:
             out[name] = None
+        elif of is not None:
+            out[name] = of(n, d)
+        else:
+            out[name] = (round(n["records_per_s"] / d["records_per_s"], 3)
+                         if d["records_per_s"] else None)
     return out
 
 
@@ -182,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         "clock": "CLOCK_MONOTONIC, first handler call -> last handler return (ops.bench.clock)",
         "sink": "table sink: 100-byte JSON values, upsert on id (c_sink_insert: no key), "
                 "binary COPY (the default method)",
-        "runs": runs, "ratios": ratios(runs), "targets": TARGETS,
+        "runs": runs, "ratios": ratios(runs), "paired_ratios": ratios(runs, "paired"),
+        "cpu_ratios": ratios(runs, "cpu"), "targets": TARGETS,
         "interpreter_mib": interpreter,
     }
     if not a.no_scale:
@@ -194,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     from ops.bench import plots
 
     charts = plots.write_all(result, a.out.parent, "_sink" if a.sink_only else "")
-    print(json.dumps(result["ratios"], indent=2))
+    for key in ("ratios", "paired_ratios", "cpu_ratios"):
+        print(key, json.dumps(result[key], indent=2))
     for m in result["memory"]:
         print(f"memory: {m['run']}: peak {m['peak_rss_mib']} MiB, bound {m['bound_mib']} MiB"
               f" ({'within' if m['within_bound'] else 'EXCEEDED'})")

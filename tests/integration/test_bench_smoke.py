@@ -1,6 +1,7 @@
 """``make bench`` cannot rot: its quick mode (``BENCH_ARGS=--quick``) runs every registered
 run and the scale section on small sizes against the real services, and must produce a
-complete result (every run handled every record, every ratio, no failed scale step)."""
+complete result (every run handled every record and marked its CPU time, every ratio, no
+failed scale step)."""
 
 from __future__ import annotations
 
@@ -33,9 +34,15 @@ def test_quick_bench_produces_every_run_ratio_and_scale_point(services, tmp_path
         assert got["records"] >= want and got["records_per_s"] > 0, (r.name, got)
         exits = got["exit"] if isinstance(got["exit"], list) else [got["exit"]]
         assert exits == [0] * r.members, (r.name, got)  # one exit code per member
+        # each process marked its own CPU time over the span (ops.bench.clock)
+        assert got["cpu_s"] > 0 and got["median_cpu_us_per_record"] > 0, (r.name, got)
     assert any(r.handler == "sink" for r in RUNS)  # the table sink's runs are registered
     assert set(result["ratios"]) == set(RATIOS) >= {"c_sink_over_b_sink", "c_sink_over_e_sink"}
     assert all(v is not None and v > 0 for v in result["ratios"].values()), result["ratios"]
+    # records per CPU-second for every ratio; one try each in --quick: nothing to pair
+    assert set(result["cpu_ratios"]) == set(result["paired_ratios"]) == set(RATIOS)
+    assert all(v is not None and v > 0 for v in result["cpu_ratios"].values())
+    assert all(v is None for v in result["paired_ratios"].values())
     scale = result["scale"]
     assert [a["partitions"] for a in scale["assignment"]] == [1, 8]
     assert all("claim_seek_s" in a for a in scale["assignment"]), scale["assignment"]
