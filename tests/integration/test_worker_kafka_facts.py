@@ -6,7 +6,8 @@
   new member's assign callback for those partitions runs, and no record of a revoked
   partition is delivered after its revoke callback returned (buffered ones are dropped).
 - ``pause`` then ``resume`` continues at the record after the last one delivered: nothing
-  is lost or repeated although pause purges librdkafka's prefetched records.
+  is lost or repeated although pause purges librdkafka's prefetched records, which
+  ``resume`` fetches again (counted with librdkafka's ``rxmsgs`` statistic).
 - A full prefetch queue postpones the next fetch by ``fetch.queue.backoff.ms`` (1 s by
   default), however soon the application drains it; the worker sets 10 ms.
 """
@@ -352,3 +353,72 @@ def test_a_full_prefetch_queue_postpones_the_next_fetch_by_fetch_queue_backoff_m
           f"10 ms {fast_gap:.2f} / {fast_span:.2f} s")
     assert slow_gap >= 0.5  # a postponed fetch: the 1 s backoff, less the drain time
     assert fast_gap < slow_gap and fast_span < slow_span
+
+
+def _fetched_and_delivered(bootstrap: str, topic: str, total: int, *, pause_every: int
+                           ) -> tuple[int, int]:
+    """Consume ``topic`` to its end with the worker's prefetch settings; with
+    ``pause_every``, pause the partition each time that many more records were delivered
+    (after librdkafka had 50 ms to prefetch) and resume it at once, as the worker's flow
+    control does at its queue bound. (records librdkafka fetched from the broker — its
+    ``rxmsgs`` statistic —, records delivered)."""
+    import json
+
+    from confluent_kafka import Consumer
+
+    stats: dict[str, int] = {}
+
+    def on_stats(raw: str) -> None:
+        stats["rxmsgs"] = json.loads(raw)["rxmsgs"]
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("refetch"),
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                  "enable.partition.eof": False, **PREFETCH,
+                  "statistics.interval.ms": 100, "stats_cb": on_stats})
+    c.subscribe([topic])
+    try:
+        seen, next_pause, offsets = 0, pause_every, []
+        deadline = time.monotonic() + 60
+        while seen < total and time.monotonic() < deadline:
+            msgs = [m for m in c.consume(1000, 0.05) if m.error() is None]
+            offsets += [m.offset() for m in msgs]
+            seen += len(msgs)
+            if pause_every and seen >= next_pause and seen < total:
+                next_pause += pause_every
+                time.sleep(0.05)  # librdkafka prefetches meanwhile
+                tp = [KTP(topic, 0)]
+                c.pause(tp)
+                c.resume(tp)
+        assert offsets == list(range(total))  # nothing lost or repeated for the application
+        stats.clear()
+        deadline = time.monotonic() + 10
+        while "rxmsgs" not in stats and time.monotonic() < deadline:
+            assert not c.consume(1, 0.1)  # serves the next statistics callback
+        return stats["rxmsgs"], seen
+    finally:
+        c.close()
+
+
+def test_pause_discards_prefetched_records_and_resume_fetches_them_again(services) -> None:
+    """librdkafka purges a partition's prefetched records on ``pause`` and fetches again
+    from the application's position on ``resume`` (librdkafka#5343, open; a maintainer in
+    confluent-kafka-dotnet#1621: use pause/resume only against extreme imbalance). The
+    worker pauses a partition at its queue bound (``consumer.batching``), so at full
+    speed it fetches many records more than once; the README's Benchmarks give the measured
+    factor. The control: without pauses, every record is fetched exactly once."""
+    topic = unique("refetch")
+    create_topic(services.kafka_bootstrap, topic, 1)
+    from confluent_kafka import Producer
+    p = Producer({"bootstrap.servers": services.kafka_bootstrap, "linger.ms": 5})
+    total = 20_000
+    for i in range(total):  # 2 MB of 100-byte values: more than one fetch
+        p.produce(topic, b"v" * 100, str(i).encode(), partition=0)
+    assert p.flush(30) == 0
+    fetched, delivered = _fetched_and_delivered(services.kafka_bootstrap, topic, total,
+                                                pause_every=0)
+    assert (fetched, delivered) == (total, total)
+    fetched, delivered = _fetched_and_delivered(services.kafka_bootstrap, topic, total,
+                                                pause_every=2_000)
+    print(f"with a pause every 2,000 records: fetched {fetched} for {delivered} delivered")
+    assert delivered == total
+    assert fetched > 1.5 * total  # the prefetched records discarded at each pause, again
