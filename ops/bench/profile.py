@@ -30,7 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from ops.bench import clock
-from ops.bench.runs import ROOT, Run, env, fresh_schema, uid, worker_argv
+from ops.bench.runs import (
+    ROOT,
+    Run,
+    delete_topics,
+    env,
+    fresh_schema,
+    new_topic,
+    uid,
+    worker_argv,
+)
 
 OUT = ROOT / "artifacts" / "bench" / "profile.json"
 _FRAME = re.compile(r"^(?P<func>.+?) \((?P<file>[^:]+)(?::\d+)?\)$")
@@ -139,10 +148,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sink", action="store_true", help="profile the table sink's run")
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args(argv)
+    try:
+        return _profile(a)
+    finally:
+        delete_topics()
+
+
+def _profile(a: argparse.Namespace) -> int:
     from ops.bench.worker import SINK_RUNS, produce, produce_values
 
     dsn = os.environ["FENCE_DSN"]
-    topic = uid("prof")
+    topic = new_topic("prof")
     if a.sink:
         produce_values(topic, a.count, a.partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"])
         run = next(r for r in SINK_RUNS if r.name == "c_sink_fenceworker")

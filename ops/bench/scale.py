@@ -29,7 +29,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ops.bench.runs import COOPERATIVE, PY, ROOT, Run, env, execute, fresh_schema, uid
+from ops.bench.runs import (
+    COOPERATIVE,
+    PY,
+    ROOT,
+    Run,
+    env,
+    execute,
+    fresh_schema,
+    new_topic,
+    uid,
+)
 from ops.operator.db import connection
 
 SETUPS = {
@@ -80,7 +90,7 @@ def _argv(topic: str, group: str, schema: str, setup: list[str]) -> list[str]:
 
 
 def assignment_cost(dsn: str, partitions: int, produce: Produce, logs: Path) -> dict[str, Any]:
-    topic, group, schema = uid("assign"), uid("ga"), fresh_schema(dsn)
+    topic, group, schema = new_topic("assign"), uid("ga"), fresh_schema(dsn)
     produce(topic, partitions, partitions, 5)  # creates the topic: one record per partition
     log = logs / f"assign-{partitions}.log"
     proc = _start(_argv(topic, group, schema, COOPERATIVE), log)
@@ -128,7 +138,7 @@ def join_time(dsn: str, setup: str, produce: Produce, logs: Path,
               partitions: int = 48, members: int = 3) -> dict[str, Any]:
     """3 members start together under steady production: from the earliest start to every
     partition owned by one of ``members`` distinct members that committed since claiming."""
-    topic, group, schema = uid("join"), uid("gj"), fresh_schema(dsn)
+    topic, group, schema = new_topic("join"), uid("gj"), fresh_schema(dsn)
     produce(topic, partitions * 20, partitions, 6)
     stop, feeder = _feeder(topic, partitions, produce)
     files = [logs / f"join-{setup}-{i}.log" for i in range(members)]
@@ -159,7 +169,7 @@ def rebalance_time(setup: str, dsn: str, partitions: int, produce: Produce,
                    logs: Path) -> dict[str, Any]:
     """Member B joins a group where A owns every partition under steady production; time
     from B's subscribe to the first commit on a partition moved to B."""
-    topic, group, schema = uid("rebal"), uid("gr"), fresh_schema(dsn)
+    topic, group, schema = new_topic("rebal"), uid("gr"), fresh_schema(dsn)
     produce(topic, 20_000, partitions, 3)
     argv = _argv(topic, group, schema, SETUPS[setup])
     procs = [_start(argv, logs / f"rebalance-{setup}-a.log")]
@@ -229,7 +239,7 @@ def run_all(dsn: str, *, quick: bool, produce: Produce) -> dict[str, Any]:
     if not quick:
         out["rebalance"] = [rebalance_time(s, dsn, 6, produce, logs) for s in SETUPS]
     count = 6_000 if quick else 200_000
-    topic = uid("scale")
+    topic = new_topic("scale")
     produce(topic, count, 12, 7)
     out["members_12_partitions"] = []
     for m in (1, 2, 3):
@@ -238,12 +248,12 @@ def run_all(dsn: str, *, quick: bool, produce: Produce) -> dict[str, Any]:
         out["members_12_partitions"].append({"members": m, **got})
     backlog = 20_000 if quick else 1_000_000
     print(f"scale: backlog of {backlog} ...", flush=True)
-    topic = uid("backlog")
+    topic = new_topic("backlog")
     produce(topic, backlog, 12, 8)
     out["backlog"] = execute(Run("backlog", "3 members drain", "worker", members=3),
                              topic, backlog, dsn)
     print("scale: 1 MiB records ...", flush=True)
-    topic, n = uid("large"), (12 if quick else 200)
+    topic, n = new_topic("large"), (12 if quick else 200)
     produce_large(topic, n, 1 << 20, 6)
     out["large_records"] = {"record_bytes": 1 << 20, **execute(
         Run("large", "1 MiB records", "worker", handler="accept"), topic, n, dsn)}

@@ -33,7 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from ops.bench import memory, scale
-from ops.bench.runs import ROOT, Run, env, execute, interpreter_mib, uid
+from ops.bench.runs import (
+    ROOT,
+    TOPICS,
+    Run,
+    delete_topics,
+    env,
+    execute,
+    interpreter_mib,
+    new_topic,
+)
 from ops.bench.sink import produce_values
 from ops.commands.run import SINK_BATCH_MAX_RECORDS
 
@@ -187,11 +196,19 @@ def main(argv: list[str] | None = None) -> int:
         a.only, a.no_scale = ",".join(r.name for r in SINK_RUNS), True
         if a.out == OUT:
             a.out = OUT.with_name("worker_sink.json")
+    try:
+        return _bench(a)
+    finally:
+        print(f"deleted the bench's topics: {' '.join(delete_topics()) or 'none'}", flush=True)
+
+
+def _bench(a: argparse.Namespace) -> int:
     dsn = os.environ["FENCE_DSN"]
     only = {n for n in a.only.split(",") if n}
     chosen = [r for r in RUNS if not only or r.name in only]
-    topics = {"main": (uid("bench"), a.count), "single": (uid("bench1"), a.single_count),
-              "sink": (uid("benchsink"), a.count)}
+    topics = {"main": (new_topic("bench"), a.count),
+              "single": (new_topic("bench1"), a.single_count),
+              "sink": (new_topic("benchsink"), a.count)}
     for kind in sorted({r.topic for r in chosen}):
         name, count = topics[kind]
         print(f"producing {count} records to {name} ...", flush=True)
@@ -218,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.no_scale:
         result["scale"] = scale.run_all(dsn, quick=a.quick, produce=produce)
     result["memory"] = memory.checks(result)  # the README's bound against each peak
+    result["topics"] = list(TOPICS)  # deleted when the bench ends (ops.bench.runs.new_topic)
     result["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -1,7 +1,7 @@
 """``make bench`` cannot rot: its quick mode (``BENCH_ARGS=--quick``) runs every registered
 run and the scale section on small sizes against the real services, and must produce a
 complete result (every run handled every record and marked its CPU time, every ratio, no
-failed scale step)."""
+failed scale step), and delete the topics it made."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from ops.bench.worker import RATIOS, RUNS
+from tests.integration.workers import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -57,3 +59,9 @@ def test_quick_bench_produces_every_run_ratio_and_scale_point(services, tmp_path
     assert all(m["within_bound"] for m in result["memory"]), result["memory"]
     for chart in ("throughput.png", "scale.png"):
         assert (tmp_path / chart).stat().st_size > 1000, chart
+    # every topic it made (the runs', the scale section's) is deleted when it ends
+    made = set(result["topics"])
+    assert {t.split("_")[0] for t in made} >= {"bench", "benchsink", "assign", "backlog", "large"}
+    admin = AdminClient({"bootstrap.servers": services.kafka_bootstrap})
+    wait_until(lambda: not made & set(admin.list_topics(timeout=10).topics), timeout_s=30,
+               what="the bench's topics deleted")
