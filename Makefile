@@ -102,10 +102,12 @@ demo: stack-up
 	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.demo
 
 # the worker at full speed under py-spy (all threads): top functions -> artifacts/bench/profile.json,
+# the same sampling only the thread holding the GIL -> artifacts/bench/profile_gil.json,
 # then the table sink's run -> artifacts/bench/profile_sink.json
 bench-profile: stack-up
 	$(BIN)/pip install -q -e '.[bench]'
 	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.profile $(BENCH_ARGS) && \
+		$(BIN)/python -m ops.bench.profile --gil $(BENCH_ARGS) && \
 		$(BIN)/python -m ops.bench.profile --sink $(BENCH_ARGS)
 
 # apply the fence schema migrations to FENCE_DSN (FENCE_SCHEMA, default fence)

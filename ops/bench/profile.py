@@ -7,7 +7,8 @@ samples, splits the samples into the worker's parts (``PARTS``: the handler, the
 thread, the delivery on the loop, the worker's frame around the handler), and writes
 ``artifacts/bench/profile.json`` plus the raw stacks. ``--sink``: the table sink's worker
 run instead (100-byte JSON values, upsert on ``id``, as ``make bench``'s
-``c_sink_fenceworker``) -> ``artifacts/bench/profile_sink.json``. Next to the profile it
+``c_sink_fenceworker``) -> ``artifacts/bench/profile_sink.json``; with ``--gil``
+``profile_gil.json``. Next to the profile it
 reports where the machine's CPU went over the measured span (``cpu``: seconds and share of
 all cores, from ``/proc``, for the worker, PostgreSQL's processes, Kafka's JVM and the rest
 of the machine), which tells whether the worker or the database is the limit. py-spy is in the
@@ -105,6 +106,15 @@ def rank(raw: str, top: int = 10) -> dict[str, Any]:
             "parts": {p: round(n / max(total, 1), 3) for p, n in parts.most_common()}}
 
 
+def per_record_us(parts: dict[str, float], samples: int, rate: int, records: int
+                  ) -> dict[str, float]:
+    """Sampled microseconds per record of each part (its share of ``samples`` taken at
+    ``rate`` per second): with ``--gil`` the time the part held the GIL, which the loop and
+    the Kafka thread share. Start-up's samples fall in ``other``."""
+    return {p: round(share * samples / rate / max(records, 1) * 1e6, 2)
+            for p, share in parts.items()}
+
+
 def _ticks() -> tuple[dict[int, tuple[str, int]], int]:
     """Per process (comm, utime + stime in clock ticks), and the machine's busy ticks."""
     procs: dict[int, tuple[str, int]] = {}
@@ -146,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     p.add_argument("--sink", action="store_true", help="profile the table sink's run")
+    p.add_argument("--gil", action="store_true",
+                   help="sample only the thread holding the GIL (py-spy --gil): where the "
+                        "one resource the loop and the Kafka thread share goes")
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args(argv)
     try:
@@ -165,7 +178,7 @@ def _profile(a: argparse.Namespace) -> int:
     else:
         produce(topic, a.count, a.partitions, 1)
         run = Run("profile", "profile", "worker")
-    a.out = a.out or (OUT.with_name("profile_sink.json") if a.sink else OUT)
+    a.out = a.out or OUT.with_name("profile" + "_sink" * a.sink + "_gil" * a.gil + ".json")
     tmp = Path(tempfile.mkdtemp(prefix="bench-profile-"))
     marks, raw = tmp / "marks.json", a.out.with_suffix(".raw.txt")
     a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -173,7 +186,8 @@ def _profile(a: argparse.Namespace) -> int:
                               env=env(), cwd=ROOT)
     spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "-p",
                             str(worker.pid), "--format", "raw", "-o", str(raw), "--rate",
-                            str(a.rate), "--nonblocking"], cwd=ROOT)
+                            str(a.rate), "--nonblocking", *(["--gil"] if a.gil else [])],
+                           cwd=ROOT)
     start: tuple[dict[int, tuple[str, int]], int] | None = None
     try:
         while clock.combined([marks])["records"] < a.count and worker.poll() is None:
@@ -189,11 +203,13 @@ def _profile(a: argparse.Namespace) -> int:
     got = clock.combined([marks])
     result = {"records": got["records"], "elapsed_s": round(got["elapsed_s"], 3),
               "records_per_s": round(got["records"] / max(got["elapsed_s"], 1e-9)),
-              "py_spy_rate": a.rate,
+              "py_spy_rate": a.rate, "gil_only": a.gil,
               "raw": str(raw.relative_to(ROOT) if raw.is_relative_to(ROOT) else raw),
               "load_average_1m": round(os.getloadavg()[0], 2),
               "cpu": cpu_share(start, end, worker.pid, ended - started) if start else None,
               **rank(raw.read_text())}
+    result["parts_us_per_record"] = per_record_us(result["parts"], result["samples"], a.rate,
+                                                  got["records"])
     a.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0

@@ -3,7 +3,7 @@ samples into its parts, from py-spy's raw (collapsed) stacks."""
 
 from __future__ import annotations
 
-from ops.bench.profile import rank
+from ops.bench.profile import per_record_us, rank
 
 RAW = "\n".join([
     "main (ops/cli.py:4);handle (ops/reference/pg.py:150);_do_execute (asyncpg/connection.py:9) 6",
@@ -31,3 +31,11 @@ def test_rank_counts_own_inclusive_and_parts() -> None:
         "other": 0.15,
         "delivery on the loop (translate, buffer)": 0.1,
     }
+
+
+def test_per_record_us_turns_part_shares_into_sampled_microseconds_per_record() -> None:
+    # 2,000 samples at 200/s = 10 s sampled over 400,000 records = 25 us per record in all
+    got = per_record_us({"handler": 0.72, "other": 0.28}, samples=2_000, rate=200,
+                        records=400_000)
+    assert got == {"handler": 18.0, "other": 7.0}
+    assert per_record_us({"other": 1.0}, samples=10, rate=100, records=0) == {"other": 1e5}
