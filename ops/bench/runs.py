@@ -183,6 +183,20 @@ def interpreter_mib() -> float:
     return round(peak / 1024, 1)
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """The machine's (steal, all) CPU ticks so far, from ``/proc/stat``'s ``cpu`` line (user
+    nice system idle iowait irq softirq steal; guest time is already in user)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    return ticks[7], sum(ticks)
+
+
+def steal_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of the machine's CPU time the hypervisor gave to others between two
+    ``cpu_ticks``: on a shared VM the one cause of a slow run that the run cannot see."""
+    return round((after[0] - before[0]) / max(after[1] - before[1], 1), 3)
+
+
 def _sample(procs: list[subprocess.Popen[bytes]], peaks: dict[int, int],
             reaped: dict[int, tuple[int, int]]) -> None:
     """Raise each unreaped process's peak to its ``VmHWM`` now (a reaped pid may already
@@ -225,6 +239,7 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
     their marks), stop them; the run's span, rate, peak RSS and exit codes."""
     schema, group = fresh_schema(dsn), uid("gb" if run.kind == "baseline" else "gw")
     quiesce(dsn)
+    ticks = cpu_ticks()
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-{run.name}-"))
     files = [tmp / f"member-{i}.json" for i in range(run.members)]
     procs: list[subprocess.Popen[bytes]] = []
@@ -252,6 +267,7 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
         if p.pid not in ended:
             os.kill(p.pid, signal.SIGTERM)  # not send_signal: its poll() would reap it
     reaped = _reap(procs, ended, peaks, 60)
+    steal = steal_share(ticks, cpu_ticks())
     quiesce(dsn, drop=schema)
     elapsed = got["elapsed_s"]
     return {"records": got["records"], "elapsed_s": round(elapsed, 3),
@@ -261,5 +277,6 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
             "cpu_us_per_record": (round(got["cpu_s"] * 1e6 / got["records"], 2)
                                   if got["records"] and got.get("cpu_s") else None),
             "peak_rss_mib": round(max(r for _, r in reaped) / 1024, 1),
+            "steal_share": steal,
             "exit": [c for c, _ in reaped] if run.members > 1 else reaped[0][0],
             "members": run.members}

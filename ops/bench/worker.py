@@ -136,6 +136,7 @@ def throughput(runs: list[Run], topics: dict[str, tuple[str, int]], repeat: int,
                        "all_records_per_s": [x["records_per_s"] for x in tries[r.name]],
                        "all_cpu_us_per_record": [x.get("cpu_us_per_record")
                                                  for x in tries[r.name]],
+                       "all_steal_share": [x.get("steal_share") for x in tries[r.name]],
                        "median_cpu_us_per_record": cpu[len(cpu) // 2] if cpu else None}
     return out
 
@@ -151,6 +152,14 @@ def _per_cpu(n: dict[str, Any], d: dict[str, Any]) -> float | None:
     """Records per CPU-second of ``n`` over ``d`` (medians of CPU per record)."""
     cn, cd = n.get("median_cpu_us_per_record"), d.get("median_cpu_us_per_record")
     return round(cd / cn, 3) if cn and cd else None
+
+
+def steal_summary(result: dict[str, Any]) -> dict[str, float]:
+    """Median and largest share of CPU time stolen by the hypervisor over every try of the
+    throughput runs: what "a quiet machine" was, as a number."""
+    shares = [x for r in result["runs"].values() for x in r.get("all_steal_share", ())
+              if x is not None]
+    return ({"median": statistics.median(shares), "max": max(shares)} if shares else {})
 
 
 def ratios(runs: dict[str, Any], how: str = "rate") -> dict[str, float | None]:
@@ -237,6 +246,7 @@ def _bench(a: argparse.Namespace) -> int:
     result["memory"] = memory.checks(result)  # the README's bound against each peak
     result["topics"] = list(TOPICS)  # deleted when the bench ends (ops.bench.runs.new_topic)
     result["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
+    result["steal_share"] = steal_summary(result)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2) + "\n")
     from ops.bench import plots
@@ -244,6 +254,7 @@ def _bench(a: argparse.Namespace) -> int:
     charts = plots.write_all(result, a.out.parent, "_sink" if a.sink_only else "")
     for key in ("ratios", "paired_ratios", "cpu_ratios"):
         print(key, json.dumps(result[key], indent=2))
+    print("CPU stolen by the hypervisor over the runs:", result["steal_share"])
     for m in result["memory"]:
         print(f"memory: {m['run']}: peak {m['peak_rss_mib']} MiB, bound {m['bound_mib']} MiB"
               f" ({'within' if m['within_bound'] else 'EXCEEDED'})")

@@ -38,6 +38,7 @@ def test_quick_bench_produces_every_run_ratio_and_scale_point(services, tmp_path
         assert exits == [0] * r.members, (r.name, got)  # one exit code per member
         # each process marked its own CPU time over the span (ops.bench.clock)
         assert got["cpu_s"] > 0 and got["median_cpu_us_per_record"] > 0, (r.name, got)
+        assert 0 <= got["steal_share"] < 1, (r.name, got)
     assert any(r.handler == "sink" for r in RUNS)  # the table sink's runs are registered
     assert set(result["ratios"]) == set(RATIOS) >= {"c_sink_over_b_sink", "c_sink_over_e_sink"}
     assert all(v is not None and v > 0 for v in result["ratios"].values()), result["ratios"]
@@ -45,6 +46,7 @@ def test_quick_bench_produces_every_run_ratio_and_scale_point(services, tmp_path
     assert set(result["cpu_ratios"]) == set(result["paired_ratios"]) == set(RATIOS)
     assert all(v is not None and v > 0 for v in result["cpu_ratios"].values())
     assert all(v is None for v in result["paired_ratios"].values())
+    assert 0 <= result["steal_share"]["median"] <= result["steal_share"]["max"] < 1
     scale = result["scale"]
     assert [a["partitions"] for a in scale["assignment"]] == [1, 8]
     assert all("claim_seek_s" in a for a in scale["assignment"]), scale["assignment"]
