@@ -101,7 +101,7 @@ class Rebalancer(Protocol):
         """Non-blocking: this thread cannot go on; the lifetime must end (see Rules)."""
 
 
-# ``to_record`` runs once per consumed record on the Kafka thread. ``SourceRecord`` is a
+# ``to_record`` runs once per consumed record, on the loop (``translated``). ``SourceRecord`` is a
 # frozen slots dataclass whose generated ``__init__`` sets every field through
 # ``object.__setattr__``; filling the slots through their member descriptors is what that
 # ends up doing, at half the cost (``python -m ops.bench.hotpath``: 1,340 -> 640 ns/record).

@@ -27,6 +27,10 @@ writes its marks to ``--clock-file``; batches are cut by ``consumer.batching``'s
   worker does) and drops it; the thread stays at most one queue bound per partition ahead
   of the records applied, as the worker's pause/resume keeps it. No fence, no lifecycle:
   the ceiling of any consumer whose Kafka client and handler share one Python process.
+- ``memory-consume-process`` (e''): (e), plus a child process that consumes the topic as
+  the worker does and sends each result over a pipe as pickled rows, which the loop turns
+  into ``SourceRecord`` objects and drops, paced as (e') (``ops.bench.consumer_process``):
+  what a worker whose consumer ran in its own process would still pay.
 
 Every mode settles the heap as the worker does before it consumes
 (``ops.worker.startup.settle_heap``: freeze the start-up heap, young collections every
@@ -225,7 +229,7 @@ async def run_stop_and_wait(a: argparse.Namespace, marks: Marks, pool: Any,
 
 async def run_memory(a: argparse.Namespace, marks: Marks, pool: Any,
                      apply: Callable[[list[SourceRecord]], Awaitable[None]], *,
-                     start: Callable[[int], threading.Thread] | None = None,
+                     start: Callable[[int], threading.Thread | None] | None = None,
                      ) -> threading.Thread | None:
     cfg = DEFAULTS
     c = _consumer(a.bootstrap, a.group, a.topic)
@@ -297,10 +301,52 @@ async def run_memory_consume(a: argparse.Namespace, marks: Marks, pool: Any,
         await asyncio.to_thread(thread.join)
 
 
+async def run_memory_consume_process(a: argparse.Namespace, marks: Marks, pool: Any,
+                                     apply: Callable[[list[SourceRecord]], Awaitable[None]]
+                                     ) -> None:
+    """(e''): (e) while a child process consumes the topic and sends the records over a
+    pipe, which the loop reads into ``SourceRecord`` objects (``ops.bench.consumer_process``)."""
+    from ops.bench.consumer_process import read_frames
+
+    applied = 0
+    progressed = asyncio.Event()
+    reader: list[asyncio.Task[int]] = []
+    child: list[asyncio.subprocess.Process] = []
+
+    async def counted(records: list[SourceRecord]) -> None:
+        nonlocal applied
+        await apply(records)
+        applied += len(records)
+        progressed.set()
+
+    async def consume(window: int) -> int:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ops.bench.consumer_process", a.bootstrap,
+            a.group + "-consume", a.topic, str(a.total), stdout=asyncio.subprocess.PIPE,
+            limit=1 << 24)
+        child.append(proc)
+        assert proc.stdout is not None
+        return await read_frames(proc.stdout, a.total, lambda got: got - applied >= window,
+                                 progressed)
+
+    def start(partitions: int) -> None:
+        window = partitions * a.batch_max_records * DEFAULTS.queue_max_batches
+        reader.append(asyncio.get_running_loop().create_task(consume(window)))
+
+    await run_memory(a, marks, pool, counted, start=start)
+    for task in reader:
+        task.cancel()
+    for proc in child:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+
+
 Mode = Callable[[argparse.Namespace, Marks, Any, Callable[[list[SourceRecord]],
                                                          Awaitable[None]]], Awaitable[Any]]
 MODES: dict[str, Mode] = {"pipelined": run_pipelined, "stop-and-wait": run_stop_and_wait,
-                          "memory": run_memory, "memory-consume": run_memory_consume}
+                          "memory": run_memory, "memory-consume": run_memory_consume,
+                          "memory-consume-process": run_memory_consume_process}
 
 
 async def _with_db(a: argparse.Namespace, marks: Marks) -> None:
