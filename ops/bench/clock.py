@@ -13,7 +13,8 @@ Rules
   every thread of the process, user + system, at the first call and at the last return),
   summed over a run's processes as ``cpu_s``. Wall-clock rates on this shared VM move by
   ±15% between tries (CPU stolen by the host, disk stalls); CPU seconds per record do not
-  count time the process waited, so they compare what each run *does* per record.
+  count time the process waited, so they compare what each run *does* per record (they
+  still move by ~±10%: a contended host also runs the same instructions slower).
 - ``Marks`` are written atomically (``os.replace``) at most every ``FLUSH_S`` and once more
   ``FLUSH_S`` after the latest batch, so the final marks land without a shutdown hook; the
   harness polls files, never the database, so it takes no CPU from the measured run.

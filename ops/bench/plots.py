@@ -34,10 +34,10 @@ def write_all(result: dict[str, Any], folder: Path, suffix: str = "") -> list[Pa
     ax.bar_label(bars, labels=[f"{r:,}" for r in rates], padding=3, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("records/s (median of repeats)")
-    ratio_text = "\n".join(line for line in ("  ".join(f"{k.replace('_over_', '/')} {v}" for k, v in
-                                     result["ratios"].items()
-                                     if v is not None and ("sink" in k) == sink)
-                           for sink in (False, True)) if line)
+    shown = [[f"{k.replace('_over_', '/')} {v}" for k, v in result["ratios"].items()
+              if v is not None and ("sink" in k) == sink] for sink in (False, True)]
+    ratio_text = "\n".join("  ".join(group[i:i + 4]) for group in shown
+                           for i in range(0, len(group), 4))
     target = result.get("targets", {}).get("c_sink_fenceworker_records_per_s")
     if target and any("sink" in n for n in names):  # the table sink's target
         ax.axvline(target, color="#b04040", linestyle="--", linewidth=1)

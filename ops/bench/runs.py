@@ -93,8 +93,8 @@ def delete_topics() -> list[str]:
     asked, TOPICS[:] = list(TOPICS), []
     if not asked:
         return []
-    admin = AdminClient({"bootstrap.servers": os.environ["KAFKA_BOOTSTRAP_SERVERS"]})
     try:
+        admin = AdminClient({"bootstrap.servers": os.environ["KAFKA_BOOTSTRAP_SERVERS"]})
         names = [t for t in asked if t in admin.list_topics(timeout=30).topics]
         if names:
             for done in admin.delete_topics(names, operation_timeout=30).values():
