@@ -18,6 +18,7 @@ worker component: the worker keeps its consumer in-process (README, Benchmarks).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pickle
 import sys
 from collections.abc import Callable
@@ -25,14 +26,15 @@ from typing import Any
 
 from fencing.types import SourceRecord
 
-#: a row's fields, in ``SourceRecord``'s order (checked: a new field must be sent too)
-ROW_FIELDS = ("topic", "partition", "offset", "key", "value", "headers", "timestamp_ms")
-assert tuple(SourceRecord.__slots__) == ROW_FIELDS, "update ROW_FIELDS"
+#: a row's fields: ``SourceRecord``'s, in order
+ROW_FIELDS = tuple(f.name for f in dataclasses.fields(SourceRecord))
 _SET = tuple(getattr(SourceRecord, name).__set__ for name in ROW_FIELDS)
 
 
 def row_of(msg: Any) -> tuple[Any, ...]:
-    """A confluent-kafka ``Message`` as ``SourceRecord``'s field values (``to_record``'s)."""
+    """A confluent-kafka ``Message`` as ``SourceRecord``'s field values, read as
+    ``to_record`` reads them (without building the record the parent builds again; the unit
+    test holds the two equal)."""
     ts_type, ts = msg.timestamp()
     headers = msg.headers()
     return (msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
@@ -40,8 +42,9 @@ def row_of(msg: Any) -> tuple[Any, ...]:
 
 
 def records_of(rows: list[tuple[Any, ...]]) -> list[SourceRecord]:
-    """``SourceRecord`` objects filled from rows, as ``to_record`` fills them (its slots
-    directly, no ``__init__``)."""
+    """``SourceRecord`` objects filled from rows as ``to_record`` fills them (the slots
+    directly, no ``__init__``; unrolled: this runs per record on the handler's loop, and a
+    row of another length fails the unpacking)."""
     st, sp, so, sk, sv, sh, sts = _SET
     out = []
     for topic, partition, offset, key, value, headers, ts in rows:

@@ -37,6 +37,7 @@ from ops.bench.runs import (
     delete_topics,
     env,
     fresh_schema,
+    machine_ticks,
     new_topic,
     uid,
     worker_argv,
@@ -127,7 +128,7 @@ def _ticks() -> tuple[dict[int, tuple[str, int]], int]:
             comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1]
             fields = rest.split()
             procs[int(d.name)] = (comm, int(fields[11]) + int(fields[12]))
-    cpu = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    cpu = machine_ticks()
     return procs, sum(cpu) - cpu[3] - cpu[4]  # all but idle and iowait
 
 

@@ -183,11 +183,16 @@ def interpreter_mib() -> float:
     return round(peak / 1024, 1)
 
 
-def cpu_ticks() -> tuple[int, int]:
-    """The machine's (steal, all) CPU ticks so far, from ``/proc/stat``'s ``cpu`` line (user
-    nice system idle iowait irq softirq steal; guest time is already in user)."""
+def machine_ticks() -> list[int]:
+    """The machine's CPU ticks so far, ``/proc/stat``'s ``cpu`` line: user nice system idle
+    iowait irq softirq steal guest guest_nice (guest time is also counted in user)."""
     with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:9]]
+        return [int(x) for x in f.readline().split()[1:]]
+
+
+def cpu_ticks() -> tuple[int, int]:
+    """The machine's (steal, all) CPU ticks so far (guest left out: it is in user)."""
+    ticks = machine_ticks()[:8]
     return ticks[7], sum(ticks)
 
 

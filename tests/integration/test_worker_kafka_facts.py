@@ -302,6 +302,19 @@ def test_failed_assign_fail_stops_and_positions_nothing(services, setup: GroupSe
 
 
 
+def _one_partition(bootstrap: str, prefix: str, total: int, value: bytes) -> str:
+    """A fresh one-partition topic holding ``total`` records of ``value`` (keys "0", "1", ...)."""
+    from confluent_kafka import Producer
+
+    topic = unique(prefix)
+    create_topic(bootstrap, topic, 1)
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for i in range(total):
+        p.produce(topic, value, str(i).encode(), partition=0)
+    assert p.flush(30) == 0
+    return topic
+
+
 def _longest_wait_draining(bootstrap: str, topic: str, total: int, extra: dict[str, str]
                            ) -> tuple[float, float]:
     """Consume ``topic`` to its end as fast as possible: (the longest time between two
@@ -337,14 +350,8 @@ def test_a_full_prefetch_queue_postpones_the_next_fetch_by_fetch_queue_backoff_m
     default, even when the application drained the queue long before. With the worker's
     prefetch bound that starved it of records for ~0.5 s at a time (README, Benchmarks);
     the worker sets 10 ms (``consumer.config.PREFETCH``)."""
-    topic = unique("fqb")
-    create_topic(services.kafka_bootstrap, topic, 1)
-    from confluent_kafka import Producer
-    p = Producer({"bootstrap.servers": services.kafka_bootstrap, "linger.ms": 5})
-    total = 3000
-    for i in range(total):  # 3 MB: the 64 KiB queue fills and drains many times
-        p.produce(topic, b"x" * 1000, str(i).encode(), partition=0)
-    assert p.flush(30) == 0
+    total = 3000  # 3 MB: the 64 KiB queue fills and drains many times
+    topic = _one_partition(services.kafka_bootstrap, "fqb", total, b"x" * 1000)
     slow_gap, slow_span = _longest_wait_draining(services.kafka_bootstrap, topic, total, {})
     fast_gap, fast_span = _longest_wait_draining(services.kafka_bootstrap, topic, total,
                                                  {"fetch.queue.backoff.ms":
@@ -404,16 +411,11 @@ def test_pause_discards_prefetched_records_and_resume_fetches_them_again(service
     from the application's position on ``resume`` (librdkafka#5343, open; a maintainer in
     confluent-kafka-dotnet#1621: use pause/resume only against extreme imbalance). The
     worker pauses a partition at its queue bound (``consumer.batching``), so at full
-    speed it fetches many records more than once; the README's Benchmarks give the measured
-    factor. The control: without pauses, every record is fetched exactly once."""
-    topic = unique("refetch")
-    create_topic(services.kafka_bootstrap, topic, 1)
-    from confluent_kafka import Producer
-    p = Producer({"bootstrap.servers": services.kafka_bootstrap, "linger.ms": 5})
-    total = 20_000
-    for i in range(total):  # 2 MB of 100-byte values: more than one fetch
-        p.produce(topic, b"v" * 100, str(i).encode(), partition=0)
-    assert p.flush(30) == 0
+    speed it fetches many records more than once (the README's learned facts say what that
+    costs and why the worker keeps pausing). The control: without pauses, every record is
+    fetched exactly once."""
+    total = 20_000  # 2 MB of 100-byte values: more than one fetch
+    topic = _one_partition(services.kafka_bootstrap, "refetch", total, b"v" * 100)
     fetched, delivered = _fetched_and_delivered(services.kafka_bootstrap, topic, total,
                                                 pause_every=0)
     assert (fetched, delivered) == (total, total)
