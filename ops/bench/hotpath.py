@@ -3,11 +3,12 @@
 No services: synthetic confluent-kafka ``Message`` objects (100-byte values, one header,
 as ``fencectl produce``) go through the steps the worker runs for every record outside the
 handler: translation (``consumer.kafka.adapter.to_record``) and the partition buffer
-(``PartitionBuffer.add`` then ``take_batch`` in 500-record batches); and the table sink's
+(``PartitionBuffer.add`` then ``take_batch`` in 500-record batches); the table sink's
 per-record conversion (``fencing.postgres.sink.rows.convert``) of the benchmark's 100-byte
 JSON values (``ops.bench.sink.sink_value``) into the layout of the table it creates with a
-key column (upsert on ``id``). Best of ``--repeat`` rounds. Optimisations of these steps
-quote this command before and after.
+key column (upsert on ``id``); and the reference handler's parse
+(``ops.reference.domain.parse_batch``) of the records ``make bench`` produces. Best of
+``--repeat`` rounds. Optimisations of these steps quote this command before and after.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from consumer.kafka.adapter import to_record
 from fencing.postgres.sink.rows import Column, Layout, converter
 from fencing.types import SourceRecord
 from ops.bench.sink import sink_value
+from ops.reference.domain import parse_batch
+from ops.reference.generate import generate, to_source_records
 
 #: the layout ``fencing.postgres.sink.catalog.create_ddl`` gives a table with key ``id``
 SINK_LAYOUT = Layout((Column("id", "text", True), Column("payload", "jsonb", True),
@@ -68,9 +71,17 @@ def main(argv: list[str] | None = None) -> int:
         for r in values:
             convert(r)
 
+    reference = to_source_records(generate(1, count=a.records, partitions=6, klass="valid",
+                                           topic="bench"))  # as ``fencectl produce``
+
+    def reference_parse() -> None:
+        for i in range(0, len(reference), 500):
+            parse_batch(reference[i:i + 500])
+
     out = {name: round(min(timeit.repeat(fn, number=1, repeat=a.repeat)) / a.records * 1e9)
            for name, fn in (("to_record_ns", translate), ("buffer_add_take_ns", buffer),
-                            ("sink_convert_ns", sink_convert))}
+                            ("sink_convert_ns", sink_convert),
+                            ("reference_parse_ns", reference_parse))}
     print(json.dumps(out))
     return 0
 

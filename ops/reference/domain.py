@@ -31,6 +31,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from fencing.jsontext import reader
 from fencing.types import ACCEPT, Reject, SourceRecord, Verdict
 
 __all__ = [
@@ -156,6 +157,10 @@ def _parse_key(key: bytes | None) -> str | Malformed:
     return doc_id
 
 
+#: ``json.loads`` at the cost of its scanner (``fencing.jsontext``): the same value or error
+_loads = reader(json.loads, json.JSONDecoder())
+
+
 def _parse_value(value: bytes | None) -> dict[str, object] | Malformed:
     if value is None:
         return Malformed.NO_VALUE
@@ -164,7 +169,7 @@ def _parse_value(value: bytes | None) -> dict[str, object] | Malformed:
     except UnicodeDecodeError:
         return Malformed.NOT_UTF8
     try:
-        obj = json.loads(text)
+        obj = _loads(text)
     except (ValueError, RecursionError):
         return Malformed.NOT_JSON
     return obj if isinstance(obj, dict) else Malformed.NOT_OBJECT

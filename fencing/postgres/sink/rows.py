@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fencing.jsontext import reader
 from fencing.postgres.sink.values import (
     CONVERT,
     Column,
@@ -120,8 +121,10 @@ def _nonfinite(constant: str) -> Any:
 
 
 # Python's json reads NaN and +-Infinity (JSON has neither, and PostgreSQL refuses them);
-# ``parse_constant`` is called for exactly those, at any depth, so no scan afterwards
-_decode = json.JSONDecoder(parse_constant=_nonfinite).decode
+# ``parse_constant`` is called for exactly those, at any depth, so no scan afterwards.
+# ``reader``: the decoder's ``decode`` at the cost of its scanner (fencing.jsontext)
+_DECODER = json.JSONDecoder(parse_constant=_nonfinite)
+_decode = reader(_DECODER.decode, _DECODER)
 
 
 def _parse(value: bytes) -> tuple[dict[str, Any], str | None]:
@@ -154,6 +157,16 @@ def _key_of(col: Column, record: SourceRecord, obj: dict[str, Any] | None) -> An
 
 
 Fill = Callable[[SourceRecord, dict[str, Any], "str | None"], Any]
+
+
+def _key_field(col: Column) -> Fill:
+    """``_key_of`` for a record with a value, with the column's converter looked up once."""
+    name, to_column = col.name, CONVERT[col.type_name]
+
+    def fill(record: SourceRecord, obj: dict[str, Any], text: str | None) -> Any:
+        raw = obj.get(name)
+        return _key_of(col, record, None) if raw is None else to_column(col, raw)
+    return fill
 _ABSENT: Any = object()  # a field the value lacks: the column gets its default
 
 
@@ -192,7 +205,7 @@ def _fill(col: Column, layout: Layout) -> Fill:
         return _not_null(col, fill) if col.not_null and col.name in (
             "kafka_key", "kafka_timestamp") else fill
     if col.name == layout.key:
-        return lambda record, obj, text: _key_of(col, record, obj)
+        return _key_field(col)
     return _field(col)
 
 

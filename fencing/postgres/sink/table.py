@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 import asyncpg
@@ -48,6 +49,7 @@ __all__ = ["make_table_sink", "table_sink"]
 
 _REFUSED_CLASSES = ("22", "23", "P0")  # data, integrity, raised by a trigger: the record's fault
 _SAVEPOINT = "fence_sink"
+_BY_KEY = attrgetter("key")  # sorts upserts and deletes by the key column's value
 
 
 class _Writer:
@@ -89,7 +91,7 @@ class _Writer:
         batch of upserts costs four round trips, the COPY's two included, not six); a
         refusal inside leaves the savepoint open, for ``ROLLBACK TO``."""
         if self.key is not None:  # key order: batches sharing keys lock them in one order
-            ops = sorted(last_wins(ops), key=lambda op: op.key)
+            ops = sorted(last_wins(ops), key=_BY_KEY)
         groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
         deletes = []
         for op in ops:
