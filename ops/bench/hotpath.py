@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
               for i in range(a.records)]
 
     def sink_convert() -> None:
-        convert = converter(SINK_LAYOUT)  # once per layout, as the sink
+        convert = converter(SINK_LAYOUT, epoch_ms=True)  # once per layout, as the staged upsert
         for r in values:
             convert(r)
 

@@ -6,6 +6,7 @@ insert, misfits and database refusals quarantined with their reason, both write 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -155,3 +156,49 @@ async def test_insert_mode_refusal_quarantines_only_the_refused_record(
     assert await fetch(pg_dsn, f'SELECT n FROM "{schema}".r ORDER BY n') == [
         (10,), (11,), (12,), (14,), (15,)]
     assert list(quarantined) == [3] and "refused by PostgreSQL [23514]" in quarantined[3]
+
+
+def at_ms(ms: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["fast path", "one at a time"])
+@pytest.mark.parametrize("key", ["id", None], ids=["upsert", "insert"])
+@pytest.mark.parametrize("method", list(Method))
+async def test_kafka_timestamp_is_the_records_instant_on_every_write_path(
+        pg_dsn: str, schema: str, method: Method, key: str | None, refused: bool) -> None:
+    """The staged upsert sends milliseconds that its SQL converts (``rows.EPOCH_MS``), the
+    other writers a ``datetime``; the batch's fast path and the one-record fallback after a
+    refusal (the CHECK on ``n``) store the same instant, to the millisecond."""
+    await fetch(pg_dsn, f'CREATE TABLE "{schema}".ts (id text{" PRIMARY KEY" if key else ""}, '
+                        "n int CHECK (n <> 13), kafka_offset bigint, kafka_timestamp timestamptz)")
+    records = [rec(o, {"id": f"d{o}", "n": o + (10 if refused else 0)}) for o in range(5)]
+    quarantined = await apply(pg_dsn, schema, SinkSpec(f"{schema}.ts", key=key, method=method),
+                              records)
+    stored = await fetch(pg_dsn, f'SELECT kafka_offset, kafka_timestamp FROM "{schema}".ts '
+                                 "ORDER BY kafka_offset")
+    kept = [o for o in range(5) if not (refused and o == 3)]
+    assert stored == [(o, at_ms(1_700_000_000_000 + o)) for o in kept]
+    assert list(quarantined) == ([3] if refused else [])
+
+
+@pytest.mark.parametrize("key", ["id", None], ids=["upsert", "insert"])
+@pytest.mark.parametrize("method", list(Method))
+async def test_a_kafka_timestamp_no_table_can_hold_quarantines_only_its_record(
+        pg_dsn: str, schema: str, method: Method, key: str | None) -> None:
+    """10**16 ms is past year 300,000: beyond PostgreSQL's timestamptz (refused, SQLSTATE
+    22008, on the staged upsert's path) and Python's datetime (a misfit elsewhere)."""
+    await fetch(pg_dsn, f'CREATE TABLE "{schema}".far (id text{" PRIMARY KEY" if key else ""}, '
+                        "kafka_offset bigint, kafka_timestamp timestamptz)")
+    records = [SourceRecord(TP.topic, TP.partition, o, None, json.dumps({"id": f"d{o}"}).encode(),
+                            timestamp_ms=ms)
+               for o, ms in enumerate([1_700_000_000_000, 10**16, -62_000_000_000_000])]
+    quarantined = await apply(pg_dsn, schema, SinkSpec(f"{schema}.far", key=key, method=method),
+                              records)
+    assert await fetch(pg_dsn, f'SELECT kafka_offset, kafka_timestamp FROM "{schema}".far '
+                               "ORDER BY kafka_offset") == [
+        (0, at_ms(1_700_000_000_000)), (2, at_ms(-62_000_000_000_000))]
+    assert list(quarantined) == [1]
+    staged = key is not None and method is Method.COPY
+    assert ("refused by PostgreSQL [22008]" if staged else "out of the range of Python's "
+            "datetime") in quarantined[1]

@@ -41,7 +41,7 @@ from fencing.errors import ConfigError
 from fencing.handler import HandlerContext, handler, handler_factory
 from fencing.postgres.schema import quote_ident as _quote
 from fencing.postgres.sink.catalog import Method, SinkSpec, Target, ensure_table, read_layout
-from fencing.postgres.sink.rows import Delete, Misfit, Upsert, converter, last_wins
+from fencing.postgres.sink.rows import EPOCH_MS, Delete, Misfit, Upsert, converter, last_wins
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, Reject, SourceRecord, Verdict
 
@@ -59,9 +59,15 @@ class _Writer:
         self.t = target
         self.method = method
         self.key = target.layout.key
-        self.convert = converter(target.layout)
+        # the staged upsert passes a timestamptz kafka_timestamp as milliseconds, converted
+        # by its SQL (rows.EPOCH_MS): the stage holds them as int8
+        self.ms = "kafka_timestamp" if self.key is not None and method is Method.COPY and any(
+            c.name == "kafka_timestamp" and c.type_name == "timestamptz"
+            for c in target.layout.columns) else None
+        self.convert = converter(target.layout, epoch_ms=self.ms is not None)
         self.stage = f"fence_sink_stage_{zlib.crc32(target.quoted.encode()):08x}"
-        cols = ", ".join(_quote(c.name) for c in target.layout.columns)
+        cols = ", ".join(f"NULL::int8 AS {_quote(c.name)}" if c.name == self.ms else
+                         _quote(c.name) for c in target.layout.columns)
         self.make_stage = (f"SET LOCAL client_min_messages = warning; CREATE TEMP TABLE IF NOT "
                            f"EXISTS {_quote(self.stage)} AS SELECT {cols} FROM {target.quoted} "
                            "WITH NO DATA")
@@ -79,8 +85,13 @@ class _Writer:
         action = f"DO UPDATE SET {', '.join(sets)}" if sets else "DO NOTHING"
         return f" ON CONFLICT ({_quote(self.key)}) {action}"
 
+    def _value(self, name: str, expr: str) -> str:
+        """``expr`` as the value of column ``name`` (the milliseconds converted, see ms)."""
+        return EPOCH_MS.format(expr) if name == self.ms else expr
+
     def insert_values(self, columns: Sequence[str]) -> str:
-        marks = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
+        marks = ", ".join(self._value(c, f"${i}::int8" if c == self.ms else f"${i}")
+                          for i, c in enumerate(columns, 1))
         return (f"INSERT INTO {self.t.quoted} ({', '.join(map(_quote, columns))}) "
                 f"VALUES ({marks}){self._conflict()}")
 
@@ -118,9 +129,10 @@ class _Writer:
                 await conn.copy_records_to_table(self.stage, schema_name="pg_temp",
                                                  columns=list(columns), records=rows)
                 names = ", ".join(map(_quote, columns))
+                values = ", ".join(self._value(c, _quote(c)) for c in columns)
                 tail = f"; {release}" if n == len(groups) else ""
                 await conn.execute(
-                    f"INSERT INTO {self.t.quoted} ({names}) SELECT {names} FROM pg_temp."
+                    f"INSERT INTO {self.t.quoted} ({names}) SELECT {values} FROM pg_temp."
                     f"{_quote(self.stage)} ORDER BY {_quote(self.key)}{self._conflict()}; "
                     f"DELETE FROM pg_temp.{_quote(self.stage)}{tail}")
         if not staged:

@@ -17,6 +17,7 @@ from fencing.postgres.sink.rows import (
     Misfit,
     Upsert,
     convert,
+    converter,
     last_wins,
     supported,
 )
@@ -134,3 +135,30 @@ def test_reserved_columns_keep_their_checks_where_the_column_is_narrower_than_ka
     op = convert(narrow, rec({"a": 1}, offset=5))
     assert op == Upsert(None, ("payload", "kafka_offset", "kafka_key"), ('{"a": 1}', 5, "k1"))
     assert hash(op) == hash(Upsert(None, op.columns, op.values))
+
+
+TS_LAYOUT = Layout((Column("id", "text", not_null=True),
+                    Column("kafka_timestamp", "timestamptz"),
+                    Column("kafka_offset", "int8")), key="id")
+
+
+def test_kafka_timestamp_is_a_utc_datetime_or_milliseconds_for_a_writer_that_converts() -> None:
+    r = SourceRecord("t", 0, 7, b"k", b'{"id": "a"}', timestamp_ms=1_700_000_000_123)
+    as_datetime = converter(TS_LAYOUT)(r)
+    as_ms = converter(TS_LAYOUT, epoch_ms=True)(r)
+    assert isinstance(as_datetime, Upsert) and isinstance(as_ms, Upsert)
+    assert as_datetime.values == ("a", dt.datetime(2023, 11, 14, 22, 13, 20, 123000,
+                                                   tzinfo=dt.UTC), 7)
+    assert as_ms.values == ("a", 1_700_000_000_123, 7)
+    no_time = SourceRecord("t", 0, 8, b"k", b'{"id": "a"}', timestamp_ms=None)
+    assert converter(TS_LAYOUT)(no_time).values[1] is None  # type: ignore[union-attr]
+    assert converter(TS_LAYOUT, epoch_ms=True)(no_time).values[1] is None  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("ms", [10**16, -10**16, 253_402_300_800_000])  # the last: year 10000
+def test_a_kafka_timestamp_past_pythons_datetime_is_a_misfit_unless_sql_converts_it(
+        ms: int) -> None:
+    r = SourceRecord("t", 0, 7, b"k", b'{"id": "a"}', timestamp_ms=ms)
+    with pytest.raises(Misfit, match=rf"kafka_timestamp: Kafka timestamp {ms} ms is out of"):
+        converter(TS_LAYOUT)(r)
+    assert converter(TS_LAYOUT, epoch_ms=True)(r).values[1] == ms  # type: ignore[union-attr]
