@@ -105,11 +105,12 @@ def delete_topics() -> list[str]:
     return names
 
 
-def env() -> dict[str, str]:
+def env(root: Path = ROOT) -> dict[str, str]:
+    """The environment of a run's processes, whose code is the tree at ``root``."""
     e = dict(os.environ)
     e["OTEL_TRACES_EXPORTER"] = "none"
     e["OTEL_METRICS_EXPORTER"] = "none"
-    e["PYTHONPATH"] = str(ROOT)
+    e["PYTHONPATH"] = str(root)
     return e
 
 
@@ -239,9 +240,10 @@ def _reap(procs: list[subprocess.Popen[bytes]], out: dict[int, tuple[int, int]],
 
 
 def execute(run: Run, topic: str, total: int, dsn: str, *,
-            timeout_s: float = 1800) -> dict[str, Any]:
+            timeout_s: float = 1800, root: Path = ROOT) -> dict[str, Any]:
     """Start ``run`` on ``topic``, wait until its processes handled ``total`` records (by
-    their marks), stop them; the run's span, rate, peak RSS and exit codes."""
+    their marks), stop them; the run's span, rate, peak RSS and exit codes. ``root``: the
+    tree whose code the processes run (``ops.bench.trees``: another commit's)."""
     schema, group = fresh_schema(dsn), uid("gb" if run.kind == "baseline" else "gw")
     quiesce(dsn)
     ticks = cpu_ticks()
@@ -255,7 +257,7 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
                     "--total", str(total), "--schema", schema, "--clock-file", str(f)]
         else:
             argv = worker_argv(run, topic, group, schema, f)
-        procs.append(subprocess.Popen(argv, env=env(), cwd=ROOT, stdout=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(argv, env=env(root), cwd=root, stdout=subprocess.DEVNULL))
     deadline = time.monotonic() + timeout_s
     ended: dict[int, tuple[int, int]] = {}
     peaks: dict[int, int] = {}

@@ -67,3 +67,24 @@ def test_quick_bench_produces_every_run_ratio_and_scale_point(services, tmp_path
     admin = AdminClient({"bootstrap.servers": services.kafka_bootstrap})
     wait_until(lambda: not made & set(admin.list_topics(timeout=10).topics), timeout_s=30,
                what="the bench's topics deleted")
+
+
+def test_trees_runs_a_commit_and_this_tree_alternately(services, tmp_path: Path) -> None:
+    """``python -m ops.bench.trees``: both trees handle every record, each try is reported,
+    and the temporary worktree of the commit is gone afterwards."""
+    out = tmp_path / "trees.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "ops.bench.trees", "--before", "HEAD",
+                           "--only", "c_fenceworker", "--pairs", "1", "--count", "2000",
+                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
+    by_tree = json.loads(out.read_text())["runs"]["c_fenceworker"]
+    assert set(by_tree) == {"before (HEAD)", "this tree"}
+    for summary in by_tree.values():
+        [got] = summary["tries"]
+        assert got["records"] >= 2000 and got["exit"] == 0 and got["cpu_s"] > 0, got
+        assert summary["records_per_s"] == got["records_per_s"] > 0
+    listed = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True,
+                            text=True, check=True).stdout
+    assert "bench-trees-" not in listed
