@@ -192,6 +192,8 @@ def _key_field(col: Column) -> Fill:
         raw = obj.get(name)
         return _key_of(col, record, None) if raw is None else to_column(col, raw)
     return fill
+
+
 _ABSENT: Any = object()  # a field the value lacks: the column gets its default
 
 
