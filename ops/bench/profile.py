@@ -38,7 +38,6 @@ from ops.bench.runs import (
     env,
     fresh_schema,
     machine_ticks,
-    new_topic,
     uid,
     worker_argv,
 )
@@ -169,16 +168,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _profile(a: argparse.Namespace) -> int:
-    from ops.bench.worker import SINK_RUNS, produce, produce_values
+    from ops.bench.worker import SINK_RUNS, produce_topics
 
     dsn = os.environ["FENCE_DSN"]
-    topic = new_topic("prof")
-    if a.sink:
-        produce_values(topic, a.count, a.partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"])
-        run = next(r for r in SINK_RUNS if r.name == "c_sink_fenceworker")
-    else:
-        produce(topic, a.count, a.partitions, 1)
-        run = Run("profile", "profile", "worker")
+    run = (next(r for r in SINK_RUNS if r.name == "c_sink_fenceworker") if a.sink
+           else Run("profile", "profile", "worker"))
+    topic, _ = produce_topics([run.topic], a.count, a.count, a.partitions)[run.topic]
     a.out = a.out or OUT.with_name("profile" + "_sink" * a.sink + "_gil" * a.gil + ".json")
     tmp = Path(tempfile.mkdtemp(prefix="bench-profile-"))
     marks, raw = tmp / "marks.json", a.out.with_suffix(".raw.txt")

@@ -6,7 +6,8 @@ this tree in turn, ``--pairs`` times, on one produced topic per kind, with the h
 ``make bench`` (``ops.bench.runs.execute``: same clock, same quiesce, CPU and steal per
 try). Both trees run under this tree's virtualenv and database migrations. Prints and
 writes (``--out``, default ``artifacts/bench/trees.json``) every try and, per run and tree,
-the median rate and CPU per record: how a change is measured before it is called faster.
+the summary ``make bench`` gives a run (``ops.bench.worker.summarize``: the median rate and
+CPU per record): how a change is measured before it is called faster.
 Alternating in one process is what makes the pair comparable on a shared VM, where single
 tries move by ±15% (README, Benchmarks).
 """
@@ -16,27 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from ops.bench.runs import ROOT, delete_topics, execute, new_topic
-from ops.bench.worker import RUNS, produce, produce_values
+from ops.bench.runs import ROOT, delete_topics, execute
+from ops.bench.worker import RUNS, produce_topics, summarize
 
 OUT = ROOT / "artifacts" / "bench" / "trees.json"
-
-
-def summary(tries: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median rate (the upper median, as ``make bench``) and CPU per record of some tries."""
-    rates = [t["records_per_s"] for t in tries]
-    cpu = [t["cpu_us_per_record"] for t in tries if t.get("cpu_us_per_record")]
-    return {"records_per_s": statistics.median_high(rates), "all_records_per_s": rates,
-            "cpu_us_per_record": statistics.median_high(cpu) if cpu else None,
-            "all_cpu_us_per_record": cpu,
-            "steal_share_max": max((t.get("steal_share") or 0.0) for t in tries)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", required=True, help="comma-separated run names of make bench")
     p.add_argument("--pairs", type=int, default=4)
     p.add_argument("--count", type=int, default=200_000)
+    p.add_argument("--single-count", type=int, default=6_000,
+                   help="records of the batch-1 run's topic, as make bench")
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--out", type=Path, default=OUT)
     a = p.parse_args(argv)
@@ -52,26 +44,22 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [r for r in RUNS if r.name in names]
     if unknown := sorted(set(names) - {r.name for r in chosen}):
         p.error(f"unknown runs {unknown}; known: {', '.join(r.name for r in RUNS)}")
-    dsn, bootstrap = os.environ["FENCE_DSN"], os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+    dsn = os.environ["FENCE_DSN"]
     with tempfile.TemporaryDirectory(prefix="bench-trees-") as tmp:
         before = Path(tmp) / "before"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(before),
                         a.before], check=True, stdout=subprocess.DEVNULL)
         try:
             trees = {f"before ({a.before})": before, "this tree": ROOT}
-            topics: dict[str, str] = {}
-            for kind in sorted({r.topic for r in chosen}):
-                topics[kind] = new_topic("trees")
-                if kind == "sink":
-                    produce_values(topics[kind], a.count, a.partitions, bootstrap)
-                else:
-                    produce(topics[kind], a.count, a.partitions, 1)
+            topics = produce_topics((r.topic for r in chosen), a.count, a.single_count,
+                                    a.partitions)
             tries: dict[str, dict[str, list[dict[str, Any]]]] = {
                 r.name: {t: [] for t in trees} for r in chosen}
             for i in range(a.pairs):
                 for label, root in trees.items():
                     for r in chosen:
-                        got = execute(r, topics[r.topic], a.count, dsn, root=root)
+                        topic, total = topics[r.topic]
+                        got = execute(r, topic, total, dsn, root=root)
                         tries[r.name][label].append(got)
                         print(f"{r.name} #{i + 1} {label}: {got['records_per_s']} records/s, "
                               f"{got['cpu_us_per_record']} CPU µs per record", flush=True)
@@ -80,14 +68,14 @@ def main(argv: list[str] | None = None) -> int:
                             str(before)], check=False)
             delete_topics()
     result = {"before": a.before, "count": a.count, "pairs": a.pairs,
-              "runs": {n: {t: {**summary(v), "tries": v} for t, v in by_tree.items()}
+              "runs": {n: {t: {**summarize(v), "tries": v} for t, v in by_tree.items()}
                        for n, by_tree in tries.items()}}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2) + "\n")
     for n, by_tree in result["runs"].items():
         for t, s in by_tree.items():
             print(f"{n} {t}: median {s['records_per_s']} records/s {s['all_records_per_s']}, "
-                  f"CPU {s['cpu_us_per_record']} µs per record")
+                  f"CPU {s['median_cpu_us_per_record']} µs per record")
     print(f"wrote {a.out}")
     return 0
 

@@ -29,6 +29,7 @@ import platform
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -132,18 +133,38 @@ def throughput(runs: list[Run], topics: dict[str, tuple[str, int]], repeat: int,
             print(f"run {r.name} #{i + 1} ...", flush=True)
             tries[r.name].append(execute(r, topic, total, dsn))
             print(f"  {tries[r.name][-1]}", flush=True)
-    out: dict[str, Any] = {}
-    for r in runs:
-        ordered = sorted(tries[r.name], key=lambda x: x["records_per_s"])
-        cpu = [x["cpu_us_per_record"] for x in tries[r.name] if x.get("cpu_us_per_record")]
-        out[r.name] = {"label": r.label, **ordered[len(ordered) // 2],
-                       "all_records_per_s": [x["records_per_s"] for x in tries[r.name]],
-                       "all_cpu_us_per_record": [x.get("cpu_us_per_record")
-                                                 for x in tries[r.name]],
-                       "all_steal_share": [x.get("steal_share") for x in tries[r.name]],
-                       # the upper median, as the rate's (``ordered[len // 2]``)
-                       "median_cpu_us_per_record": statistics.median_high(cpu) if cpu else None}
-    return out
+    return {r.name: {"label": r.label, **summarize(tries[r.name])} for r in runs}
+
+
+def summarize(tries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's tries (``execute`` results) as ``worker.json`` reports them: the try at the
+    median rate (the upper median), every try's rate, CPU per record and steal, and the
+    upper median of CPU per record (``ops.bench.trees`` reports its trees' tries the same)."""
+    ordered = sorted(tries, key=lambda x: x["records_per_s"])
+    cpu = [x["cpu_us_per_record"] for x in tries if x.get("cpu_us_per_record")]
+    return {**ordered[len(ordered) // 2],
+            "all_records_per_s": [x["records_per_s"] for x in tries],
+            "all_cpu_us_per_record": [x.get("cpu_us_per_record") for x in tries],
+            "all_steal_share": [x.get("steal_share") for x in tries],
+            # the upper median, as the rate's (``ordered[len // 2]``)
+            "median_cpu_us_per_record": statistics.median_high(cpu) if cpu else None}
+
+
+def produce_topics(kinds: Iterable[str], count: int, single_count: int,
+                   partitions: int) -> dict[str, tuple[str, int]]:
+    """A fresh topic per kind of ``Run.topic`` asked (``main``: ``count`` reference records;
+    ``single``: the batch-1 subset, ``single_count`` of another seed; ``sink``: ``count``
+    100-byte JSON values), produced: kind -> (topic, records)."""
+    prefixes = {"main": "bench", "single": "bench1", "sink": "benchsink"}
+    topics = {kind: (new_topic(prefixes[kind]), single_count if kind == "single" else count)
+              for kind in sorted(set(kinds))}
+    for kind, (name, n) in topics.items():
+        print(f"producing {n} records to {name} ...", flush=True)
+        if kind == "sink":
+            produce_values(name, n, partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"])
+        else:
+            produce(name, n, partitions, 1 if kind == "main" else 2)
+    return topics
 
 
 def _per_try(n: dict[str, Any], d: dict[str, Any]) -> float | None:
@@ -220,16 +241,7 @@ def _bench(a: argparse.Namespace) -> int:
     dsn = os.environ["FENCE_DSN"]
     only = {n for n in a.only.split(",") if n}
     chosen = [r for r in RUNS if not only or r.name in only]
-    topics = {"main": (new_topic("bench"), a.count),
-              "single": (new_topic("bench1"), a.single_count),
-              "sink": (new_topic("benchsink"), a.count)}
-    for kind in sorted({r.topic for r in chosen}):
-        name, count = topics[kind]
-        print(f"producing {count} records to {name} ...", flush=True)
-        if kind == "sink":
-            produce_values(name, count, a.partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"])
-        else:
-            produce(name, count, a.partitions, 1 if kind == "main" else 2)
+    topics = produce_topics((r.topic for r in chosen), a.count, a.single_count, a.partitions)
     interpreter = interpreter_mib()  # part of the memory bound's base (ops.bench.memory)
     runs = throughput(chosen, topics, a.repeat, dsn)
     if "d_fenceworker_batch1" in runs:

@@ -54,6 +54,7 @@ __all__ = [
     "Upsert",
     "convert",
     "converter",
+    "in_epoch_ms",
     "last_wins",
     "supported",
 ]
@@ -69,6 +70,11 @@ RESERVED = ("payload", "kafka_topic", "kafka_partition", "kafka_offset", "kafka_
 #: expression, of the milliseconds ``{}``, is exact (integer microseconds) and refuses a
 #: time PostgreSQL cannot hold with SQLSTATE 22008, which quarantines that record.
 EPOCH_MS = "(timestamptz 'epoch' + {} * interval '1 millisecond')"
+
+
+def in_epoch_ms(col: Column) -> bool:
+    """Whether ``converter(layout, epoch_ms=True)`` fills ``col`` with milliseconds."""
+    return col.name == "kafka_timestamp" and col.type_name == "timestamptz"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +131,7 @@ def _reserved(col: Column, *, epoch_ms: bool = False
     if name == "kafka_key":
         return lambda record, obj, text: None if record.key is None else key_text(
             col, record.key)
-    if epoch_ms and col.type_name == "timestamptz":  # kafka_timestamp, see EPOCH_MS
+    if epoch_ms and in_epoch_ms(col):  # see EPOCH_MS
         return lambda record, obj, text: record.timestamp_ms
     at, utc = dt.datetime.fromtimestamp, dt.UTC  # kafka_timestamp
 

@@ -41,7 +41,15 @@ from fencing.errors import ConfigError
 from fencing.handler import HandlerContext, handler, handler_factory
 from fencing.postgres.schema import quote_ident as _quote
 from fencing.postgres.sink.catalog import Method, SinkSpec, Target, ensure_table, read_layout
-from fencing.postgres.sink.rows import EPOCH_MS, Delete, Misfit, Upsert, converter, last_wins
+from fencing.postgres.sink.rows import (
+    EPOCH_MS,
+    Delete,
+    Misfit,
+    Upsert,
+    converter,
+    in_epoch_ms,
+    last_wins,
+)
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, Reject, SourceRecord, Verdict
 
@@ -61,9 +69,9 @@ class _Writer:
         self.key = target.layout.key
         # the staged upsert passes a timestamptz kafka_timestamp as milliseconds, converted
         # by its SQL (rows.EPOCH_MS): the stage holds them as int8
-        self.ms = "kafka_timestamp" if self.key is not None and method is Method.COPY and any(
-            c.name == "kafka_timestamp" and c.type_name == "timestamptz"
-            for c in target.layout.columns) else None
+        staged = self.key is not None and method is Method.COPY
+        self.ms = next((c.name for c in target.layout.columns if in_epoch_ms(c)),
+                       None) if staged else None
         self.convert = converter(target.layout, epoch_ms=self.ms is not None)
         self.stage = f"fence_sink_stage_{zlib.crc32(target.quoted.encode()):08x}"
         cols = ", ".join(f"NULL::int8 AS {_quote(c.name)}" if c.name == self.ms else
