@@ -48,7 +48,7 @@ from consumer.decisions import LifetimeState
 from consumer.lifetime_frame import LifetimeFrame
 from consumer.observability.instruments import Instruments
 from fencing.crashpoints import crash_point
-from fencing.errors import Fenced, FenceError
+from fencing.errors import Fenced, FenceError, TokenDropped
 from fencing.failures import Attempts
 from fencing.guarded import (
     CallHooks,
@@ -314,7 +314,7 @@ class Lifecycle(LifetimeFrame):
 
         async def body() -> Token:
             if token is None:
-                raise Fenced(f"process {tp}: token dropped while waiting for the guard")
+                raise TokenDropped(f"process {tp}: token dropped while waiting for the guard")
             return await self._process_guarded(tp, token, records, handler, live, links, context,
                                                clear_attempts)
 

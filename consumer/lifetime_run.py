@@ -48,7 +48,7 @@ from consumer.kafka.adapter import call_on_loop
 from consumer.kafka.source import build_checks
 from consumer.ports import KafkaPort, LifecyclePort, Partition
 from fencing.crashpoints import crash_point
-from fencing.errors import Fenced, FenceError, Retired, SourceRefused
+from fencing.errors import Fenced, FenceError, Retired, SourceRefused, TokenDropped
 from fencing.types import SourceRecord, TopicPartition
 
 if TYPE_CHECKING:
@@ -315,6 +315,13 @@ class LifetimeRun:
                 except RetryInterrupted:
                     return
                 except BaseException as exc:
+                    if part.closing and isinstance(exc, TokenDropped):
+                        # Lost while the batch waited behind the partition's guard: never
+                        # attempted, dropped like the records still buffered (the next owner,
+                        # this member again after a rejoin, processes it from the frontier).
+                        log.info("batch %s not attempted: the partition was lost before its "
+                                 "turn", inflight.describe())
+                        return
                     if part.closing and isinstance(exc, Fenced):
                         # Lost meanwhile and a newer owner committed: this process was a
                         # zombie. Nothing of the batch applied; the lifetime ends (exit 3).

@@ -27,6 +27,7 @@ __all__ = [
     "SourceUnavailable",
     "StatementRejected",
     "StoreUnavailable",
+    "TokenDropped",
     "Transient",
     "Unresolved",
 ]
@@ -38,6 +39,11 @@ class FenceError(Exception):
 
 class Fenced(FenceError):
     """Ownership moved: a newer epoch or another frontier is installed (nobody's fault)."""
+
+
+class TokenDropped(Fenced):
+    """The partition's token was dropped (its assignment lost or revoked) while the call
+    waited for its turn: nothing was sent, so nothing says another owner committed."""
 
 
 class StoreUnavailable(FenceError):

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from consumer import Lifecycle, LifetimeState
 from consumer.observability.otel_tracing import OtelTracing
-from fencing.errors import ConfigError, Fenced, RetentionGap, Retired
+from fencing.errors import ConfigError, Fenced, RetentionGap, Retired, TokenDropped
 from fencing.memory.faults import Fault, FaultOutcome, InterleavePoint, Operation
 from fencing.memory.store import MemoryFenceStore
 from fencing.store import HandlerFn
@@ -242,6 +242,26 @@ async def test_lost_during_in_flight_process_never_reinstalls_the_token(
     release.set()
     assert await p0 == Token(1, 1)
     assert lc.token(TP) is None
+
+
+async def test_a_process_queued_behind_the_guard_when_lost_is_token_dropped_without_io(
+        store: MemoryFenceStore, clock: Clock) -> None:
+    """The batch behind the in-flight one never runs: ``TokenDropped`` (a ``Fenced`` that
+    says nothing was sent), the lifetime stays live (the worker drops the batch)."""
+    lc = make(store, clock)
+    await lc.assign([check()])
+    slow, entered, release = held_accept()
+    p0 = asyncio.ensure_future(lc.process(TP, recs(TP, 0), slow))
+    await entered.wait()
+    p1 = asyncio.ensure_future(lc.process(TP, recs(TP, 1), accept))  # waits for the guard
+    await asyncio.sleep(0.01)
+    lc.lost([TP])
+    release.set()
+    assert await p0 == Token(1, 1)
+    writes = len(store.writes)
+    with pytest.raises(TokenDropped, match="token dropped while waiting for the guard"):
+        await p1
+    assert len(store.writes) == writes and lc.state is LifetimeState.LIVE
 
 
 async def test_failure_retires_before_the_mutex_is_released(store: MemoryFenceStore,
