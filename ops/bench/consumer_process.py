@@ -11,8 +11,8 @@ another process would still do under its own GIL — and drops them, paced like 
 most one queue bound per partition ahead of the records applied (it stops reading; the
 pipe fills; the child blocks and stops consuming, so librdkafka stops fetching).
 
-A measurement of the design alternative for the README's "why (c) stays below (e)", not a
-worker component: the worker keeps its consumer in-process (README, Benchmarks).
+A measurement of the design alternative for "why (c) stays below (e)" (docs/benchmarks.md), not a
+worker component: the worker keeps its consumer in-process (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Rules
 - A run is a ``Run`` in a registry (``ops.bench.worker.RUNS``): a name (the JSON key), a
-  label (the chart and the README), a kind (``baseline``: ``ops.bench.baselines MODE``;
+  label (the chart and docs/benchmarks.md), a kind (``baseline``: ``ops.bench.baselines MODE``;
   ``worker``: ``fencectl run`` with the timed handler ``ops.bench.clock:clocked``), extra
   arguments, the topic it reads and how many members it starts. Adding a variant (a sink,
   another batch size) is one more ``Run``; a ratio is one more entry of ``RATIOS``.

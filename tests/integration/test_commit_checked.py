@@ -9,8 +9,6 @@
   fence and retiring as a "zombie".
 - deterministic statement errors are ``StatementRejected`` naming the SQLSTATE, one call.
 """
-# ruff: noqa: F811  (pytest fixtures imported from pg_helpers are redefined as parameters)
-
 from __future__ import annotations
 
 import time
@@ -27,13 +25,7 @@ from fencing.guarded import CallHooks, guarded_process
 from fencing.postgres.store import PgFenceStore
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition, Verdict
 from ops.testing.pgproxy import Action, PgProxy
-from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
-    count_effects,
-    effect_handler,
-    fence_schema,
-    make_records,
-    pg_dsn,
-)
+from tests.integration.pg_helpers import count_effects, effect_handler, make_records
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,4 @@
 """Round trips per store call, counted on the wire by ops.testing.pgproxy (real PostgreSQL)."""
-# ruff: noqa: F811  (pytest fixtures imported from pg_helpers are redefined as parameters)
-
 from __future__ import annotations
 
 import uuid
@@ -21,12 +19,7 @@ from fencing.types import (
     Verdict,
 )
 from ops.testing.pgproxy import PgProxy
-from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
-    effect_handler,
-    fence_schema,
-    make_records,
-    pg_dsn,
-)
+from tests.integration.pg_helpers import effect_handler, make_records
 
 pytestmark = pytest.mark.integration
 
