@@ -154,7 +154,7 @@ def fresh_schema(dsn: str) -> str:
 def worker_argv(run: Run, topic: str, group: str, schema: str, clock_file: Path) -> list[str]:
     return [PY, "-m", "ops.cli", "run", "--topic", topic, "--group", group, "--schema", schema,
             "--log-level", "WARNING", *COOPERATIVE,
-            "--handler", "ops.bench.clock:clocked",
+            "--handler", f"{clock.__name__}:{clock.clocked.__name__}",
             "--handler-setting", f"clock_file={clock_file}",
             "--handler-setting", f"handler={run.handler}",
             *(x for s in run.settings for x in ("--handler-setting", s)), *run.args]

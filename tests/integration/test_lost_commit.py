@@ -1,4 +1,5 @@
-"""Lost COMMIT replies and a vanishing server, through ``ops.testing.pgproxy`` (real PostgreSQL).
+"""Lost COMMIT replies and a vanishing server, through ``fencing.testing.pgproxy`` (real
+PostgreSQL).
 
 Findings these tests pin down (asyncpg 0.32, PostgreSQL 15):
 - a cut after COMMIT reached the server (it committed) and a cut before it was forwarded
@@ -22,8 +23,8 @@ import pytest
 from fencing.errors import NotCommitted, OutcomeUnknown, ReadFailed, StatementRejected
 from fencing.guarded import CallHooks, guarded_claim, guarded_observe, guarded_process
 from fencing.postgres.store import PgFenceStore
+from fencing.testing.pgproxy import Action, PgProxy
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition, Verdict
-from ops.testing.pgproxy import Action, PgProxy
 from tests.integration.pg_helpers import count_effects, effect_handler, make_records
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""Round trips per store call, counted on the wire by ops.testing.pgproxy (real PostgreSQL)."""
+"""Round trips per store call, counted on the wire by fencing.testing.pgproxy (real PostgreSQL)."""
 from __future__ import annotations
 
 import uuid
@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from fencing.postgres.store import PgFenceStore
+from fencing.testing.pgproxy import PgProxy
 from fencing.types import (
     ClaimRequest,
     SourceCheck,
@@ -18,7 +19,6 @@ from fencing.types import (
     TopicPartition,
     Verdict,
 )
-from ops.testing.pgproxy import PgProxy
 from tests.integration.pg_helpers import effect_handler, make_records
 
 pytestmark = pytest.mark.integration

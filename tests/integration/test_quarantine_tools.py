@@ -49,9 +49,9 @@ import pytest
 
 from fencing.postgres.schema import load_migrations
 from fencing.postgres.store import PgFenceStore
+from fencing.testing.pgproxy import Action, PgProxy
 from fencing.types import ClaimRequest, TopicPartition
 from ops.operator.quarantine import grant_operator_sql
-from ops.testing.pgproxy import Action, PgProxy
 from tests.integration.observability_support import run_fencectl
 from tests.integration.pg_helpers import effect_handler, make_records
 from tests.integration.workers import (
