@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 .PHONY: setup stack-up stack-down stack-status test test-unit test-integration \
         test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
-        demo migrate clean crash-matrix
+        demo migrate clean crash-matrix docs
 
 setup: $(STAMP)
 
@@ -34,7 +34,7 @@ test: setup
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 test-unit: setup
-	$(BIN)/pytest -q tests/unit tests/sim $(PYTEST_ARGS)
+	$(BIN)/pytest -q tests/unit tests/sim tests/bench tests/docs $(PYTEST_ARGS)
 
 test-integration: setup
 	$(BIN)/pytest -q tests/integration $(PYTEST_ARGS)
@@ -75,6 +75,11 @@ evidence: setup
 	$(MAKE) --no-print-directory sim-worker SEED=$(SEED)
 	cp artifacts/worker-seed-$(SEED).json artifacts/worker-seed-$(SEED)-report.json artifacts/evidence/
 
+# the docs site from docs/*.md (docs/mkdocs/mkdocs.yml), strict: a broken link, anchor or
+# missing page fails; the site goes to artifacts/site/. make test builds it too (tests/docs/).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -f docs/mkdocs/mkdocs.yml
+
 lint: setup
 	$(BIN)/ruff check consumer fencing ops tests
 	$(BIN)/mypy
@@ -97,7 +102,7 @@ bench-sink: stack-up
 	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.sink && \
 		$(BIN)/python -m ops.bench.worker --sink-only $(BENCH_ARGS)
 
-# the README's "run it": stack, migrate, topic, produce, two workers, one leaves, status, traces
+# the README's `make demo`: stack, migrate, topic, produce, two workers, one leaves, status, traces
 demo: stack-up
 	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.demo
 

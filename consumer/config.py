@@ -38,7 +38,6 @@ from fencing.failures import RetryPolicy
 __all__ = [
     "DEFAULT_ASSIGNMENT_STRATEGY",
     "DEFAULT_BATCH_MAX_RECORDS",
-    "DEFAULT_HANDLER",
     "PREFETCH",
     "GroupProtocol",
     "WorkerConfig",
@@ -49,11 +48,10 @@ __all__ = [
     "redact_dsn",
 ]
 
-DEFAULT_HANDLER = "ops.reference.pg:reference"
 DEFAULT_BATCH_MAX_RECORDS = 500  # --sink's own: ops.commands.run.SINK_BATCH_MAX_RECORDS
 DEFAULT_ASSIGNMENT_STRATEGY = "cooperative-sticky"
 #: librdkafka's prefetch: at most 4 MiB over all partitions, and once there, the next fetch
-#: 10 ms later (its default, 1 s, starved the worker of records; README, Benchmarks)
+#: 10 ms later (its default, 1 s, starved the worker of records; docs/benchmarks.md)
 PREFETCH = {"queued.max.messages.kbytes": "4096", "fetch.queue.backoff.ms": "10"}
 
 _OWNED_FALSE = ("enable.auto.commit", "enable.auto.offset.store")
@@ -92,8 +90,9 @@ class WorkerConfig:
     """Where ``bootstrap_servers`` came from, for messages: the flag or the env variable."""
     dsn: str = field(repr=False)
     """PostgreSQL DSN (``FENCE_DSN``; never a flag, never logged)."""
-    handler: str = DEFAULT_HANDLER
-    """Effect handler as ``module:callable`` (``--handler``)."""
+    handler: str
+    """Effect handler or handler factory as ``module:name`` (``--handler``; no default here:
+    the command that builds the config chooses it, ``fencectl run`` the reference handler)."""
     schema: str = "fence"
     """PostgreSQL schema of the fence tables and the reference effect tables (``--schema``)."""
     group_protocol: GroupProtocol = GroupProtocol.CLASSIC

@@ -39,7 +39,7 @@ __all__ = [
     "parse_spec",
 ]
 
-#: every point and where it sits (docs: README "Crash-point matrix")
+#: every point and where it sits (docs/crash-matrix.md)
 POINTS: Mapping[str, str] = {
     "after-validate": "consumer.lifecycle: validation passed, nothing claimed",
     "after-claim": "consumer.lifecycle: claim committed, tokens retained, before seek",

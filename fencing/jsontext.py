@@ -11,7 +11,7 @@ Rules
 - Why: in CPython 3.11 ``json.loads`` of a 100-byte object costs ~2.2 µs, of which the
   scanner is ~0.8 µs; the rest is ``loads``' argument checks, ``decode``'s two whitespace
   regex matches and ``raw_decode``'s frame (``python -m ops.bench.hotpath``: the table
-  sink's conversion and the reference handler's parse, before and after, in the README).
+  sink's conversion and the reference handler's parse, before and after, in docs/benchmarks.md).
   ``JSONDecoder.scan_once`` is the attribute every ``decode`` calls (``json/decoder.py``:
   ``raw_decode``), set by ``JSONDecoder.__init__`` since Python 2.6.
 """

@@ -1,4 +1,4 @@
-"""``make demo``: the README's "run it" walk-through, start to finish, leaving no worker running.
+"""``make demo``: the README's demo walk-through, start to finish, leaving no worker running.
 
 Steps (each printed as it happens): migrate a fresh schema; produce the reference domain's
 source (with a traceparent header per record) to a new 6-partition topic; start two workers

@@ -24,8 +24,10 @@ import socket
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
+from typing import Any
 
 import pytest
 
@@ -206,3 +208,37 @@ def services(request: pytest.FixtureRequest) -> Iterator[ServiceSettings]:
             settings = stack.enter_context(_local_stack(_progress_printer(request.config)))
         stack.enter_context(_exported(settings))
         yield settings
+
+
+# -- PostgreSQL for the store's integration and contract tests (helpers: integration/pg_helpers.py)
+@pytest.fixture(scope="session")
+def pg_dsn(request: pytest.FixtureRequest) -> str:
+    """``FENCE_DSN`` when set, else the session's services' DSN (its repr hides the password)."""
+    from tests.integration.pg_helpers import Dsn
+
+    return Dsn(os.environ.get("FENCE_DSN") or str(request.getfixturevalue("services").dsn))
+
+
+@pytest.fixture
+async def fence_schema(pg_dsn: str) -> AsyncIterator[str]:
+    """A freshly migrated fence schema with an ``effects`` table for the test handler."""
+    from tests.integration.pg_helpers import create_fence_schema, drop_schema
+
+    schema = await create_fence_schema(pg_dsn)
+    try:
+        yield schema
+    finally:
+        await drop_schema(pg_dsn, schema)
+
+
+@pytest.fixture
+async def pg_store(pg_dsn: str, fence_schema: str) -> AsyncIterator[Any]:
+    """A ``PgFenceStore`` on ``fence_schema`` with a group id of its own."""
+    from fencing.postgres.store import PgFenceStore
+
+    store = await PgFenceStore.connect(pg_dsn, group_id=f"g-{uuid.uuid4().hex[:8]}",
+                                       schema=fence_schema, pool_max=4)
+    try:
+        yield store
+    finally:
+        await store.close()

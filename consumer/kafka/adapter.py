@@ -3,7 +3,7 @@
 Long because one Consumer handle's threading model, command queue, rebalance callbacks,
 pause reconciliation and error translation follow librdkafka rules that couple them.
 
-Threading model (deliberate; see the README's worker section)
+Threading model (deliberate; see docs/librdkafka.md)
 - librdkafka serves rebalance events inside ``poll()``/``consume()``/``close()`` on the
   calling thread, and the Python wrapper re-assigns by itself after a callback that did not
   call ``assign``/``incremental_assign``/``incremental_unassign`` -- also when the callback
@@ -137,7 +137,7 @@ def translated(msgs: Sequence[Any]) -> list[SourceRecord]:
     interval (5 ms). Translating 1,000 records here took ~0.7 ms of Python with the GIL held,
     and the loop -- which releases the GIL for every socket send, receive and epoll wait of
     its batches -- waited for it after each of those calls. The total CPU is the same; the
-    loop no longer waits for the Kafka thread (measured side by side: the README's worker
+    loop no longer waits for the Kafka thread (measured side by side: docs/benchmarks.md's worker
     benchmark section)."""
     return [to_record(m) for m in msgs]
 

@@ -1,7 +1,7 @@
 """Translate asyncpg and OS errors into the fence's error tree (outcome classification,
 docs/ARCHITECTURE.md).
 
-Rules (each verified against PostgreSQL 15 + asyncpg 0.32 through ``ops.testing.pgproxy``; see
+Rules (each verified against PostgreSQL 15 + asyncpg 0.32 through ``fencing.testing.pgproxy``; see
 tests/integration/test_lost_commit.py and tests/unit/test_classify.py)
 - ``Phase.READ`` (validate, observe): every foreign error is ``ReadFailed``.
 - ``Phase.BEFORE_COMMIT`` (acquiring a connection, BEGIN, the lock, the handler's SQL, the

@@ -56,7 +56,6 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KTP
 
 from consumer.batching import Flow, PartitionBuffer
@@ -64,20 +63,15 @@ from consumer.config import PREFETCH, WorkerConfig
 from consumer.kafka.adapter import to_record
 from fencing.types import SourceRecord
 from ops.bench.clock import Marks, sink_spec, wrap
+from ops.bench.consumer_process import read_frames
+from ops.bench.subscribe import subscribed
 from ops.reference.pg import make_pg_handler
 from ops.worker.startup import settle_heap
 
 Key = tuple[str, int]
 #: the worker's defaults: batch and queue bounds, concurrency, poll timeout
-DEFAULTS = WorkerConfig(topics=("-",), group_id="-", bootstrap_servers="-", dsn="")
-
-
-def _consumer(bootstrap: str, group: str, topic: str) -> Any:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,  # prefetch as the worker
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                  "enable.partition.eof": False, **PREFETCH})
-    c.subscribe([topic])
-    return c
+DEFAULTS = WorkerConfig(topics=("-",), group_id="-", bootstrap_servers="-", dsn="",
+                        handler="-")  # only its batching and prefetch defaults are read
 
 
 def _buffer(next_offset: int, batch_max: int, cfg: WorkerConfig) -> PartitionBuffer:
@@ -88,7 +82,7 @@ def _buffer(next_offset: int, batch_max: int, cfg: WorkerConfig) -> PartitionBuf
 
 
 def run_raw(a: argparse.Namespace, marks: Marks) -> None:
-    c = _consumer(a.bootstrap, a.group, a.topic)
+    c = subscribed(a.bootstrap, a.group, a.topic)
     seen = 0
     while seen < a.total:
         msgs = c.consume(1000, 0.5)
@@ -169,7 +163,7 @@ async def _runners(buffers: dict[Key, PartitionBuffer], apply: Callable[
 async def run_pipelined(a: argparse.Namespace, marks: Marks, pool: Any,
                         apply: Callable[[list[SourceRecord]], Awaitable[None]]) -> None:
     cfg = DEFAULTS
-    c = _consumer(a.bootstrap, a.group, a.topic)
+    c = subscribed(a.bootstrap, a.group, a.topic)
     loop = asyncio.get_running_loop()
     buffers: dict[Key, PartitionBuffer] = {}
     to_commit: dict[Key, int] = {}
@@ -206,7 +200,7 @@ def _by_partition(msgs: list[Any]) -> dict[Key, list[SourceRecord]]:
 
 async def run_stop_and_wait(a: argparse.Namespace, marks: Marks, pool: Any,
                             apply: Callable[[list[SourceRecord]], Awaitable[None]]) -> None:
-    c = _consumer(a.bootstrap, a.group, a.topic)
+    c = subscribed(a.bootstrap, a.group, a.topic)
     loop = asyncio.get_running_loop()
     sem = asyncio.Semaphore(a.db_concurrency)
     seen = 0
@@ -232,7 +226,7 @@ async def run_memory(a: argparse.Namespace, marks: Marks, pool: Any,
                      start: Callable[[int], threading.Thread | None] | None = None,
                      ) -> threading.Thread | None:
     cfg = DEFAULTS
-    c = _consumer(a.bootstrap, a.group, a.topic)
+    c = subscribed(a.bootstrap, a.group, a.topic)
     loaded: dict[Key, list[SourceRecord]] = defaultdict(list)
     seen = 0
     while seen < a.total:  # untimed: the records come from the same topic
@@ -263,7 +257,7 @@ def _paced_consume(a: argparse.Namespace, loop: asyncio.AbstractEventLoop,
                    applied: Callable[[], int], window: int, stop: threading.Event) -> None:
     """(e')'s Kafka thread: consume the topic, each result translated on the loop and
     dropped, never more than ``window`` records ahead of ``applied()``."""
-    c = _consumer(a.bootstrap, a.group + "-consume", a.topic)
+    c = subscribed(a.bootstrap, a.group + "-consume", a.topic)
     consumed = 0
     try:
         while consumed < a.total and not stop.is_set():
@@ -306,7 +300,6 @@ async def run_memory_consume_process(a: argparse.Namespace, marks: Marks, pool: 
                                      ) -> None:
     """(e''): (e) while a child process consumes the topic and sends the records over a
     pipe, which the loop reads into ``SourceRecord`` objects (``ops.bench.consumer_process``)."""
-    from ops.bench.consumer_process import read_frames
 
     applied = 0
     progressed = asyncio.Event()

@@ -11,8 +11,9 @@ another process would still do under its own GIL — and drops them, paced like 
 most one queue bound per partition ahead of the records applied (it stops reading; the
 pipe fills; the child blocks and stops consuming, so librdkafka stops fetching).
 
-A measurement of the design alternative for the README's "why (c) stays below (e)", not a
-worker component: the worker keeps its consumer in-process (README, Benchmarks).
+A measurement of the design alternative for "why (c) stays below (e)" (docs/benchmarks.md),
+not a worker component: the worker keeps its consumer in-process. Its consumer is
+``ops.bench.subscribe.subscribed``, the baselines' own.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fencing.types import SourceRecord
+from ops.bench.subscribe import subscribed
 
 #: a row's fields: ``SourceRecord``'s, in order
 ROW_FIELDS = tuple(f.name for f in dataclasses.fields(SourceRecord))
@@ -77,11 +79,9 @@ async def read_frames(stream: asyncio.StreamReader, total: int,
 
 
 def child_main(argv: list[str]) -> int:
-    from ops.bench.baselines import _consumer
-
     bootstrap, group, topic, total = argv[0], argv[1], argv[2], int(argv[3])
     out = sys.stdout.buffer
-    c = _consumer(bootstrap, group, topic)
+    c = subscribed(bootstrap, group, topic)
     sent = 0
     try:
         while sent < total:

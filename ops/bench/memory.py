@@ -1,8 +1,9 @@
 """The memory bound of one worker process, term by term, and its check against a peak RSS.
 
-``make bench`` computes it for every run whose peak it reports against the README's bound
-(one member of 6 and of 12 partitions, the largest member draining the backlog, 1 MiB
-records), and records ``bound_mib`` with its terms and ``within_bound`` next to the peak.
+``make bench`` computes it for every run whose peak it reports against the documented
+bound (docs/benchmarks.md: one member of 6 and of 12 partitions, the largest member
+draining the backlog, 1 MiB records), and records ``bound_mib`` with its terms and
+``within_bound`` next to the peak.
 
 Per member, with P the partitions it owns *at its peak* (the first member of a starting
 group owns every partition for a moment):

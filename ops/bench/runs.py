@@ -2,7 +2,7 @@
 
 Rules
 - A run is a ``Run`` in a registry (``ops.bench.worker.RUNS``): a name (the JSON key), a
-  label (the chart and the README), a kind (``baseline``: ``ops.bench.baselines MODE``;
+  label (the chart and docs/benchmarks.md), a kind (``baseline``: ``ops.bench.baselines MODE``;
   ``worker``: ``fencectl run`` with the timed handler ``ops.bench.clock:clocked``), extra
   arguments, the topic it reads and how many members it starts. Adding a variant (a sink,
   another batch size) is one more ``Run``; a ratio is one more entry of ``RATIOS``.
@@ -154,7 +154,7 @@ def fresh_schema(dsn: str) -> str:
 def worker_argv(run: Run, topic: str, group: str, schema: str, clock_file: Path) -> list[str]:
     return [PY, "-m", "ops.cli", "run", "--topic", topic, "--group", group, "--schema", schema,
             "--log-level", "WARNING", *COOPERATIVE,
-            "--handler", "ops.bench.clock:clocked",
+            "--handler", f"{clock.__name__}:{clock.clocked.__name__}",
             "--handler-setting", f"clock_file={clock_file}",
             "--handler-setting", f"handler={run.handler}",
             *(x for s in run.settings for x in ("--handler-setting", s)), *run.args]

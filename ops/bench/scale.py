@@ -13,7 +13,7 @@
   span includes the members' initial rebalance).
 - Backlog: 3 members drain ``backlog`` records; the run's peak RSS is the largest member's.
 - Large records: one member, 1 MiB values, the accept-all handler: peak RSS against the
-  bound the README states (``consumer.batching`` queue bounds + librdkafka's prefetch).
+  bound docs/benchmarks.md states (``consumer.batching`` queue bounds + librdkafka's prefetch).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ import asyncpg
 from fencing.postgres.schema import migrate
 from fencing.postgres.store import PgFenceStore, light_reset
 from fencing.types import ACCEPT, ClaimRequest, SourceRecord, Token, TopicPartition, Verdict
+from ops.bench.provenance import provenance
 
 __all__ = ["main", "run_bench"]
 
@@ -196,7 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="interleaved runs per mode (5)")
     p.add_argument("--out", default="artifacts/bench/store.json", help="JSON report path")
     args = p.parse_args(argv)
-    report = asyncio.run(run_bench(_dsn(), records=args.records, rounds=args.rounds))
+    measured = provenance(" ".join(["python -m ops.bench.store", *(argv or sys.argv[1:])]))
+    report = {"provenance": measured,
+              **asyncio.run(run_bench(_dsn(), records=args.records, rounds=args.rounds))}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

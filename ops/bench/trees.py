@@ -9,7 +9,7 @@ writes (``--out``, default ``artifacts/bench/trees.json``) every try and, per ru
 the summary ``make bench`` gives a run (``ops.bench.worker.summarize``: the median rate and
 CPU per record): how a change is measured before it is called faster.
 Alternating in one process is what makes the pair comparable on a shared VM, where single
-tries move by ±15% (README, Benchmarks).
+tries move by ±15% (docs/benchmarks.md).
 """
 
 from __future__ import annotations

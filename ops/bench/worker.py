@@ -14,10 +14,10 @@ table per run, and one worker run in insert mode (no key); ``--sink-only`` runs 
 (``make bench-sink``); the sink also runs with 2 and 3 members (one try each). The repeated
 runs alternate ``--repeat`` times on the same data; the median by records/s is reported.
 Then scale (``ops.bench.scale``): assignment cost, join → first commit, members 1..3, the
-backlog drain and memory; each reported peak RSS is checked against the README's bound
-(``ops.bench.memory``, ``result["memory"]``). Results: ``artifacts/bench/worker.json``
-and PNG charts next to it (``ops.bench.plots``). ``--quick``: small sizes, one repeat
-(the smoke test's mode).
+backlog drain and memory; each reported peak RSS is checked against the memory
+bound of docs/benchmarks.md (``ops.bench.memory``, ``result["memory"]``). Results:
+``artifacts/bench/worker.json`` and PNG charts next to it (``ops.bench.plots``).
+``--quick``: small sizes, one repeat (the smoke test's mode).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.bench import memory, scale
+from ops.bench.provenance import provenance
 from ops.bench.runs import (
     ROOT,
     TOPICS,
@@ -225,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-scale", action="store_true", help="skip the scale section")
     p.add_argument("--out", type=Path, default=OUT)
     a = p.parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)
     if a.quick:
         a.count, a.single_count, a.repeat = min(a.count, 6_000), min(a.single_count, 300), 1
     if a.sink_only:
@@ -239,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _bench(a: argparse.Namespace) -> int:
     dsn = os.environ["FENCE_DSN"]
+    measured = provenance("python -m ops.bench.worker " + " ".join(a.argv))
     only = {n for n in a.only.split(",") if n}
     chosen = [r for r in RUNS if not only or r.name in only]
     topics = produce_topics((r.topic for r in chosen), a.count, a.single_count, a.partitions)
@@ -248,6 +251,7 @@ def _bench(a: argparse.Namespace) -> int:
         runs["d_fenceworker_batch1"]["note"] = (
             f"measured on {a.single_count} records of the same generator (a rate)")
     result: dict[str, Any] = {
+        "provenance": measured,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "python": platform.python_version()},
         "count": a.count, "partitions": a.partitions, "repeat": a.repeat, "quick": a.quick,
@@ -260,7 +264,7 @@ def _bench(a: argparse.Namespace) -> int:
     }
     if not a.no_scale:
         result["scale"] = scale.run_all(dsn, quick=a.quick, produce=produce)
-    result["memory"] = memory.checks(result)  # the README's bound against each peak
+    result["memory"] = memory.checks(result)  # the documented bound against each peak
     result["topics"] = list(TOPICS)  # deleted when the bench ends (ops.bench.runs.new_topic)
     result["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     result["steal_share"] = steal_summary(result)

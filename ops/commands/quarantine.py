@@ -27,11 +27,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from consumer.config import DEFAULT_HANDLER, parse_x_options, redact
+from consumer.config import parse_x_options, redact
 from fencing.errors import ConfigError, SchemaMismatch
 from fencing.handler import HandlerContext, build_handler
 from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
 from ops.commands.reset import operator_identity
+from ops.commands.run import DEFAULT_HANDLER
 from ops.hints import schema_advice
 from ops.operator.db import connection, dsn_from_env, require_known_group
 from ops.operator.quarantine import (

@@ -122,7 +122,7 @@ def _sweep(args: argparse.Namespace) -> int:
 def _corpus(args: argparse.Namespace) -> int:
     from ops.sim.corpus import run_corpus
 
-    manifest = run_corpus(steps=args.steps)
+    manifest = run_corpus(steps=args.steps, cli=fencectl())
     text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     _write(args.manifest, text)
     sys.stdout.write(text)

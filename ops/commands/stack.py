@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ops.hints import fencectl
 from ops.stack import control as stack
 from ops.stack.config import StackError, env_lines, settings_from
 
@@ -33,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     try:
-        settings = settings_from()
+        settings = settings_from(cli=fencectl())
     except StackError as exc:
         print(f"fencectl stack: {exc}", file=sys.stderr)
         return 2

@@ -49,20 +49,22 @@ def run_one(seed: int, klass: str, *,
     return text, dumps_report(report), report
 
 
-def _reduce_and_save(trace_text: str, name: str, *, deterministic: bool) -> list[str]:
+def _reduce_and_save(trace_text: str, name: str, *, deterministic: bool,
+                     cli: str) -> list[str]:
     original = parse(trace_text)
     if not deterministic:  # no stable predicate to reduce by: keep the trace as it is
-        return [save_trace(original, f"{name}-nondeterministic")]
+        return [save_trace(original, f"{name}-nondeterministic", cli=cli)]
 
     def failure(t: Trace) -> str | None:
         return failure_of(run_trace(t))
 
-    return save_failure(original, failure, name)
+    return save_failure(original, failure, name, cli=cli)
 
 
-def run_corpus(*, seeds: Iterable[int] = CORPUS_SEEDS, steps: int = DEFAULT_STEPS
-               ) -> dict[str, Any]:
-    """Run the corpus; return the manifest (``passed`` == ``total`` when all is well)."""
+def run_corpus(*, seeds: Iterable[int] = CORPUS_SEEDS, steps: int = DEFAULT_STEPS,
+               cli: str = "fencectl") -> dict[str, Any]:
+    """Run the corpus; return the manifest (``passed`` == ``total`` when all is well). A
+    failure's replay commands name the CLI as ``cli`` (``reduce.save_trace``)."""
     runs: list[dict[str, Any]] = []
     for seed in seeds:
         for klass in CLASSES:
@@ -83,7 +85,7 @@ def run_corpus(*, seeds: Iterable[int] = CORPUS_SEEDS, steps: int = DEFAULT_STEP
                                 if not deterministic else failure_of(report))
             if entry["failure"] is not None:
                 entry["replay"] = _reduce_and_save(trace1, f"worker-seed-{seed}-{klass}",
-                                                   deterministic=deterministic)
+                                                   deterministic=deterministic, cli=cli)
             runs.append(entry)
     passed = sum(1 for r in runs if r["failure"] is None)
     return {"implementation": IMPLEMENTATION, "label": LABEL, "toolchain": toolchain(),

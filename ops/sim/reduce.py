@@ -22,7 +22,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ops.hints import fencectl
 from ops.sim.trace import Trace, TraceError, dumps, parse
 
 __all__ = ["Predicate", "artifact_dir", "expected", "failure_of", "reduce_trace", "save_failure",
@@ -106,18 +105,20 @@ def artifact_dir() -> Path:
     return Path(os.environ.get("FENCE_ARTIFACT_DIR", "artifacts"))
 
 
-def save_trace(trace: Trace, name: str) -> str:
-    """Write ``trace`` under the failures folder; return its replay command."""
+def save_trace(trace: Trace, name: str, *, cli: str = "fencectl") -> str:
+    """Write ``trace`` under the failures folder; return its replay command, the CLI named
+    as ``cli`` (``fencectl sim-worker`` passes ``ops.hints.fencectl()``)."""
     folder = artifact_dir() / "failures"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
     path.write_text(dumps(trace), encoding="utf-8")
-    return f"{fencectl()} sim-worker --replay {path}"
+    return f"{cli} sim-worker --replay {path}"
 
 
-def save_failure(original: Trace, failure: Predicate, name: str) -> list[str]:
+def save_failure(original: Trace, failure: Predicate, name: str, *,
+                 cli: str = "fencectl") -> list[str]:
     """Write the original trace first (it survives a crash or an interrupted reduction),
-    then reduce it and write the reduced trace; return the replay commands."""
-    commands = [save_trace(original, name)]
-    commands.append(save_trace(reduce_trace(original, failure), f"{name}-reduced"))
+    then reduce it and write the reduced trace; return the replay commands (``save_trace``)."""
+    commands = [save_trace(original, name, cli=cli)]
+    commands.append(save_trace(reduce_trace(original, failure), f"{name}-reduced", cli=cli))
     return commands

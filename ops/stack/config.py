@@ -137,6 +137,9 @@ class StackSettings:
 
     paths: StackPaths
     ports: StackPorts
+    cli: str = "fencectl"
+    """How a hint names the CLI ("run `<cli> stack up`"): the caller passes it in
+    (``fencectl stack`` gives ``ops.hints.fencectl()``; the stack imports nothing of it)."""
 
 
 def _checkout_root() -> Path:
@@ -157,8 +160,9 @@ def _port(env: Mapping[str, str], field: str) -> int:
     return value
 
 
-def settings_from(env: Mapping[str, str] | None = None) -> StackSettings:
-    """Resolve paths and ports from ``env`` (default ``os.environ``); raises StackError."""
+def settings_from(env: Mapping[str, str] | None = None, *, cli: str = "fencectl") -> StackSettings:
+    """Resolve paths and ports from ``env`` (default ``os.environ``); raises StackError.
+    ``cli`` is how hints name the command line (``StackSettings.cli``)."""
     env = os.environ if env is None else env
     root = Path(env.get("FENCE_STACK_DIR") or _checkout_root() / ".stack")
     cache_env = env.get("FENCE_CACHE_DIR")
@@ -171,7 +175,7 @@ def settings_from(env: Mapping[str, str] | None = None) -> StackSettings:
     if len({getattr(ports, f) for f in PORT_ENV}) != len(PORT_ENV):
         raise StackError(f"two stack ports are equal ({ports}); change the FENCE_*_PORT overrides")
     return StackSettings(
-        paths=StackPaths(root=root.absolute(), cache=cache.absolute()), ports=ports
+        paths=StackPaths(root=root.absolute(), cache=cache.absolute()), ports=ports, cli=cli
     )
 
 

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import ModuleType
 
-from ops.hints import fencectl
 from ops.stack import jaeger as stack_jaeger
 from ops.stack import kafka as stack_kafka
 from ops.stack import postgres as stack_postgres
@@ -151,7 +150,7 @@ def _wait_healthy(settings: StackSettings, service: Service, pid: int) -> None:
         raise StackError(
             f"{service.value} (pid {pid}) did not become healthy within {bound:.0f} s "
             f"(last check: {last}). Fix the cause in its log, then run "
-            f"`{fencectl()} stack down && {fencectl()} stack up`. {log}:\n{log_tail(log)}"
+            f"`{settings.cli} stack down && {settings.cli} stack up`. {log}:\n{log_tail(log)}"
         )
 
 

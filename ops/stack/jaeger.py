@@ -23,7 +23,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ops.hints import fencectl
 from ops.stack.config import HOST, JAEGER_VERSION, PORT_ENV, Service, StackError, StackSettings
 from ops.stack.procs import file_lock, spawn
 
@@ -74,7 +73,7 @@ def binary(settings: StackSettings) -> Path:
         raise StackError(
             f"the Jaeger binary {target} is missing and `go` is not on PATH to build it. "
             "Install Go 1.24 or newer (https://go.dev/dl/ or apt-get install -y golang-go), "
-            f"then rerun `{fencectl()} stack up`."
+            f"then rerun `{settings.cli} stack up`."
         )
     build = settings.paths.cache / "jaeger" / "build"
     build.mkdir(parents=True, exist_ok=True)

@@ -140,7 +140,7 @@ def settle_heap(young_threshold: int = GC_YOUNG_THRESHOLD) -> None:
     young collections every ``young_threshold`` allocations instead of 700. Cycles are
     still collected; between two young collections at most ``young_threshold`` tracked
     objects wait (a few MiB at most). Measured: the collector's CPU per 200,000 records
-    1.6 s -> 0.24 s (``make bench`` notes in the README)."""
+    1.6 s -> 0.24 s (docs/benchmarks.md)."""
     gc.collect()
     gc.freeze()
     _young, middle, old = gc.get_threshold()

@@ -32,12 +32,7 @@ from fencing.types import (
     TopicPartition,
     Verdict,
 )
-from tests.integration.pg_helpers import (  # noqa: F401  (pg_dsn is a fixture)
-    create_fence_schema,
-    drop_schema,
-    make_records,
-    pg_dsn,
-)
+from tests.integration.pg_helpers import create_fence_schema, drop_schema, make_records
 
 TP = TopicPartition("contract", 0)
 TP1 = TopicPartition("contract", 1)

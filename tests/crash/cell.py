@@ -38,8 +38,8 @@ from confluent_kafka.admin import AdminClient
 
 from consumer.kafka.source import KafkaSource
 from fencing.postgres.store import PgFenceStore
+from fencing.testing.pgproxy import Action
 from fencing.types import ClaimRequest, SourceRecord, TopicPartition
-from ops.testing.pgproxy import Action
 from tests.crash.facts import (
     CellFacts,
     install_audit,

@@ -1,33 +1,29 @@
-"""PostgreSQL fixtures and helpers for the fence store's integration and contract tests.
+"""PostgreSQL helpers for the fence store's integration and contract tests.
 
-``pg_dsn`` uses ``FENCE_DSN`` when set, else the session ``services`` fixture (which
-starts the local stack). Every test gets its own fence schema (migrated) and group id.
+Their fixtures (``pg_dsn``, ``fence_schema``, ``pg_store``) are in ``tests/conftest.py``:
+``pg_dsn`` uses ``FENCE_DSN`` when set, else the session ``services`` fixture (which starts
+the local stack). Every test gets its own fence schema (migrated) and group id.
 """
 
 from __future__ import annotations
 
-import os
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 import asyncpg
-import pytest
 
 from fencing.postgres.schema import migrate
-from fencing.postgres.store import PgFenceStore
 from fencing.types import Accept, Reject, SourceRecord, TopicPartition, Verdict
 
 __all__ = [
+    "Dsn",
     "count_effects",
     "create_fence_schema",
     "drop_schema",
     "effect_handler",
-    "fence_schema",
     "make_records",
-    "pg_dsn",
-    "pg_store",
 ]
 
 
@@ -41,12 +37,6 @@ class Dsn(str):
         if parts.password is None:
             return super().__repr__()
         return repr(self.replace(f":{parts.password}@", ":***@", 1))
-
-
-@pytest.fixture(scope="session")
-def pg_dsn(request: pytest.FixtureRequest) -> str:
-    dsn = os.environ.get("FENCE_DSN") or str(request.getfixturevalue("services").dsn)
-    return Dsn(dsn)
 
 
 async def create_fence_schema(dsn: str) -> str:
@@ -69,26 +59,6 @@ async def drop_schema(dsn: str, schema: str) -> None:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     finally:
         await conn.close()
-
-
-@pytest.fixture
-async def fence_schema(pg_dsn: str) -> AsyncIterator[str]:
-    """A freshly migrated fence schema with an ``effects`` table for the test handler."""
-    schema = await create_fence_schema(pg_dsn)
-    try:
-        yield schema
-    finally:
-        await drop_schema(pg_dsn, schema)
-
-
-@pytest.fixture
-async def pg_store(pg_dsn: str, fence_schema: str) -> AsyncIterator[PgFenceStore]:
-    store = await PgFenceStore.connect(pg_dsn, group_id=f"g-{uuid.uuid4().hex[:8]}",
-                                       schema=fence_schema, pool_max=4)
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 def make_records(tp: TopicPartition, offsets: Sequence[int], *,

@@ -54,7 +54,7 @@ def test_quick_bench_produces_every_run_ratio_and_scale_point(services, tmp_path
     assert [m["members"] for m in scale["members_12_partitions"]] == [1, 2, 3]
     assert scale["backlog"]["records"] >= 20_000
     assert scale["large_records"]["records"] >= 12
-    # the README's memory bound, computed term by term, holds for every peak it covers
+    # the documented memory bound, computed term by term, holds for every peak it covers
     assert [m["run"] for m in result["memory"]] == [
         "c_fenceworker", "1 member, 12 partitions", "3 members drain the backlog (largest)",
         "1 MiB records, 6 partitions"]

@@ -8,8 +8,6 @@ its budget. Here the older owner's session holds the partition row in a transact
 busy (``pg_sleep``), which is just as unreachable by the idle timeout. The claim must end
 that session after ``unblock_after_s`` and go on; the ended transaction applies nothing.
 """
-# ruff: noqa: F811  (pytest fixtures imported from pg_helpers are redefined as parameters)
-
 from __future__ import annotations
 
 import asyncio
@@ -21,7 +19,6 @@ import pytest
 
 from fencing.postgres.store import APPLICATION_NAME, PgFenceStore
 from fencing.types import ClaimRequest, Token, TopicPartition
-from tests.integration.pg_helpers import fence_schema, pg_dsn  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.integration
 

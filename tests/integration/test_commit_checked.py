@@ -1,4 +1,5 @@
-"""COMMIT is checked, and a slow COMMIT is not misread (real PostgreSQL, ``ops.testing.pgproxy``).
+"""COMMIT is checked, and a slow COMMIT is not misread (real PostgreSQL,
+``fencing.testing.pgproxy``).
 
 - item 4: PostgreSQL answers COMMIT with ROLLBACK when a handler caught a statement error
   without a SAVEPOINT; a handler may also end the transaction itself. Either way the batch
@@ -9,8 +10,6 @@
   fence and retiring as a "zombie".
 - deterministic statement errors are ``StatementRejected`` naming the SQLSTATE, one call.
 """
-# ruff: noqa: F811  (pytest fixtures imported from pg_helpers are redefined as parameters)
-
 from __future__ import annotations
 
 import time
@@ -25,15 +24,9 @@ import pytest
 from fencing.errors import HandlerMisuse, StatementRejected
 from fencing.guarded import CallHooks, guarded_process
 from fencing.postgres.store import PgFenceStore
+from fencing.testing.pgproxy import Action, PgProxy
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition, Verdict
-from ops.testing.pgproxy import Action, PgProxy
-from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
-    count_effects,
-    effect_handler,
-    fence_schema,
-    make_records,
-    pg_dsn,
-)
+from tests.integration.pg_helpers import count_effects, effect_handler, make_records
 
 pytestmark = pytest.mark.integration
 

@@ -2,8 +2,6 @@
 handler and the table sink, and catches a handler that writes through a second connection
 and one that applies twice on a replay."""
 
-# ruff: noqa: F811  (pytest fixtures imported from pg_helpers are redefined as parameters)
-
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -18,7 +16,6 @@ from fencing.testing import Fault, HandlerUnsafe, check_handler_async, json_reco
 from fencing.types import ACCEPT, Reject, SourceRecord, Verdict
 from ops.reference import generate, to_source_records
 from ops.reference.pg import reference
-from tests.integration.pg_helpers import pg_dsn  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
 

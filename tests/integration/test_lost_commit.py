@@ -1,4 +1,5 @@
-"""Lost COMMIT replies and a vanishing server, through ``ops.testing.pgproxy`` (real PostgreSQL).
+"""Lost COMMIT replies and a vanishing server, through ``fencing.testing.pgproxy`` (real
+PostgreSQL).
 
 Findings these tests pin down (asyncpg 0.32, PostgreSQL 15):
 - a cut after COMMIT reached the server (it committed) and a cut before it was forwarded
@@ -8,8 +9,6 @@ Findings these tests pin down (asyncpg 0.32, PostgreSQL 15):
 - an error reply to COMMIT (deferred constraint) is a proven rollback; a deterministic one
   (SQLSTATE class 23) is ``StatementRejected``, not retried.
 """
-# ruff: noqa: F811  (pytest fixtures imported from pg_helpers are redefined as parameters)
-
 from __future__ import annotations
 
 import asyncio
@@ -24,15 +23,9 @@ import pytest
 from fencing.errors import NotCommitted, OutcomeUnknown, ReadFailed, StatementRejected
 from fencing.guarded import CallHooks, guarded_claim, guarded_observe, guarded_process
 from fencing.postgres.store import PgFenceStore
+from fencing.testing.pgproxy import Action, PgProxy
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition, Verdict
-from ops.testing.pgproxy import Action, PgProxy
-from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
-    count_effects,
-    effect_handler,
-    fence_schema,
-    make_records,
-    pg_dsn,
-)
+from tests.integration.pg_helpers import count_effects, effect_handler, make_records
 
 pytestmark = pytest.mark.integration
 

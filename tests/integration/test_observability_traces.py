@@ -19,8 +19,8 @@ import pytest
 from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KafkaTP
 
+from fencing.testing.pgproxy import Action, PgProxy
 from ops.stack.config import ServiceSettings
-from ops.testing.pgproxy import Action, PgProxy
 from tests.integration.observability_support import (
     Span,
     free_port,

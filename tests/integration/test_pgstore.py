@@ -1,6 +1,4 @@
 """The asyncpg fence store against real PostgreSQL: claims, fencing, lock orders, quarantine."""
-# ruff: noqa: F811  (pytest fixtures imported from pg_helpers are redefined as parameters)
-
 from __future__ import annotations
 
 import asyncio
@@ -29,14 +27,7 @@ from fencing.types import (
     TopicPartition,
     Verdict,
 )
-from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
-    count_effects,
-    effect_handler,
-    fence_schema,
-    make_records,
-    pg_dsn,
-    pg_store,
-)
+from tests.integration.pg_helpers import count_effects, effect_handler, make_records
 
 pytestmark = pytest.mark.integration
 

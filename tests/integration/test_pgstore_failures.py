@@ -1,8 +1,6 @@
 """Handler failures in the asyncpg store against real PostgreSQL: classification of the
 handler's own errors by SQLSTATE, poison details in quarantine, durable attempt counts
 (fenced, read back with the unclean mark, deleted with the frontier)."""
-# ruff: noqa: F811  (pytest fixtures imported from pg_helpers are redefined as parameters)
-
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -15,14 +13,7 @@ from fencing.errors import Fenced, HandlerFailed, StatementRejected, Transient
 from fencing.failures import Attempts
 from fencing.postgres.store import PgFenceStore
 from fencing.types import ClaimRequest, Reject, SourceRecord, Token, TopicPartition, Verdict
-from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
-    count_effects,
-    effect_handler,
-    fence_schema,
-    make_records,
-    pg_dsn,
-    pg_store,
-)
+from tests.integration.pg_helpers import count_effects, effect_handler, make_records
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,4 @@
-"""Round trips per store call, counted on the wire by ops.testing.pgproxy (real PostgreSQL)."""
-# ruff: noqa: F811  (pytest fixtures imported from pg_helpers are redefined as parameters)
-
+"""Round trips per store call, counted on the wire by fencing.testing.pgproxy (real PostgreSQL)."""
 from __future__ import annotations
 
 import uuid
@@ -11,6 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from fencing.postgres.store import PgFenceStore
+from fencing.testing.pgproxy import PgProxy
 from fencing.types import (
     ClaimRequest,
     SourceCheck,
@@ -20,13 +19,7 @@ from fencing.types import (
     TopicPartition,
     Verdict,
 )
-from ops.testing.pgproxy import PgProxy
-from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
-    effect_handler,
-    fence_schema,
-    make_records,
-    pg_dsn,
-)
+from tests.integration.pg_helpers import effect_handler, make_records
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,4 @@
 """Migrations (`fencectl migrate`), upgrades, and a least-privilege worker role."""
-# ruff: noqa: F811  (pytest fixtures imported from pg_helpers are redefined as parameters)
-
 from __future__ import annotations
 
 import asyncio
@@ -23,13 +21,11 @@ from fencing.postgres.schema import (
 )
 from fencing.postgres.store import PgFenceStore
 from fencing.types import ClaimRequest, SourceCheck, SourceFacts, Token, TopicPartition
-from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
+from tests.integration.pg_helpers import (
     count_effects,
     drop_schema,
     effect_handler,
-    fence_schema,
     make_records,
-    pg_dsn,
 )
 
 pytestmark = pytest.mark.integration

@@ -29,8 +29,6 @@ applied twice shows as two rows.
   (the other skips it: row lock ``SKIP LOCKED`` plus the state check).
 """
 
-# ruff: noqa: F811  (pytest fixtures imported from pg_helpers are redefined as parameters)
-
 from __future__ import annotations
 
 import asyncio
@@ -51,16 +49,11 @@ import pytest
 
 from fencing.postgres.schema import load_migrations
 from fencing.postgres.store import PgFenceStore
+from fencing.testing.pgproxy import Action, PgProxy
 from fencing.types import ClaimRequest, TopicPartition
 from ops.operator.quarantine import grant_operator_sql
-from ops.testing.pgproxy import Action, PgProxy
 from tests.integration.observability_support import run_fencectl
-from tests.integration.pg_helpers import (  # noqa: F401  (fixtures)
-    effect_handler,
-    fence_schema,
-    make_records,
-    pg_dsn,
-)
+from tests.integration.pg_helpers import effect_handler, make_records
 from tests.integration.workers import (
     GROUP_SETUPS,
     ROOT,

@@ -2,8 +2,6 @@
 validated when present, JSON mapped to columns, upsert (last wins, tombstone deletes) or
 insert, misfits and database refusals quarantined with their reason, both write methods."""
 
-# ruff: noqa: F811  (pytest fixtures imported from pg_helpers are redefined as parameters)
-
 from __future__ import annotations
 
 import datetime as dt
@@ -20,7 +18,6 @@ from fencing.postgres.schema import migrate
 from fencing.postgres.sink import Method, SinkSpec, ensure_table, make_table_sink
 from fencing.postgres.store import PgFenceStore
 from fencing.types import ClaimRequest, SourceRecord, TopicPartition
-from tests.integration.pg_helpers import pg_dsn  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Exit codes of real ``fencectl run`` processes, each as the README says (real Kafka and
+"""Exit codes of real ``fencectl run`` processes, each as docs/configuration.md says (real Kafka and
 PostgreSQL; misbehaving handlers from ``tests.integration.handlers``).
 
 Items of the liveness issue: 3 (a consumer that cannot be built exits 2 naming the

@@ -1,5 +1,5 @@
 """An idle worker costs nothing: with no new records, a real worker (its PostgreSQL traffic
-routed through ``ops.testing.pgproxy``, which sees every statement executed) issues only
+routed through ``fencing.testing.pgproxy``, which sees every statement executed) issues only
 member heartbeats, at their configured rate, and uses under 1% of a CPU.
 
 The window is 60 s (the issue's), after the worker committed its backlog and settled.

@@ -92,6 +92,7 @@ def settings_for(setup: GroupSetup, bootstrap: str, group: str) -> tuple[dict[st
             k, _, v = setup.args[i + 1].partition("=")
             x[k] = v
     cfg = WorkerConfig(topics=("t",), group_id=group, bootstrap_servers=bootstrap, dsn="x",
+                       handler="m:h",
                        group_protocol=GroupProtocol(args["--group-protocol"]),
                        assignment_strategy=args.get("--assignment-strategy",
                                                     "cooperative-sticky"),
@@ -348,7 +349,7 @@ def test_a_full_prefetch_queue_postpones_the_next_fetch_by_fetch_queue_backoff_m
     """librdkafka (>= 2.3, CONFIGURATION.md): once a partition's local queue reached
     ``queued.max.messages.kbytes``, the next fetch waits ``fetch.queue.backoff.ms``, 1 s by
     default, even when the application drained the queue long before. With the worker's
-    prefetch bound that starved it of records for ~0.5 s at a time (README, Benchmarks);
+    prefetch bound that starved it of records for ~0.5 s at a time (docs/benchmarks.md);
     the worker sets 10 ms (``consumer.config.PREFETCH``)."""
     total = 3000  # 3 MB: the 64 KiB queue fills and drains many times
     topic = _one_partition(services.kafka_bootstrap, "fqb", total, b"x" * 1000)
@@ -411,7 +412,7 @@ def test_pause_discards_prefetched_records_and_resume_fetches_them_again(service
     from the application's position on ``resume`` (librdkafka#5343, open; a maintainer in
     confluent-kafka-dotnet#1621: use pause/resume only against extreme imbalance). The
     worker pauses a partition at its queue bound (``consumer.batching``), so at full
-    speed it fetches many records more than once (the README's learned facts say what that
+    speed it fetches many records more than once (docs/librdkafka.md says what that
     costs and why the worker keeps pausing). The control: without pauses, every record is
     fetched exactly once."""
     total = 20_000  # 2 MB of 100-byte values: more than one fetch

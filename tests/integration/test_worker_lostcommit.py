@@ -1,4 +1,4 @@
-"""Lost COMMIT replies during real consumption, through ``ops.testing.pgproxy``: a worker
+"""Lost COMMIT replies during real consumption, through ``fencing.testing.pgproxy``: a worker
 process talks to PostgreSQL through the proxy, which cuts connections around COMMIT both ways
 (the server committed and the reply was lost; the server never saw COMMIT). Both unknown
 outcomes must resolve by re-reading the fence row: no duplicate effect, nothing missing, no
@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from ops.testing.pgproxy import Action
+from fencing.testing.pgproxy import Action
 from tests.integration.workers import (
     GROUP_SETUPS,
     GroupSetup,

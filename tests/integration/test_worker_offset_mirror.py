@@ -23,9 +23,9 @@ from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient
 
 from consumer.kafka.source import KafkaSource
+from fencing.testing.pgproxy import Action
 from fencing.types import TopicPartition
 from ops.stack.kafka_tools import describe_group
-from ops.testing.pgproxy import Action
 from tests.integration.workers import (
     GROUP_SETUPS,
     GroupSetup,

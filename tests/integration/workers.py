@@ -25,12 +25,12 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from fencing.postgres.schema import migrate
+from fencing.testing.pgproxy import Action, PgProxy, Rule
 from fencing.types import SourceRecord
 from ops.reference import generate, to_source_records
 from ops.reference.generate import GeneratedRecord
 from ops.reference.oracle import check
 from ops.reference.snapshot import pg_state
-from ops.testing.pgproxy import Action, PgProxy, Rule
 from tests.polling import wait_until
 
 __all__ = [

@@ -3,10 +3,9 @@ in-memory store with a hand-written trace and asserts the observable outcome."""
 
 from __future__ import annotations
 
-from simkit import attempts, events, fault, head, make, puts, rec, run, step
-
 from consumer import LifetimeState
 from fencing.types import TopicPartition
+from tests.sim.simkit import attempts, events, fault, head, make, puts, rec, run, step
 
 TP = TopicPartition("sim", 0)
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from ops.hints import fencectl
 from ops.sim import dumps, make_trace, parse
 from ops.sim.reduce import failure_of, reduce_trace, save_failure
 from ops.sim.trace import Trace
@@ -43,9 +42,10 @@ def test_reducer_shrinks_to_a_valid_fixed_point(tmp_path: Path, monkeypatch: Any
     assert sum(len(s.faults) for s in reduced.steps) == 1
     assert reduce_trace(reduced, synthetic) == reduced  # fixed point
     monkeypatch.setenv("FENCE_ARTIFACT_DIR", str(tmp_path))
-    commands = save_failure(original, synthetic, "worker-seed-x")
-    assert commands == [f"{fencectl()} sim-worker --replay {tmp_path}/failures/worker-seed-x.json",
-                        f"{fencectl()} sim-worker --replay {tmp_path}/failures/"
+    commands = save_failure(original, synthetic, "worker-seed-x", cli=".venv/bin/fencectl")
+    assert commands == [f".venv/bin/fencectl sim-worker --replay {tmp_path}/failures/"
+                        "worker-seed-x.json",
+                        f".venv/bin/fencectl sim-worker --replay {tmp_path}/failures/"
                         "worker-seed-x-reduced.json"]
     assert parse((tmp_path / "failures" / "worker-seed-x.json").read_text()) == original
     assert parse((tmp_path / "failures" / "worker-seed-x-reduced.json").read_text()) == reduced

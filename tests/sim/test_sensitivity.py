@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from simkit import fault, head, make, puts, run, step
 
 import consumer.decisions
 import fencing.guarded
 from fencing.memory.store import MemoryFenceStore
 from fencing.resolution import Resolution
+from tests.sim.simkit import fault, head, make, puts, run, step
 
 REPLACED_BEFORE = [*head(), step("process", 1, 0, fault("process", 1, "commit", at="before",
                                                         replacement=2))]

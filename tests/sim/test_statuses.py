@@ -7,12 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from simkit import attempts, fault, head, make, puts, rec, run, step
 
 import ops.sim.runner
 from consumer.decisions import LifetimeState
 from fencing.memory.store import MemoryFenceStore
 from ops.sim.report import Status, final_status
+from tests.sim.simkit import attempts, fault, head, make, puts, rec, run, step
 
 
 def _raising_handler(conn: Any, records: Any) -> Any:

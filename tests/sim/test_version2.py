@@ -8,11 +8,11 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from simkit import attempts, events, fault, head, make, puts, run, step
 
 from consumer.decisions import LifetimeState
 from ops.sim import dumps, parse
 from ops.sim.trace import Step, TraceError
+from tests.sim.simkit import attempts, events, fault, head, make, puts, run, step
 
 TWO = (0, 1)
 

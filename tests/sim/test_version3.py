@@ -13,7 +13,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from simkit import attempts, events, fault, head, make, puts, run, step
 
 from consumer.decisions import LifetimeState
 from fencing.memory.store import MemoryFenceStore
@@ -22,6 +21,7 @@ from ops.sim.mutants import MUTANTS, Mutant, patched
 from ops.sim.reduce import failure_of
 from ops.sim.schedule import generate_and_run
 from ops.sim.trace import Step, TraceError
+from tests.sim.simkit import attempts, events, fault, head, make, puts, run, step
 
 ALL = (0, 1, 2)
 THREE = puts(0, [0, 1]) + puts(1, [0, 1, 2, 3]) + puts(2, [0])

@@ -29,7 +29,7 @@ DSN = "postgresql://fw:s3cretpw@127.0.0.1:5432/db"
 
 def cfg(**kw: object) -> WorkerConfig:
     base: dict[str, object] = dict(topics=("t",), group_id="g", bootstrap_servers="127.0.0.1:9092",
-                                   dsn=DSN)
+                                   dsn=DSN, handler="m:h")
     base.update(kw)
     return WorkerConfig(**base)  # type: ignore[arg-type]
 
@@ -47,7 +47,7 @@ def test_defaults_make_a_worker_owned_consumer() -> None:
 def test_prefetch_is_bounded_and_refetches_soon_and_x_can_change_either() -> None:
     # librdkafka waits fetch.queue.backoff.ms (default 1 s) before fetching again once its
     # queue reached queued.max.messages.kbytes; measured: the worker starved for ~0.5 s at a
-    # time behind its 4 MiB bound (README, Benchmarks)
+    # time behind its 4 MiB bound (docs/benchmarks.md)
     s = kafka_settings(cfg())
     assert (s["queued.max.messages.kbytes"], s["fetch.queue.backoff.ms"]) == ("4096", "10")
     s = kafka_settings(cfg(x_options=parse_x_options(["fetch.queue.backoff.ms=1000"])))

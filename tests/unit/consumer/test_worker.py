@@ -93,6 +93,7 @@ def make(handler: Callable[..., Any] = accept_all, **cfg: Any) -> tuple[
         Worker, MemoryFenceStore, list[FakeKafka]]:
     store = MemoryFenceStore("g")
     config = WorkerConfig(topics=("t",), group_id="g", bootstrap_servers="x", dsn="x",
+                          handler="m:h",
                           **{"batch_max_records": 50, "shutdown_timeout_s": 1.0, **cfg})
     fakes: list[FakeKafka] = []
 

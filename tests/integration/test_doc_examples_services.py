@@ -1,8 +1,9 @@
-"""The README's PostgreSQL examples that need no running worker, run as typed against the
-real stack: ``fencectl migrate`` (twice: the second is a no-op) and ``fencectl status``.
+"""The documented PostgreSQL examples that need no running worker (README quick start, the
+runbook), run as typed against the real stack: ``fencectl migrate`` (twice: the second is a
+no-op) and ``fencectl status``.
 
 ``FENCE_SCHEMA`` points them at a schema of their own, so the shared ``fence`` schema of
-the stack is left alone; everything else is the README's text.
+the stack is left alone; everything else is the pages' text.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests.doc_pages import inline_commands, shell_commands
 from tests.integration.workers import ROOT, unique
-from tests.readme import inline_commands, shell_commands
 
 pytestmark = pytest.mark.integration
 

@@ -63,7 +63,7 @@ def test_the_bound_uses_the_worker_s_own_defaults() -> None:
     from consumer.config import PREFETCH, WorkerConfig
     from consumer.kafka.adapter import KafkaThread
 
-    cfg = WorkerConfig(topics=("t",), group_id="g", bootstrap_servers="b", dsn="")
+    cfg = WorkerConfig(topics=("t",), group_id="g", bootstrap_servers="b", dsn="", handler="m:h")
     s = Settings()
     assert (s.batch_max_records, s.batch_max_bytes, s.queue_max_batches, s.db_concurrency) == (
         cfg.batch_max_records, cfg.batch_max_bytes, cfg.queue_max_batches, cfg.db_concurrency)

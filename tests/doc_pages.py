@@ -1,10 +1,13 @@
-"""The ``fencectl`` command lines the README shows, for tests that check and run them.
+"""The ``fencectl`` command lines the README and the docs pages show, for tests that check
+and run them.
 
-``shell_commands()`` takes every line of the README's code blocks (fenced ```` ```bash ````
+``PAGES`` are ``README.md`` and every ``docs/*.md``; ``page_with(text)`` is the one page
+that holds a passage (a test follows its example to whichever page it moved to).
+``shell_commands()`` takes every line of the pages' code blocks (fenced ```` ```bash ````
 blocks and indented blocks), drops ``#`` comments, splits ``&&`` chains and unwraps
 ``eval "$(…)"``; it keeps the pieces that call ``fencectl`` (bare, or as
 ``.venv/bin/fencectl``), as typed. ``inline_commands()`` adds the ``fencectl …`` code spans
-of the prose. ``as_argv`` turns one into the argv ``fencectl`` parses, with the README's
+of the prose. ``as_argv`` turns one into the argv ``fencectl`` parses, with the pages'
 placeholders (``G``, ``T``, ``P``, ``[optional]`` parts) filled in.
 """
 
@@ -14,9 +17,13 @@ import re
 import shlex
 from pathlib import Path
 
-__all__ = ["README", "as_argv", "inline_commands", "shell_commands"]
+__all__ = ["DOCS", "PAGES", "README", "as_argv", "inline_commands", "page_with",
+           "shell_commands"]
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = (README, *sorted(DOCS.glob("*.md")))
 _PREFIXES = ("fencectl ", ".venv/bin/fencectl ")
 _PLACEHOLDERS = {"G": "g", "T": "t", "P": "0", "N": "10", "E": "1", "ROLE": "worker",
                  "S": "s", "O": "0", "FIRST..LAST": "1..2"}
@@ -51,16 +58,27 @@ def _pieces(line: str) -> list[str]:
     return out
 
 
+def _all_pages() -> str:
+    return "\n\n".join(p.read_text(encoding="utf-8") for p in PAGES)
+
+
+def page_with(passage: str) -> Path:
+    """The one page of ``PAGES`` that contains ``passage``."""
+    found = [p for p in PAGES if passage in p.read_text(encoding="utf-8")]
+    assert len(found) == 1, f"{passage!r} is on {len(found)} pages: {found}"
+    return found[0]
+
+
 def shell_commands(text: str | None = None) -> list[str]:
-    """Every ``fencectl`` command of the README's code blocks, in order, without repeats."""
-    text = README.read_text(encoding="utf-8") if text is None else text
+    """Every ``fencectl`` command of the pages' code blocks, in order, without repeats."""
+    text = _all_pages() if text is None else text
     found = [p for line in _code_lines(text) for p in _pieces(line)]
     return list(dict.fromkeys(found))
 
 
 def inline_commands(text: str | None = None) -> list[str]:
-    """Every ``fencectl …`` code span of the README's prose and tables."""
-    text = README.read_text(encoding="utf-8") if text is None else text
+    """Every ``fencectl …`` code span of the pages' prose and tables."""
+    text = _all_pages() if text is None else text
     spans = re.findall(r"(?<!`)`((?:\.venv/bin/)?fencectl [^`]+)`(?!`)", text)
     # a span whose second word ends with ":" quotes a message ("fencectl run: ..."), not a command
     return list(dict.fromkeys(s for s in spans if not s.split(" ", 2)[1].endswith(":")

@@ -1,6 +1,7 @@
-"""The README's ``fencectl`` examples work as typed (no services needed for these).
+"""The ``fencectl`` examples of the README and the docs pages work as typed (no services
+needed for these).
 
-Every command of its code blocks parses with the real parser; every flag named in a
+Every command of their code blocks parses with the real parser; every flag named in a
 ``fencectl …`` code span of the prose exists on that command; and the examples that need
 neither services nor a running worker are run as typed in a shell whose PATH starts with
 ``.venv/bin`` (what ``. .venv/bin/activate`` does): ``stack env``, the ``sim-worker --replay``
@@ -18,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from ops.cli import build_parser
-from tests.readme import as_argv, inline_commands, shell_commands
+from tests.doc_pages import as_argv, inline_commands, page_with, shell_commands
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
@@ -43,7 +44,7 @@ def shell(script: str, *, cwd: Path, tmp_path: Path) -> subprocess.CompletedProc
                           text=True, timeout=120, check=False)
 
 
-def test_the_readme_shows_commands() -> None:
+def test_the_pages_show_commands() -> None:
     commands = shell_commands()
     assert {"fencectl migrate", "fencectl stack env"} <= set(commands), commands
     assert len(inline_commands()) >= 10
@@ -54,7 +55,7 @@ def test_code_block_commands_parse(command: str) -> None:
     try:
         args = build_parser().parse_args(as_argv(command))
     except SystemExit as exc:
-        pytest.fail(f"README command does not parse (exit {exc.code}): {command}")
+        pytest.fail(f"documented command does not parse (exit {exc.code}): {command}")
     assert callable(args.func)
 
 
@@ -78,7 +79,7 @@ def test_stack_env_runs_as_typed(tmp_path: Path) -> None:
 def test_sim_worker_replay_runs_as_typed(tmp_path: Path) -> None:
     (replay,) = [c for c in shell_commands() if c.startswith("fencectl sim-worker --replay")]
     trace = as_argv(replay)[-1]
-    # what `make sim-worker SEED=18` does (Makefile), then the README's line as typed
+    # what `make sim-worker SEED=18` does (Makefile), then the documented line as typed
     made = shell(f"fencectl sim-worker --seed 18 --out {trace} --report {trace}.report",
                  cwd=tmp_path, tmp_path=tmp_path)
     assert made.returncode == 0, made.stderr[-2000:]
@@ -101,14 +102,13 @@ def test_help_of_every_command_shown_runs_as_typed(tmp_path: Path) -> None:
         assert "Traceback" not in done.stderr
 
 
-def test_readme_documents_every_source_record_field() -> None:
+def test_the_handler_page_documents_every_source_record_field() -> None:
     import dataclasses
     import re
 
     from fencing.types import SourceRecord
-    from tests.readme import README
 
-    text = README.read_text(encoding="utf-8")
+    text = page_with("## The handler\n").read_text(encoding="utf-8")
     section = text[text.index("`fencing.types.SourceRecord`"):]
     section = section[:section.index("\n\n", section.index("| field |"))]
     documented = set(re.findall(r"^\| ((?:`\w+`(?:, )?)+) \|", section, re.MULTILINE))

@@ -1,0 +1,289 @@
+"""The benchmark tables of ``docs/benchmarks.md``, generated from the JSON in ``docs/bench/``.
+
+``python -m ops.bench.tables`` rewrites every generated region of the page; ``--check``
+only compares and exits 1 naming the regions that differ. A region is the text between
+
+    <!-- generated: NAME -->
+    <!-- end generated -->
+
+and NAME is a key of ``REGIONS``: the JSON file it reads and how it renders it. Each table
+opens with the command, date and commit its JSON was measured at (``provenance``), so a
+figure on the page cannot drift from the file the tool wrote.
+
+Rules:
+- the page's text outside the regions is never touched;
+- a region the page names but ``REGIONS`` lacks, or a region left unclosed, is an error;
+- rendering is pure: the same JSON gives the same text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PAGE", "REGIONS", "main", "render_page"]
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "benchmarks.md"
+BENCH = ROOT / "docs" / "bench"
+
+_REGION = re.compile(r"(<!-- generated: ([\w-]+) -->\n)(.*?)(<!-- end generated -->)", re.S)
+
+Report = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    source: str  # file name under docs/bench/
+    render: Callable[[Report], list[str]]
+
+
+def _n(value: float) -> str:
+    return f"{round(value):,}"
+
+
+def _pct(share: float) -> str:
+    return f"{share * 100:.1f}%"
+
+
+def _made(report: Report, source: str) -> str:
+    p = report.get("provenance") or {}
+    return (f"`{p.get('command', '?')}` on {p.get('date', '?')} at commit "
+            f"{p.get('commit', '?')} (`docs/bench/{source}`).")
+
+
+def _tries(run: Report) -> str:
+    tries = run.get("all_records_per_s") or [run["records_per_s"]]
+    if len(tries) == 1:
+        return f"{_n(run['records_per_s'])} (one try)"
+    return f"{_n(run['records_per_s'])} ({'; '.join(_n(t) for t in tries)})"
+
+
+def _runs_table(report: Report, names: Sequence[str]) -> list[str]:
+    lines = ["| run | records/s (median; all tries) | CPU µs per record (median) | mean batch "
+             "| peak RSS |", "|---|---|---:|---:|---:|"]
+    for name in names:
+        run = report["runs"][name]
+        cpu = run.get("median_cpu_us_per_record", run["cpu_us_per_record"])
+        lines.append(f"| {run['label']} | {_tries(run)} | {cpu:,.1f} | {_n(run['mean_batch'])} "
+                     f"| {run['peak_rss_mib']:.0f} MiB |")
+    return lines
+
+
+def _machine(report: Report) -> str:
+    m, steal = report["machine"], report.get("steal_share") or {}
+    text = f"{m['cpus']} CPUs, Python {m['python']}"
+    if steal:
+        text += (f"; CPU stolen by the hypervisor: median {_pct(steal['median'])}, "
+                 f"at most {_pct(steal['max'])} over every try")
+    if "load_average_1m_at_end" in report:
+        text += f"; load average {report['load_average_1m_at_end']} at the end"
+    return text + "."
+
+
+def worker_runs(report: Report) -> list[str]:
+    names = [n for n in report["runs"] if "sink" not in n]
+    return [f"Measured by {_made(report, 'worker-quiet.json')} {_machine(report)}", "",
+            *_runs_table(report, names)]
+
+
+def sink_runs(report: Report) -> list[str]:
+    names = [n for n in report["runs"] if "sink" in n]
+    target = report["targets"].get("c_sink_fenceworker_records_per_s")
+    lines = [f"Measured by {_made(report, 'worker-quiet.json')}", "",
+             *_runs_table(report, names)]
+    if target and "c_sink_fenceworker" in report["runs"]:
+        got = report["runs"]["c_sink_fenceworker"]["records_per_s"]
+        lines += ["", f"Target: one member upserting ≥ {_n(target)} records/s — "
+                      f"{'**met**' if got >= target else '**not met**'} ({_n(got)})."]
+    return lines
+
+
+_PRIME, _DOUBLE_PRIME = "\u2032", "\u2033"  # b', e'' as the page writes them
+_RATIOS = (
+    ("c_over_b", "c/b"), ("c_over_b_prime", f"c/b{_PRIME}"), ("c_over_e", "c/e"),
+    ("c_over_e_prime", f"c/e{_PRIME}"), ("e_prime_over_e", f"e{_PRIME}/e"),
+    ("e_second_over_e", f"e{_DOUBLE_PRIME}/e"), ("c_over_d", "c/d"),
+    ("c_sink_over_b_sink", "sink c/b"), ("c_sink_over_b_prime_sink", f"sink c/b{_PRIME}"),
+    ("c_sink_over_e_sink", "sink c/e"),
+)
+
+
+def ratios(report: Report) -> list[str]:
+    lines = [f"Measured by {_made(report, 'worker-quiet.json')}", "",
+             "| ratio | of the medians | paired (median of per-try ratios) | per CPU-second "
+             "| target |", "|---|---:|---:|---:|---|"]
+
+    def cell(key: str, value: float | None) -> str:
+        return "—" if value is None else f"{value:.3f}"
+
+    for key, label in _RATIOS:
+        if key not in report["ratios"]:
+            continue
+        median = report["ratios"][key]
+        target = report["targets"].get(key)
+        verdict = "—" if target is None or median is None else (
+            f"≥ {target}: {'met' if median >= target else 'not met'}")
+        lines.append(f"| {label} | {cell(key, median)} "
+                     f"| {cell(key, report['paired_ratios'].get(key))} "
+                     f"| {cell(key, report['cpu_ratios'].get(key))} | {verdict} |")
+    return lines
+
+
+def assignment(report: Report) -> list[str]:
+    rows = report["scale"]["assignment"]
+    return [f"Measured by {_made(report, 'worker-quiet.json')}", "",
+            "| partitions per member | " + " | ".join(str(r["partitions"]) for r in rows) + " |",
+            "|---|" + "---:|" * len(rows),
+            "| claim + seek | " + " | ".join(f"{r['claim_seek_s'] * 1000:.0f} ms"
+                                             for r in rows) + " |"]
+
+
+def rebalances(report: Report) -> list[str]:
+    scale = report["scale"]
+    joins = {r["setup"]: r for r in scale["join_3x48"]}
+    moves = {r["setup"]: r for r in scale["rebalance"]}
+    lines = [f"Measured by {_made(report, 'worker-quiet.json')}", "",
+             "| group setup | 3 members start on 48 partitions: all owned and committed "
+             "| 1 member joins a running one: first commit on a moved partition |",
+             "|---|---:|---:|"]
+    for setup in joins:
+        move = moves.get(setup)
+        moved = "—" if move is None else (
+            f"{move['join_to_moved_partition_processing_s']:.2f} s "
+            f"({move['partitions_moved']} partitions move)")
+        lines.append(f"| {setup} | {joins[setup]['join_to_all_committed_s']:.2f} s | {moved} |")
+    return lines
+
+
+def members(report: Report) -> list[str]:
+    scale = report["scale"]
+    lines = [f"Measured by {_made(report, 'worker-quiet.json')}", "",
+             "| run | records | records/s | CPU µs per record | peak RSS (largest member) |",
+             "|---|---:|---:|---:|---:|"]
+
+    def row(label: str, run: Report) -> str:
+        return (f"| {label} | {_n(run['records'])} | {_n(run['records_per_s'])} "
+                f"| {run['cpu_us_per_record']:,.1f} | {run['peak_rss_mib']:.0f} MiB |")
+
+    for run in scale["members_12_partitions"]:
+        n = run["members"]
+        lines.append(row(f"{n} member{'s' if n > 1 else ''}, 12 partitions", run))
+    backlog = scale.get("backlog")
+    if backlog:
+        lines.append(row(f"{backlog['members']} members drain a backlog, 12 partitions "
+                         f"({backlog['elapsed_s']:.1f} s)", backlog))
+    large = scale.get("large_records")
+    if large:
+        lines.append(row(f"1 member, 6 partitions of {large['record_bytes'] >> 20} MiB records "
+                         "(batches of one)", large))
+    return lines
+
+
+def memory_bound(report: Report) -> list[str]:
+    lines = [f"Measured by {_made(report, 'worker-quiet.json')}", "",
+             "| run | partitions at the peak | bound: base + queues + deliveries + handler "
+             "+ allocator + librdkafka | peak RSS | below the bound |",
+             "|---|---:|---|---:|---:|"]
+    for m in report["memory"]:
+        t = m["bound_terms"]
+        terms = " + ".join(f"{t[k]:g}" for k in ("base", "queues", "deliveries", "handler",
+                                                 "allocator", "librdkafka"))
+        margin = (1 - m["peak_rss_mib"] / m["bound_mib"]) if m["within_bound"] else None
+        lines.append(f"| {m['run']} | {m['partitions']} | {terms} = {m['bound_mib']:g} MiB "
+                     f"| {m['peak_rss_mib']:g} MiB "
+                     f"| {'EXCEEDED' if margin is None else f'{margin:.0%}'} |")
+    return lines
+
+
+def store(report: Report) -> list[str]:
+    m, pg = report["machine"], report["postgres"]
+    lines = [f"Measured by {_made(report, 'store.json')} {m['nproc']} cores "
+             f"\"{m['cpu_model']}\", PostgreSQL {pg['server_version']} (fsync {pg['fsync']}, "
+             f"synchronous_commit {pg['synchronous_commit']}), asyncpg {m['asyncpg']}, "
+             f"{report['clients']} client, {report['rounds']} runs per size; load average "
+             f"{report['provenance'].get('load_average_1m_at_start', '?')} at the start.", "",
+             "| batch | fenced rec/s | unfenced rec/s | ratio (throughput) "
+             "| median batch ms fenced / unfenced | fence cost ms/batch (paired median) "
+             "| ratio (paired) |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in report["results"]:
+        lines.append(
+            f"| {r['batch_size']} | {_n(r['fenced_records_per_s'])} "
+            f"| {_n(r['unfenced_records_per_s'])} | {r['ratio_throughput']:.2f} "
+            f"| {r['fenced_median_batch_ms']:.2f} / {r['unfenced_median_batch_ms']:.2f} "
+            f"| {r['fence_cost_median_paired_ms']:.2f} | {r['ratio_paired']:.2f} |")
+    def verdict(ratio: float) -> str:
+        return f"{'met' if ratio >= 0.9 else 'not met'} ({ratio:.2f})"
+
+    verdicts = [f"batch {r['batch_size']}: by throughput {verdict(r['ratio_throughput'])}, "
+                f"paired {verdict(r['ratio_paired'])}"
+                for r in report["results"] if r["batch_size"] > 1]
+    return [*lines, "", "Target: the fenced path at ≥ 0.90 of the unfenced — "
+                        + "; ".join(verdicts) + "."]
+
+
+REGIONS: dict[str, Region] = {
+    "store": Region("store.json", store),
+    "worker-runs": Region("worker-quiet.json", worker_runs),
+    "worker-ratios": Region("worker-quiet.json", ratios),
+    "sink-runs": Region("worker-quiet.json", sink_runs),
+    "assignment": Region("worker-quiet.json", assignment),
+    "rebalances": Region("worker-quiet.json", rebalances),
+    "members": Region("worker-quiet.json", members),
+    "memory": Region("worker-quiet.json", memory_bound),
+}
+
+
+def render_page(text: str, bench_dir: Path = BENCH) -> str:
+    """``text`` with every generated region rendered from its JSON in ``bench_dir``."""
+    if text.count("<!-- generated: ") != len(_REGION.findall(text)):
+        raise ValueError("a generated region is not closed by '<!-- end generated -->'")
+    loaded: dict[str, Report] = {}
+
+    def fill(match: re.Match[str]) -> str:
+        name = match.group(2)
+        if name not in REGIONS:
+            raise ValueError(f"unknown generated region {name!r}; known: {', '.join(REGIONS)}")
+        region = REGIONS[name]
+        if region.source not in loaded:
+            loaded[region.source] = json.loads((bench_dir / region.source).read_text())
+        body = "\n".join(region.render(loaded[region.source]))
+        return f"{match.group(1)}{body}\n{match.group(4)}"
+
+    return _REGION.sub(fill, text)
+
+
+def stale_regions(text: str, bench_dir: Path = BENCH) -> list[str]:
+    """Names of the regions whose text differs from what their JSON renders."""
+    fresh = dict((m.group(2), m.group(3)) for m in _REGION.finditer(render_page(text, bench_dir)))
+    return [m.group(2) for m in _REGION.finditer(text) if fresh[m.group(2)] != m.group(3)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ops.bench.tables",
+                                description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--check", action="store_true",
+                   help="compare only; exit 1 naming the regions that differ from their JSON")
+    p.add_argument("--page", type=Path, default=PAGE)
+    a = p.parse_args(argv)
+    text = a.page.read_text(encoding="utf-8")
+    if a.check:
+        stale = stale_regions(text)
+        if stale:
+            print(f"{a.page}: generated tables differ from docs/bench: {', '.join(stale)}; "
+                  "run `python -m ops.bench.tables`", file=sys.stderr)
+            return 1
+        return 0
+    a.page.write_text(render_page(text), encoding="utf-8")
+    print(f"wrote {a.page}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The benchmark tables of docs/benchmarks.md are what ``ops.bench.tables`` renders from
+docs/bench/*.json: the page cannot drift from the JSON the benchmark wrote."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ops.bench.tables import BENCH, PAGE, REGIONS, main, render_page, stale_regions
+
+
+def test_the_page_matches_its_json() -> None:
+    text = PAGE.read_text(encoding="utf-8")
+    assert stale_regions(text) == [], "run `python -m ops.bench.tables`"
+    assert main(["--check"]) == 0
+
+
+def test_every_region_is_on_the_page_and_every_json_is_used() -> None:
+    text = PAGE.read_text(encoding="utf-8")
+    for name in REGIONS:
+        assert f"<!-- generated: {name} -->" in text
+    used = {r.source for r in REGIONS.values()}
+    assert {p.name for p in BENCH.glob("*.json")} <= used
+
+
+def test_a_changed_figure_makes_its_region_stale(tmp_path: Path) -> None:
+    bench = tmp_path / "bench"
+    shutil.copytree(BENCH, bench)
+    worker = json.loads((bench / "worker-quiet.json").read_text())
+    worker["runs"]["c_fenceworker"]["records_per_s"] += 1
+    (bench / "worker-quiet.json").write_text(json.dumps(worker))
+    assert stale_regions(PAGE.read_text(encoding="utf-8"), bench) == ["worker-runs"]
+
+
+def test_a_typed_edit_inside_a_region_is_caught() -> None:
+    text = PAGE.read_text(encoding="utf-8")
+    start = text.index("<!-- generated: store -->")
+    edited = text[:start] + text[start:].replace(" | ", " |  ", 1)
+    assert stale_regions(edited) == ["store"]
+    assert render_page(edited) == text
+
+
+def test_text_outside_the_regions_is_kept_and_bad_regions_are_refused() -> None:
+    page = "intro\n<!-- generated: assignment -->\nold\n<!-- end generated -->\noutro\n"
+    out = render_page(page)
+    assert out.startswith("intro\n<!-- generated: assignment -->\nMeasured by `make bench`")
+    assert out.endswith("<!-- end generated -->\noutro\n") and "old" not in out
+    with pytest.raises(ValueError, match="unknown generated region 'nope'"):
+        render_page("<!-- generated: nope -->\n<!-- end generated -->\n")
+    with pytest.raises(ValueError, match="not closed"):
+        render_page("<!-- generated: store -->\nx\n")
