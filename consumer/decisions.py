@@ -36,7 +36,15 @@ from fencing.errors import (
     SourceRefused,
 )
 from fencing.resolution import compatible_claim
-from fencing.types import SourceFacts, SourceRecord, Token, TopicPartition
+from fencing.types import (
+    ACCEPT,
+    Reject,
+    SourceFacts,
+    SourceRecord,
+    Token,
+    TopicPartition,
+    Verdict,
+)
 
 __all__ = [
     "AUTO_OFFSET_RESETS",
@@ -51,6 +59,7 @@ __all__ = [
     "initial_frontier",
     "late_call",
     "newest",
+    "rejects",
     "retain_claim",
     "seek_matches",
     "submittable",
@@ -140,6 +149,14 @@ def submittable(token: Token, records: Sequence[SourceRecord]) -> tuple[SourceRe
     if not records or records[0].offset >= token.frontier:  # in order: nothing is durable
         return tuple(records)
     return tuple(rec for rec in records if rec.offset >= token.frontier)
+
+
+def rejects(verdicts: Sequence[Verdict]) -> int:
+    """How many of ``verdicts`` quarantine their record (all-accepted batches, the common
+    case, cost one C-level count)."""
+    if verdicts.count(ACCEPT) == len(verdicts):
+        return 0
+    return sum(isinstance(v, Reject) for v in verdicts)
 
 
 class FailureAction(enum.Enum):

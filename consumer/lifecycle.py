@@ -340,9 +340,12 @@ class Lifecycle(LifetimeFrame):
         m, started_s = self._metrics, self._clock()
         inner = handler if m is None else m.counting_handler(handler)
 
+        rejected = [0]  # of the handler's last call: the committed transaction's
+
         async def barrier(conn: Any, recs: Sequence[SourceRecord]) -> Sequence[Verdict]:
             verdicts = await inner(conn, recs)
             self._check_live()  # retired meanwhile: roll back instead of committing
+            rejected[0] = d.rejects(verdicts)
             return verdicts
 
         with self._span("fence.process", tp, attrs, links=links, context=context) as sp:
@@ -361,6 +364,8 @@ class Lifecycle(LifetimeFrame):
             if m is not None:
                 m.batch_committed(tp, records=len(batch), duration_s=self._clock() - started_s)
             sp.set_attribute("fence.frontier", new.frontier)
+            if rejected[0]:  # records of the batch quarantined (fencectl trace marks them)
+                sp.set_attribute("fence.rejected", rejected[0])
         if self._tokens.get(tp) is token:
             self._tokens[tp] = new
         return new

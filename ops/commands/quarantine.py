@@ -1,6 +1,7 @@
 """``fencectl quarantine``: inspect, replay and purge quarantined records.
 
-  fencectl quarantine list   [--group G] [--topic T] [--partition P] [--state S] [--json]
+  fencectl quarantine list   [--group G] [--topic T] [--partition P] [--state S] [--wide]
+      [--json]
   fencectl quarantine show   --group G --topic T --partition P --offset O [--json]
   fencectl quarantine replay --group G [--topic T] [--partition P] [--offset O ...]
       [--handler module:name] [--handler-setting K=V ...] [--limit N] [--json]
@@ -22,7 +23,9 @@ import asyncio
 import base64
 import json
 import os
+import shutil
 import sys
+import textwrap
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -48,7 +51,8 @@ from ops.operator.quarantine import (
 __all__ = ["register", "row_dict"]
 
 _STATES = {"quarantined": State.QUARANTINED, "replayed": State.REPLAYED, "all": None}
-_REASON_SHOWN_MAX = 60
+_REASON_INDENT = "    reason: "
+_WIDTH_DEFAULT = 100  # columns when stdout is not a terminal
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -78,6 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
         if name == "list":
             a.add_argument("--state", choices=tuple(_STATES), default="quarantined",
                            help="quarantined (default: not yet replayed), replayed, or all")
+            a.add_argument("--wide", action="store_true",
+                           help="each reason on one line, not wrapped to the terminal")
         if name == "purge":
             a.add_argument("--before", required=True, type=_timestamp,
                            help="ISO 8601 time; rows replayed before it are deleted "
@@ -121,8 +127,14 @@ def row_dict(row: Any) -> dict[str, Any]:
             "headers": [{"key": k, "base64": v} for k, v in headers or []]}
 
 
-def _short(text: str) -> str:
-    return text if len(text) <= _REASON_SHOWN_MAX else text[:_REASON_SHOWN_MAX - 3] + "..."
+def _reason_lines(reason: str, *, wide: bool) -> list[str]:
+    """The whole reason under its row: wrapped to the terminal's width, or one line."""
+    if wide:
+        return [_REASON_INDENT + reason]
+    width = shutil.get_terminal_size((_WIDTH_DEFAULT, 24)).columns
+    return textwrap.wrap(reason, width=max(40, width), initial_indent=_REASON_INDENT,
+                         subsequent_indent=" " * len(_REASON_INDENT),
+                         break_long_words=True, break_on_hyphens=False) or [_REASON_INDENT]
 
 
 def _selection(args: argparse.Namespace) -> Selection:
@@ -216,7 +228,8 @@ def _print_rows(rows: Sequence[Any], args: argparse.Namespace) -> int:
         return 0
     for r in rows:
         print(f"{r['group_id']} {r['topic']}[{r['partition']}]@{r['offset']} {r['state']} "
-              f"replays={r['replays']} at={_iso(r['at'])} reason={_short(r['reason'])}")
+              f"replays={r['replays']} at={_iso(r['at'])}")
+        print("\n".join(_reason_lines(r["reason"], wide=args.wide)))
     print(f"{len(rows)} row(s)")
     return 0
 
@@ -248,6 +261,8 @@ def _main(args: argparse.Namespace) -> int:
     except ReplayStopped as exc:
         print(f"fencectl quarantine: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        raise  # the reader of stdout left: ops.cli ends quietly
     except Exception as exc:  # the database failed: report without the DSN; re-running is safe
         print(f"fencectl quarantine: {type(exc).__name__}: {redact(str(exc), dsn=dsn)}",
               file=sys.stderr)
