@@ -10,6 +10,8 @@ Rules
 - Each row stores its own bound: ``detail.heartbeat_interval_s`` and
   ``detail.unavailable_after_s`` (= ``unavailable_factor`` x interval). ``fencectl status``
   reads the bound from the row, so members with different intervals are judged fairly.
+- ``detail`` given at construction goes into every row (each write replaces the row's
+  detail), beside the bound and the state's extra detail.
 - ``close`` writes the final state (``stopped`` or ``retired``) once, bounded by
   ``final_timeout_s``.
 """
@@ -117,6 +119,7 @@ class MemberHeartbeat:
         min_gap_s: float = 0.5,
         unavailable_factor: float = 3.0,
         final_timeout_s: float = 2.0,
+        detail: Mapping[str, Any] | None = None,
     ) -> None:
         if interval_s <= 0 or min_gap_s < 0 or unavailable_factor < 1:
             raise ValueError("heartbeat: interval_s > 0, min_gap_s >= 0, unavailable_factor >= 1")
@@ -128,6 +131,7 @@ class MemberHeartbeat:
         self.min_gap_s = min_gap_s
         self.unavailable_after_s = unavailable_factor * interval_s
         self._final_timeout_s = final_timeout_s
+        self._fixed = dict(detail or {})  # written in every row (e.g. the run's handler)
         self._wanted = MemberState.STARTING
         self._extra: dict[str, Any] = {}
         self._written: MemberState | None = None
@@ -159,7 +163,7 @@ class MemberHeartbeat:
         return await self._write(self._wanted)
 
     async def _write(self, state: MemberState) -> bool:
-        detail = {"heartbeat_interval_s": self.interval_s,
+        detail = {**self._fixed, "heartbeat_interval_s": self.interval_s,
                   "unavailable_after_s": self.unavailable_after_s, **self._extra}
         self._last_write_s = self._clock()
         try:

@@ -4,16 +4,20 @@
       [--json]
   fencectl quarantine show   --group G --topic T --partition P --offset O [--json]
   fencectl quarantine replay --group G [--topic T] [--partition P] [--offset O ...]
-      [--handler module:name] [--handler-setting K=V ...] [--limit N] [--json]
+      [--handler module:name | --sink table=NAME [--sink-key COL]] [--handler-setting K=V ...]
+      [--limit N] [--json]
   fencectl quarantine purge  --group G --before TIMESTAMP [--topic T] [--json]
 
-``replay`` re-drives the selected quarantined records through ``--handler`` (default: the
-handler ``fencectl run`` defaults to), each in its own transaction that also marks the row
-replayed and journals it (``ops.operator.quarantine``): re-running it, also after a crash,
-applies nothing twice. Exit codes: 0 done (replay: every selected record applied; show:
-found), 1 a replayed record failed again, a row was not found, or the database failed,
-2 bad usage or configuration (``FENCE_DSN`` unset or refused, schema not migrated, unknown
-``--group``).
+``replay`` re-drives the selected quarantined records through the group's own handler, as
+its members recorded it (``ops.operator.handler_record``: the live members', which must
+agree, else the last member's; ``--handler-setting`` adds or overrides settings), or
+through ``--handler``/``--sink`` when given; each record in its own transaction that also
+marks the row replayed and journals it (``ops.operator.quarantine``): re-running it, also
+after a crash, applies nothing twice. Exit codes: 0 done (replay: every selected record
+applied; show: found), 1 a replayed record failed again, a row was not found, or the
+database failed, 2 bad usage or configuration (``FENCE_DSN`` unset or refused, schema not
+migrated, unknown ``--group``, no recorded handler or members that disagree and no
+``--handler``/``--sink``).
 """
 
 from __future__ import annotations
@@ -30,13 +34,19 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from consumer.config import DEFAULT_HANDLER, parse_x_options, redact
+from consumer.config import parse_x_options, redact
 from fencing.errors import ConfigError, SchemaMismatch
 from fencing.handler import HandlerContext, build_handler
 from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
 from ops.commands.reset import operator_identity
 from ops.hints import schema_advice
 from ops.operator.db import connection, dsn_from_env, require_known_group
+from ops.operator.handler_record import (
+    HandlerChoice,
+    choose,
+    handler_from_flags,
+    read_member_rows,
+)
 from ops.operator.quarantine import (
     Outcome,
     QuarantineKey,
@@ -72,11 +82,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
         if name == "replay":
             a.add_argument("--offset", type=int, action="append", default=[],
                            help="only this offset (repeatable; needs --topic and --partition)")
-            a.add_argument("--handler", default=DEFAULT_HANDLER,
-                           help=f"handler or handler factory, module:name (default "
-                                f"{DEFAULT_HANDLER}, as for run)")
+            a.add_argument("--handler", default=None,
+                           help="handler or handler factory, module:name (default: the one "
+                                "the group's members recorded)")
+            a.add_argument("--sink", default=None, metavar="table=NAME",
+                           help="the built-in table sink, as for run")
+            a.add_argument("--sink-key", default=None, metavar="COLUMN",
+                           help="with --sink: its key column, as for run")
             a.add_argument("--handler-setting", action="append", default=[],
-                           metavar="KEY=VALUE", help="a setting for a handler factory")
+                           metavar="KEY=VALUE",
+                           help="a setting for a handler factory (with the recorded handler: "
+                                "added to or overriding its recorded settings)")
         if name in ("list", "replay"):
             a.add_argument("--limit", type=int, default=None, help="at most N records")
         if name == "list":
@@ -163,12 +179,27 @@ class ReplayStopped(Exception):
                          "applied twice)")
 
 
-async def _replay(conn: Any, args: argparse.Namespace, rows: Sequence[Any]) -> list[ReplayResult]:
+async def _handler_choice(conn: Any, args: argparse.Namespace) -> HandlerChoice:
+    """``--handler``/``--sink`` when given, else the group's recorded handler."""
+    settings = parse_x_options(args.handler_setting, flag="--handler-setting",
+                               strip_values=False)
+    given = handler_from_flags(handler=args.handler, settings=settings, sink=args.sink,
+                               sink_key=args.sink_key)
+    if given is not None:
+        return given
+    now, members = await read_member_rows(conn, schema=args.schema, group=args.group)
+    return choose(members, group=args.group, now=now, overrides=settings)
+
+
+async def _replay(conn: Any, args: argparse.Namespace,
+                  rows: Sequence[Any]) -> tuple[HandlerChoice, list[ReplayResult]]:
     topics = tuple(sorted({r["topic"] for r in rows})) or ((args.topic,) if args.topic else ())
-    loaded = build_handler(args.handler, HandlerContext(
+    choice = await _handler_choice(conn, args)
+    if not args.json:
+        print(f"replaying with {choice.describe()} ({choice.source})", flush=True)
+    loaded = build_handler(choice.spec, HandlerContext(
         schema=args.schema, group_id=args.group, topics=topics,
-        settings=parse_x_options(args.handler_setting, flag="--handler-setting",
-                                 strip_values=False)))
+        settings=dict(choice.settings)))
     if loaded.ensure_tables is not None:
         await loaded.ensure_tables(conn)
     operator = operator_identity()
@@ -182,7 +213,7 @@ async def _replay(conn: Any, args: argparse.Namespace, rows: Sequence[Any]) -> l
         results.append(result)
         if not args.json:
             print(f"{key}: {result.outcome.value}: {result.detail}", flush=True)
-    return results
+    return choice, results
 
 
 async def _run(dsn: str, args: argparse.Namespace) -> int:
@@ -205,7 +236,8 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
         assert sel is not None
         rows = await select_rows(conn, args.schema, sel)
         if args.quarantine_action == "replay":
-            return _report(await _replay(conn, args, rows), args.json)
+            choice, results = await _replay(conn, args, rows)
+            return _report(choice, results, args.json)
         return _print_rows(rows, args)
 
 
@@ -234,10 +266,12 @@ def _print_rows(rows: Sequence[Any], args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(results: Sequence[ReplayResult], as_json: bool) -> int:
+def _report(choice: HandlerChoice, results: Sequence[ReplayResult], as_json: bool) -> int:
     counts = {o: sum(1 for r in results if r.outcome is o) for o in Outcome}
     if as_json:
-        print(json.dumps({"results": [r.as_dict() for r in results],
+        print(json.dumps({"handler": {"spec": choice.spec, "settings": dict(choice.settings),
+                                      "source": choice.source},
+                          "results": [r.as_dict() for r in results],
                           **{o.value: n for o, n in counts.items()}}, indent=2))
     else:
         print(f"replay: {counts[Outcome.APPLIED]} applied, {counts[Outcome.FAILED]} failed "

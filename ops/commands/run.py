@@ -39,18 +39,18 @@ from fencing.errors import (
 from fencing.failures import RetryPolicy
 from fencing.handler import HandlerContext, build_handler
 from fencing.types import Token, TopicPartition
+from ops.operator.handler_record import SINK_HANDLER, handler_from_flags, record_of
 from ops.worker import startup
 from ops.worker.observability import ObsOptions, WorkerObservability
 from ops.worker.observability import add_arguments as add_obs_arguments
 from ops.worker.observability import options_from_args as obs_options_from_args
 
-__all__ = ["config_from_args", "register"]
+__all__ = ["SINK_HANDLER", "config_from_args", "register"]
 
 log = logging.getLogger("fenceworker.run")
 
 _EARLY_STOP = threading.Event()
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-SINK_HANDLER = "fencing.postgres.sink:table_sink"  # --sink table=NAME
 #: ``--batch-max-records`` with ``--sink``: a batch is one transaction, and a bulk sink
 #: amortizes each transaction's fixed cost (the fence's guard, the COPY set-up, the COMMIT's
 #: WAL flush) over more rows: measured (one member, upsert, README Benchmarks) 500 ->
@@ -154,22 +154,11 @@ def _handler_of(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     table sink's factory for ``--sink table=NAME [--sink-key COL]``."""
     settings = parse_x_options(args.handler_setting, flag="--handler-setting",
                                strip_values=False)
-    if args.sink is None:
-        if args.sink_key is not None:
-            raise ConfigError(f"--sink-key {args.sink_key}: needs --sink table=NAME")
-        return args.handler or DEFAULT_HANDLER, settings
-    kind, sep, name = args.sink.partition("=")
-    if kind.strip() != "table" or not sep or not name.strip():
-        raise ConfigError(f"--sink {args.sink}: expected table=NAME (or table=SCHEMA.NAME)")
-    if args.handler is not None:
-        raise ConfigError(f"--sink {args.sink} --handler {args.handler}: the sink is the "
-                          "handler; give one of them")
-    if settings:
-        raise ConfigError("--handler-setting: not for --sink (use --sink-key)")
-    sink = {"table": name.strip()}
-    if args.sink_key is not None:
-        sink["key"] = args.sink_key.strip()
-    return SINK_HANDLER, sink
+    chosen = handler_from_flags(handler=args.handler, settings=settings, sink=args.sink,
+                                sink_key=args.sink_key)
+    if chosen is None:
+        return DEFAULT_HANDLER, settings
+    return chosen.spec, dict(chosen.settings)
 
 
 def _batch_max_records(args: argparse.Namespace) -> int:
@@ -252,7 +241,8 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
     obs = WorkerObservability(options=obs_options or ObsOptions(), telemetry=telemetry,
                               store=store, cooperative=cfg.cooperative,
                               lag_facts=source.facts, observe=own_frontiers,
-                              group_id=cfg.group_id)
+                              group_id=cfg.group_id, member_detail={
+                                  "handler": record_of(cfg.handler, cfg.handler_settings)})
     obs.instruments.export_zeros(TopicPartition(topic, p)
                                  for topic, count in partition_counts.items()
                                  for p in range(count))

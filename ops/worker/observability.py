@@ -1,8 +1,9 @@
 """Observability of one ``fencectl run`` process: flags, and the pieces wired together.
 
 ``WorkerObservability`` owns the metric instruments, the readiness state, the loop
-heartbeat, the per-lifetime member heartbeats (``members`` table), lag sampling and the
-HTTP port (``/metrics``, ``/healthz``, ``/readyz``). ``fencectl run`` passes
+heartbeat, the per-lifetime member heartbeats (``members`` table; ``member_detail``, e.g.
+the handler the run records for ``fencectl quarantine replay``, goes into every row), lag
+sampling and the HTTP port (``/metrics``, ``/healthz``, ``/readyz``). ``fencectl run`` passes
 ``instruments`` to each ``Lifecycle`` and ``on_event`` to the ``Worker``.
 
 Flags: ``--http-port`` (default ``$FENCE_HTTP_PORT``; unset: no HTTP server; 0: any free
@@ -22,6 +23,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from consumer.events import WorkerEvent
 from consumer.observability.heartbeat import HeartbeatStore, MemberHeartbeat, MemberIdentity
@@ -125,6 +127,7 @@ class WorkerObservability:
         lag_facts: LagFacts | None = None,
         observe: Observe | None = None,
         group_id: str = "",
+        member_detail: Mapping[str, Any] | None = None,
     ) -> None:
         self.options = options
         self.telemetry = telemetry
@@ -138,7 +141,7 @@ class WorkerObservability:
             return MemberHeartbeat(
                 store=store, identity=MemberIdentity.of_this_process(lifetime),
                 clock=time.monotonic, interval_s=options.heartbeat_interval_s,
-                member_id=lambda: self.member_id_source())
+                member_id=lambda: self.member_id_source(), detail=member_detail)
 
         self.observer = WorkerObserver(
             instruments=self.instruments, readiness=self.readiness,
