@@ -18,6 +18,8 @@ Rules
   another partition or out of offset order is the caller's bug (``ValueError``).
 - Failures: ``HandlerFailed`` (the handler raised; nothing applied) passes through without
   retiring: the worker retries, bisects or quarantines (``consumer.failure_run``).
+  ``ResetByOperator`` (fenced by an operator's reset, not by another member) passes
+  through too: the worker claims the partition again (``Lifecycle.reclaim``).
   ``Fenced`` and ``SourceRefused`` retire the lifetime and reach the caller as
   they are; ``StoreUnavailable``, ``OutcomeUnknown`` (including ``Unresolved``), an exhausted
   budget and any other error retire it and reach the caller as ``Retired``.
@@ -32,6 +34,7 @@ from fencing.errors import (
     ConfigError,
     Fenced,
     HandlerFailed,
+    ResetByOperator,
     Retired,
     SourceRefused,
 )
@@ -167,7 +170,7 @@ class FailureAction(enum.Enum):
 
 def classify_failure(exc: BaseException) -> FailureAction:
     """How the lifecycle treats an error raised by a guarded call."""
-    if isinstance(exc, Retired | HandlerFailed):
+    if isinstance(exc, Retired | HandlerFailed | ResetByOperator):
         return FailureAction.PASS_THROUGH
     if isinstance(exc, Fenced | SourceRefused):
         return FailureAction.RAISE_AS_IS

@@ -46,6 +46,13 @@ Threading model (deliberate; see the README's worker section)
 - librdkafka errors are translated here and never leave this module: a position out of
   range is ``RetentionGap``, a fatal error ``KafkaClientFailed``; transient ones are logged
   (librdkafka retries them).
+- ``reposition`` (an operator's reset was picked up: the partition was claimed again at a
+  new frontier) seeks an assigned partition on this thread, resumes it, and converges the
+  mirror there. librdkafka's seek bumps the partition's version barrier in the calling
+  thread before it returns (``rd_kafka_toppar_op_seek``), and ``consume()`` drops messages
+  of an older version (``rd_kafka_q_serve_rkmessages``: ``rd_kafka_op_version_outdated``),
+  so no message fetched before the seek is delivered after it; messages delivered before it
+  reach the loop before the returned future's result does.
 - Kafka commits mirror the durable frontier (``consumer.kafka.committer``): converged once per
   assignment after positioning, asynchronous per batch with results through ``on_commit``,
   synchronous on revoke and on graceful shutdown, dropped (counted) on a lost assignment.
@@ -188,6 +195,29 @@ class KafkaThread:
     def commit(self, tp: TopicPartition, frontier: int) -> None:
         """Mirror the durable ``frontier`` of ``tp`` into Kafka (advisory: lag tools only)."""
         self._committer.queue(tp, frontier)
+
+    def reposition(self, tp: TopicPartition, offset: int) -> Future[bool]:
+        """Seek ``tp`` to ``offset`` and resume it (see Rules); the future says whether it
+        was done (False: not assigned any more, or shutting down)."""
+        done: Future[bool] = Future()
+
+        def run(consumer: Consumer) -> None:
+            try:
+                if tp not in self._assigned or self._stop_fetching.is_set():
+                    done.set_result(False)
+                    return
+                self._generation[tp] = self._generation.get(tp, 0) + 1  # older pauses: stale
+                ktp = KafkaTP(tp.topic, tp.partition, offset)
+                consumer.seek(ktp)
+                consumer.resume([KafkaTP(tp.topic, tp.partition)])
+                self._positioned.add(tp)
+                self._committer.positioned(consumer, {tp: offset})
+                done.set_result(True)
+            except BaseException as exc:  # reported to the waiting loop, never lost here
+                done.set_exception(exc)
+
+        self._commands.put(run)
+        return done
 
     def freeze_mirror(self) -> None:
         """The lifetime failed: commit nothing more to Kafka (``consumer.kafka.committer``)."""

@@ -263,6 +263,7 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
             on_event=obs.on_event, instruments=obs.instruments, tracing=OtelTracing(),
             trace_links=links_for_records if telemetry.exporting else None)
         obs.member_id_source = lambda: worker.member_id
+        obs.on_operator_owned = worker.operator_owned
         obs.observer.progress = worker.progress
         obs.observer.mirror = worker.offset_mirror
         loop = asyncio.get_running_loop()

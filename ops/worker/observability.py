@@ -21,7 +21,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from consumer.observability.instruments import Instruments
 from consumer.observability.observer import LagFacts, Observe, WorkerObserver
 from consumer.observability.readiness import LoopHeartbeat, ReadinessHolder
 from fencing.errors import ConfigError
+from fencing.types import TopicPartition
 from ops.worker.http import HttpServer, start_http_server
 from ops.worker.telemetry import Telemetry
 
@@ -136,12 +137,16 @@ class WorkerObservability:
         self.loop_heartbeat = LoopHeartbeat(clock=time.monotonic, bound_s=options.health_bound_s)
         # the Kafka group member id for member rows (set once the worker exists)
         self.member_id_source: Callable[[], str | None] = lambda: None
+        # partitions an operator owns now, as a heartbeat read them (set once the worker
+        # exists: ``Worker.operator_owned``)
+        self.on_operator_owned: Callable[[Collection[TopicPartition]], None] = lambda _tps: None
 
         def member(lifetime: str) -> MemberHeartbeat:
             return MemberHeartbeat(
                 store=store, identity=MemberIdentity.of_this_process(lifetime),
                 clock=time.monotonic, interval_s=options.heartbeat_interval_s,
-                member_id=lambda: self.member_id_source(), detail=member_detail)
+                member_id=lambda: self.member_id_source(), detail=member_detail,
+                on_operator_owned=lambda tps: self.on_operator_owned(tps))
 
         self.observer = WorkerObserver(
             instruments=self.instruments, readiness=self.readiness,

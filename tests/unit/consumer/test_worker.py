@@ -49,6 +49,13 @@ class FakeKafka:
         with self.lock:
             self.commands.append(("commit", tp, frontier))
 
+    def reposition(self, tp: TopicPartition, offset: int) -> Future[bool]:
+        with self.lock:
+            self.commands.append(("reposition", tp, offset))
+        done: Future[bool] = Future()
+        done.set_result(True)
+        return done
+
     def mirror(self) -> dict[TopicPartition, Any]:
         return {}
 
