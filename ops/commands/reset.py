@@ -7,8 +7,9 @@
 
 Without ``--yes-i-understand`` the plan is printed and nothing changes (exit 2). With it,
 one transaction locks the rows, re-plans against the locked values (``ops.operator.reset_plan``),
-bumps each epoch (the current owner is fenced at its next commit), writes the new frontier /
-topic id and one journal row per partition, and commits. Exit codes: 0 applied, 1 refused
+bumps each epoch and makes the operator the owner (a running owner claims the partition again
+at the new frontier: docs/reset-and-replay.md), writes the new frontier / topic id and one
+journal row per partition, and commits. Exit codes: 0 applied, 1 refused
 or the database failed, 2 bad usage or configuration (``FENCE_DSN`` unset or refused, schema
 not migrated, unknown ``--group``) or confirmation missing.
 """

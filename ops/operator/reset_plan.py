@@ -2,7 +2,11 @@
 
 Rules
 - Every action bumps the partition's epoch by one, so the current owner's token no longer
-  matches: its next commit is fenced and it retires. The owner becomes the operator.
+  matches, and the owner becomes the operator (``operator:<user>@<host>``). A running owner
+  finds out at its next commit or heartbeat and claims the partition again from the new
+  frontier (``consumer.lifecycle.Lifecycle.reclaim``); it does not retire.
+- The plan's ``detail`` says what it does in words (``frontier 5 -> 0: offsets 0..4 are
+  processed again``); it is printed and journaled.
 - ``frontier``: move the durable frontier to ``to_offset`` (backwards re-applies effects,
   forwards skips records; both are the operator's decision).
 - ``accept-gap``: move a frontier that is below Kafka's low watermark up to it; refused when
