@@ -56,12 +56,13 @@ from fencing.crashpoints import crash_point
 from fencing.errors import (
     Fenced,
     FenceError,
+    KafkaClientFailed,
     ResetByOperator,
     Retired,
     SourceRefused,
     TokenDropped,
 )
-from fencing.types import SourceRecord, TopicPartition
+from fencing.types import SourceRecord, Token, TopicPartition
 
 if TYPE_CHECKING:
     from consumer.worker import Worker
@@ -380,8 +381,9 @@ class LifetimeRun:
         task.add_done_callback(self._reclaim_tasks.discard)
 
     async def _reclaim(self, tp: TopicPartition) -> None:
-        """Close ``tp``'s runner, claim it again, seek the consumer to the new frontier and
-        start a fresh runner there (see the module Rules)."""
+        """Close ``tp``'s runner, claim it again, seek the consumer to the new frontier; the
+        fresh runner starts in ``_repositioned`` (see the module Rules)."""
+        positioned: asyncio.Future[None] = self._loop.create_future()
         try:
             part = self._parts.pop(tp, None)
             if part is not None:
@@ -396,23 +398,44 @@ class LifetimeRun:
             current = token or self._lc.token(tp)
             if current is None or not self._reclaims.get(tp):
                 return
-            positioned = await asyncio.wait_for(
-                asyncio.wrap_future(self.kafka.reposition(tp, current.frontier)),
-                timeout=self._cfg.budget_s)
-            if not positioned or not self._reclaims.get(tp) or self._stopping \
-                    or self._w.current is not self or tp in self._parts:
-                return
-            self._start_partition(tp, current.frontier)
-            if token is not None:
-                log.info("%s: claimed again after an operator's reset: epoch %d, continuing "
-                         "from frontier %d", tp, token.epoch, token.frontier)
+            frontier = current.frontier
+
+            def then(result: bool | BaseException) -> None:  # on the Kafka thread
+                self._loop.call_soon_threadsafe(self._repositioned, tp, frontier, token,
+                                                result, positioned)
+
+            self.kafka.reposition(tp, frontier, then)
+            await asyncio.wait_for(asyncio.shield(positioned), timeout=self._cfg.budget_s + 10)
         except TokenDropped as exc:
             log.info("%s: not claimed again: %s", tp, exc)  # revoked or lost meanwhile
+        except TimeoutError:
+            if not self._stopping:
+                self._fail(KafkaClientFailed(f"{tp}: the consumer did not seek to the frontier "
+                                             "claimed after an operator's reset in time"))
         except BaseException as exc:
             if not self._stopping:
                 self._fail(exc)
         finally:
             self._reclaims.pop(tp, None)
+
+    def _repositioned(self, tp: TopicPartition, frontier: int, token: Token | None,
+                      result: bool | BaseException, positioned: asyncio.Future[None]) -> None:
+        """On the loop, ordered with the deliveries: every message of the old position was
+        taken (and dropped: no runner) before this runs, none of the new one yet."""
+        if not positioned.done():
+            positioned.set_result(None)
+        if isinstance(result, BaseException):
+            if not self._stopping:
+                self._fail(KafkaClientFailed(f"{tp}: seek to {frontier} failed: {result}"))
+            return
+        if not result or not self._reclaims.get(tp) or self._stopping \
+                or self._w.current is not self or tp in self._parts \
+                or self._lc.token(tp) is None:
+            return
+        self._start_partition(tp, frontier)
+        if token is not None:
+            log.info("%s: claimed again after an operator's reset: epoch %d, continuing from "
+                     "frontier %d", tp, token.epoch, token.frontier)
 
     def _live(self) -> bool:
         return self._lc.state is LifetimeState.LIVE

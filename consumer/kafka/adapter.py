@@ -51,8 +51,9 @@ Threading model (deliberate; see the README's worker section)
   mirror there. librdkafka's seek bumps the partition's version barrier in the calling
   thread before it returns (``rd_kafka_toppar_op_seek``), and ``consume()`` drops messages
   of an older version (``rd_kafka_q_serve_rkmessages``: ``rd_kafka_op_version_outdated``),
-  so no message fetched before the seek is delivered after it; messages delivered before it
-  reach the loop before the returned future's result does.
+  so no message fetched before the seek is delivered after it. The caller's ``then`` runs
+  on this thread right after the seek, before the next ``consume()``: what it schedules on
+  the loop lands after every delivery of the old position and before any of the new one.
 - Kafka commits mirror the durable frontier (``consumer.kafka.committer``): converged once per
   assignment after positioning, asynchronous per batch with results through ``on_commit``,
   synchronous on revoke and on graceful shutdown, dropped (counted) on a lost assignment.
@@ -196,28 +197,28 @@ class KafkaThread:
         """Mirror the durable ``frontier`` of ``tp`` into Kafka (advisory: lag tools only)."""
         self._committer.queue(tp, frontier)
 
-    def reposition(self, tp: TopicPartition, offset: int) -> Future[bool]:
-        """Seek ``tp`` to ``offset`` and resume it (see Rules); the future says whether it
-        was done (False: not assigned any more, or shutting down)."""
-        done: Future[bool] = Future()
+    def reposition(self, tp: TopicPartition, offset: int,
+                   then: Callable[[bool | BaseException], None]) -> None:
+        """Seek ``tp`` to ``offset`` and resume it (see Rules); then, on this thread, call
+        ``then`` with True (done), False (not assigned any more, or shutting down) or the
+        error. ``then`` runs before this thread hands over any message fetched after the
+        seek, so a ``call_soon_threadsafe`` from it reaches the loop before them."""
 
         def run(consumer: Consumer) -> None:
+            result: bool | BaseException = False
             try:
-                if tp not in self._assigned or self._stop_fetching.is_set():
-                    done.set_result(False)
-                    return
-                self._generation[tp] = self._generation.get(tp, 0) + 1  # older pauses: stale
-                ktp = KafkaTP(tp.topic, tp.partition, offset)
-                consumer.seek(ktp)
-                consumer.resume([KafkaTP(tp.topic, tp.partition)])
-                self._positioned.add(tp)
-                self._committer.positioned(consumer, {tp: offset})
-                done.set_result(True)
-            except BaseException as exc:  # reported to the waiting loop, never lost here
-                done.set_exception(exc)
+                if tp in self._assigned and not self._stop_fetching.is_set():
+                    self._generation[tp] = self._generation.get(tp, 0) + 1  # older pauses
+                    consumer.seek(KafkaTP(tp.topic, tp.partition, offset))
+                    consumer.resume([KafkaTP(tp.topic, tp.partition)])
+                    self._positioned.add(tp)
+                    self._committer.positioned(consumer, {tp: offset})
+                    result = True
+            except (KafkaException, RuntimeError) as exc:
+                result = exc
+            then(result)
 
         self._commands.put(run)
-        return done
 
     def freeze_mirror(self) -> None:
         """The lifetime failed: commit nothing more to Kafka (``consumer.kafka.committer``)."""

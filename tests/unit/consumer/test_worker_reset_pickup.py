@@ -7,11 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 from consumer.exits import ExitCode
-from fencing.types import ACCEPT, ClaimRequest, SourceRecord, Verdict
+from fencing.types import (
+    ACCEPT,
+    ClaimRequest,
+    SourceFacts,
+    SourceRecord,
+    TopicPartition,
+    Verdict,
+)
 from tests.polling import until_async
 from tests.unit.consumer.test_worker import TP0, TP1, make, records
 
@@ -40,6 +48,7 @@ async def test_a_busy_partition_reset_backwards_is_claimed_again_and_replayed(
     reset = store.reset_by_operator(TP0, frontier=10)
     await asyncio.to_thread(kafka.deliver, records(TP0, 30, 5))  # fenced by the reset
     await until_async(lambda: ("reposition", TP0, 10) in kafka.commands)
+    await until_async(lambda: TP0 in worker.progress())  # the fresh runner (after the seek)
     row = store.rows[TP0]
     assert (row.epoch, row.frontier, row.owner) == (reset.epoch + 1, 10, worker.lifetimes[0])
     await asyncio.to_thread(kafka.deliver, records(TP0, 10, 25))  # from the new frontier
@@ -69,6 +78,7 @@ async def test_an_idle_partition_is_claimed_again_when_a_heartbeat_sees_the_rese
     assert owned == {TP0}
     worker.operator_owned(owned)  # what the member heartbeat hands on
     await until_async(lambda: ("reposition", TP0, 5) in kafka.commands)
+    await until_async(lambda: TP0 in worker.progress())
     assert store.rows[TP0].owner == worker.lifetimes[0]
     assert await store.heartbeat(lifetime="lt-x", member_id=None, host="h", pid=1,
                                  state="running") == frozenset()
@@ -106,8 +116,44 @@ async def test_a_hint_for_a_partition_still_held_changes_nothing_durable() -> No
     epoch = store.rows[TP0].epoch
     worker.operator_owned({TP0, TP1})  # a stale read: TP0 is ours, TP1 not assigned here
     await until_async(lambda: ("reposition", TP0, 5) in kafka.commands)
+    await until_async(lambda: TP0 in worker.progress())
     assert store.rows[TP0].epoch == epoch
     await asyncio.to_thread(kafka.deliver, records(TP0, 5, 5))
     await until_async(lambda: kafka.committed(TP0) == 10)
+    worker.request_stop()
+    assert await run is ExitCode.OK
+
+
+async def test_a_revoke_during_the_reclaim_starts_no_runner() -> None:
+    """The partition leaves (revoke) while the reclaim waits for Kafka's facts: the reclaim
+    ends without a claim, a seek or a runner, and the lifetime goes on."""
+    worker, store, fakes = make()
+    release = threading.Event()
+    asked = threading.Event()
+    plain_facts = worker.source.facts
+
+    def slow_facts(tps: list[TopicPartition]) -> dict[TopicPartition, SourceFacts]:
+        if tps == [TP0] and store.rows[TP0].owner == "operator:test@host":
+            asked.set()
+            assert release.wait(10)
+        return plain_facts(tps)
+
+    worker.source.facts = slow_facts  # type: ignore[method-assign]
+    run = asyncio.create_task(worker.run())
+    await until_async(lambda: bool(fakes))
+    kafka = fakes[0]
+    await asyncio.to_thread(kafka.rb.assigned, [TP0, TP1])
+    await asyncio.to_thread(kafka.deliver, records(TP0, 0, 5))
+    await until_async(lambda: kafka.committed(TP0) == 5)
+    reset = store.reset_by_operator(TP0, frontier=0)
+    worker.operator_owned({TP0})
+    await asyncio.to_thread(asked.wait, 10)
+    await asyncio.to_thread(kafka.rb.revoked, [TP0])  # the group moves TP0 elsewhere
+    release.set()
+    await asyncio.sleep(0.3)
+    assert not [c for c in kafka.commands if c[0] == "reposition"]
+    assert store.rows[TP0].epoch == reset.epoch  # not claimed by this lifetime
+    await asyncio.to_thread(kafka.deliver, records(TP1, 0, 3))
+    await until_async(lambda: kafka.committed(TP1) == 3)
     worker.request_stop()
     assert await run is ExitCode.OK
