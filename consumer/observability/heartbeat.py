@@ -12,7 +12,7 @@ Rules
   reads the bound from the row, so members with different intervals are judged fairly.
 - A write returns the group's partitions an operator owns now (a ``fencectl reset`` no
   member has claimed since); when there are any, ``on_operator_owned`` gets them, so the
-  lifetime that held one claims it again within a heartbeat interval, also when idle.
+  lifetime that held one claims it again at its next heartbeat, also when idle.
 - ``detail`` given at construction goes into every row (each write replaces the row's
   detail), beside the bound and the state's extra detail.
 - ``close`` writes the final state (``stopped`` or ``retired``) once, bounded by

@@ -171,7 +171,7 @@ def _print(applied: bool, plans: Sequence[Plan], as_json: bool) -> None:
         print(f"{p.tp}: {p.detail}; epoch {p.old_epoch} -> {p.new_epoch}, {owner}")
     if applied:
         print(f"applied and journaled ({len(plans)} partition(s)). A running member that owns "
-              "the partition re-claims it within its heartbeat interval and continues from "
+              "the partition claims it again at its next commit or heartbeat and continues from "
               "the new frontier; with none running, the next member assigned it starts there")
     else:
         print(f"nothing changed: re-run with {CONFIRM} to apply")

@@ -23,7 +23,7 @@ Rules
   per partition (``fencing.failures``).
 - A partition whose owner is an operator (``fencectl reset`` wrote the row last) shows
   OWNER-STATE ``operator`` and a note: no member has claimed it since the reset. A running
-  owner re-claims it within its heartbeat interval; without one, the next member assigned
+  owner claims it again at its next heartbeat; without one, the next member assigned
   it starts from the new frontier. Its offset-mirror note names the reset.
 - A partition is *stalled* while its owner is observed and lists it in its member row's
   ``detail.stalled`` (``consumer.observability.stall``); OWNER-STATE then reads
@@ -276,8 +276,8 @@ def view_partition(
     if operator_owned(row.owner) and now is not None:
         age_s = max(0.0, (now - row.updated_at).total_seconds())
         notes.append(f"reset by {row.owner} {age_s:.0f} s ago (epoch {row.epoch}, frontier "
-                     f"{row.frontier}): a running member assigned this partition re-claims it "
-                     "within its heartbeat interval and continues from the frontier; with no "
+                     f"{row.frontier}): a running member assigned this partition claims it again "
+                     "at its next heartbeat and continues from the frontier; with no "
                      "member running, the next one assigned it starts there")
     stalled = (owner is not None and owner.state is not None
                and f"{row.topic}[{row.partition}]" in (owner.detail.get("stalled") or ()))

@@ -211,7 +211,7 @@ def test_an_operator_owned_partition_reads_as_the_operators_reset() -> None:
                           committed=KafkaCommitted(20), now=NOW)
     assert view.owner_availability == "operator" and view.owner_state is None
     assert view.notes[0].startswith("reset by operator:ann@box 40 s ago (epoch 4, frontier 0):"
-                                    " a running member assigned this partition re-claims it")
+                                    " a running member assigned this partition claims it again")
     assert view.notes[-1] == (
         "offset mirror: Kafka has committed offset 20 for this group; the frontier is 0 since "
         "operator:ann@box's reset 40 s ago, which Kafka does not know of: the member that "
