@@ -334,10 +334,12 @@ class LifetimeRun:
                 except RetryInterrupted:
                     return
                 except ResetByOperator as exc:
-                    # nothing of the batch applied; the records come again from the new frontier
-                    log.info("batch %s not applied: %s; claiming the partition again",
-                             inflight.describe(), exc)
-                    self._start_reclaim(part.tp)
+                    # nothing of the batch applied; the records come again from the new
+                    # frontier (a partition closed meanwhile is its next owner's to claim)
+                    log.info("batch %s not applied: %s%s", inflight.describe(), exc,
+                             "" if part.closing else "; claiming the partition again")
+                    if not part.closing:
+                        self._start_reclaim(part.tp)
                     return
                 except BaseException as exc:
                     if part.closing and isinstance(exc, TokenDropped):
@@ -376,17 +378,19 @@ class LifetimeRun:
         if tp in self._reclaims or self._stopping:
             return
         self._reclaims[tp] = True
-        task = asyncio.create_task(self._reclaim(tp), name=f"reclaim {tp}")
+        task = asyncio.create_task(self._reclaim(tp, self._parts.get(tp)), name=f"reclaim {tp}")
         self._reclaim_tasks.add(task)
         task.add_done_callback(self._reclaim_tasks.discard)
 
-    async def _reclaim(self, tp: TopicPartition) -> None:
-        """Close ``tp``'s runner, claim it again, seek the consumer to the new frontier; the
-        fresh runner starts in ``_repositioned`` (see the module Rules)."""
+    async def _reclaim(self, tp: TopicPartition, part: Partition | None) -> None:
+        """Close ``tp``'s runner ``part``, claim it again, seek the consumer to the new
+        frontier; the fresh runner starts in ``_repositioned`` (see the module Rules)."""
         positioned: asyncio.Future[None] = self._loop.create_future()
         try:
-            part = self._parts.pop(tp, None)
-            if part is not None:
+            if not self._reclaims.get(tp):
+                return  # revoked or lost before this task ran
+            if part is not None and self._parts.get(tp) is part:
+                del self._parts[tp]
                 part.closing = True
                 part.buffer.clear()
                 part.wake.set()
