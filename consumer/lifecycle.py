@@ -423,12 +423,17 @@ class Lifecycle(LifetimeFrame):
     async def _raise_if_reset(self, tp: TopicPartition, token: Token,
                               live: Callable[[], None], fenced: Fenced) -> None:
         """Raise ``ResetByOperator`` (from ``fenced``) when only operators installed the
-        epochs above ``token``'s; return otherwise (the caller raises ``fenced``)."""
+        epochs above ``token``'s; return otherwise, also when that cannot be read (the
+        caller raises ``fenced``: a fence not proven the operator's retires)."""
         store = self._store
         if isinstance(fenced, TokenDropped) or not isinstance(store, ResetStore):
             return
-        if await with_policy(lambda: store.operator_reset(tp, epoch=token.epoch),
-                             wait=self._wait, check_live=live):
+        try:
+            by_operator = await with_policy(lambda: store.operator_reset(tp, epoch=token.epoch),
+                                            wait=self._wait, check_live=live)
+        except FenceError:  # not known to be the operator's: the fence stands as it is
+            return
+        if by_operator:
             raise ResetByOperator(f"{tp}: an operator's reset fenced epoch {token.epoch} "
                                   f"of lifetime {self.lifetime_id}") from fenced
 
