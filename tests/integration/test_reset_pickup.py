@@ -5,10 +5,10 @@ owner (DESIGN.md, Liveness): one real worker, real Kafka and PostgreSQL, per gro
   of it from its next heartbeat, claims it again and applies offsets from the new frontier.
 - Partition 1 is busy (a producer keeps writing) when it is reset backwards: the member's
   next batch is fenced by the reset, it claims again and goes on from the new frontier.
-- The lifetime never ends (no fresh lifetime, no ERROR line, no ``lifetime ends``), every
-  record below the old frontier and at or above the new one is applied exactly twice and
-  every other record once (the handler's effect rows), Kafka's committed offsets follow the
-  frontiers, and SIGTERM afterwards exits 0.
+- The lifetime never ends (no fresh lifetime, no ERROR line, no ``lifetime ends``; every
+  claim after the resets is its own), every record below the old frontier and at or above
+  the new one is applied exactly twice and every other record once (the handler's effect
+  rows), Kafka's committed offsets follow the frontiers, and SIGTERM afterwards exits 0.
 """
 
 from __future__ import annotations
@@ -86,11 +86,17 @@ def _reset(schema: str, group: str, topic: str, partition: int, to_offset: int,
     return dict(plan)
 
 
-def _claimed_after(dsn: str, schema: str, group: str, topic: str, partition: int,
-                   epoch: int) -> dict[str, Any] | None:
+def _claims_after(dsn: str, schema: str, group: str, topic: str, partition: int,
+                  epoch: int) -> list[dict[str, Any]]:
     rows = asyncio.run(journal_rows(dsn, schema, group, topic))
-    return next((r for r in rows if r["partition"] == partition and r["event"] == "claim"
-                 and r["epoch"] > epoch), None)
+    return [r for r in rows if r["partition"] == partition and r["event"] == "claim"
+            and r["epoch"] > epoch]
+
+
+# A classic member's session is 2 s in the fast setups; here no session needs to expire, and
+# on a loaded machine the coordinator has gone that long without answering a heartbeat
+# (SESSTMOUT, then a rebalance), so the classic setups get a longer one.
+_STEADY = ("-X", "session.timeout.ms=10000", "-X", "heartbeat.interval.ms=1000")
 
 
 @pytest.mark.parametrize("setup", GROUP_SETUPS, ids=lambda s: s.name)
@@ -104,9 +110,10 @@ def test_a_running_owner_picks_up_resets_of_an_idle_and_a_busy_partition(
     create_topic(bootstrap, topic, 2)
     for p in (0, 1):
         _produce(bootstrap, topic, p, range(FIRST))
+    steady = _STEADY if "classic" in setup.args else ()
     w = WorkerProc(topic=topic, group=group, schema=schema, setup=setup, name="pickup",
                    extra=("--handler", HANDLER, "--heartbeat-interval-s", str(HEARTBEAT_S),
-                          "--batch-max-records", "20"))
+                          "--batch-max-records", "20", *steady))
     try:
         wait_until(lambda: asyncio.run(durable_rows(dsn, schema, group, topic))
                    == {0: (1, FIRST), 1: (1, FIRST)}, timeout_s=60,
@@ -118,7 +125,7 @@ def test_a_running_owner_picks_up_resets_of_an_idle_and_a_busy_partition(
         idle_at = time.monotonic()
         idle = _reset(schema, group, topic, 0, 20, 1)
         assert idle["frontier"] == [FIRST, 20] and idle["fenced_owner"] == lifetime
-        wait_until(lambda: _claimed_after(dsn, schema, group, topic, 0, 2), timeout_s=60,
+        wait_until(lambda: _claims_after(dsn, schema, group, topic, 0, 2), timeout_s=60,
                    what="partition 0 claimed again")
         idle_pickup_s = time.monotonic() - idle_at
 
@@ -132,15 +139,17 @@ def test_a_running_owner_picks_up_resets_of_an_idle_and_a_busy_partition(
         busy = _reset(schema, group, topic, 1, 30, 1)
         old_frontier = busy["frontier"][0]
         assert old_frontier >= FIRST + 40
-        wait_until(lambda: _claimed_after(dsn, schema, group, topic, 1, 2), timeout_s=60,
+        wait_until(lambda: _claims_after(dsn, schema, group, topic, 1, 2), timeout_s=60,
                    what="partition 1 claimed again")
         feeding.join(timeout=60)
 
-        wait_until(lambda: asyncio.run(durable_rows(dsn, schema, group, topic))
-                   == {0: (3, FIRST), 1: (3, FIRST + BUSY)}, timeout_s=90,
-                   what="both partitions caught up from their new frontiers")
-        assert {_claimed_after(dsn, schema, group, topic, p, 2)["lifetime"]  # type: ignore[index]
-                for p in (0, 1)} == {lifetime}
+        wait_until(lambda: {p: f for p, (_e, f) in asyncio.run(
+            durable_rows(dsn, schema, group, topic)).items()} == {0: FIRST, 1: FIRST + BUSY},
+            timeout_s=90, what="both partitions caught up from their new frontiers")
+        assert all(e >= 3 for e, _f in asyncio.run(
+            durable_rows(dsn, schema, group, topic)).values())
+        assert {c["lifetime"] for p in (0, 1)
+                for c in _claims_after(dsn, schema, group, topic, p, 2)} == {lifetime}
         assert _applications(dsn, schema, 0) == {o: 2 if o >= 20 else 1 for o in range(FIRST)}
         assert _applications(dsn, schema, 1) == {
             o: 2 if 30 <= o < old_frontier else 1 for o in range(FIRST + BUSY)}
@@ -157,6 +166,10 @@ def test_a_running_owner_picks_up_resets_of_an_idle_and_a_busy_partition(
         w.ensure_dead()
     log = w.log()
     assert " ERROR " not in log and "lifetime ends" not in log, log[-4000:]
-    assert log.count("claimed again after an operator's reset") == 2, log[-4000:]
+    pickups = log.count("claimed again after an operator's reset")
+    if log.count("assigned {") == 1:
+        assert pickups == 2, log[-4000:]
+    else:  # the group rebalanced meanwhile: the assignment's own claim may take a reset up
+        assert 1 <= pickups <= 2, log[-4000:]
     # a measurement, not a bound (the wait above is the bound): printed for the docs' figure
     print(f"{setup.name}: idle partition picked up {idle_pickup_s:.2f} s after the reset")
