@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import enum
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -224,17 +225,18 @@ _PERL_CLASSES = re.compile(r"\\[dDwWsSbB]")
 
 def check_topic_pattern(pattern: str) -> None:
     """Raise ``ConfigError`` naming ``--topic-pattern`` when ``pattern`` is not a regex both
-    Python and librdkafka's POSIX extended regex read the same way."""
+    Python and librdkafka's POSIX extended regex read the same way; the message shows the
+    pattern as a shell would take it back (``'orders-\\d+'``), not as a Python literal."""
     try:
         re.compile(pattern)
     except re.error as exc:
-        raise ConfigError(f"--topic-pattern {pattern!r}: not a regular expression: {exc}") \
-            from None
+        raise ConfigError(f"--topic-pattern {shlex.quote(pattern)}: not a regular expression: "
+                          f"{exc}") from None
     found = _PERL_CLASSES.search(pattern)
     if found:
-        raise ConfigError(f"--topic-pattern {pattern!r}: {found.group()} is not POSIX extended "
-                          "regex syntax, which librdkafka uses; write a bracket expression "
-                          "such as [0-9] or [a-z0-9_]")
+        raise ConfigError(f"--topic-pattern {shlex.quote(pattern)}: {found.group()} is not "
+                          "POSIX extended regex syntax, which librdkafka uses; write a bracket "
+                          "expression such as [0-9] or [a-z0-9_]")
 
 
 def parse_x_options(items: Sequence[str], *, flag: str = "-X",

@@ -18,6 +18,8 @@ Rules
   another partition or out of offset order is the caller's bug (``ValueError``).
 - Failures: ``HandlerFailed`` (the handler raised; nothing applied) passes through without
   retiring: the worker retries, bisects or quarantines (``consumer.failure_run``).
+  ``ResetByOperator`` (fenced by an operator's reset, not by another member) passes
+  through too: the worker claims the partition again (``Lifecycle.reclaim``).
   ``Fenced`` and ``SourceRefused`` retire the lifetime and reach the caller as
   they are; ``StoreUnavailable``, ``OutcomeUnknown`` (including ``Unresolved``), an exhausted
   budget and any other error retire it and reach the caller as ``Retired``.
@@ -32,11 +34,20 @@ from fencing.errors import (
     ConfigError,
     Fenced,
     HandlerFailed,
+    ResetByOperator,
     Retired,
     SourceRefused,
 )
 from fencing.resolution import compatible_claim
-from fencing.types import SourceFacts, SourceRecord, Token, TopicPartition
+from fencing.types import (
+    ACCEPT,
+    Reject,
+    SourceFacts,
+    SourceRecord,
+    Token,
+    TopicPartition,
+    Verdict,
+)
 
 __all__ = [
     "AUTO_OFFSET_RESETS",
@@ -51,6 +62,7 @@ __all__ = [
     "initial_frontier",
     "late_call",
     "newest",
+    "rejects",
     "retain_claim",
     "seek_matches",
     "submittable",
@@ -142,6 +154,14 @@ def submittable(token: Token, records: Sequence[SourceRecord]) -> tuple[SourceRe
     return tuple(rec for rec in records if rec.offset >= token.frontier)
 
 
+def rejects(verdicts: Sequence[Verdict]) -> int:
+    """How many of ``verdicts`` quarantine their record (all-accepted batches, the common
+    case, cost one C-level count)."""
+    if verdicts.count(ACCEPT) == len(verdicts):
+        return 0
+    return sum(isinstance(v, Reject) for v in verdicts)
+
+
 class FailureAction(enum.Enum):
     RAISE_AS_IS = "raise-as-is"  # retire, then raise the error itself (Fenced, SourceRefused)
     RAISE_RETIRED = "raise-retired"  # retire, then raise Retired from the error
@@ -150,7 +170,7 @@ class FailureAction(enum.Enum):
 
 def classify_failure(exc: BaseException) -> FailureAction:
     """How the lifecycle treats an error raised by a guarded call."""
-    if isinstance(exc, Retired | HandlerFailed):
+    if isinstance(exc, Retired | HandlerFailed | ResetByOperator):
         return FailureAction.PASS_THROUGH
     if isinstance(exc, Fenced | SourceRefused):
         return FailureAction.RAISE_AS_IS

@@ -29,6 +29,12 @@ Rules (docs/ARCHITECTURE.md, "Lifecycle"; the decisions live in ``consumer.decis
   ``record_attempt`` counts one attempt of an offset in its own committed, fenced write.
   ``assign`` reads the durable failure marks of the partitions it retains
   (``take_failure_marks``); the worker decides what to do with them (``consumer.failure_run``).
+- An operator's reset (``fencectl reset``) fences the owner without another member:
+  ``process`` and ``record_attempt`` that find their token fenced ask the store whether only
+  operators installed the newer epochs (``ResetStore.operator_reset``); if so they raise
+  ``ResetByOperator`` without retiring, and ``reclaim`` claims the partition again
+  (validate, claim, as ``assign``) and returns the new token at the operator's frontier. A
+  fence by another member retires as before.
 - Callers only see errors of ``fencing.errors``: ``Retired``, ``Fenced``, ``SourceRefused``
   (and ``ValueError`` for a malformed batch, before any I/O).
   ``seek``/``process`` of a partition without a token raise ``Fenced`` without I/O and
@@ -48,7 +54,7 @@ from consumer.decisions import LifetimeState
 from consumer.lifetime_frame import LifetimeFrame
 from consumer.observability.instruments import Instruments
 from fencing.crashpoints import crash_point
-from fencing.errors import Fenced, FenceError, TokenDropped
+from fencing.errors import Fenced, FenceError, ResetByOperator, TokenDropped
 from fencing.failures import Attempts
 from fencing.guarded import (
     CallHooks,
@@ -58,7 +64,7 @@ from fencing.guarded import (
     guarded_skip,
 )
 from fencing.policy import with_policy
-from fencing.store import AttemptStore, FenceStore, HandlerFn
+from fencing.store import AttemptStore, FenceStore, HandlerFn, ResetStore
 from fencing.tracing import NO_TRACING, SpanHandle, Tracing
 from fencing.types import (
     ClaimRequest,
@@ -315,8 +321,12 @@ class Lifecycle(LifetimeFrame):
         async def body() -> Token:
             if token is None:
                 raise TokenDropped(f"process {tp}: token dropped while waiting for the guard")
-            return await self._process_guarded(tp, token, records, handler, live, links, context,
-                                               clear_attempts)
+            try:
+                return await self._process_guarded(tp, token, records, handler, live, links,
+                                                   context, clear_attempts)
+            except Fenced as exc:
+                await self._raise_if_reset(tp, token, live, exc)
+                raise
 
         try:
             return await self._framed(body, late=lambda: d.late_call(token, self._tokens.get(tp)),
@@ -340,9 +350,12 @@ class Lifecycle(LifetimeFrame):
         m, started_s = self._metrics, self._clock()
         inner = handler if m is None else m.counting_handler(handler)
 
+        rejected = [0]  # of the handler's last call: the committed transaction's
+
         async def barrier(conn: Any, recs: Sequence[SourceRecord]) -> Sequence[Verdict]:
             verdicts = await inner(conn, recs)
             self._check_live()  # retired meanwhile: roll back instead of committing
+            rejected[0] = d.rejects(verdicts)
             return verdicts
 
         with self._span("fence.process", tp, attrs, links=links, context=context) as sp:
@@ -361,6 +374,8 @@ class Lifecycle(LifetimeFrame):
             if m is not None:
                 m.batch_committed(tp, records=len(batch), duration_s=self._clock() - started_s)
             sp.set_attribute("fence.frontier", new.frontier)
+            if rejected[0]:  # records of the batch quarantined (fencectl trace marks them)
+                sp.set_attribute("fence.rejected", rejected[0])
         if self._tokens.get(tp) is token:
             self._tokens[tp] = new
         return new
@@ -387,10 +402,14 @@ class Lifecycle(LifetimeFrame):
                 live()
                 if token is None:
                     raise Fenced(f"record attempt {tp}: token dropped while waiting")
-                return await with_policy(lambda: store.record_attempt(
-                    tp, token, offset=offset, max_attempts=max_attempts, error=error,
-                    next_retry_in_s=next_retry_in_s, at_least=at_least), wait=self._wait,
-                    check_live=live)
+                try:
+                    return await with_policy(lambda: store.record_attempt(
+                        tp, token, offset=offset, max_attempts=max_attempts, error=error,
+                        next_retry_in_s=next_retry_in_s, at_least=at_least), wait=self._wait,
+                        check_live=live)
+                except Fenced as exc:
+                    await self._raise_if_reset(tp, token, live, exc)
+                    raise
 
             try:
                 return await self._framed(
@@ -399,6 +418,64 @@ class Lifecycle(LifetimeFrame):
                 guard.release()
 
         return await self._guarded(run)
+
+    # -- operator resets --------------------------------------------------------------
+    async def _raise_if_reset(self, tp: TopicPartition, token: Token,
+                              live: Callable[[], None], fenced: Fenced) -> None:
+        """Raise ``ResetByOperator`` (from ``fenced``) when only operators installed the
+        epochs above ``token``'s; return otherwise, also when that cannot be read (the
+        caller raises ``fenced``: a fence not proven the operator's retires)."""
+        store = self._store
+        if isinstance(fenced, TokenDropped) or not isinstance(store, ResetStore):
+            return
+        try:
+            by_operator = await with_policy(lambda: store.operator_reset(tp, epoch=token.epoch),
+                                            wait=self._wait, check_live=live)
+        except FenceError:  # not known to be the operator's: the fence stands as it is
+            return
+        if by_operator:
+            raise ResetByOperator(f"{tp}: an operator's reset fenced epoch {token.epoch} "
+                                  f"of lifetime {self.lifetime_id}") from fenced
+
+    async def reclaim(self, check: SourceCheck) -> Token | None:
+        """After an operator's reset of ``check.tp``: claim it again (validate and claim as
+        ``assign``) and return the new token, at the operator's frontier. None when the
+        retained token is still the durable one (nothing was reset). ``TokenDropped`` when
+        the token was dropped meanwhile (revoked, lost: nothing to claim); ``Fenced``
+        (retiring) when another member claimed it since."""
+        tp = check.tp
+        self._check_live()
+        if tp not in self._tokens:
+            raise TokenDropped(f"reclaim {tp}: lifetime {self.lifetime_id} holds no token")
+        return await self._guarded(lambda deadline_s: self._reclaim(check, deadline_s))
+
+    async def _reclaim(self, check: SourceCheck, deadline_s: float) -> Token | None:
+        tp = check.tp
+        async with self._mutex:
+            live = self._live_until(deadline_s)
+
+            async def body() -> Token | None:
+                live()
+                await self._settle([tp])  # the partition's in-flight batch ends first
+                held = self._tokens.get(tp)
+                if held is None:
+                    raise TokenDropped(f"reclaim {tp}: token dropped while waiting")
+                observed = await guarded_observe(self._store, [tp], wait=self._wait,
+                                                 check_live=live, hooks=self._hooks("observe"))
+                if d.seek_matches(held, observed[tp]):
+                    return None
+                store = self._store
+                if not isinstance(store, ResetStore) or not await with_policy(
+                        lambda: store.operator_reset(tp, epoch=held.epoch), wait=self._wait,
+                        check_live=live):
+                    raise Fenced(f"reclaim {tp}: retained {held}, durable {observed[tp]}, "
+                                 "installed by another member")
+                token = (await self._assign_locked([check], live)).get(tp)
+                if token is None:
+                    raise Fenced(f"reclaim {tp}: the claim after the reset was not retained")
+                return token
+
+            return await self._framed(body, late=lambda: tp not in self._tokens)
 
     # -- revoke --------------------------------------------------------------------------
     async def revoke(self, tps: Sequence[TopicPartition]) -> None:

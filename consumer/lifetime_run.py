@@ -19,7 +19,12 @@ Rules (the worker's; see ``consumer.worker`` for the process around it)
 - Batches go through ``consumer.failure_run`` (``lifecycle.process``, and on a handler
   failure retries, bisection, quarantine; retries end once the partition closes).
 - A fenced batch means this process was a zombie (its partition was lost and a newer owner
-  committed): nothing of it applied, and the lifetime ends with exit 3.
+  committed): nothing of it applied, and the lifetime ends with exit 3. A batch fenced by
+  an operator's reset (``ResetByOperator``), or a heartbeat that finds an owned partition
+  owned by an operator (``operator_owned``), instead closes the partition's runner, claims
+  it again (``lifecycle.reclaim``), seeks the consumer to the new frontier
+  (``kafka.reposition``) and starts a fresh runner there; the lifetime goes on. A revoke or
+  loss meanwhile ends the re-claim without a runner.
 - A failure ends the run with ``exit_code_for(exc)``: stop fetching, leave the group
   (``Consumer.close()`` on the Kafka thread, outside any callback), stop the lifecycle. The
   Kafka thread never dies silently: ``failed`` ends the run (2 for a consumer that cannot
@@ -36,7 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from consumer import events as ev
@@ -48,8 +53,16 @@ from consumer.kafka.adapter import call_on_loop
 from consumer.kafka.source import build_checks
 from consumer.ports import KafkaPort, LifecyclePort, Partition
 from fencing.crashpoints import crash_point
-from fencing.errors import Fenced, FenceError, Retired, SourceRefused, TokenDropped
-from fencing.types import SourceRecord, TopicPartition
+from fencing.errors import (
+    Fenced,
+    FenceError,
+    KafkaClientFailed,
+    ResetByOperator,
+    Retired,
+    SourceRefused,
+    TokenDropped,
+)
+from fencing.types import SourceRecord, Token, TopicPartition
 
 if TYPE_CHECKING:
     from consumer.worker import Worker
@@ -76,6 +89,10 @@ class LifetimeRun:
         self._slots = asyncio.Semaphore(self._cfg.db_concurrency)
         self._stopping = False
         self.abandoned = False  # in-flight work outlived the shutdown bound
+        # partitions being claimed again after an operator's reset -> still wanted (a revoke
+        # or loss meanwhile sets False: no runner is started)
+        self._reclaims: dict[TopicPartition, bool] = {}
+        self._reclaim_tasks: set[asyncio.Task[None]] = set()
         self.failures = worker.failure_run(lifecycle)
         self.kafka = kafka_factory(self)
 
@@ -248,6 +265,8 @@ class LifetimeRun:
     def _close_partitions(self, tps: list[TopicPartition]) -> list[asyncio.Task[None]]:
         tasks = []
         for tp in tps:
+            if tp in self._reclaims:
+                self._reclaims[tp] = False
             part = self._parts.pop(tp, None)
             if part is None:
                 continue
@@ -314,6 +333,14 @@ class LifetimeRun:
                     raise
                 except RetryInterrupted:
                     return
+                except ResetByOperator as exc:
+                    # nothing of the batch applied; the records come again from the new
+                    # frontier (a partition closed meanwhile is its next owner's to claim)
+                    log.info("batch %s not applied: %s%s", inflight.describe(), exc,
+                             "" if part.closing else "; claiming the partition again")
+                    if not part.closing:
+                        self._start_reclaim(part.tp)
+                    return
                 except BaseException as exc:
                     if part.closing and isinstance(exc, TokenDropped):
                         # Lost while the batch waited behind the partition's guard: never
@@ -336,6 +363,83 @@ class LifetimeRun:
                         first_offset=inflight.first_offset, last_offset=inflight.last_offset,
                         batch_end=token.frontier)
             self.kafka.commit(part.tp, token.frontier)
+
+    # ---- operator resets ------------------------------------------------------------------
+
+    def operator_owned(self, tps: Collection[TopicPartition]) -> None:
+        """A heartbeat read that an operator owns ``tps`` now: claim again those this
+        lifetime runs (``lifecycle.reclaim`` finds out whether the reset fenced it)."""
+        for tp in tps:
+            part = self._parts.get(tp)
+            if part is not None and not part.closing:
+                self._start_reclaim(tp)
+
+    def _start_reclaim(self, tp: TopicPartition) -> None:
+        if tp in self._reclaims or self._stopping:
+            return
+        self._reclaims[tp] = True
+        task = asyncio.create_task(self._reclaim(tp, self._parts.get(tp)), name=f"reclaim {tp}")
+        self._reclaim_tasks.add(task)
+        task.add_done_callback(self._reclaim_tasks.discard)
+
+    async def _reclaim(self, tp: TopicPartition, part: Partition | None) -> None:
+        """Close ``tp``'s runner ``part``, claim it again, seek the consumer to the new
+        frontier; the fresh runner starts in ``_repositioned`` (see the module Rules)."""
+        positioned: asyncio.Future[None] = self._loop.create_future()
+        try:
+            if not self._reclaims.get(tp):
+                return  # revoked or lost before this task ran
+            if part is not None and self._parts.get(tp) is part:
+                del self._parts[tp]
+                part.closing = True
+                part.buffer.clear()
+                part.wake.set()
+                if part.task is not None and not part.task.done():
+                    await asyncio.wait([part.task], timeout=self._cfg.budget_s)
+            facts = await asyncio.to_thread(self._w.source.facts, [tp])
+            checks = build_checks(facts, allow_retention_gap=self._cfg.allow_retention_gap)
+            token = await self._lc.reclaim(checks[0])
+            current = token or self._lc.token(tp)
+            if current is None or not self._reclaims.get(tp):
+                return
+            frontier = current.frontier
+
+            def then(result: bool | BaseException) -> None:  # on the Kafka thread
+                self._loop.call_soon_threadsafe(self._repositioned, tp, frontier, token,
+                                                result, positioned)
+
+            self.kafka.reposition(tp, frontier, then)
+            await asyncio.wait_for(asyncio.shield(positioned), timeout=self._cfg.budget_s + 10)
+        except TokenDropped as exc:
+            log.info("%s: not claimed again: %s", tp, exc)  # revoked or lost meanwhile
+        except TimeoutError:
+            if not self._stopping:
+                self._fail(KafkaClientFailed(f"{tp}: the consumer did not seek to the frontier "
+                                             "claimed after an operator's reset in time"))
+        except BaseException as exc:
+            if not self._stopping:
+                self._fail(exc)
+        finally:
+            self._reclaims.pop(tp, None)
+
+    def _repositioned(self, tp: TopicPartition, frontier: int, token: Token | None,
+                      result: bool | BaseException, positioned: asyncio.Future[None]) -> None:
+        """On the loop, ordered with the deliveries: every message of the old position was
+        taken (and dropped: no runner) before this runs, none of the new one yet."""
+        if not positioned.done():
+            positioned.set_result(None)
+        if isinstance(result, BaseException):
+            if not self._stopping:
+                self._fail(KafkaClientFailed(f"{tp}: seek to {frontier} failed: {result}"))
+            return
+        if not result or not self._reclaims.get(tp) or self._stopping \
+                or self._w.current is not self or tp in self._parts \
+                or self._lc.token(tp) is None:
+            return
+        self._start_partition(tp, frontier)
+        if token is not None:
+            log.info("%s: claimed again after an operator's reset: epoch %d, continuing from "
+                     "frontier %d", tp, token.epoch, token.frontier)
 
     def _live(self) -> bool:
         return self._lc.state is LifetimeState.LIVE

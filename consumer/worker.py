@@ -19,7 +19,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from consumer import events as ev
 from consumer.batching import InFlight
@@ -114,6 +114,12 @@ class Worker:
         """The current lifetime's retained token per partition (None when not held); no I/O."""
         lc = self._lifecycle
         return {tp: None if lc is None else lc.token(tp) for tp in tps}
+
+    def operator_owned(self, tps: Collection[TopicPartition]) -> None:
+        """A heartbeat read the partitions an operator owns now: the current lifetime
+        claims again those it runs (``LifetimeRun.operator_owned``)."""
+        if self.current is not None:
+            self.current.operator_owned(tps)
 
     def emit(self, event: ev.WorkerEvent) -> None:
         """Log ``event`` and hand it to the observer."""

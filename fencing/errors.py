@@ -20,6 +20,7 @@ __all__ = [
     "OutcomeUnknown",
     "ReadFailed",
     "RecreatedTopic",
+    "ResetByOperator",
     "RetentionGap",
     "Retired",
     "SchemaMismatch",
@@ -44,6 +45,13 @@ class Fenced(FenceError):
 class TokenDropped(Fenced):
     """The partition's token was dropped (its assignment lost or revoked) while the call
     waited for its turn: nothing was sent, so nothing says another owner committed."""
+
+
+class ResetByOperator(Fenced):
+    """An operator's ``fencectl reset`` installed a newer epoch on a partition this lifetime
+    holds, and no member claimed it since: nothing of the call was applied; the lifetime
+    stays live and claims the partition again, from the operator's frontier (the
+    operator's)."""
 
 
 class StoreUnavailable(FenceError):

@@ -23,6 +23,12 @@ Rules
   partition's durable attempt counts below the batch end, in the same transaction.
 - ``AttemptStore`` (both stores): ``record_attempt`` counts one attempt of an offset under
   the token in its own committed write; ``attempts`` reads the failure marks at claim.
+- ``ResetStore`` (both stores): ``operator_reset`` reads whether every epoch of a
+  partition above a given one was installed by an operator's ``fencectl reset`` (the row's
+  owner is an operator and no member journaled a claim above that epoch), so a live owner
+  fenced by the operator claims it again instead of retiring; ``heartbeat`` upserts the
+  member row and returns the group's partitions whose owner is an operator now (one
+  statement: an idle worker learns of a reset without another query).
 - ``journal`` appends an ownership-journal row (fence, retirement, release); it never
   decides anything and is best-effort for the caller.
 """
@@ -43,7 +49,7 @@ from fencing.types import (
     Verdict,
 )
 
-__all__ = ["JOURNAL_EVENTS", "AttemptStore", "FenceStore", "HandlerFn"]
+__all__ = ["JOURNAL_EVENTS", "AttemptStore", "FenceStore", "HandlerFn", "ResetStore"]
 
 # An effect handler: given the transaction's connection (asyncpg Connection for the
 # PostgreSQL store, a MemoryTx for the in-memory store) and the batch, returns one
@@ -103,3 +109,14 @@ class AttemptStore(Protocol):
 
     async def attempts(self, tokens: Mapping[TopicPartition, Token]
                        ) -> Mapping[TopicPartition, Attempts]: ...
+
+
+@runtime_checkable
+class ResetStore(Protocol):
+    """Operator resets seen by the owner they fenced (see the module Rules)."""
+
+    async def operator_reset(self, tp: TopicPartition, *, epoch: int) -> bool: ...
+
+    async def heartbeat(self, *, lifetime: str, member_id: str | None, host: str, pid: int,
+                        state: str, detail: Mapping[str, Any] | None = None
+                        ) -> frozenset[TopicPartition]: ...

@@ -9,6 +9,7 @@ from fencing.errors import SourceRefused
 
 __all__ = [
     "ACCEPT",
+    "OPERATOR_OWNER_PREFIX",
     "Accept",
     "ClaimRequest",
     "Outcome",
@@ -20,7 +21,17 @@ __all__ = [
     "TopicPartition",
     "Validation",
     "Verdict",
+    "operator_owned",
 ]
+
+#: The ``owner`` of a partition row an operator's ``fencectl reset`` wrote:
+#: ``operator:<user>@<host>``; a worker lifetime's id never starts with it.
+OPERATOR_OWNER_PREFIX = "operator:"
+
+
+def operator_owned(owner: str | None) -> bool:
+    """True when ``owner`` (a partition row's) is an operator, not a worker lifetime."""
+    return owner is not None and owner.startswith(OPERATOR_OWNER_PREFIX)
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -3,22 +3,29 @@
 Each module in ``COMMAND_MODULES`` exposes ``register(subparsers)``, which adds its
 parser(s) and sets ``func`` to a callable ``(args) -> int`` (the exit code).
 Exit codes: 0 success, 1 failure of the work itself, 2 bad usage or configuration.
+A flag the chosen (sub)command does not know is refused with that command's usage, not the
+top-level one. A reader that closes the command's stdout early (``fencectl status --json |
+head``) ends it quietly with 141 (128 + SIGPIPE, as ``cat`` or ``grep`` end there).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["COMMAND_MODULES", "build_parser", "main"]
+__all__ = ["COMMAND_MODULES", "PIPE_CLOSED", "build_parser", "main"]
+
+PIPE_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for ``cat`` cut off by ``| head``
 
 COMMAND_MODULES: tuple[str, ...] = (
     "ops.commands.stack",
     "ops.commands.migrate",
     "ops.commands.run",
     "ops.commands.produce",
+    "ops.commands.topic",
     "ops.commands.status",
     "ops.commands.reset",
     "ops.commands.quarantine",
@@ -34,13 +41,32 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    _remember_parsers(parser)
     return parser
+
+
+def _remember_parsers(parser: argparse.ArgumentParser) -> None:
+    """Each (sub)parser records itself as a default, so the deepest one chosen is known."""
+    parser.set_defaults(usage_parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                _remember_parsers(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    code = args.func(args)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse would print the top-level usage: say it with the command's own
+        args.usage_parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here at the latest, not at interpreter exit
+    except BrokenPipeError:
+        # Python's documented way out (library/signal.html, "Note on SIGPIPE"): point stdout
+        # at /dev/null so the interpreter's final flush cannot raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return PIPE_CLOSED
     return int(code or 0)
 
 

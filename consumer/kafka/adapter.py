@@ -46,6 +46,14 @@ Threading model (deliberate; see docs/librdkafka.md)
 - librdkafka errors are translated here and never leave this module: a position out of
   range is ``RetentionGap``, a fatal error ``KafkaClientFailed``; transient ones are logged
   (librdkafka retries them).
+- ``reposition`` (an operator's reset was picked up: the partition was claimed again at a
+  new frontier) seeks an assigned partition on this thread, resumes it, and converges the
+  mirror there. librdkafka's seek bumps the partition's version barrier in the calling
+  thread before it returns (``rd_kafka_toppar_op_seek``), and ``consume()`` drops messages
+  of an older version (``rd_kafka_q_serve_rkmessages``: ``rd_kafka_op_version_outdated``),
+  so no message fetched before the seek is delivered after it. The caller's ``then`` runs
+  on this thread right after the seek, before the next ``consume()``: what it schedules on
+  the loop lands after every delivery of the old position and before any of the new one.
 - Kafka commits mirror the durable frontier (``consumer.kafka.committer``): converged once per
   assignment after positioning, asynchronous per batch with results through ``on_commit``,
   synchronous on revoke and on graceful shutdown, dropped (counted) on a lost assignment.
@@ -188,6 +196,29 @@ class KafkaThread:
     def commit(self, tp: TopicPartition, frontier: int) -> None:
         """Mirror the durable ``frontier`` of ``tp`` into Kafka (advisory: lag tools only)."""
         self._committer.queue(tp, frontier)
+
+    def reposition(self, tp: TopicPartition, offset: int,
+                   then: Callable[[bool | BaseException], None]) -> None:
+        """Seek ``tp`` to ``offset`` and resume it (see Rules); then, on this thread, call
+        ``then`` with True (done), False (not assigned any more, or shutting down) or the
+        error. ``then`` runs before this thread hands over any message fetched after the
+        seek, so a ``call_soon_threadsafe`` from it reaches the loop before them."""
+
+        def run(consumer: Consumer) -> None:
+            result: bool | BaseException = False
+            try:
+                if tp in self._assigned and not self._stop_fetching.is_set():
+                    self._generation[tp] = self._generation.get(tp, 0) + 1  # older pauses
+                    consumer.seek(KafkaTP(tp.topic, tp.partition, offset))
+                    consumer.resume([KafkaTP(tp.topic, tp.partition)])
+                    self._positioned.add(tp)
+                    self._committer.positioned(consumer, {tp: offset})
+                    result = True
+            except (KafkaException, RuntimeError) as exc:
+                result = exc
+            then(result)
+
+        self._commands.put(run)
 
     def freeze_mirror(self) -> None:
         """The lifetime failed: commit nothing more to Kafka (``consumer.kafka.committer``)."""

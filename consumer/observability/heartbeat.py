@@ -10,6 +10,11 @@ Rules
 - Each row stores its own bound: ``detail.heartbeat_interval_s`` and
   ``detail.unavailable_after_s`` (= ``unavailable_factor`` x interval). ``fencectl status``
   reads the bound from the row, so members with different intervals are judged fairly.
+- A write returns the group's partitions an operator owns now (a ``fencectl reset`` no
+  member has claimed since); when there are any, ``on_operator_owned`` gets them, so the
+  lifetime that held one claims it again at its next heartbeat, also when idle.
+- ``detail`` given at construction goes into every row (each write replaces the row's
+  detail), beside the bound and the state's extra detail.
 - ``close`` writes the final state (``stopped`` or ``retired``) once, bounded by
   ``final_timeout_s``.
 """
@@ -21,13 +26,14 @@ import enum
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from consumer.observability.readiness import Phase
 from fencing.crashpoints import crash_point
 from fencing.errors import FenceError
+from fencing.types import TopicPartition
 
 __all__ = [
     "HeartbeatStore",
@@ -86,10 +92,12 @@ def heartbeat_delay_s(
 
 
 class HeartbeatStore(Protocol):
-    """``fencing.postgres.store.PgFenceStore.heartbeat`` (upsert, ``last_seen := now()``)."""
+    """``fencing.postgres.store.PgFenceStore.heartbeat`` (upsert, ``last_seen := now()``;
+    returns the group's partitions an operator owns now, ``fencing.store.ResetStore``)."""
 
     async def heartbeat(self, *, lifetime: str, member_id: str | None, host: str, pid: int,
-                        state: str, detail: Mapping[str, Any] | None = None) -> None: ...
+                        state: str, detail: Mapping[str, Any] | None = None
+                        ) -> Collection[TopicPartition] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +125,8 @@ class MemberHeartbeat:
         min_gap_s: float = 0.5,
         unavailable_factor: float = 3.0,
         final_timeout_s: float = 2.0,
+        detail: Mapping[str, Any] | None = None,
+        on_operator_owned: Callable[[Collection[TopicPartition]], None] | None = None,
     ) -> None:
         if interval_s <= 0 or min_gap_s < 0 or unavailable_factor < 1:
             raise ValueError("heartbeat: interval_s > 0, min_gap_s >= 0, unavailable_factor >= 1")
@@ -128,6 +138,8 @@ class MemberHeartbeat:
         self.min_gap_s = min_gap_s
         self.unavailable_after_s = unavailable_factor * interval_s
         self._final_timeout_s = final_timeout_s
+        self._fixed = dict(detail or {})  # written in every row (e.g. the run's handler)
+        self._on_operator_owned = on_operator_owned
         self._wanted = MemberState.STARTING
         self._extra: dict[str, Any] = {}
         self._written: MemberState | None = None
@@ -159,11 +171,11 @@ class MemberHeartbeat:
         return await self._write(self._wanted)
 
     async def _write(self, state: MemberState) -> bool:
-        detail = {"heartbeat_interval_s": self.interval_s,
+        detail = {**self._fixed, "heartbeat_interval_s": self.interval_s,
                   "unavailable_after_s": self.unavailable_after_s, **self._extra}
         self._last_write_s = self._clock()
         try:
-            await self._store.heartbeat(
+            owned = await self._store.heartbeat(
                 lifetime=self.identity.lifetime_id, member_id=self._member_id(),
                 host=self.identity.host, pid=self.identity.pid, state=state.value,
                 detail=detail)
@@ -173,6 +185,8 @@ class MemberHeartbeat:
             return False
         self._failed = False
         self._written = state
+        if owned and self._on_operator_owned is not None and not self._closed:
+            self._on_operator_owned(owned)
         crash_point("in-heartbeat", lifetime=self.identity.lifetime_id, state=state.value)
         return True
 

@@ -4,7 +4,9 @@ Rules
 - Header keys match case-insensitively; values are bytes decoded as latin-1; a missing or
   malformed context yields an invalid span context and no link.
 - ``links_for_records`` returns one link per distinct valid producer span context, in record
-  order, each with the first such record's ``messaging.kafka.offset``, at most ``limit``.
+  order, each with the first such record's ``messaging.kafka.offset``, at most ``limit``
+  (default ``LINKS_MAX``, OpenTelemetry's default span link limit: a batch's later records
+  have no link).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from opentelemetry.propagators.textmap import Getter
 
 from fencing.types import SourceRecord
 
-__all__ = ["context_from_headers", "links_for_records", "links_from_headers"]
+__all__ = ["LINKS_MAX", "context_from_headers", "links_for_records", "links_from_headers"]
+
+LINKS_MAX = 128  # OTEL_SPAN_LINK_COUNT_LIMIT's default
 
 Headers = Iterable[tuple[str, bytes | None]]
 
@@ -69,14 +73,15 @@ def links_from_headers(
     records_headers: Iterable[Headers],
     *,
     attributes: Mapping[str, str | int] | None = None,
-    limit: int = 128,
+    limit: int = LINKS_MAX,
 ) -> list[trace.Link]:
     """One link per distinct valid producer span context, in order, at most ``limit``."""
     attrs = attributes or {}
     return _links(((headers, attrs) for headers in records_headers), limit)
 
 
-def links_for_records(records: Sequence[SourceRecord], *, limit: int = 128) -> list[trace.Link]:
+def links_for_records(records: Sequence[SourceRecord], *,
+                      limit: int = LINKS_MAX) -> list[trace.Link]:
     """Links from each record's headers to its producer span, with the record's offset."""
     return _links(((r.headers, {"messaging.kafka.offset": r.offset}) for r in records
                    if r.headers), limit)

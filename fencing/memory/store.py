@@ -65,6 +65,7 @@ from fencing.types import (
     Token,
     TopicPartition,
     Validation,
+    operator_owned,
 )
 
 __all__ = [
@@ -472,9 +473,35 @@ class MemoryFenceStore:
                                for x in rows[i + 1:])
         return False
 
+    async def operator_reset(self, tp: TopicPartition, *, epoch: int) -> bool:
+        """``ResetStore.operator_reset``: only operators installed the epochs above
+        ``epoch`` (no claim journaled above it); read without faults or events."""
+        row = self.rows.get(tp)
+        return (row is not None and operator_owned(row.owner) and row.epoch > epoch
+                and not any(j.tp == tp and j.event == "claim" and (j.epoch or 0) > epoch
+                            for j in self.journal_rows))
+
+    def reset_by_operator(self, tp: TopicPartition, *, frontier: int,
+                          operator: str = "operator:test@host") -> Token:
+        """What ``fencectl reset frontier`` does to the row (tests): epoch + 1, the new
+        frontier, the operator as owner, one ``reset`` journal row."""
+        row = self.rows[tp]
+        now = self._clock()
+        self.rows[tp] = replace(row, epoch=row.epoch + 1, frontier=frontier, owner=operator,
+                                updated_s=now)
+        self.journal_rows.append(JournalRow(tp, operator, "reset", row.epoch + 1,
+                                            f"frontier {row.frontier} -> {frontier}", now))
+        return Token(row.epoch + 1, frontier)
+
+    def operator_owned_partitions(self) -> frozenset[TopicPartition]:
+        """The partitions whose owner is an operator now."""
+        return frozenset(tp for tp, row in self.rows.items() if operator_owned(row.owner))
+
     async def heartbeat(self, *, lifetime: str, member_id: str | None, host: str, pid: int,
-                        state: str, detail: Mapping[str, Any] | None = None) -> None:
-        """Upsert this lifetime's member row with ``last_seen_s`` := now (status only)."""
+                        state: str, detail: Mapping[str, Any] | None = None
+                        ) -> frozenset[TopicPartition]:
+        """Upsert this lifetime's member row with ``last_seen_s`` := now (status only);
+        return the partitions whose owner is an operator (``ResetStore``)."""
         async def effect(fault: Fault | None, label: str, applied: dict[str, bool],
                          call: int) -> None:
             if fault is not None and fault.outcome is FaultOutcome.ABORT:
@@ -488,6 +515,7 @@ class MemoryFenceStore:
                 raise OutcomeUnknown(f"heartbeat {lifetime}: injected lost reply after commit")
 
         await self._run(Operation.HEARTBEAT, effect)
+        return self.operator_owned_partitions()
 
 def _name(exc: BaseException) -> str:
     names: dict[type[BaseException], str] = {

@@ -47,6 +47,7 @@ class Statements:
     record_attempt: str
     clear_attempts: str
     attempts: str
+    operator_reset: str
 
     @classmethod
     def for_schema(cls, schema: str) -> Statements:
@@ -120,13 +121,26 @@ SELECT epoch, frontier FROM upd""",
 INSERT INTO {s}.journal (group_id, topic, partition, event, epoch, lifetime, detail)
 SELECT $1, topic, partition, $4, $5, $6, $7
 FROM unnest($2::text[], $3::int[]) AS r(topic, partition)""",
+            # the upsert runs whether or not the SELECT reads it (a data-modifying WITH)
             heartbeat=f"""
-INSERT INTO {s}.members AS m (lifetime_id, group_id, member_id, host, pid, state, detail)
-VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)
-ON CONFLICT (lifetime_id) DO UPDATE
-    SET member_id = coalesce(EXCLUDED.member_id, m.member_id), host = EXCLUDED.host,
-        pid = EXCLUDED.pid, state = EXCLUDED.state, detail = EXCLUDED.detail,
-        last_seen = now()""",
+WITH beat AS (
+    INSERT INTO {s}.members AS m (lifetime_id, group_id, member_id, host, pid, state, detail)
+    VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)
+    ON CONFLICT (lifetime_id) DO UPDATE
+        SET member_id = coalesce(EXCLUDED.member_id, m.member_id), host = EXCLUDED.host,
+            pid = EXCLUDED.pid, state = EXCLUDED.state, detail = EXCLUDED.detail,
+            last_seen = now()
+)
+SELECT p.topic, p.partition FROM {s}.partitions p
+WHERE p.group_id = $2 AND starts_with(p.owner, $8)""",
+            # every claim is journaled by the claim statement itself: no claim above the
+            # epoch means only operators installed the epochs above it
+            operator_reset=f"""
+SELECT starts_with(p.owner, $5) AND p.epoch > $4 AND NOT EXISTS (
+    SELECT 1 FROM {s}.journal j
+    WHERE j.group_id = $1 AND j.topic = $2 AND j.partition = $3 AND j.event = 'claim'
+      AND j.epoch > $4) AS reset
+FROM {s}.partitions p WHERE p.group_id = $1 AND p.topic = $2 AND p.partition = $3""",
             # FOR SHARE: a concurrent claim is waited for and then fences this write
             record_attempt=f"""
 WITH p AS (

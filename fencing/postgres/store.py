@@ -51,6 +51,7 @@ from fencing.resolution import batch_end, decide_validation
 from fencing.store import JOURNAL_EVENTS, HandlerFn
 from fencing.types import (
     ACCEPT,
+    OPERATOR_OWNER_PREFIX,
     ClaimRequest,
     Reject,
     SourceCheck,
@@ -427,11 +428,21 @@ class PgFenceStore:
         pid: int,
         state: str,
         detail: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Upsert this lifetime's member row and set ``last_seen := now()``."""
-        await self._fetch(Phase.IN_FLIGHT, f"heartbeat {lifetime}", self._sql.heartbeat,
-                          lifetime, self.group_id, member_id, host, pid, state,
-                          json.dumps(dict(detail or {})))
+    ) -> frozenset[TopicPartition]:
+        """Upsert this lifetime's member row and set ``last_seen := now()``; return the
+        group's partitions whose owner is an operator (``fencing.store.ResetStore``)."""
+        rows = await self._fetch(Phase.IN_FLIGHT, f"heartbeat {lifetime}", self._sql.heartbeat,
+                                 lifetime, self.group_id, member_id, host, pid, state,
+                                 json.dumps(dict(detail or {})), OPERATOR_OWNER_PREFIX)
+        return frozenset(TopicPartition(r["topic"], r["partition"]) for r in rows)
+
+    async def operator_reset(self, tp: TopicPartition, *, epoch: int) -> bool:
+        """Read-only: True when only operator resets installed ``tp``'s epochs above
+        ``epoch`` (``fencing.store.ResetStore``)."""
+        rows = await self._fetch(Phase.READ, f"operator reset {tp}", self._sql.operator_reset,
+                                 self.group_id, tp.topic, tp.partition, epoch,
+                                 OPERATOR_OWNER_PREFIX)
+        return bool(rows and rows[0]["reset"])
 
 
 async def _commit(conn: Any, marker: Mapping[str, Any]) -> str:

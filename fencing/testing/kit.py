@@ -26,6 +26,7 @@ Rules
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -79,17 +80,35 @@ class _Run:
         self.schema, self.loaded, self.watch = schema, loaded, watch
 
 
+EnsureTables = Callable[[Any], Awaitable[None]] | Callable[[Any, HandlerContext], Awaitable[None]]
+
+
+def _takes_context(ensure: Callable[..., Any]) -> bool:
+    """True when ``ensure`` requires two positional arguments ``(conn, context)``, False for
+    ``(conn)`` (also ``(conn, schema="...")``: an optional second argument is not given)."""
+    try:
+        params = inspect.signature(ensure).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): the plain form
+        return False
+    required = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                and p.default is p.empty]
+    return len(required) >= 2
+
+
 async def _start(target: Any, dsn: str, settings: dict[str, str], topics: tuple[str, ...],
-                 ensure_tables: Callable[[Any], Awaitable[None]] | None) -> _Run:
+                 ensure_tables: EnsureTables | None) -> _Run:
+    takes_context = ensure_tables is not None and _takes_context(ensure_tables)
     schema = await RunSchema.create(dsn)
     try:
-        loaded = build_from(target, HandlerContext(schema.name, _GROUP, topics, settings),
-                            label="check_handler")
+        context = HandlerContext(schema.name, _GROUP, topics, settings)
+        loaded = build_from(target, context, label="check_handler")
         conn = await connect(dsn, schema.name)
         try:
-            for ensure in (ensure_tables, loaded.ensure_tables):
-                if ensure is not None:
-                    await ensure(conn)
+            if ensure_tables is not None:
+                await (ensure_tables(conn, context) if takes_context  # type: ignore[call-arg]
+                       else ensure_tables(conn))  # type: ignore[call-arg]
+            if loaded.ensure_tables is not None:
+                await loaded.ensure_tables(conn)
         finally:
             await conn.close()
     except BaseException:
@@ -157,7 +176,7 @@ async def check_handler_async(
     *,
     dsn: str,
     settings: dict[str, str] | None = None,
-    ensure_tables: Callable[[Any], Awaitable[None]] | None = None,
+    ensure_tables: EnsureTables | None = None,
     faults: Sequence[Fault] = ALL_FAULTS,
     seed: int = 0,
     ignore_columns: Sequence[str] = (),
@@ -165,8 +184,11 @@ async def check_handler_async(
 ) -> KitReport:
     """Run ``handler`` (a handler or a ``@handler_factory``, built with ``settings``) over
     ``records`` cleanly and under ``faults``; raise ``HandlerUnsafe`` naming every problem
-    (see the module Rules). ``ensure_tables(conn)``: table set-up for a plain handler (a
-    factory brings its own); ``ignore_columns``: ``table.column`` values that may differ
+    (see the module Rules). ``ensure_tables``: table set-up for a plain handler (a factory
+    brings its own), an async callable taking ``(conn, context)`` -- the signature of a
+    factory's ``ensure_tables``, so one function serves both -- or ``(conn)``; it runs on a
+    connection whose ``search_path`` is the run schema (also ``context.schema``), before
+    the factory's. ``ignore_columns``: ``table.column`` values that may differ
     between runs; ``keep``: leave both schemas for inspection."""
     if urlsplit(dsn).scheme not in ("postgres", "postgresql") or not urlsplit(dsn).hostname:
         raise ValueError("check_handler: dsn must be a postgresql://user:password@host:port/db "

@@ -11,6 +11,8 @@ Rules
   gRPC as service ``fencectl-produce`` and flushed (bounded) before exit; the others carry
   valid, unsampled trace context. Without an endpoint nothing is exported.
 - The producer is idempotent (acks=all) and every record's delivery is awaited.
+- librdkafka's own log lines (e.g. its retries while a fresh broker loads its transaction
+  coordinator) stay off stderr unless ``--log-level debug`` (``ops.librdkafka_logs``).
 - Exit codes: 0 all delivered (one summary line on stdout); 1 a delivery failed;
   2 bad arguments, unreachable bootstrap, or a topic that cannot hold the partitions.
 """
@@ -33,6 +35,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
+from ops.librdkafka_logs import add_log_level_argument, client_log_settings
 from ops.reference.generate import CLASSES, GeneratedRecord, generate
 from ops.worker.telemetry import run_bounded
 
@@ -64,6 +67,7 @@ class ProduceOptions:
     span_every: int = 0  # export the span of every Nth record; 0: automatic
     flush_timeout_s: float = 60.0  # bound on waiting for deliveries
     otlp_endpoint: str | None = None  # OTLP gRPC endpoint; None: no export
+    log_level: str = "info"  # debug also shows librdkafka's own log lines
 
 
 def register(sub: Any) -> None:
@@ -81,6 +85,7 @@ def register(sub: Any) -> None:
     p.add_argument("--span-every", type=int, default=0,
                    help=f"export every Nth record's span (default: at most {_SPANS_EXPORTED_MAX})")
     p.add_argument("--flush-timeout-s", type=float, default=60.0)
+    add_log_level_argument(p)
     p.set_defaults(func=run)
 
 
@@ -109,6 +114,7 @@ def options_from_args(
         replication_factor=args.replication_factor,
         span_every=args.span_every or max(1, -(-args.count // _SPANS_EXPORTED_MAX)),
         flush_timeout_s=args.flush_timeout_s, otlp_endpoint=endpoint,
+        log_level=getattr(args, "log_level", None) or "info",
     )
 
 
@@ -197,6 +203,7 @@ def produce(opts: ProduceOptions, records: Sequence[GeneratedRecord], tracing: _
         "bootstrap.servers": opts.bootstrap, "enable.idempotence": True, "acks": "all",
         "linger.ms": 20, "batch.size": 1_000_000, "compression.type": "lz4",
         "queue.buffering.max.messages": 500_000, "client.id": SERVICE_NAME,
+        **client_log_settings(opts.log_level),
     })
     failed: list[str] = []
 
@@ -248,10 +255,9 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(opts, str):
         print(f"fencectl produce: {opts}", file=sys.stderr)
         return 2
-    # log_level 0: connection failures are reported once, by ensure_topic, not per retry
-    admin = AdminClient(
-        {"bootstrap.servers": opts.bootstrap, "client.id": SERVICE_NAME, "log_level": 0}
-    )
+    # connection failures are reported once, by ensure_topic, not per retry
+    admin = AdminClient({"bootstrap.servers": opts.bootstrap, "client.id": SERVICE_NAME,
+                         **client_log_settings(opts.log_level)})
     refusal = ensure_topic(admin, opts)
     if refusal is not None:
         print(f"fencectl produce: {refusal}", file=sys.stderr)

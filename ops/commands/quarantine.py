@@ -1,18 +1,23 @@
 """``fencectl quarantine``: inspect, replay and purge quarantined records.
 
-  fencectl quarantine list   [--group G] [--topic T] [--partition P] [--state S] [--json]
+  fencectl quarantine list   [--group G] [--topic T] [--partition P] [--state S] [--wide]
+      [--json]
   fencectl quarantine show   --group G --topic T --partition P --offset O [--json]
   fencectl quarantine replay --group G [--topic T] [--partition P] [--offset O ...]
-      [--handler module:name] [--handler-setting K=V ...] [--limit N] [--json]
+      [--handler module:name | --sink table=NAME [--sink-key COL]] [--handler-setting K=V ...]
+      [--limit N] [--json]
   fencectl quarantine purge  --group G --before TIMESTAMP [--topic T] [--json]
 
-``replay`` re-drives the selected quarantined records through ``--handler`` (default: the
-handler ``fencectl run`` defaults to), each in its own transaction that also marks the row
-replayed and journals it (``ops.operator.quarantine``): re-running it, also after a crash,
-applies nothing twice. Exit codes: 0 done (replay: every selected record applied; show:
-found), 1 a replayed record failed again, a row was not found, or the database failed,
-2 bad usage or configuration (``FENCE_DSN`` unset or refused, schema not migrated, unknown
-``--group``).
+``replay`` re-drives the selected quarantined records through the group's own handler, as
+its members recorded it (``ops.operator.handler_record``: the live members', which must
+agree, else the last member's; ``--handler-setting`` adds or overrides settings), or
+through ``--handler``/``--sink`` when given; each record in its own transaction that also
+marks the row replayed and journals it (``ops.operator.quarantine``): re-running it, also
+after a crash, applies nothing twice. Exit codes: 0 done (replay: every selected record
+applied; show: found), 1 a replayed record failed again, a row was not found, or the
+database failed, 2 bad usage or configuration (``FENCE_DSN`` unset or refused, schema not
+migrated, unknown ``--group``, no recorded handler or members that disagree and no
+``--handler``/``--sink``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ import asyncio
 import base64
 import json
 import os
+import shutil
 import sys
+import textwrap
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -32,9 +39,14 @@ from fencing.errors import ConfigError, SchemaMismatch
 from fencing.handler import HandlerContext, build_handler
 from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
 from ops.commands.reset import operator_identity
-from ops.commands.run import DEFAULT_HANDLER
 from ops.hints import schema_advice
 from ops.operator.db import connection, dsn_from_env, require_known_group
+from ops.operator.handler_record import (
+    HandlerChoice,
+    choose,
+    handler_from_flags,
+    read_member_rows,
+)
 from ops.operator.quarantine import (
     Outcome,
     QuarantineKey,
@@ -49,7 +61,8 @@ from ops.operator.quarantine import (
 __all__ = ["register", "row_dict"]
 
 _STATES = {"quarantined": State.QUARANTINED, "replayed": State.REPLAYED, "all": None}
-_REASON_SHOWN_MAX = 60
+_REASON_INDENT = "    reason: "
+_WIDTH_DEFAULT = 100  # columns when stdout is not a terminal
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -69,16 +82,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
         if name == "replay":
             a.add_argument("--offset", type=int, action="append", default=[],
                            help="only this offset (repeatable; needs --topic and --partition)")
-            a.add_argument("--handler", default=DEFAULT_HANDLER,
-                           help=f"handler or handler factory, module:name (default "
-                                f"{DEFAULT_HANDLER}, as for run)")
+            a.add_argument("--handler", default=None,
+                           help="handler or handler factory, module:name (default: the one "
+                                "the group's members recorded)")
+            a.add_argument("--sink", default=None, metavar="table=NAME",
+                           help="the built-in table sink, as for run")
+            a.add_argument("--sink-key", default=None, metavar="COLUMN",
+                           help="with --sink: its key column, as for run")
             a.add_argument("--handler-setting", action="append", default=[],
-                           metavar="KEY=VALUE", help="a setting for a handler factory")
+                           metavar="KEY=VALUE",
+                           help="a setting for a handler factory (with the recorded handler: "
+                                "added to or overriding its recorded settings)")
         if name in ("list", "replay"):
             a.add_argument("--limit", type=int, default=None, help="at most N records")
         if name == "list":
             a.add_argument("--state", choices=tuple(_STATES), default="quarantined",
                            help="quarantined (default: not yet replayed), replayed, or all")
+            a.add_argument("--wide", action="store_true",
+                           help="each reason on one line, not wrapped to the terminal")
         if name == "purge":
             a.add_argument("--before", required=True, type=_timestamp,
                            help="ISO 8601 time; rows replayed before it are deleted "
@@ -122,8 +143,14 @@ def row_dict(row: Any) -> dict[str, Any]:
             "headers": [{"key": k, "base64": v} for k, v in headers or []]}
 
 
-def _short(text: str) -> str:
-    return text if len(text) <= _REASON_SHOWN_MAX else text[:_REASON_SHOWN_MAX - 3] + "..."
+def _reason_lines(reason: str, *, wide: bool) -> list[str]:
+    """The whole reason under its row: wrapped to the terminal's width, or one line."""
+    if wide:
+        return [_REASON_INDENT + reason]
+    width = shutil.get_terminal_size((_WIDTH_DEFAULT, 24)).columns
+    return textwrap.wrap(reason, width=max(40, width), initial_indent=_REASON_INDENT,
+                         subsequent_indent=" " * len(_REASON_INDENT),
+                         break_long_words=True, break_on_hyphens=False) or [_REASON_INDENT]
 
 
 def _selection(args: argparse.Namespace) -> Selection:
@@ -152,12 +179,27 @@ class ReplayStopped(Exception):
                          "applied twice)")
 
 
-async def _replay(conn: Any, args: argparse.Namespace, rows: Sequence[Any]) -> list[ReplayResult]:
+async def _handler_choice(conn: Any, args: argparse.Namespace) -> HandlerChoice:
+    """``--handler``/``--sink`` when given, else the group's recorded handler."""
+    settings = parse_x_options(args.handler_setting, flag="--handler-setting",
+                               strip_values=False)
+    given = handler_from_flags(handler=args.handler, settings=settings, sink=args.sink,
+                               sink_key=args.sink_key)
+    if given is not None:
+        return given
+    now, members = await read_member_rows(conn, schema=args.schema, group=args.group)
+    return choose(members, group=args.group, now=now, overrides=settings)
+
+
+async def _replay(conn: Any, args: argparse.Namespace,
+                  rows: Sequence[Any]) -> tuple[HandlerChoice, list[ReplayResult]]:
     topics = tuple(sorted({r["topic"] for r in rows})) or ((args.topic,) if args.topic else ())
-    loaded = build_handler(args.handler, HandlerContext(
+    choice = await _handler_choice(conn, args)
+    if not args.json:
+        print(f"replaying with {choice.describe()} ({choice.source})", flush=True)
+    loaded = build_handler(choice.spec, HandlerContext(
         schema=args.schema, group_id=args.group, topics=topics,
-        settings=parse_x_options(args.handler_setting, flag="--handler-setting",
-                                 strip_values=False)))
+        settings=dict(choice.settings)))
     if loaded.ensure_tables is not None:
         await loaded.ensure_tables(conn)
     operator = operator_identity()
@@ -171,7 +213,7 @@ async def _replay(conn: Any, args: argparse.Namespace, rows: Sequence[Any]) -> l
         results.append(result)
         if not args.json:
             print(f"{key}: {result.outcome.value}: {result.detail}", flush=True)
-    return results
+    return choice, results
 
 
 async def _run(dsn: str, args: argparse.Namespace) -> int:
@@ -194,7 +236,8 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
         assert sel is not None
         rows = await select_rows(conn, args.schema, sel)
         if args.quarantine_action == "replay":
-            return _report(await _replay(conn, args, rows), args.json)
+            choice, results = await _replay(conn, args, rows)
+            return _report(choice, results, args.json)
         return _print_rows(rows, args)
 
 
@@ -217,15 +260,18 @@ def _print_rows(rows: Sequence[Any], args: argparse.Namespace) -> int:
         return 0
     for r in rows:
         print(f"{r['group_id']} {r['topic']}[{r['partition']}]@{r['offset']} {r['state']} "
-              f"replays={r['replays']} at={_iso(r['at'])} reason={_short(r['reason'])}")
+              f"replays={r['replays']} at={_iso(r['at'])}")
+        print("\n".join(_reason_lines(r["reason"], wide=args.wide)))
     print(f"{len(rows)} row(s)")
     return 0
 
 
-def _report(results: Sequence[ReplayResult], as_json: bool) -> int:
+def _report(choice: HandlerChoice, results: Sequence[ReplayResult], as_json: bool) -> int:
     counts = {o: sum(1 for r in results if r.outcome is o) for o in Outcome}
     if as_json:
-        print(json.dumps({"results": [r.as_dict() for r in results],
+        print(json.dumps({"handler": {"spec": choice.spec, "settings": dict(choice.settings),
+                                      "source": choice.source},
+                          "results": [r.as_dict() for r in results],
                           **{o.value: n for o, n in counts.items()}}, indent=2))
     else:
         print(f"replay: {counts[Outcome.APPLIED]} applied, {counts[Outcome.FAILED]} failed "
@@ -249,6 +295,8 @@ def _main(args: argparse.Namespace) -> int:
     except ReplayStopped as exc:
         print(f"fencectl quarantine: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        raise  # the reader of stdout left: ops.cli ends quietly
     except Exception as exc:  # the database failed: report without the DSN; re-running is safe
         print(f"fencectl quarantine: {type(exc).__name__}: {redact(str(exc), dsn=dsn)}",
               file=sys.stderr)

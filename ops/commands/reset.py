@@ -7,8 +7,9 @@
 
 Without ``--yes-i-understand`` the plan is printed and nothing changes (exit 2). With it,
 one transaction locks the rows, re-plans against the locked values (``ops.operator.reset_plan``),
-bumps each epoch (the current owner is fenced at its next commit), writes the new frontier /
-topic id and one journal row per partition, and commits. Exit codes: 0 applied, 1 refused
+bumps each epoch and makes the operator the owner (a running owner claims the partition again
+at the new frontier: docs/reset-and-replay.md), writes the new frontier / topic id and one
+journal row per partition, and commits. Exit codes: 0 applied, 1 refused
 or the database failed, 2 bad usage or configuration (``FENCE_DSN`` unset or refused, schema
 not migrated, unknown ``--group``) or confirmation missing.
 """
@@ -27,7 +28,7 @@ from typing import Any
 
 from fencing.errors import ConfigError, SchemaMismatch
 from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
-from fencing.types import SourceFacts, TopicPartition
+from fencing.types import OPERATOR_OWNER_PREFIX, SourceFacts, TopicPartition
 from ops.hints import schema_advice
 from ops.operator.db import connection, dsn_from_env, require_known_group
 from ops.operator.reset_plan import Action, Current, Plan, ResetRefused, plan_reset
@@ -43,7 +44,7 @@ def operator_identity() -> str:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = "unknown"
-    return f"operator:{user}@{socket.gethostname()}"
+    return f"{OPERATOR_OWNER_PREFIX}{user}@{socket.gethostname()}"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -166,10 +167,12 @@ def _print(applied: bool, plans: Sequence[Plan], as_json: bool) -> None:
         print(json.dumps({"applied": applied, "plans": [p.as_dict() for p in plans]}, indent=2))
         return
     for p in plans:
-        print(f"{p.tp}: epoch {p.old_epoch} -> {p.new_epoch}, {p.detail}; fences owner "
-              f"{p.fenced_owner or '-'}")
+        owner = (f"fences owner {p.fenced_owner}" if p.fenced_owner else "no owner to fence")
+        print(f"{p.tp}: {p.detail}; epoch {p.old_epoch} -> {p.new_epoch}, {owner}")
     if applied:
-        print(f"applied and journaled ({len(plans)} partition(s))")
+        print(f"applied and journaled ({len(plans)} partition(s)). A running member that owns "
+              "the partition claims it again at its next commit or heartbeat and continues from "
+              "the new frontier; with none running, the next member assigned it starts there")
     else:
         print(f"nothing changed: re-run with {CONFIRM} to apply")
 

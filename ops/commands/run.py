@@ -37,8 +37,8 @@ from fencing.errors import (
 )
 from fencing.failures import RetryPolicy
 from fencing.handler import HandlerContext, build_handler
-from fencing.postgres import sink
 from fencing.types import Token, TopicPartition
+from ops.operator.handler_record import SINK_HANDLER, handler_from_flags, record_of
 from ops.reference import pg as reference_pg
 from ops.worker import startup
 from ops.worker.observability import ObsOptions, WorkerObservability
@@ -51,11 +51,11 @@ log = logging.getLogger("fenceworker.run")
 
 _EARLY_STOP = threading.Event()
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-#: the handler of ``fencectl run`` (and of ``fencectl quarantine replay``) without
-#: ``--handler``: the reference domain's factory. Both specs are spelled from the imported
-#: objects, so the import-boundary test sees the tie (the worker's config has no default).
+#: the handler of ``fencectl run`` without ``--handler``: the reference domain's factory,
+#: spelled from the imported object, so the import-boundary test sees the tie (the worker's
+#: config has no default). ``SINK_HANDLER`` (``--sink``) is spelled the same way in
+#: ``ops.operator.handler_record``.
 DEFAULT_HANDLER = f"{reference_pg.__name__}:{reference_pg.reference.__name__}"
-SINK_HANDLER = f"{sink.__name__}:{sink.table_sink.__name__}"  # --sink table=NAME
 #: ``--batch-max-records`` with ``--sink``: a batch is one transaction, and a bulk sink
 #: amortizes each transaction's fixed cost (the fence's guard, the COPY set-up, the COMMIT's
 #: WAL flush) over more rows: measured (one member, upsert, docs/benchmarks.md) 500 ->
@@ -159,22 +159,11 @@ def _handler_of(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     table sink's factory for ``--sink table=NAME [--sink-key COL]``."""
     settings = parse_x_options(args.handler_setting, flag="--handler-setting",
                                strip_values=False)
-    if args.sink is None:
-        if args.sink_key is not None:
-            raise ConfigError(f"--sink-key {args.sink_key}: needs --sink table=NAME")
-        return args.handler or DEFAULT_HANDLER, settings
-    kind, sep, name = args.sink.partition("=")
-    if kind.strip() != "table" or not sep or not name.strip():
-        raise ConfigError(f"--sink {args.sink}: expected table=NAME (or table=SCHEMA.NAME)")
-    if args.handler is not None:
-        raise ConfigError(f"--sink {args.sink} --handler {args.handler}: the sink is the "
-                          "handler; give one of them")
-    if settings:
-        raise ConfigError("--handler-setting: not for --sink (use --sink-key)")
-    sink = {"table": name.strip()}
-    if args.sink_key is not None:
-        sink["key"] = args.sink_key.strip()
-    return SINK_HANDLER, sink
+    chosen = handler_from_flags(handler=args.handler, settings=settings, sink=args.sink,
+                                sink_key=args.sink_key)
+    if chosen is None:
+        return DEFAULT_HANDLER, settings
+    return chosen.spec, dict(chosen.settings)
 
 
 def _batch_max_records(args: argparse.Namespace) -> int:
@@ -257,7 +246,8 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
     obs = WorkerObservability(options=obs_options or ObsOptions(), telemetry=telemetry,
                               store=store, cooperative=cfg.cooperative,
                               lag_facts=source.facts, observe=own_frontiers,
-                              group_id=cfg.group_id)
+                              group_id=cfg.group_id, member_detail={
+                                  "handler": record_of(cfg.handler, cfg.handler_settings)})
     obs.instruments.export_zeros(TopicPartition(topic, p)
                                  for topic, count in partition_counts.items()
                                  for p in range(count))
@@ -278,6 +268,7 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
             on_event=obs.on_event, instruments=obs.instruments, tracing=OtelTracing(),
             trace_links=links_for_records if telemetry.exporting else None)
         obs.member_id_source = lambda: worker.member_id
+        obs.on_operator_owned = worker.operator_owned
         obs.observer.progress = worker.progress
         obs.observer.mirror = worker.offset_mirror
         loop = asyncio.get_running_loop()

@@ -24,10 +24,12 @@ from fencing.errors import ConfigError, FenceError, SchemaMismatch, SourceRefuse
 from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
 from fencing.types import SourceFacts, TopicPartition
 from ops.hints import schema_advice
+from ops.librdkafka_logs import add_log_level_argument, client_log_settings
 from ops.operator.db import connection, dsn_from_env, require_known_group
 from ops.operator.status_view import (
     DEFAULT_BOUND_S,
     DEFAULT_MIRROR_WARN_S,
+    FINAL_STATES,
     KafkaCommitted,
     MemberRow,
     PartitionRow,
@@ -65,6 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--topic", default=None)
     p.add_argument("--partition", type=int, default=None)
     p.add_argument("--limit", type=int, default=100, help="history rows, newest last")
+    add_log_level_argument(p)
     p.set_defaults(func=_main)
 
 
@@ -118,7 +121,8 @@ async def read_history(
 
 
 def kafka_facts(
-    bootstrap: str | None, tps: Sequence[TopicPartition], *, timeout_s: float
+    bootstrap: str | None, tps: Sequence[TopicPartition], *, timeout_s: float,
+    log_level: str | None = None,
 ) -> tuple[dict[TopicPartition, SourceFacts], dict[str, str]]:
     """Watermarks and topic ids per partition, plus a note per topic Kafka could not answer."""
     facts: dict[TopicPartition, SourceFacts] = {}
@@ -128,7 +132,8 @@ def kafka_facts(
         return facts, {t: "no Kafka configured (KAFKA_BOOTSTRAP_SERVERS)" for t in topics}
     from consumer.kafka.source import KafkaSource
 
-    source = KafkaSource({"bootstrap.servers": bootstrap}, request_timeout_s=timeout_s)
+    source = KafkaSource({"bootstrap.servers": bootstrap, **client_log_settings(log_level)},
+                         request_timeout_s=timeout_s)
     for topic in topics:
         wanted = [tp for tp in tps if tp.topic == topic]
         try:
@@ -141,7 +146,8 @@ def kafka_facts(
 
 
 def kafka_committed(
-    bootstrap: str | None, parts: Sequence[PartitionRow], *, timeout_s: float
+    bootstrap: str | None, parts: Sequence[PartitionRow], *, timeout_s: float,
+    log_level: str | None = None,
 ) -> tuple[dict[tuple[str, TopicPartition], int | None], dict[str, str]]:
     """Each group's committed offsets in Kafka, plus a note per group Kafka did not answer."""
     out: dict[tuple[str, TopicPartition], int | None] = {}
@@ -153,7 +159,8 @@ def kafka_committed(
         return out, notes
     from consumer.kafka.source import KafkaSource
 
-    source = KafkaSource({"bootstrap.servers": bootstrap}, request_timeout_s=timeout_s)
+    source = KafkaSource({"bootstrap.servers": bootstrap, **client_log_settings(log_level)},
+                         request_timeout_s=timeout_s)
     for group, tps in sorted(groups.items()):
         try:
             got = source.committed_offsets(group, tps)
@@ -195,15 +202,17 @@ def build_status(
 
 
 def topic_totals(partitions: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Pure: per (group, topic) of the partition views: partitions, how many have an
-    observed owner, total lag (None when Kafka did not answer for one), partitions stalled."""
+    """Pure: per (group, topic) of the partition views: partitions, how many have a live
+    owner (observed now and neither stopped nor retired), total lag (None when Kafka did not
+    answer for one), partitions stalled."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for p in partitions:
         t = out.setdefault((p["group"], p["topic"]), {
-            "group": p["group"], "topic": p["topic"], "partitions": 0, "owned_observed": 0,
+            "group": p["group"], "topic": p["topic"], "partitions": 0, "owned_live": 0,
             "lag": 0, "stalled": 0})
         t["partitions"] += 1
-        t["owned_observed"] += p["owner_availability"] == "observed"
+        t["owned_live"] += p["owner_availability"] == "observed" and str(
+            p["owner_state"]).split("/")[0] not in FINAL_STATES
         t["lag"] = None if t["lag"] is None or p["lag"] is None else t["lag"] + p["lag"]
         t["stalled"] += bool(p["stalled"])
     return list(out.values())
@@ -226,7 +235,7 @@ def render_text(status: Mapping[str, Any]) -> str:
             for p in status["partitions"]]
     out += _table(("GROUP", "TOPIC", "PART", "EPOCH", "FRONTIER", "KAFKA", "HIGH", "LAG",
                    "OWNER", "OWNER-STATE"), prow) if prow else ["(no partition rows)"]
-    trow = [(t["group"], t["topic"], t["partitions"], t["owned_observed"], t["lag"],
+    trow = [(t["group"], t["topic"], t["partitions"], t["owned_live"], t["lag"],
              t["stalled"]) for t in status["topics"]]
     if trow:
         out += ["", "TOPICS", *_table(("GROUP", "TOPIC", "PARTITIONS", "OWNED", "LAG",
@@ -275,9 +284,11 @@ async def _collect(dsn: str, args: argparse.Namespace) -> dict[str, Any] | list[
                                               members_since_s=args.members_since_s)
     tps = [TopicPartition(p.topic, p.partition) for p in parts]
     facts, notes = await asyncio.to_thread(kafka_facts, args.bootstrap_servers, tps,
-                                           timeout_s=args.kafka_timeout_s)
+                                           timeout_s=args.kafka_timeout_s,
+                                           log_level=args.log_level)
     committed, group_notes = await asyncio.to_thread(
-        kafka_committed, args.bootstrap_servers, parts, timeout_s=args.kafka_timeout_s)
+        kafka_committed, args.bootstrap_servers, parts, timeout_s=args.kafka_timeout_s,
+        log_level=args.log_level)
     return build_status(now=now, partitions=parts, members=members, facts=facts,
                         topic_notes=notes, default_bound_s=args.default_bound_s,
                         committed=committed, group_notes=group_notes,

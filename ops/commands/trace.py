@@ -14,7 +14,11 @@ Queries Jaeger's HTTP API (``JAEGER_QUERY_URL``; the same API the UI uses):
 "P", "messaging.destination.name": "T"}&lookback=...`` and keeps the spans whose
 ``fence.first_offset <= O <= fence.last_offset``. Prints trace id, UI path, epoch, outcome,
 lifetime, the batch's offsets, any ``fence.resolve`` child and the producer spans linked.
-A record processed twice (a fenced batch, then its successor) shows every attempt.
+A record processed twice (a fenced batch, then its successor) shows every attempt. A batch
+that quarantined records says how many (``quarantined=N``, the span's ``fence.rejected``).
+When the asked record has no producer link, a line says why: the span keeps at most
+``LINKS_MAX`` (128) links, so a later record of a larger batch is past that cap, or the
+record carried no ``traceparent`` header.
 Exit codes: 0 found, 1 not found or Jaeger failed, 2 bad usage.
 """
 
@@ -30,9 +34,10 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from consumer.observability.tracecontext import LINKS_MAX
 from ops.operator.trace_view import linked_span, render_waterfall, span_rows
 
-__all__ = ["batches_for_record", "register"]
+__all__ = ["batches_for_record", "own_link", "register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -82,7 +87,9 @@ def batches_for_record(traces: Sequence[Mapping[str, Any]], *, topic: str, parti
                 "ui_path": f"/trace/{s['traceID']}",
                 "group": tags.get("messaging.consumer.group.name"),
                 "lifetime": tags.get("fence.lifetime"), "epoch": tags.get("fence.epoch"),
-                "outcome": tags.get("fence.outcome"), "first_offset": first,
+                "outcome": tags.get("fence.outcome"),
+                "quarantined": int(tags.get("fence.rejected") or 0),
+                "records": tags.get("messaging.batch.message_count"), "first_offset": first,
                 "last_offset": last, "frontier_after": tags.get("fence.frontier"),
                 "start_us": s.get("startTime"),
                 "resolutions": [_tags(c).get("fence.outcome") for c in children
@@ -93,6 +100,25 @@ def batches_for_record(traces: Sequence[Mapping[str, Any]], *, topic: str, parti
             })
     found.sort(key=lambda b: b["start_us"] or 0)
     return found
+
+
+def own_link(batch: Mapping[str, Any], offset: int) -> tuple[str, str | None]:
+    """Pure: whether the batch links the producer span of the record at ``offset``:
+    ``("linked", None)``, or ``("past-cap" | "none", why)``. Links follow the batch's
+    records in order, one per record that carries trace context."""
+    links = len(batch["producer_links"])
+    position = offset - batch["first_offset"]
+    if 0 <= position < links:
+        return "linked", None
+    if links >= LINKS_MAX:
+        count = batch.get("records")
+        of = f" of {count}" if isinstance(count, int) else ""
+        return "past-cap", (f"offset {offset} is record {position + 1}{of} of this batch; a "
+                            f"span keeps at most {LINKS_MAX} producer links (OpenTelemetry's "
+                            "default), so its producer span is not linked")
+    return "none", (f"offset {offset} has no producer link: the batch linked {links} "
+                    "record(s) with trace context, and this record carried none (no "
+                    "traceparent header)")
 
 
 def _get(base: str, path: str) -> Any:
@@ -121,6 +147,7 @@ def _with_tree(base: str, batch: dict[str, Any], args: argparse.Namespace) -> li
     links = [linked_span(_trace(base, link["trace_id"]), **link)
              for link in ordered[:max(0, args.links)]]
     start = batch["start_us"] or 0
+    batch["own_link"], batch["own_link_note"] = own_link(batch, args.offset)
     batch["spans"] = [r.as_dict() for r in rows]
     batch["producers"] = [link.as_dict(start) for link in links]
     return render_waterfall(rows, batch_span_id=batch["span_id"], links=links,
@@ -164,10 +191,14 @@ def _main(args: argparse.Namespace) -> int:
         for b, tree in zip(found, trees, strict=True):
             print(f"trace {b['trace_id']} ({args.jaeger_url.rstrip('/')}{b['ui_path']}) "
                   f"group={b['group']} lifetime={b['lifetime']} epoch={b['epoch']} "
-                  f"outcome={b['outcome']} offsets={b['first_offset']}..{b['last_offset']}"
+                  f"outcome={b['outcome']}"
+                  + (f" quarantined={b['quarantined']}" if b["quarantined"] else "")
+                  + f" offsets={b['first_offset']}..{b['last_offset']}"
                   + (f" resolved={','.join(map(str, b['resolutions']))}"
                      if b["resolutions"] else "")
                   + f" producer_links={len(b['producer_links'])}")
+            if b["own_link_note"]:
+                print(f"note: {b['own_link_note']}")
             print("\n".join(tree), end="\n\n")
         if not found:
             print(f"no fence.process span of {args.service} covers {args.topic}"

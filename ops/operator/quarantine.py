@@ -3,8 +3,10 @@
 Rules
 - A quarantine row is ``quarantined`` until a replay applies it; then ``replayed`` with who
   (``replayed_by``), when (``replayed_at``) and the result (migration 0004). Rows are never
-  changed by a replay that does not apply them, except their ``reason``, ``replays`` count
-  and ``replay_result``: a record that fails again stays quarantined with the new reason.
+  changed by a replay that does not apply them, except their ``replays`` count and the
+  last replay's ``replay_result``, ``replayed_by`` and ``replayed_at``: a record that fails
+  again stays quarantined with its original ``reason`` (why the worker quarantined it) and
+  the new one in ``replay_result``.
 - ``replay_one`` is one transaction per record: it locks the row ``FOR UPDATE SKIP LOCKED``
   *and* requires ``state = 'quarantined'``, runs the handler through the same connection
   inside a SAVEPOINT, marks the row and appends one ``replay`` journal row, then COMMITs.
@@ -189,8 +191,7 @@ async def replay_one(conn: Any, schema: str, key: QuarantineKey, handler: Handle
         await conn.execute(
             f"UPDATE {q}.quarantine SET replays = replays + 1, replay_result = $5,"
             " replayed_by = $6, replayed_at = now(),"
-            " state = CASE WHEN $7 THEN 'replayed' ELSE state END,"
-            " reason = CASE WHEN $7 THEN reason ELSE $5 END"
+            " state = CASE WHEN $7 THEN 'replayed' ELSE state END"
             ' WHERE group_id = $1 AND topic = $2 AND partition = $3 AND "offset" = $4',
             key.group_id, key.topic, key.partition, key.offset, detail, operator, applied)
         await conn.execute(

@@ -2,7 +2,11 @@
 
 Rules
 - Every action bumps the partition's epoch by one, so the current owner's token no longer
-  matches: its next commit is fenced and it retires. The owner becomes the operator.
+  matches, and the owner becomes the operator (``operator:<user>@<host>``). A running owner
+  finds out at its next commit or heartbeat and claims the partition again from the new
+  frontier (``consumer.lifecycle.Lifecycle.reclaim``); it does not retire.
+- The plan's ``detail`` says what it does in words (``frontier 5 -> 0: offsets 0..4 are
+  processed again``); it is printed and journaled.
 - ``frontier``: move the durable frontier to ``to_offset`` (backwards re-applies effects,
   forwards skips records; both are the operator's decision).
 - ``accept-gap``: move a frontier that is below Kafka's low watermark up to it; refused when
@@ -23,7 +27,7 @@ from fencing.errors import FenceError
 from fencing.types import SourceFacts, TopicPartition
 from ops.hints import fencectl
 
-__all__ = ["Action", "Current", "Plan", "ResetRefused", "plan_reset"]
+__all__ = ["Action", "Current", "Plan", "ResetRefused", "describe", "plan_reset"]
 
 
 class ResetRefused(FenceError):
@@ -76,6 +80,26 @@ class Plan:
                 "fenced_owner": self.fenced_owner, "detail": self.detail}
 
 
+def _moved(old: int, new: int) -> str:
+    if new < old:
+        return f"frontier {old} -> {new}: offsets {new}..{old - 1} are processed again"
+    if new > old:
+        return f"frontier {old} -> {new}: offsets {old}..{new - 1} are skipped"
+    return f"frontier stays at {old}"
+
+
+def describe(action: Action, old_frontier: int, new_frontier: int, old_topic_id: str | None,
+             new_topic_id: str | None) -> str:
+    """Pure: what a plan does, in words (printed and journaled)."""
+    if action is Action.ACCEPT_GAP:
+        return (f"accepts the retention gap: frontier {old_frontier} -> {new_frontier} "
+                f"(offsets {old_frontier}..{new_frontier - 1} were deleted unprocessed)")
+    if action is Action.ADOPT_TOPIC:
+        return (f"adopts the recreated topic (id {old_topic_id} -> {new_topic_id}); "
+                f"{_moved(old_frontier, new_frontier)}")
+    return _moved(old_frontier, new_frontier)
+
+
 def plan_reset(
     current: Current,
     action: Action,
@@ -117,9 +141,7 @@ def plan_reset(
         if adopt_frontier not in choices:
             raise ResetRefused(f"--frontier {adopt_frontier!r}: use earliest, latest or keep")
         new_frontier = choices[adopt_frontier]
-    detail = f"{action.value}: frontier {current.frontier} -> {new_frontier}"
-    if new_topic_id != current.topic_id:
-        detail += f"; topic id {current.topic_id} -> {new_topic_id}"
+    detail = describe(action, current.frontier, new_frontier, current.topic_id, new_topic_id)
     if reason:
         detail += f"; reason: {reason}"
     return Plan(tp=tp, action=action, old_epoch=current.epoch, new_epoch=current.epoch + 1,

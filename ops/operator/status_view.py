@@ -21,6 +21,10 @@ Rules
 - A partition whose frontier offset has a durable attempt count is *retrying* (attempt n of
   m, the next retry's time) or a *suspect* being tried alone; the quarantined count is shown
   per partition (``fencing.failures``).
+- A partition whose owner is an operator (``fencectl reset`` wrote the row last) shows
+  OWNER-STATE ``operator`` and a note: no member has claimed it since the reset. A running
+  owner claims it again at its next heartbeat; without one, the next member assigned
+  it starts from the new frontier. Its offset-mirror note names the reset.
 - A partition is *stalled* while its owner is observed and lists it in its member row's
   ``detail.stalled`` (``consumer.observability.stall``); OWNER-STATE then reads
   ``observed/running/stalled`` and a note says so.
@@ -34,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from fencing.types import SourceFacts
+from fencing.types import SourceFacts, operator_owned
 
 __all__ = [
     "FINAL_STATES",
@@ -188,6 +192,10 @@ def _mirror_note(row: PartitionRow, committed: int | None, *, now: datetime,
                  bound_s: float) -> str:
     kafka = "no committed offset" if committed is None else f"committed offset {committed}"
     age_s = max(0.0, (now - row.updated_at).total_seconds())
+    if operator_owned(row.owner):
+        return (f"offset mirror: Kafka has {kafka} for this group; the frontier is "
+                f"{row.frontier} since {row.owner}'s reset {age_s:.0f} s ago, which Kafka "
+                "does not know of: the member that claims the partition next commits it")
     return (f"offset mirror: Kafka has {kafka} for this group, the frontier is {row.frontier} "
             f"and last moved {age_s:.0f} s ago (> {bound_s:g} s): Kafka's lag tools show a "
             "wrong lag. The owner commits the frontier when it is assigned the partition; "
@@ -217,7 +225,8 @@ class PartitionView:
     high_watermark: int | None
     low_watermark: int | None
     lag: int | None
-    owner_availability: str | None  # the owner's member availability ("unknown": no row)
+    # the owner's member availability ("unknown": no member row; "operator": a reset's)
+    owner_availability: str | None
     owner_state: str | None  # the owner's current state (None unless observed)
     notes: tuple[str, ...]
     stalled: bool = False  # its owner (observed now) reports it stalled
@@ -264,6 +273,12 @@ def view_partition(
                          f"{row.topic_id}")
     owner = members.get(row.owner) if row.owner is not None else None
     owner_state = None if owner is None else owner.state
+    if operator_owned(row.owner) and now is not None:
+        age_s = max(0.0, (now - row.updated_at).total_seconds())
+        notes.append(f"reset by {row.owner} {age_s:.0f} s ago (epoch {row.epoch}, frontier "
+                     f"{row.frontier}): a running member assigned this partition claims it again "
+                     "at its next heartbeat and continues from the frontier; with no "
+                     "member running, the next one assigned it starts there")
     stalled = (owner is not None and owner.state is not None
                and f"{row.topic}[{row.partition}]" in (owner.detail.get("stalled") or ()))
     if stalled:
@@ -281,6 +296,7 @@ def view_partition(
         low_watermark=None if facts is None else facts.low_watermark,
         lag=lag,
         owner_availability=None if row.owner is None else (
+            "operator" if operator_owned(row.owner) else
             "unknown" if owner is None else owner.availability.value),
         owner_state=owner_state,
         stalled=stalled,

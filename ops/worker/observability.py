@@ -1,8 +1,9 @@
 """Observability of one ``fencectl run`` process: flags, and the pieces wired together.
 
 ``WorkerObservability`` owns the metric instruments, the readiness state, the loop
-heartbeat, the per-lifetime member heartbeats (``members`` table), lag sampling and the
-HTTP port (``/metrics``, ``/healthz``, ``/readyz``). ``fencectl run`` passes
+heartbeat, the per-lifetime member heartbeats (``members`` table; ``member_detail``, e.g.
+the handler the run records for ``fencectl quarantine replay``, goes into every row), lag
+sampling and the HTTP port (``/metrics``, ``/healthz``, ``/readyz``). ``fencectl run`` passes
 ``instruments`` to each ``Lifecycle`` and ``on_event`` to the ``Worker``.
 
 Flags: ``--http-port`` (default ``$FENCE_HTTP_PORT``; unset: no HTTP server; 0: any free
@@ -20,8 +21,9 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from consumer.events import WorkerEvent
 from consumer.observability.heartbeat import HeartbeatStore, MemberHeartbeat, MemberIdentity
@@ -29,6 +31,7 @@ from consumer.observability.instruments import Instruments
 from consumer.observability.observer import LagFacts, Observe, WorkerObserver
 from consumer.observability.readiness import LoopHeartbeat, ReadinessHolder
 from fencing.errors import ConfigError
+from fencing.types import TopicPartition
 from ops.worker.http import HttpServer, start_http_server
 from ops.worker.telemetry import Telemetry
 
@@ -125,6 +128,7 @@ class WorkerObservability:
         lag_facts: LagFacts | None = None,
         observe: Observe | None = None,
         group_id: str = "",
+        member_detail: Mapping[str, Any] | None = None,
     ) -> None:
         self.options = options
         self.telemetry = telemetry
@@ -133,12 +137,16 @@ class WorkerObservability:
         self.loop_heartbeat = LoopHeartbeat(clock=time.monotonic, bound_s=options.health_bound_s)
         # the Kafka group member id for member rows (set once the worker exists)
         self.member_id_source: Callable[[], str | None] = lambda: None
+        # partitions an operator owns now, as a heartbeat read them (set once the worker
+        # exists: ``Worker.operator_owned``)
+        self.on_operator_owned: Callable[[Collection[TopicPartition]], None] = lambda _tps: None
 
         def member(lifetime: str) -> MemberHeartbeat:
             return MemberHeartbeat(
                 store=store, identity=MemberIdentity.of_this_process(lifetime),
                 clock=time.monotonic, interval_s=options.heartbeat_interval_s,
-                member_id=lambda: self.member_id_source())
+                member_id=lambda: self.member_id_source(), detail=member_detail,
+                on_operator_owned=lambda tps: self.on_operator_owned(tps))
 
         self.observer = WorkerObserver(
             instruments=self.instruments, readiness=self.readiness,

@@ -80,6 +80,26 @@ class Harness:
                               f' FROM "{self.schema}".quarantine')
         return sorted((TopicPartition(r[0], r[1]), r[2], r[3], r[4]) for r in rows)
 
+    async def reset_by_operator(self, tp: TopicPartition, frontier: int) -> None:
+        """What ``fencectl reset frontier`` writes (``ops.commands.reset.apply_reset``)."""
+        if isinstance(self.store, MemoryFenceStore):
+            self.store.reset_by_operator(tp, frontier=frontier, operator="operator:ann@box")
+            return
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            q = f'"{self.schema}"'
+            async with conn.transaction():
+                epoch = await conn.fetchval(
+                    f"UPDATE {q}.partitions SET epoch = epoch + 1, frontier = $4, owner = $5"
+                    " WHERE group_id = $1 AND topic = $2 AND partition = $3 RETURNING epoch",
+                    self.store.group_id, tp.topic, tp.partition, frontier, "operator:ann@box")
+                await conn.execute(
+                    f"INSERT INTO {q}.journal (group_id, topic, partition, event, epoch,"
+                    " lifetime) VALUES ($1, $2, $3, 'reset', $4, $5)", self.store.group_id,
+                    tp.topic, tp.partition, epoch, "operator:ann@box")
+        finally:
+            await conn.close()
+
     async def journal(self) -> list[tuple[TopicPartition, str, int | None, str]]:
         if isinstance(self.store, MemoryFenceStore):
             return [(j.tp, j.event, j.epoch, j.lifetime) for j in self.store.journal_rows]
@@ -231,3 +251,25 @@ async def test_handler_failure_rolls_back_everything(h: Harness, failure: str) -
     assert await h.effects() == [] and await h.quarantine() == []
     assert await h.store.observe([TP]) == {TP: Token(1, 0)}
     assert await h.store.process(TP, token, make_records(TP, range(3)), h.handle) == Token(1, 3)
+
+
+async def test_operator_reset_is_told_from_another_members_claim(h: Harness) -> None:
+    """``ResetStore``: only operators above the asker's epoch -> True; a member's claim
+    above it (even under a later reset) -> False; the heartbeat names operator-owned rows."""
+    store: Any = h.store
+    await store.claim([ClaimRequest(TP, 0), ClaimRequest(TP1, 0)], lifetime="A")  # epoch 1
+    assert not await store.operator_reset(TP, epoch=1)  # still A's
+    beat = {"member_id": None, "host": "h", "pid": 1, "state": "running"}
+    assert await store.heartbeat(lifetime="A", **beat) == frozenset()
+    await h.reset_by_operator(TP, 0)  # epoch 2
+    await h.reset_by_operator(TP, 0)  # epoch 3: two resets in a row
+    assert await store.operator_reset(TP, epoch=1)
+    assert await store.heartbeat(lifetime="A", **beat) == frozenset({TP})
+    await store.claim([ClaimRequest(TP1, 0)], lifetime="B")  # epoch 2 of TP1: B's
+    await h.reset_by_operator(TP1, 0)  # epoch 3 of TP1
+    assert not await store.operator_reset(TP1, epoch=1)  # A was fenced by B first
+    assert await store.operator_reset(TP1, epoch=2)  # B was fenced by the operator
+    await store.claim([ClaimRequest(TP, 0)], lifetime="A")  # A claims again: epoch 4
+    assert not await store.operator_reset(TP, epoch=4)
+    assert await store.heartbeat(lifetime="A", **beat) == frozenset({TP1})
+    assert not await store.operator_reset(TopicPartition("contract", 9), epoch=0)

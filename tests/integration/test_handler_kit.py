@@ -133,3 +133,31 @@ async def test_the_kit_catches_verdicts_that_change_on_a_replay(pg_dsn: str) -> 
     problems = info.value.report.problems
     assert any("verdicts differ across attempts: ['accept', 'reject: odd call']" in p
                for p in problems), problems
+
+
+@handler(durability="durable-critical", effects="transactional")
+async def _count_plain(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
+    await conn.executemany("INSERT INTO seen_plain (k) VALUES ($1)",
+                           [((r.key or b"").decode(),) for r in records])
+    return [ACCEPT] * len(records)
+
+
+async def _create_with_context(conn: Any, context: HandlerContext) -> None:
+    assert context.schema == await conn.fetchval("SELECT current_schema()")
+    await conn.execute("CREATE TABLE seen_plain (k text NOT NULL)")
+
+
+async def _create_plain(conn: Any) -> None:
+    await conn.execute("CREATE TABLE seen_plain (k text NOT NULL)")
+
+
+@pytest.mark.parametrize("ensure", [_create_with_context, _create_plain],
+                         ids=["conn-context", "conn"])
+async def test_ensure_tables_takes_conn_and_context_or_conn_alone(pg_dsn: str,
+                                                                  ensure: Any) -> None:
+    """The README's ``create_tables(conn, context)`` (a factory's signature) works as
+    ``ensure_tables=`` of a plain handler, as does ``(conn)``."""
+    records = json_records("seen", [(f"k{i}", {"i": i}) for i in range(30)], partitions=2)
+    report = await check_handler_async(_count_plain, records, dsn=pg_dsn,
+                                       ensure_tables=ensure, seed=2)
+    assert report.ok and "seen_plain" in report.tables

@@ -1,10 +1,12 @@
 """Metrics scraped from the worker's port move by exactly what happened, across a fence.
 
-A worker (allowed one fresh lifetime after a retirement) commits 20 records; the operator
-moves the partition's frontier with ``fencectl reset`` (epoch + 1, journaled), so the
-worker's next commit is fenced: the lifetime retires, a fresh one claims and commits the
-next 10 records. ``/metrics`` then shows 30 records, exactly one fence, one fenced batch,
-one retirement and no unknown outcome; ``fencectl status --history`` shows the journal.
+A worker (allowed one fresh lifetime after a retirement) commits 20 records; another
+lifetime claims the partition (epoch + 1, journaled: what a member that took it over on a
+session timeout does), so the worker's next commit is fenced: the lifetime retires, a fresh
+one claims and commits the next 10 records. ``/metrics`` then shows 30 records, exactly one
+fence, one fenced batch, one retirement and no unknown outcome; ``fencectl status
+--history`` shows the journal. (An operator's ``fencectl reset`` fences too, but the owner
+claims again without retiring: ``test_reset_pickup.py``.)
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import json
 
 import pytest
 
+from fencing.postgres.store import PgFenceStore
+from fencing.types import ClaimRequest, Token, TopicPartition
 from ops.stack.config import ServiceSettings
 from tests.integration.observability_support import (
     free_port,
@@ -34,6 +38,15 @@ from tests.integration.workers import (
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.integration
+
+
+async def _claim_as_another_member(dsn: str, schema: str, group: str, topic: str) -> Token:
+    tp = TopicPartition(topic, 0)
+    store = await PgFenceStore.connect(dsn, group_id=group, schema=schema)
+    try:
+        return (await store.claim([ClaimRequest(tp, 0)], lifetime="lt-another-member"))[tp]
+    finally:
+        await store.close()
 
 
 def test_counters_after_known_records_and_one_fenced_commit(services: ServiceSettings) -> None:
@@ -69,12 +82,8 @@ def test_counters_after_known_records_and_one_fenced_commit(services: ServiceSet
         assert metric(before, "fence_batches_total", outcome="committed") >= 1
         assert metric(before, "fence_partition_lag", topic=topic) in (0, 20)  # sampled every 5 s
 
-        reset = run_fencectl("reset", "frontier", "--group", group, "--topic", topic,
-                             "--partition", "0", "--to-offset", "20", "--schema", schema,
-                             "--reason", "metrics test", "--yes-i-understand", "--json")
-        assert reset.returncode == 0, reset.stderr
-        (plan,) = json.loads(reset.stdout)["plans"]
-        assert plan["epoch"] == [first_epoch, first_epoch + 1]
+        taken = asyncio.run(_claim_as_another_member(services.dsn, schema, group, topic))
+        assert taken == Token(first_epoch + 1, 20)
         assert durable() == (first_epoch + 1, 20)
 
         produce(services.kafka_bootstrap, records[20:])
@@ -102,7 +111,7 @@ def test_counters_after_known_records_and_one_fenced_commit(services: ServiceSet
     assert history.returncode == 0, history.stderr
     events = [(r["event"], r["epoch"]) for r in json.loads(history.stdout)]
     assert events[0] == ("claim", first_epoch)
-    assert ("reset", first_epoch + 1) in events
+    assert ("claim", first_epoch + 1) in events
     assert ("claim", first_epoch + 2) in events
     assert "retire" in [e for e, _ in events]
-    assert events.index(("reset", first_epoch + 1)) < events.index(("claim", first_epoch + 2))
+    assert events.index(("claim", first_epoch + 1)) < events.index(("claim", first_epoch + 2))

@@ -7,7 +7,8 @@ applied twice shows as two rows.
 
 - list/show/replay/purge: a replay applies accepted records once and marks them replayed
   (who, when, result) with one ``replay`` journal row each; a record rejected again or whose
-  handler raises stays quarantined with the new reason and leaves no effect; running the
+  handler raises stays quarantined with its original reason, the new one in
+  ``replay_result``, and leaves no effect; running the
   same replay again applies nothing twice; ``purge --before`` deletes only handled rows and
   says how many.
 - A replay SIGKILLed inside a record's transaction (its effect written, not committed), then
@@ -17,7 +18,8 @@ applied twice shows as two rows.
 - A replay whose COMMIT reply is lost (the proxy cuts the connection after the server
   committed) stops with exit 1 saying so; re-running it applies nothing twice.
 - End to end with a real worker and the reference handler: what the worker quarantined
-  (records from Kafka) is listed, and replayed through the default handler: each record is
+  (records from Kafka) is listed, and replayed through the group's recorded handler (the
+  reference handler its worker ran, read from its member row): each record is
   either applied (one outbox row, marked replayed) or stays quarantined with ``replays`` 1
   (the reference handler rejects stale revisions again); a second replay applies nothing
   again; a fixed handler then applies them, given the record's bytes as Kafka held them.
@@ -148,9 +150,12 @@ async def test_list_show_replay_fail_again_and_purge(
     assert await _effects(pg_dsn, schema) == {0: 1, 5: 1, 1: 1, 2: 1}  # nothing of 3 and 4
     states = await _states(pg_dsn, schema)
     assert states[1][:2] == states[2][:2] == ("replayed", 1)
-    assert states[3] == ("quarantined", 1, "still bad: bad-3")
-    assert states[4][:2] == ("quarantined", 1)
-    assert "ValueError: handler refuses bad-4" in states[4][2]
+    # failed again: the worker's reason stays, the replay's is beside it
+    assert states[3] == states[4] == ("quarantined", 1, "value starts with bad")
+    failed = await _fetch(pg_dsn, f'SELECT "offset", replay_result FROM "{schema}".quarantine'
+                                  ' WHERE "offset" IN (3, 4) ORDER BY 1')
+    assert failed[0]["replay_result"] == "still bad: bad-3"
+    assert "ValueError: handler refuses bad-4" in failed[1]["replay_result"]
     who = await _fetch(pg_dsn, f'SELECT replayed_by, replayed_at, replay_result FROM "{schema}"'
                                '.quarantine WHERE "offset" = 1')
     assert who[0]["replayed_by"].startswith("operator:") and who[0]["replayed_at"] is not None
@@ -345,8 +350,10 @@ async def test_worker_quarantine_replayed_through_the_default_handler(pg_dsn: st
     before = {r["src_offset"]: r["n"] for r in await _fetch(pg_dsn, outbox_sql)}
     assert not set(before) & {q["offset"] for q in quarantined}
 
-    first = _fencectl(schema, "replay", "--group", group, "--json")  # the default handler
+    first = _fencectl(schema, "replay", "--group", group, "--json")  # the group's handler
     report = _json(first)
+    assert report["handler"]["spec"] == "ops.reference.pg:reference"
+    assert report["handler"]["source"].startswith("recorded by the group's last member lt-")
     assert report["applied"] + report["failed"] == len(quarantined) and report["skipped"] == 0
     assert first.returncode == (1 if report["failed"] else 0), first.stderr
     after = {r["src_offset"]: r["n"] for r in await _fetch(pg_dsn, outbox_sql)}

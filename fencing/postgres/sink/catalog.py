@@ -5,6 +5,7 @@ start (rules in ``fencing.postgres.sink.table``)."""
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,8 @@ from fencing.postgres.schema import quote_ident
 from fencing.postgres.sink.rows import RESERVED, Column, Layout, supported
 
 __all__ = ["Method", "SinkSpec", "Target", "create_ddl", "ensure_table", "read_layout"]
+
+log = logging.getLogger("fenceworker.sink")
 
 
 class Method(enum.Enum):
@@ -134,14 +137,21 @@ async def read_layout(conn: Any, spec: SinkSpec) -> tuple[Target | None, list[st
 
 
 async def ensure_table(conn: Any, spec: SinkSpec) -> Target:
-    """Create the table if missing, then validate it; raises ``ConfigError`` when it does
-    not fit (see the module Rules)."""
+    """Create the table if missing (logged at info, naming its schema and columns), then
+    validate it; raises ``ConfigError`` when it does not fit (see the module Rules)."""
+    created = False
     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", spec.quoted):
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))",
                                f"fenceworker.sink:{spec.table}")
-            await conn.execute(create_ddl(spec))
+            if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", spec.quoted):
+                await conn.execute(create_ddl(spec))  # another member may have won the lock
+                created = True
     target, problems = await read_layout(conn, spec)
+    if created and target is not None:
+        log.info("table sink: created table %s.%s (%s)", quote_ident(target.schema),
+                 quote_ident(target.name), ", ".join(f"{c.name} {c.type_name}"
+                                                     for c in target.layout.columns))
     if problems or target is None:
         raise ConfigError(f"--sink table={spec.table}: the table does not fit: "
                           f"{'; '.join(problems)}")

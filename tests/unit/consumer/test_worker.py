@@ -49,6 +49,12 @@ class FakeKafka:
         with self.lock:
             self.commands.append(("commit", tp, frontier))
 
+    def reposition(self, tp: TopicPartition, offset: int,
+                   then: Callable[[bool | BaseException], None]) -> None:
+        with self.lock:
+            self.commands.append(("reposition", tp, offset))
+        then(True)  # as the Kafka thread does right after its seek
+
     def mirror(self) -> dict[TopicPartition, Any]:
         return {}
 

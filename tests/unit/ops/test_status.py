@@ -184,12 +184,38 @@ def test_topics_sum_lag_and_owners_per_topic() -> None:
                                  TopicPartition("orders", 1): SourceFacts("id1", 0, 10)},
                           topic_notes={"returns": "Kafka did not answer"})
     assert status["topics"] == [
-        {"group": "g", "topic": "orders", "partitions": 2, "owned_observed": 2,
+        {"group": "g", "topic": "orders", "partitions": 2, "owned_live": 2,
          "lag": 3 + 7, "stalled": 0},
-        {"group": "g", "topic": "returns", "partitions": 1, "owned_observed": 0,
+        {"group": "g", "topic": "returns", "partitions": 1, "owned_live": 0,
          "lag": None, "stalled": 0}]
     text = render_text(status)
     assert "TOPICS" in text and "returns" in text
+
+
+def test_topics_count_a_stopped_or_retired_owner_as_not_owned() -> None:
+    parts = [prow(0, owner="lt-stopped"), dataclasses.replace(prow(0, owner="lt-retired"),
+                                                               partition=1),
+             dataclasses.replace(prow(0, owner="lt-live"), partition=2)]
+    members = [member("stopped", age_s=1, lifetime="lt-stopped"),
+               member("retired", age_s=1, lifetime="lt-retired"),
+               member("running", age_s=1, lifetime="lt-live")]
+    status = build_status(now=NOW, partitions=parts, members=members, facts={},
+                          topic_notes={})
+    assert status["topics"][0]["owned_live"] == 1
+
+
+def test_an_operator_owned_partition_reads_as_the_operators_reset() -> None:
+    row = PartitionRow("g", "t", 0, 4, 0, "operator:ann@box", "id",
+                       NOW - timedelta(seconds=40))
+    view = view_partition(row, facts=SourceFacts("id", 0, 20), members={},
+                          committed=KafkaCommitted(20), now=NOW)
+    assert view.owner_availability == "operator" and view.owner_state is None
+    assert view.notes[0].startswith("reset by operator:ann@box 40 s ago (epoch 4, frontier 0):"
+                                    " a running member assigned this partition claims it again")
+    assert view.notes[-1] == (
+        "offset mirror: Kafka has committed offset 20 for this group; the frontier is 0 since "
+        "operator:ann@box's reset 40 s ago, which Kafka does not know of: the member that "
+        "claims the partition next commits it")
 
 
 def test_a_retrying_partition_shows_attempt_n_of_m_next_retry_and_quarantined() -> None:
