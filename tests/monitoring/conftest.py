@@ -9,11 +9,15 @@ test session.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +33,30 @@ class Prometheus:
 
     url: str
     settings: StackSettings
+
+    def api(self, path: str, **params: str) -> Any:
+        """``data`` of ``GET /api/v1/<path>?<params>``; asserts ``status`` success."""
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        with urllib.request.urlopen(f"{self.url}/api/v1/{path}{query}", timeout=10) as resp:
+            body = json.loads(resp.read())
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def alerts(self, alertname: str, **labels: str) -> list[dict[str, Any]]:
+        """The active (pending or firing) alerts named ``alertname`` with ``labels``."""
+        return [a for a in self.api("alerts")["alerts"]
+                if a["labels"].get("alertname") == alertname
+                and all(a["labels"].get(k) == v for k, v in labels.items())]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """The instant vector ``expr`` evaluates to now."""
+        result: list[dict[str, Any]] = self.api("query", query=expr)["result"]
+        return result
+
+    def target_up(self, instance: str) -> bool:
+        """Whether the target ``instance`` is scraped and its last scrape succeeded."""
+        return any(t["labels"].get("instance") == instance and t["health"] == "up"
+                   for t in self.api("targets", state="active")["activeTargets"])
 
 
 def _say(line: str) -> None:

@@ -13,11 +13,8 @@ Prometheus's active alerts. Every record is then applied exactly once.
 from __future__ import annotations
 
 import asyncio
-import json
 import tempfile
 import time
-import urllib.parse
-import urllib.request
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -48,25 +45,10 @@ FROZEN = ("--handler", "tests.integration.handlers:transient_while_held_handler"
           "--retry-max-attempts", "100000", "--retry-initial-ms", "100", "--retry-max-ms", "500")
 
 
-def _api(prometheus: Prometheus, path: str, **params: str) -> Any:
-    query = f"?{urllib.parse.urlencode(params)}" if params else ""
-    with urllib.request.urlopen(f"{prometheus.url}/api/v1/{path}{query}", timeout=10) as resp:
-        body = json.loads(resp.read())
-    assert body["status"] == "success", body
-    return body["data"]
-
-
 def _alert(prometheus: Prometheus, instance: str) -> dict[str, Any] | None:
-    alerts = [a for a in _api(prometheus, "alerts")["alerts"]
-              if a["labels"].get("alertname") == ALERT
-              and a["labels"].get("instance") == instance]
+    alerts = prometheus.alerts(ALERT, instance=instance)
     assert len(alerts) <= 1, alerts
     return alerts[0] if alerts else None
-
-
-def _target_up(prometheus: Prometheus, instance: str) -> bool:
-    return any(t["labels"].get("instance") == instance and t["health"] == "up"
-               for t in _api(prometheus, "targets", state="active")["activeTargets"])
 
 
 def test_a_stalled_partition_fires_the_alert_and_it_resolves(services: ServiceSettings,
@@ -87,7 +69,7 @@ def test_a_stalled_partition_fires_the_alert_and_it_resolves(services: ServiceSe
                               env={"FENCE_TEST_HOLD_DIR": hold_dir}, extra=FROZEN)
         try:
             stack_prometheus.write_targets(prometheus.settings, target, [instance])
-            wait_until(lambda: _target_up(prometheus, instance), timeout_s=60,
+            wait_until(lambda: prometheus.target_up(instance), timeout_s=60,
                        what="Prometheus scraping the worker")
             pending = wait_until(lambda: _alert(prometheus, instance), timeout_s=60,
                                  what=f"{ALERT} pending", interval_s=0.5)
@@ -111,8 +93,7 @@ def test_a_stalled_partition_fires_the_alert_and_it_resolves(services: ServiceSe
             hold.unlink()  # the downstream is back: the retries commit
             wait_until(lambda: _alert(prometheus, instance) is None, timeout_s=60,
                        what=f"{ALERT} resolved", interval_s=0.5)
-            assert _api(prometheus, "query", query=f'ALERTS{{alertname="{ALERT}",'
-                        f'instance="{instance}"}}')["result"] == []
+            assert prometheus.query(f'ALERTS{{alertname="{ALERT}", instance="{instance}"}}') == []
             wait_until(lambda: committed_total(dsn, schema, group, topic) >= len(source),
                        timeout_s=60, what="every record processed")
             worker.terminate()
