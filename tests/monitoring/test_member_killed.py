@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 
 import pytest
 
@@ -76,6 +77,7 @@ def test_a_killed_members_partitions_go_unowned_until_the_survivor_claims_them(
                    timeout_s=30, what="Prometheus seeing every partition owned")
         produce(services.kafka_bootstrap, records[:200])
 
+        killed_s = time.time()  # unowned moments of the startup (before the assigns) were earlier
         workers["w2"].kill()
         assert workers["w2"].wait(30) == -9
         wait_until(lambda: prometheus.alerts("FenceWorkerDown", instance=instance["w2"]),
@@ -84,9 +86,10 @@ def test_a_killed_members_partitions_go_unowned_until_the_survivor_claims_them(
                    what="the survivor owning every partition")
         wait_until(lambda: len(prometheus.query(f"{owned_by_group} == 1")) == PARTITIONS,
                    timeout_s=30, what="Prometheus seeing every partition owned again")
+        since_kill_s = int(time.time() - killed_s)  # whole seconds: none from before the kill
         went_pending = prometheus.query(
             f'max_over_time(ALERTS{{alertname="FencePartitionUnowned", group="{group}", '
-            f'alertstate="pending"}}[5m])')
+            f'alertstate="pending"}}[{since_kill_s}s])')
         assert {int(s["metric"]["partition"]) for s in went_pending} == victim
         assert prometheus.query(f'ALERTS{{alertname="FencePartitionUnowned", '
                                 f'group="{group}", alertstate="firing"}}') == []
