@@ -4,20 +4,18 @@ Rules
 - One ``Instruments`` per worker process; built on a ``Meter`` (default: the global meter,
   a no-op until ``ops.worker.telemetry.setup_telemetry`` installs a provider).
 - Labels are bounded: ``topic``, ``partition``, ``operation``, ``resolution``, ``reason``,
-  ``kind``, ``outcome``, and ``group`` (the process's one consumer group, on the lag and
-  ownership gauges, so a group's partitions can be joined across its members); never
-  record keys, offsets or lifetime ids.
+  ``kind``, ``outcome``, ``phase``, ``group`` (the process's one consumer group, on the lag
+  and ownership gauges); never record keys, offsets or lifetime ids.
 - ``fence.kafka.commits.failed`` is exported from the start with 0 for every reason
   (``consumer.mirror.CommitFailure``), so an alert on its rate needs no first failure.
 - Lag is a gauge read at collection time from the last value set per partition; a partition
   whose lag is cleared (revoked, lost, retired) disappears from the next scrape.
-- ``fence.partition.owned`` is 1 for each partition this process owns (claimed and
-  positioned) and 0 for every other partition it knows (``export_zeros``, or owned once),
-  so ``max by (group, topic, partition)`` over a group's members is 0 exactly when no live
-  member owns it. ``fence.worker.ready`` is 1 while ``/readyz`` would answer 200;
-  ``fence.partitions.mirror_lagging`` counts the owned partitions whose Kafka committed
-  offset has lagged the durable frontier past ``--offset-mirror-warn-s``. The observer
-  sets all three (``set_owned``, ``set_ready``, ``set_mirror_lagging``).
+- The observer sets the state gauges: ``fence.partition.owned`` (``set_owned``) is 1 for a
+  partition this process owns (claimed, positioned), 0 for one it knows (``export_zeros``,
+  or owned once) but does not own, so ``max by (group, topic, partition)`` over the members
+  is 0 exactly when no live member owns it; ``fence.worker.ready`` (1 while ``/readyz``
+  answers 200) and ``fence.worker.phase`` (1 for the current readiness phase, 0 for the
+  others; ``set_readiness``); ``fence.partitions.mirror_lagging`` (``set_mirror_lagging``).
 - Every method is cheap and never raises on telemetry failure paths it does not own.
 - Every counter is exported from the start at 0, so a dashboard or alert sees "none yet"
   rather than "no data": label values known in advance (unknown outcomes by operation and
@@ -37,6 +35,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from consumer.mirror import CommitFailure
+from consumer.observability.readiness import Phase
 from fencing.errors import Fenced, OutcomeUnknown, RecreatedTopic, RetentionGap, Retired
 from fencing.resolution import Resolution
 from fencing.store import HandlerFn
@@ -138,10 +137,13 @@ class Instruments:
             "fence.partition.owned", callbacks=[self._observe_owned],
             description="1 for a partition this process owns (claimed and positioned), 0 for "
                         "a partition of its topics it does not own")
-        self._ready = False
+        self._ready, self._phase = False, Phase.STARTING
         m.create_observable_gauge(
             "fence.worker.ready", callbacks=[self._observe_ready],
             description="1 while the worker is ready (/readyz answers 200), else 0")
+        m.create_observable_gauge(
+            "fence.worker.phase", callbacks=[self._observe_phase],
+            description="1 for the readiness phase the worker is in, 0 for the others")
         self._mirror_lagging = 0
         m.create_observable_gauge(
             "fence.partitions.mirror_lagging", callbacks=[self._observe_mirror],
@@ -290,10 +292,10 @@ class Instruments:
             self._owned = tps
             self._known.update(tps)
 
-    def set_ready(self, ready: bool) -> None:
-        """Whether the worker is ready (``consumer.observability.readiness``)."""
+    def set_readiness(self, *, ready: bool, phase: Phase) -> None:
+        """Whether the worker is ready, and its phase (``consumer.observability.readiness``)."""
         with self._lock:
-            self._ready = ready
+            self._ready, self._phase = ready, phase
 
     def set_mirror_lagging(self, count: int) -> None:
         """How many owned partitions' Kafka offsets lag past the bound (``consumer.mirror``)."""
@@ -313,6 +315,11 @@ class Instruments:
     def _observe_ready(self, _options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:
             return [Observation(int(self._ready))]
+
+    def _observe_phase(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            current = self._phase
+        return [Observation(int(phase is current), {"phase": phase.value}) for phase in Phase]
 
     def _observe_mirror(self, _options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:

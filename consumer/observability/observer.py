@@ -20,7 +20,7 @@ Rules
   readiness (``/readyz`` names them), the ``fence.partitions.stalled`` gauge and the member
   row (``detail.stalled``, shown by ``fencectl status``), and each newly stalled partition
   is logged as a warning. Every event also sets the ``fence.partition.owned`` and
-  ``fence.worker.ready`` gauges from the readiness state.
+  ``fence.worker.ready``/``fence.worker.phase`` gauges from the readiness state.
 - Offset mirror: every beat, the partitions whose Kafka committed offset has been behind
   the durable frontier for ``mirror_warn_s`` (``consumer.mirror.lagging``; ``mirror``, the
   worker's view) are logged as a warning once per episode (catching up is logged as info)
@@ -213,7 +213,7 @@ class WorkerObserver:
         state = self.readiness.state
         self.instruments.set_stalled(state.stalled)
         self.instruments.set_owned(state.assigned)
-        self.instruments.set_ready(state.ready)
+        self.instruments.set_readiness(ready=state.ready, phase=state.phase)
         if self._member is not None:
             self._member.set_state(state_for_phase(state.phase),
                                    partitions=sorted(str(tp) for tp in state.assigned),

@@ -12,6 +12,8 @@ Rules:
   ``ops/monitoring/fenceworker.rules.yml``, and scrape job ``fenceworker`` at the targets
   named by the files ``.stack/prometheus/targets/*.json`` (file_sd; Prometheus re-reads a
   file when it changes). ``write_targets`` writes such a file atomically.
+- The rule file is read at start; ``reload`` (``POST /-/reload``, enabled by
+  ``--web.enable-lifecycle`` on the loopback-only port) re-reads it and the config.
 - Healthy means ``GET /-/ready`` answers 200 and ``GET /api/v1/rules`` lists the
   ``fenceworker`` rule group.
 """
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.monitoring import RULES
-from ops.stack.config import HOST, PROMETHEUS_VERSION, Service, StackSettings
+from ops.stack.config import HOST, PROMETHEUS_VERSION, Service, StackError, StackSettings
 from ops.stack.gobuild import go_env, go_executable, run_logged
 from ops.stack.procs import file_lock, spawn
 
@@ -41,6 +43,7 @@ __all__ = [
     "config",
     "marker",
     "promtool",
+    "reload",
     "start",
     "targets_dir",
     "url",
@@ -148,11 +151,26 @@ def start(settings: StackSettings) -> int:
     return spawn(
         [str(exe), f"--config.file={path}",
          f"--web.listen-address={HOST}:{settings.ports.prometheus}",
-         f"--storage.tsdb.path={svc / 'data'}", "--storage.tsdb.retention.time=1d"],
+         f"--storage.tsdb.path={svc / 'data'}", "--storage.tsdb.retention.time=1d",
+         "--web.enable-lifecycle"],
         log_path=settings.paths.log_file(Service.PROMETHEUS),
         pid_path=settings.paths.pid_file(Service.PROMETHEUS),
         cwd=svc,
     )
+
+
+def reload(settings: StackSettings, *, timeout_s: float = 10.0) -> None:
+    """Make the running Prometheus re-read its config and the rule file; StackError when it
+    refuses (e.g. a rule file that does not parse: the old rules stay loaded)."""
+    request = urllib.request.Request(f"{url(settings)}/-/reload", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s):
+            pass
+    except urllib.error.HTTPError as exc:
+        raise StackError(f"Prometheus refused to reload {RULES}: {exc.read().decode()!r:.300}"
+                         ) from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise StackError(f"POST {url(settings)}/-/reload failed: {exc}") from exc
 
 
 def _get_json(address: str, timeout_s: float) -> object:

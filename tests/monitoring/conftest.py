@@ -4,7 +4,8 @@
 session found Kafka and PostgreSQL: it scrapes worker subprocesses on 127.0.0.1 at the
 targets a test writes (``write_targets``). Started here only when not running; then under
 a lease like the rest of the local stack (``ops.stack.lease``), so it stops with the last
-test session.
+test session. One that was running is made to reload, so it evaluates this checkout's
+rules as they are now.
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ def prometheus(services: ServiceSettings) -> Iterator[Prometheus]:
     settings = settings_from()
     rows = {row.service: row for row in stack.status(settings)}
     if rows[Service.PROMETHEUS].state is stack.ServiceState.UP:
+        try:
+            stack_prometheus.reload(settings)
+        except StackError as exc:
+            pytest.fail(str(exc), pytrace=False)
         yield Prometheus(stack_prometheus.url(settings), settings)
         return
     stack_lease.acquire(settings)

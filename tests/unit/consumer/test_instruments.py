@@ -10,6 +10,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import generate_latest
 
 from consumer.observability.instruments import Instruments
+from consumer.observability.readiness import Phase
 from fencing.types import TopicPartition
 from ops.worker.telemetry import setup_telemetry
 
@@ -152,11 +153,15 @@ def test_ownership_gauge_names_every_known_partition_of_the_group() -> None:
 def test_ready_and_mirror_gauges_start_at_zero_and_follow_their_setters() -> None:
     inst, reader = _make()
     assert _value(_points(reader)["fence.worker.ready"]).value == 0
+    assert {p.attributes["phase"]: p.value for p in _points(reader)["fence.worker.phase"]} == {
+        phase.value: int(phase is Phase.STARTING) for phase in Phase}
     assert _value(_points(reader)["fence.partitions.mirror_lagging"]).value == 0
-    inst.set_ready(True)
+    inst.set_readiness(ready=True, phase=Phase.READY)
     inst.set_mirror_lagging(2)
     assert _value(_points(reader)["fence.worker.ready"]).value == 1
     assert _value(_points(reader)["fence.partitions.mirror_lagging"]).value == 2
+    assert _value(_points(reader)["fence.worker.phase"], phase="ready").value == 1
+    assert _value(_points(reader)["fence.worker.phase"], phase="starting").value == 0
 
 
 def test_export_zeros_exports_handler_failures_per_partition_and_kind() -> None:
