@@ -8,7 +8,7 @@ Rules:
   but file and HTTP; without ``builtinassets`` the web UI's assets are absent, the HTTP API
   is complete. A file lock keeps builds single.
 - ``start`` writes ``.stack/prometheus/prometheus.yml``: listen on
-  ``127.0.0.1:$FENCE_PROMETHEUS_PORT`` only, scrape and evaluate every second, load
+  ``127.0.0.1:$FENCE_PROMETHEUS_PORT`` only, scrape every 2 s and evaluate every second, load
   ``ops/monitoring/fenceworker.rules.yml``, and scrape job ``fenceworker`` at the targets
   named by the files ``.stack/prometheus/targets/*.json`` (file_sd; Prometheus re-reads a
   file when it changes). ``write_targets`` writes such a file atomically.
@@ -52,7 +52,11 @@ __all__ = [
 
 STOP_SIGNAL = signal.SIGTERM
 JOB = "fenceworker"  # the scrape job of the workers (the rules' FenceWorkerDown selects it)
-INTERVAL = "1s"  # scrape and rule evaluation interval of the local stack
+# the local stack's scrape interval (and timeout) and rule evaluation interval: a scrape that
+# times out marks the target's series stale, which resets every pending alert of it, so a
+# loaded machine needs some room
+SCRAPE_INTERVAL = "2s"
+EVALUATION_INTERVAL = "1s"
 RULE_GROUP = "fenceworker"
 _MODULE = "github.com/prometheus/prometheus"
 _VERSION_FLAG = "github.com/prometheus/common/version.Version"
@@ -113,8 +117,8 @@ def promtool(settings: StackSettings) -> Path:
 def config(settings: StackSettings) -> dict[str, Any]:
     """The configuration ``start`` writes (JSON is YAML)."""
     return {
-        "global": {"scrape_interval": INTERVAL, "scrape_timeout": INTERVAL,
-                   "evaluation_interval": INTERVAL},
+        "global": {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL,
+                   "evaluation_interval": EVALUATION_INTERVAL},
         "rule_files": [str(RULES)],
         "scrape_configs": [{
             "job_name": JOB,

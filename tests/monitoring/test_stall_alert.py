@@ -25,6 +25,7 @@ from ops.stack import prometheus as stack_prometheus
 from ops.stack.config import ServiceSettings
 from tests.integration.observability_support import free_port, http_get, metric, start_worker
 from tests.integration.workers import (
+    GroupSetup,
     committed_total,
     create_topic,
     exactly_once_problems,
@@ -40,9 +41,17 @@ pytestmark = pytest.mark.integration
 
 ALERT = "FencePartitionStalled"
 FOR_S = 60.0  # the rule's `for: 1m`
+# retried for as long as the file exists, and never quarantined as a suspect: a lost
+# assignment would make the counted retries "unfinished attempts" at the next claim
 FROZEN = ("--handler", "tests.integration.handlers:transient_while_held_handler",
           "--stall-timeout-s", "2", "--batch-max-records", "10",
-          "--retry-max-attempts", "100000", "--retry-initial-ms", "100", "--retry-max-ms", "500")
+          "--retry-max-attempts", "1000000", "--max-attempts", "1000000",
+          "--retry-initial-ms", "100", "--retry-max-ms", "500")
+# one member and no rebalance wanted: a session that outlasts a loaded broker's hiccup (a
+# lost assignment ends the stall and restarts the alert's `for`)
+PATIENT = GroupSetup("patient-eager", ("--group-protocol", "classic", "--assignment-strategy",
+                                       "range", "-X", "session.timeout.ms=30000", "-X",
+                                       "heartbeat.interval.ms=1000"))
 
 
 def _alert(prometheus: Prometheus, instance: str) -> dict[str, Any] | None:
@@ -66,7 +75,8 @@ def test_a_stalled_partition_fires_the_alert_and_it_resolves(services: ServiceSe
         hold.write_text("hold")
         produce(services.kafka_bootstrap, records)
         worker = start_worker(topic=topic, group=group, schema=schema, http_port=port,
-                              env={"FENCE_TEST_HOLD_DIR": hold_dir}, extra=FROZEN)
+                              setup=PATIENT, env={"FENCE_TEST_HOLD_DIR": hold_dir},
+                              extra=FROZEN)
         try:
             stack_prometheus.write_targets(prometheus.settings, target, [instance])
             wait_until(lambda: prometheus.target_up(instance), timeout_s=60,
