@@ -1,6 +1,6 @@
 # Every workflow is a target; README commands call these.
 # `make test` is cold-start safe: it creates .venv and the test fixtures start
-# PostgreSQL, Kafka and Jaeger (see tests/conftest.py) when none is configured.
+# PostgreSQL, Kafka, Jaeger and Prometheus (see tests/conftest.py) when none is configured.
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 SEED ?= 18
 PYTEST_ARGS ?=
 
-.PHONY: setup stack-up stack-down stack-status test test-unit test-integration \
+.PHONY: setup stack-up stack-down stack-status test test-unit test-integration test-monitoring \
         test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
         demo migrate clean crash-matrix docs
 
@@ -38,6 +38,11 @@ test-unit: setup
 
 test-integration: setup
 	$(BIN)/pytest -q tests/integration $(PYTEST_ARGS)
+
+# the alert rules (promtool check and test), the dashboard's and rules' metric names against a
+# running worker, the stall alert firing and resolving in the local stack's Prometheus
+test-monitoring: setup
+	$(BIN)/pytest -q tests/monitoring $(PYTEST_ARGS)
 
 test-sim-worker: setup
 	$(BIN)/pytest -q tests/sim tests/unit/consumer/test_lifecycle*.py tests/unit/consumer/test_decisions.py tests/unit/fencing/test_memstore*.py $(PYTEST_ARGS)

@@ -4,17 +4,25 @@ Rules
 - One ``Instruments`` per worker process; built on a ``Meter`` (default: the global meter,
   a no-op until ``ops.worker.telemetry.setup_telemetry`` installs a provider).
 - Labels are bounded: ``topic``, ``partition``, ``operation``, ``resolution``, ``reason``,
-  ``kind``, ``outcome``; never record keys, offsets or lifetime ids.
+  ``kind``, ``outcome``, ``phase``, ``group`` (the process's one consumer group, on the lag
+  and ownership gauges); never record keys, offsets or lifetime ids.
 - ``fence.kafka.commits.failed`` is exported from the start with 0 for every reason
   (``consumer.mirror.CommitFailure``), so an alert on its rate needs no first failure.
 - Lag is a gauge read at collection time from the last value set per partition; a partition
   whose lag is cleared (revoked, lost, retired) disappears from the next scrape.
+- The observer sets the state gauges: ``fence.partition.owned`` (``set_owned``) is 1 for a
+  partition this process owns (claimed, positioned), 0 for one it knows (``export_zeros``,
+  or owned once) but does not own, so ``max by (group, topic, partition)`` over the members
+  is 0 exactly when no live member owns it; ``fence.worker.ready`` (1 while ``/readyz``
+  answers 200) and ``fence.worker.phase`` (1 for the current readiness phase, 0 for the
+  others; ``set_readiness``); ``fence.partitions.mirror_lagging`` (``set_mirror_lagging``).
 - Every method is cheap and never raises on telemetry failure paths it does not own.
 - Every counter is exported from the start at 0, so a dashboard or alert sees "none yet"
   rather than "no data": label values known in advance (unknown outcomes by operation and
   resolution, retries by operation, retirement reasons) at construction, per-partition
-  series with ``export_zeros(tps)`` (``fencectl run`` passes every partition of its topic
-  at start). Histograms and the lag gauge appear with their first observation.
+  series (handler failures of every kind included) with ``export_zeros(tps)``
+  (``fencectl run`` passes every partition of its topic at start). Histograms and the lag
+  gauge appear with their first observation.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from consumer.mirror import CommitFailure
+from consumer.observability.readiness import Phase
 from fencing.errors import Fenced, OutcomeUnknown, RecreatedTopic, RetentionGap, Retired
 from fencing.resolution import Resolution
 from fencing.store import HandlerFn
@@ -63,8 +72,10 @@ FAILURE_KINDS = ("attempt", "retry", "bisection", "quarantine")
 class Instruments:
     """Counters, histograms and the lag gauge; the lifecycle and the worker call these methods."""
 
-    def __init__(self, meter: Meter | None = None) -> None:
+    def __init__(self, meter: Meter | None = None, *, group_id: str = "") -> None:
+        """``group_id``: the consumer group of this process (the ``group`` label)."""
         m = meter if meter is not None else metrics.get_meter(METER_NAME)
+        self._group = group_id
         self._records = m.create_counter(
             "fence.records.processed", unit="{record}",
             description="Records whose batch committed (accepted and rejected)")
@@ -120,6 +131,25 @@ class Instruments:
             "fence.partitions.stalled", callbacks=[self._observe_stalled], unit="{partition}",
             description="Owned partitions with lag and no fetch or commit progress for "
                         "--stall-timeout-s")
+        self._known: set[TopicPartition] = set()
+        self._owned: frozenset[TopicPartition] = frozenset()
+        m.create_observable_gauge(
+            "fence.partition.owned", callbacks=[self._observe_owned],
+            description="1 for a partition this process owns (claimed and positioned), 0 for "
+                        "a partition of its topics it does not own")
+        self._ready, self._phase = False, Phase.STARTING
+        m.create_observable_gauge(
+            "fence.worker.ready", callbacks=[self._observe_ready],
+            description="1 while the worker is ready (/readyz answers 200), else 0")
+        m.create_observable_gauge(
+            "fence.worker.phase", callbacks=[self._observe_phase],
+            description="1 for the readiness phase the worker is in, 0 for the others")
+        self._mirror_lagging = 0
+        m.create_observable_gauge(
+            "fence.partitions.mirror_lagging", callbacks=[self._observe_mirror],
+            unit="{partition}",
+            description="Owned partitions whose Kafka committed offset has lagged the durable "
+                        "frontier for --offset-mirror-warn-s")
         for operation, resolution in UNKNOWN_OUTCOME_LABELS:
             self._unknown.add(0, {"operation": operation, "resolution": resolution})
         for operation in RETRY_OPERATIONS:
@@ -129,12 +159,17 @@ class Instruments:
 
     def export_zeros(self, tps: Iterable[TopicPartition]) -> None:
         """Export the per-partition counters of ``tps`` at 0 (records, rejects, fences,
-        committed batches); a series that already moved keeps its value."""
+        committed batches, handler failures by kind) and their ownership gauge at 0; a
+        series that already moved keeps its value."""
         for tp in tps:
             attrs = _tp_attrs(tp)
             for counter in (self._records, self._rejects, self._fences):
                 counter.add(0, attrs)
             self._batches.add(0, {**attrs, "outcome": "committed"})
+            for kind in FAILURE_KINDS:
+                self._failures.add(0, {"kind": kind, **attrs})
+            with self._lock:
+                self._known.add(tp)
 
     # batches -----------------------------------------------------------------------------
 
@@ -251,9 +286,45 @@ class Instruments:
         with self._lock:
             self._stalled = tps
 
+    def set_owned(self, tps: frozenset[TopicPartition]) -> None:
+        """The partitions this process owns now (claimed and positioned)."""
+        with self._lock:
+            self._owned = tps
+            self._known.update(tps)
+
+    def set_readiness(self, *, ready: bool, phase: Phase) -> None:
+        """Whether the worker is ready, and its phase (``consumer.observability.readiness``)."""
+        with self._lock:
+            self._ready, self._phase = ready, phase
+
+    def set_mirror_lagging(self, count: int) -> None:
+        """How many owned partitions' Kafka offsets lag past the bound (``consumer.mirror``)."""
+        with self._lock:
+            self._mirror_lagging = count
+
     def _observe_stalled(self, _options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:
             return [Observation(len(self._stalled))]
 
+    def _observe_owned(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            owned, known = self._owned, sorted(self._known)
+        return [Observation(int(tp in owned), {"group": self._group, **_tp_attrs(tp)})
+                for tp in known]
+
+    def _observe_ready(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            return [Observation(int(self._ready))]
+
+    def _observe_phase(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            current = self._phase
+        return [Observation(int(phase is current), {"phase": phase.value}) for phase in Phase]
+
+    def _observe_mirror(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            return [Observation(self._mirror_lagging)]
+
     def _observe_lag(self, _options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(v, _tp_attrs(tp)) for tp, v in sorted(self.lag().items())]
+        return [Observation(v, {"group": self._group, **_tp_attrs(tp)})
+                for tp, v in sorted(self.lag().items())]

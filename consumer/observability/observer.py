@@ -19,10 +19,12 @@ Rules
   ``consumer.observability.stall.StallTracker``; a change of the stalled set updates
   readiness (``/readyz`` names them), the ``fence.partitions.stalled`` gauge and the member
   row (``detail.stalled``, shown by ``fencectl status``), and each newly stalled partition
-  is logged as a warning.
+  is logged as a warning. Every event also sets the ``fence.partition.owned`` and
+  ``fence.worker.ready``/``fence.worker.phase`` gauges from the readiness state.
 - Offset mirror: every beat, the partitions whose Kafka committed offset has been behind
   the durable frontier for ``mirror_warn_s`` (``consumer.mirror.lagging``; ``mirror``, the
-  worker's view) are logged as a warning once per episode; catching up is logged as info.
+  worker's view) are logged as a warning once per episode (catching up is logged as info)
+  and counted by the ``fence.partitions.mirror_lagging`` gauge.
 - Spans: ``fence.shutdown`` runs from ``stopping`` to ``lifetime.end`` (exit code, what was
   still in flight past the bound); ``fence.retire`` marks a failure with its reason.
 """
@@ -208,9 +210,11 @@ class WorkerObserver:
         task.add_done_callback(self._final_writes.discard)
 
     def _sync_member_state(self) -> None:
-        self.instruments.set_stalled(self.readiness.state.stalled)
+        state = self.readiness.state
+        self.instruments.set_stalled(state.stalled)
+        self.instruments.set_owned(state.assigned)
+        self.instruments.set_readiness(ready=state.ready, phase=state.phase)
         if self._member is not None:
-            state = self.readiness.state
             self._member.set_state(state_for_phase(state.phase),
                                    partitions=sorted(str(tp) for tp in state.assigned),
                                    stalled=sorted(str(tp) for tp in state.stalled))
@@ -298,6 +302,7 @@ class WorkerObserver:
             if tp in states:
                 log.info("kafka offset of %s caught up with the durable frontier", tp)
         self._mirror_lagging = lagging
+        self.instruments.set_mirror_lagging(len(lagging))
 
     async def close(self, *, timeout_s: float = 3.0) -> None:
         """Stop ``run``, write the final member rows (bounded), mark the loop stopped."""

@@ -1,4 +1,4 @@
-"""``fencectl stack up | down | status | env``: the local PostgreSQL, Kafka and Jaeger.
+"""``fencectl stack up | down | status | env``: the local PostgreSQL, Kafka, Jaeger, Prometheus.
 
 Exit codes: 0 success (``status``: every service up), 1 a service failed or is not
 up, 2 bad configuration (e.g. an invalid ``FENCE_*_PORT``).
@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the ``stack`` command with its four actions."""
     parser = subparsers.add_parser(
         "stack",
-        help="start/stop/check the local PostgreSQL, Kafka and Jaeger (no Docker)",
+        help="start/stop/check the local PostgreSQL, Kafka, Jaeger and Prometheus (no Docker)",
         description="Local services under .stack/ (data, logs, pids); builds cached per user.",
     )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -57,8 +57,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _status(settings: stack.StackSettings) -> int:
     rows = stack.status(settings)
+    width = max(len(row.service.value) for row in rows)
     for row in rows:
         pid = str(row.pid) if row.pid is not None else "-"
-        line = f"{row.service.value:<9} {row.state.value:<10} pid={pid:<8} port={row.port}"
+        line = (f"{row.service.value:<{width}} {row.state.value:<10} pid={pid:<8} "
+                f"port={row.port}")
         print(line + (f"  {row.detail}" if row.detail else ""))
     return 0 if all(r.state is stack.ServiceState.UP for r in rows) else 1

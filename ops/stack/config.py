@@ -3,7 +3,7 @@
 Rules:
 - Data directories, logs and pid files live under ``.stack/`` in the checkout
   (override: ``FENCE_STACK_DIR``).
-- Resolved jars, the Jaeger binary and build caches live in a user-level cache
+- Resolved jars, the Jaeger and Prometheus binaries and build caches live in a user-level cache
   (``FENCE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fenceworker``, else
   ``~/.cache/fenceworker``) so a fresh clone on the same machine reuses them.
 - Every port binds 127.0.0.1 and can be overridden by an environment variable
@@ -26,6 +26,7 @@ __all__ = [
     "JAEGER_VERSION",
     "KAFKA_VERSION",
     "PORT_ENV",
+    "PROMETHEUS_VERSION",
     "SERVICE_ENV",
     "SERVICE_PORTS",
     "Service",
@@ -42,6 +43,9 @@ __all__ = [
 HOST = "127.0.0.1"
 KAFKA_VERSION = "4.1.1"
 JAEGER_VERSION = "v1.76.0"  # same commit as Jaeger v2.13.0; newest reachable by semver
+# the Go module version of Prometheus 3.16.0 (its VERSION file): the newest non-rc version the
+# Go module proxy serves; its go.mod has no replace directive and wants Go >= 1.26.7
+PROMETHEUS_VERSION = "v0.316.0"
 DB_NAME = "fenceworker"
 DB_USER = "fenceworker"
 
@@ -51,11 +55,12 @@ class StackError(Exception):
 
 
 class Service(enum.Enum):
-    """The three services of the local stack, in start order."""
+    """The services of the local stack, in start order."""
 
     POSTGRES = "postgres"
     KAFKA = "kafka"
     JAEGER = "jaeger"
+    PROMETHEUS = "prometheus"
 
 
 #: port field -> (environment variable, default)
@@ -68,6 +73,7 @@ PORT_ENV: dict[str, tuple[str, int]] = {
     "jaeger_query": ("FENCE_JAEGER_QUERY_PORT", 16686),
     "jaeger_query_grpc": ("FENCE_JAEGER_QUERY_GRPC_PORT", 16685),
     "jaeger_health": ("FENCE_JAEGER_HEALTH_PORT", 13133),
+    "prometheus": ("FENCE_PROMETHEUS_PORT", 9090),
 }
 
 
@@ -77,6 +83,7 @@ SERVICE_PORTS: dict[Service, tuple[str, ...]] = {
     Service.KAFKA: ("kafka", "kafka_controller"),
     Service.JAEGER: ("jaeger_query", "otlp_grpc", "otlp_http", "jaeger_query_grpc",
                      "jaeger_health"),
+    Service.PROMETHEUS: ("prometheus",),
 }
 
 
@@ -92,6 +99,7 @@ class StackPorts:
     jaeger_query: int
     jaeger_query_grpc: int
     jaeger_health: int
+    prometheus: int
 
     def of(self, service: Service) -> tuple[int, ...]:
         """All ports ``service`` listens on, the client-facing one first."""
@@ -129,6 +137,14 @@ class StackPaths:
     @property
     def jaeger_binary(self) -> Path:
         return self.cache / "bin" / f"jaeger-{JAEGER_VERSION}"
+
+    @property
+    def prometheus_binary(self) -> Path:
+        return self.cache / "bin" / f"prometheus-{PROMETHEUS_VERSION}"
+
+    @property
+    def promtool_binary(self) -> Path:
+        return self.cache / "bin" / f"promtool-{PROMETHEUS_VERSION}"
 
 
 @dataclass(frozen=True, slots=True)

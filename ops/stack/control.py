@@ -1,4 +1,4 @@
-"""The local service stack: PostgreSQL, Kafka (KRaft) and Jaeger v2 without Docker.
+"""The local service stack: PostgreSQL, Kafka (KRaft), Jaeger v2 and Prometheus without Docker.
 
 Rules:
 - ``up`` is idempotent: a service whose tracked pid is alive is only health-checked;
@@ -22,6 +22,7 @@ from types import ModuleType
 from ops.stack import jaeger as stack_jaeger
 from ops.stack import kafka as stack_kafka
 from ops.stack import postgres as stack_postgres
+from ops.stack import prometheus as stack_prometheus
 from ops.stack.config import (
     PORT_ENV,
     SERVICE_PORTS,
@@ -51,12 +52,14 @@ _MODULES: dict[Service, ModuleType] = {
     Service.POSTGRES: stack_postgres,
     Service.KAFKA: stack_kafka,
     Service.JAEGER: stack_jaeger,
+    Service.PROMETHEUS: stack_prometheus,
 }
 #: seconds each service may take from start to its first healthy answer
 HEALTH_TIMEOUT_S: dict[Service, float] = {
     Service.POSTGRES: 60.0,
     Service.KAFKA: 90.0,
     Service.JAEGER: 60.0,
+    Service.PROMETHEUS: 60.0,
 }
 
 
@@ -110,6 +113,9 @@ def _first_time_note(settings: StackSettings, service: Service) -> str:
     cache = settings.paths.cache
     if service is Service.JAEGER and not settings.paths.jaeger_binary.exists():
         return f" (building Jaeger once into {cache}, several minutes; log {cache}/jaeger)"
+    if service is Service.PROMETHEUS and not settings.paths.prometheus_binary.exists():
+        return f" (building Prometheus and promtool once into {cache}, several minutes; log " \
+               f"{cache}/prometheus)"
     if service is Service.KAFKA and not stack_kafka.cp_file(settings).exists():
         return f" (resolving the Kafka jars with mvn once into {cache}/m2)"
     return ""

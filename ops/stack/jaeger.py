@@ -2,9 +2,9 @@
 
 Rules:
 - The binary is ``<cache>/bin/jaeger-<version>``, built once per machine in the
-  scratch module ``<cache>/jaeger/build`` with ``GOMODCACHE``/``GOCACHE`` under the
-  cache (``go install ...@version`` fails on the module's ``replace`` directive,
-  hence ``go get -tool`` then ``go build``). A file lock keeps builds single.
+  scratch module ``<cache>/jaeger/build`` with the shared Go caches (``ops.stack.gobuild``;
+  ``go install ...@version`` fails on the module's ``replace`` directive, hence
+  ``go get -tool`` then ``go build``). A file lock keeps builds single.
 - ``ops/stack/jaeger-config.yaml`` binds OTLP gRPC/HTTP, the query API and the health
   check to 127.0.0.1; ports reach it as ``FENCE_*_PORT`` environment variables.
 - Healthy means ``GET /api/services`` answers JSON with a ``data`` key and both
@@ -18,12 +18,12 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ops.stack.config import HOST, JAEGER_VERSION, PORT_ENV, Service, StackError, StackSettings
+from ops.stack.config import HOST, JAEGER_VERSION, PORT_ENV, Service, StackSettings
+from ops.stack.gobuild import go_env, go_executable, run_logged
 from ops.stack.procs import file_lock, spawn
 
 __all__ = ["CONFIG", "STOP_SIGNAL", "binary", "check", "marker", "start"]
@@ -38,64 +38,28 @@ def marker(settings: StackSettings) -> str:
     return str(settings.paths.service_dir(Service.JAEGER) / "config.yaml")
 
 
-def _go_env(settings: StackSettings) -> dict[str, str]:
-    cache = settings.paths.cache / "go"
-    return {
-        **os.environ,
-        "GOMODCACHE": str(cache / "mod"),
-        "GOCACHE": str(cache / "build"),
-        "GOFLAGS": "-modcacherw",
-    }
-
-
-def _run_logged(argv: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> None:
-    with open(log, "a") as fh:
-        fh.write(f"$ {' '.join(argv)}\n")
-        fh.flush()
-        done = subprocess.run(
-            argv, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT, check=False
-        )
-    if done.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
-        raise StackError(
-            f"building Jaeger {JAEGER_VERSION} failed at `{' '.join(argv[:3])}` (exit "
-            f"{done.returncode}); check access to the Go module proxy (GOPROXY). Log {log}:\n{tail}"
-        )
-
-
 def binary(settings: StackSettings) -> Path:
     """The Jaeger binary, built through the Go module proxy when missing; raises StackError."""
     target = settings.paths.jaeger_binary
     if target.exists():
         return target
-    go = shutil.which("go")
-    if go is None:
-        raise StackError(
-            f"the Jaeger binary {target} is missing and `go` is not on PATH to build it. "
-            "Install Go 1.24 or newer (https://go.dev/dl/ or apt-get install -y golang-go), "
-            f"then rerun `{settings.cli} stack up`."
-        )
+    go = go_executable(target, go_version="1.24", rerun=f"{settings.cli} stack up")
     build = settings.paths.cache / "jaeger" / "build"
     build.mkdir(parents=True, exist_ok=True)
     with file_lock(build.parent / "build.lock"):
         if target.exists():  # another process built it while we waited
             return target
-        env, log = _go_env(settings), build.parent / "build.log"
+        env, log = go_env(settings), build.parent / "build.log"
+        what = f"Jaeger {JAEGER_VERSION}"
         if not (build / "go.mod").exists():
-            _run_logged(
-                [go, "mod", "init", "fenceworker-jaeger-build"], cwd=build, env=env, log=log
-            )
-        _run_logged(
-            [go, "get", "-tool", f"{_MODULE}/cmd/jaeger@{JAEGER_VERSION}"],
-            cwd=build,
-            env=env,
-            log=log,
-        )
+            run_logged([go, "mod", "init", "fenceworker-jaeger-build"], cwd=build, env=env,
+                       log=log, what=what)
+        run_logged([go, "get", "-tool", f"{_MODULE}/cmd/jaeger@{JAEGER_VERSION}"], cwd=build,
+                   env=env, log=log, what=what)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".tmp")
-        _run_logged(
-            [go, "build", "-o", str(tmp), f"{_MODULE}/cmd/jaeger"], cwd=build, env=env, log=log
-        )
+        run_logged([go, "build", "-o", str(tmp), f"{_MODULE}/cmd/jaeger"], cwd=build, env=env,
+                   log=log, what=what)
         tmp.replace(target)
     return target
 

@@ -8,13 +8,17 @@ Rules
 - ``/readyz``: 200 only in phase ``ready`` (see ``consumer.observability.readiness``), else 503.
 - Both answer JSON; ``/metrics`` answers the Prometheus text format.
 - Binds loopback by default; port 0 picks a free port (``HttpServer.port`` tells which).
+- A client that hangs up before the answer is written (a scraper past its timeout) is not an
+  error: nothing is printed; any other failure of a request prints its traceback to stderr.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -58,6 +62,11 @@ class _Server(ThreadingHTTPServer):
     registry: CollectorRegistry
     readiness: ReadinessHolder
     heartbeat: LoopHeartbeat
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):  # broken pipe, reset: it hung up
+            return
+        super().handle_error(request, client_address)
 
 
 class HttpServer:

@@ -132,7 +132,7 @@ class WorkerObservability:
     ) -> None:
         self.options = options
         self.telemetry = telemetry
-        self.instruments = Instruments(telemetry.meter())
+        self.instruments = Instruments(telemetry.meter(), group_id=group_id)
         self.readiness = ReadinessHolder()
         self.loop_heartbeat = LoopHeartbeat(clock=time.monotonic, bound_s=options.health_bound_s)
         # the Kafka group member id for member rows (set once the worker exists)

@@ -12,7 +12,9 @@ Rules
   ``grpc`` (default; Jaeger's 4317) or ``http/protobuf`` (4318).
 - Spans go through a ``BatchSpanProcessor``; ``Telemetry.shutdown`` flushes it.
 - Metrics are read by a Prometheus reader into a registry of this ``Telemetry`` (served by
-  ``ops.worker.http``); they are never pushed.
+  ``ops.worker.http``); they are never pushed. The registry also holds prometheus_client's
+  process collector (``process_start_time_seconds``, CPU, memory, file descriptors), so a
+  restarted process is visible to ``changes(process_start_time_seconds[...])``.
 - W3C trace context in record headers is read by ``consumer.observability.tracecontext``.
 """
 
@@ -34,7 +36,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 
 from fencing.errors import ConfigError
 
@@ -241,6 +243,7 @@ def setup_telemetry(
     for exporter in wrapped:
         tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
     registry = CollectorRegistry(auto_describe=True)
+    ProcessCollector(registry=registry)
     reader = PrometheusMetricReader(registry=registry, scope_info_enabled=False)
     meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
     if set_global:

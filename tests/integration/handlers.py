@@ -5,7 +5,10 @@
 ``holding_handler``: while the file ``$FENCE_TEST_HOLD_DIR/hold`` exists it first writes
 ``held-<pid>-<partition>`` (partition, first and last offset of the batch) and waits,
 inside the store's transaction, until the file is removed; without ``FENCE_TEST_HOLD_DIR``
-it is exactly the reference handler.
+it is exactly the reference handler. ``transient_while_held_handler``: while that file
+exists every batch fails with ``Transient`` before anything is applied (a downstream that
+is down: the worker retries the batch and its partition makes no progress for as long as
+the file lasts, well past the 20 s budget of one call).
 
 The others misbehave on purpose, each the way one liveness or exit-code test needs:
 ``slow_handler`` (the reference handler after ``$FENCE_TEST_BATCH_DELAY_S`` per batch),
@@ -50,6 +53,7 @@ __all__ = [
     "stopping_raising_handler",
     "stubborn_handler",
     "swallowing_handler",
+    "transient_while_held_handler",
     "undefined_table_handler",
 ]
 
@@ -93,6 +97,14 @@ async def _hold(inner: HandlerFn, conn: Any, records: Sequence[SourceRecord]) ->
             _announce_held(Path(hold_dir), records)
             while hold.exists():  # noqa: ASYNC110 - a file written by another process
                 await asyncio.sleep(0.02)
+    return await inner(conn, records)
+
+
+async def _transient_while_held(inner: HandlerFn, conn: Any,
+                                records: Sequence[SourceRecord]) -> Any:
+    hold_dir = os.environ.get("FENCE_TEST_HOLD_DIR")
+    if hold_dir and (Path(hold_dir) / "hold").exists():
+        raise Transient(f"downstream down (held) at offset {records[0].offset}")
     return await inner(conn, records)
 
 
@@ -140,6 +152,7 @@ async def _stubborn(inner: HandlerFn, conn: Any, records: Sequence[SourceRecord]
 
 
 holding_handler = _factory(_hold)
+transient_while_held_handler = _factory(_transient_while_held)
 slow_handler = _factory(_slow)
 swallowing_handler = _factory(_swallow)
 ending_handler = _factory(_end)

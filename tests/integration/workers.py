@@ -21,8 +21,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import asyncpg
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from fencing.postgres.schema import migrate
 from fencing.testing.pgproxy import Action, PgProxy, Rule
@@ -77,11 +78,27 @@ def unique(prefix: str) -> str:
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """Create ``topic`` and return once every partition's leader answers ``list_offsets``.
+
+    Right after creation the broker can refuse ``list_offsets`` with UNKNOWN_LEADER_EPOCH
+    ("Leader epoch is newer than broker epoch") while it applies the new metadata; a worker
+    whose first assignment meets that exits 5 (Kafka facts unavailable)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     fut = admin.create_topics([NewTopic(topic, partitions, 1)])[topic]
     fut.result(timeout=30)
     wait_until(lambda: topic in admin.list_topics(timeout=5).topics, timeout_s=30,
                what=f"topic {topic}")
+
+    def offsets_answer() -> bool:
+        req = {KafkaTP(topic, p): OffsetSpec.latest() for p in range(partitions)}
+        try:
+            for fut in admin.list_offsets(req, request_timeout=5).values():
+                fut.result(timeout=6)
+        except KafkaException:
+            return False
+        return True
+
+    wait_until(offsets_answer, timeout_s=30, what=f"the leaders of {topic} answering")
 
 
 def delete_topic(bootstrap: str, topic: str) -> None:

@@ -289,3 +289,33 @@ async def test_a_token_dropped_while_the_failure_is_handled_ends_it_without_reti
     with pytest.raises(RetryInterrupted):
         await run.submit(TP, recs(0, 1), links=(), stopped=lambda: next(checks, True))
     assert lc.state.value == "live" and store.attempt_rows == {}
+
+
+async def test_a_poison_record_counts_as_quarantined_in_the_records_metrics() -> None:
+    """``fence_records_rejected_total`` (the quarantine alerts' metric) counts poison records
+    too: the bisection's quarantine is a ``Reject`` of the committed batch."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from consumer.observability.instruments import Instruments
+
+    reader = InMemoryMetricReader()
+    instruments = Instruments(MeterProvider(metric_readers=[reader]).get_meter("test"))
+    store, clock = MemoryFenceStore("g"), Clock()
+    lc = Lifecycle(store=store, lifetime_id="L1", clock=clock, wait=clock.wait,
+                   instruments=instruments)
+    await lc.assign([SourceCheck(TP, SourceFacts("id", 0, 1000))])
+    run = FailureRun(lifecycle=lc, handler=counting({3, 6}), declaration=Declaration(),
+                     policy=RetryPolicy(), rng=random.Random(1), clock=clock, wait=clock.wait,
+                     instruments=instruments)
+    await run.submit(TP, recs(*range(8)), links=(), stopped=never)
+    data = reader.get_metrics_data()
+    assert data is not None
+    totals: dict[str, float] = {}
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for p in m.data.data_points:
+                    totals[m.name] = totals.get(m.name, 0) + getattr(p, "value", 0)
+    assert totals["fence.records.rejected"] == 2
+    assert totals["fence.records.processed"] == 8

@@ -10,6 +10,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import generate_latest
 
 from consumer.observability.instruments import Instruments
+from consumer.observability.readiness import Phase
 from fencing.types import TopicPartition
 from ops.worker.telemetry import setup_telemetry
 
@@ -127,3 +128,64 @@ async def test_counting_handler_feeds_rejects_of_the_committed_call() -> None:
     points = _points(reader)
     assert _value(points["fence.records.rejected"], partition=2).value == 2
     assert _value(points["fence.records.processed"], partition=2).value == 6
+
+
+def test_ownership_gauge_names_every_known_partition_of_the_group() -> None:
+    """1 for owned partitions, 0 for known ones (``export_zeros`` or owned once), with the
+    process's group: ``max by (group, topic, partition)`` is 0 only where nobody owns."""
+    reader = InMemoryMetricReader()
+    inst = Instruments(MeterProvider(metric_readers=[reader]).get_meter("t"), group_id="billing")
+    other, extra = TopicPartition("orders", 3), TopicPartition("refunds", 0)
+    inst.export_zeros([TP, other])
+
+    def owned() -> dict[tuple[str, str, int], int]:
+        return {(p.attributes["group"], p.attributes["topic"], p.attributes["partition"]):
+                p.value for p in _points(reader)["fence.partition.owned"]}
+
+    assert owned() == {("billing", "orders", 2): 0, ("billing", "orders", 3): 0}
+    inst.set_owned(frozenset({TP, extra}))
+    assert owned() == {("billing", "orders", 2): 1, ("billing", "orders", 3): 0,
+                       ("billing", "refunds", 0): 1}
+    inst.set_owned(frozenset())  # revoked, lost or retired: known, owned by nobody here
+    assert set(owned().values()) == {0} and len(owned()) == 3
+
+
+def test_ready_and_mirror_gauges_start_at_zero_and_follow_their_setters() -> None:
+    inst, reader = _make()
+    assert _value(_points(reader)["fence.worker.ready"]).value == 0
+    assert {p.attributes["phase"]: p.value for p in _points(reader)["fence.worker.phase"]} == {
+        phase.value: int(phase is Phase.STARTING) for phase in Phase}
+    assert _value(_points(reader)["fence.partitions.mirror_lagging"]).value == 0
+    inst.set_readiness(ready=True, phase=Phase.READY)
+    inst.set_mirror_lagging(2)
+    assert _value(_points(reader)["fence.worker.ready"]).value == 1
+    assert _value(_points(reader)["fence.partitions.mirror_lagging"]).value == 2
+    assert _value(_points(reader)["fence.worker.phase"], phase="ready").value == 1
+    assert _value(_points(reader)["fence.worker.phase"], phase="starting").value == 0
+
+
+def test_export_zeros_exports_handler_failures_per_partition_and_kind() -> None:
+    """A retry or quarantine rate needs the partition's series at 0 before its first event."""
+    inst, reader = _make()
+    inst.export_zeros([TP])
+    points = _points(reader)["fence.handler.failures"]
+    per_tp = {p.attributes["kind"]: p.value for p in points if p.attributes.get("partition") == 2}
+    assert per_tp == {"attempt": 0, "retry": 0, "bisection": 0, "quarantine": 0}
+    inst.handler_failure(TP, kind="retry")
+    assert _value(_points(reader)["fence.handler.failures"], kind="retry", partition=2).value == 1
+
+
+def test_lag_carries_the_group() -> None:
+    reader = InMemoryMetricReader()
+    inst = Instruments(MeterProvider(metric_readers=[reader]).get_meter("t"), group_id="g1")
+    inst.set_lag(TP, high_watermark=9, frontier=4)
+    assert _value(_points(reader)["fence.partition.lag"], group="g1", partition=2).value == 5
+
+
+def test_the_exposition_has_the_process_start_time() -> None:
+    """A restarted process shows as a changed ``process_start_time_seconds``."""
+    tel = setup_telemetry(env={}, service_name="prom-unit", set_global=False)
+    text = generate_latest(tel.registry).decode()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("process_start_time_seconds ")]
+    assert float(line.split()[1]) > 1.6e9
+    tel.shutdown(timeout_s=1)

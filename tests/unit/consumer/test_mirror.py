@@ -195,7 +195,7 @@ def test_the_failure_metric_is_exported_from_start_with_zero_per_reason() -> Non
 
 def test_the_observer_warns_once_when_the_mirror_lags_past_the_bound(
         caplog: pytest.LogCaptureFixture) -> None:
-    inst, _reader = make_instruments()
+    inst, reader = make_instruments()
     now = [0.0]
     obs = WorkerObserver(instruments=inst, readiness=ReadinessHolder(),
                          loop_heartbeat=LoopHeartbeat(clock=lambda: now[0], bound_s=5),
@@ -206,16 +206,19 @@ def test_the_observer_warns_once_when_the_mirror_lags_past_the_bound(
         now[0] = 39.0
         obs._check_mirror()
         assert not caplog.records
+        assert _value(_points(reader)["fence.partitions.mirror_lagging"]).value == 0
         now[0] = 40.0
         obs._check_mirror()
         obs._check_mirror()
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1
+        assert _value(_points(reader)["fence.partitions.mirror_lagging"]).value == 1
         assert "orders[0]" in warnings[0].getMessage() and "Kafka has 250" in \
             warnings[0].getMessage()
         states[A] = MirrorState(300, 300, None)
         obs._check_mirror()
         assert "caught up" in caplog.records[-1].getMessage()
+        assert _value(_points(reader)["fence.partitions.mirror_lagging"]).value == 0
 
 
 def test_a_frozen_committer_sends_nothing_more() -> None:

@@ -160,3 +160,27 @@ def test_http_endpoints_follow_state() -> None:
     finally:
         server.close()
         tel.shutdown(timeout_s=1)
+
+
+def test_a_client_that_hangs_up_is_not_reported_but_a_failure_is(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A scraper past its timeout closes the connection while ``/metrics`` is written: the
+    server's error hook stays quiet for that, and prints any other failure."""
+    tel = setup_telemetry(env={}, service_name="hangup", set_global=False)
+    server = start_http_server(registry=tel.registry, readiness=ReadinessHolder(),
+                               heartbeat=LoopHeartbeat(clock=FakeClock(), bound_s=5), port=0)
+    try:
+        for exc in (BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "reset")):
+            try:
+                raise exc
+            except OSError:
+                server._server.handle_error(None, ("127.0.0.1", 1))
+        assert capsys.readouterr().err == ""
+        try:
+            raise ValueError("a bug")
+        except ValueError:
+            server._server.handle_error(None, ("127.0.0.1", 1))
+        assert "ValueError: a bug" in capsys.readouterr().err
+    finally:
+        server.close()
+        tel.shutdown(timeout_s=1)

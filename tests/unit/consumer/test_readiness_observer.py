@@ -150,3 +150,33 @@ async def test_run_beats_until_closed() -> None:
     clock.now += 100
     await asyncio.sleep(0.05)
     assert len(beats) == after and not obs.loop_heartbeat.healthy()  # stopped: no more beats
+
+
+def _gauges(reader: InMemoryMetricReader) -> tuple[int, dict[int, int], str]:
+    data = reader.get_metrics_data()
+    assert data is not None
+    got: dict[str, list[Any]] = {m.name: list(m.data.data_points)
+                                 for rm in data.resource_metrics
+                                 for sm in rm.scope_metrics for m in sm.metrics}
+    (ready,) = got["fence.worker.ready"]
+    (phase,) = [p.attributes["phase"] for p in got["fence.worker.phase"] if p.value == 1]
+    return int(ready.value), {p.attributes["partition"]: int(p.value)
+                              for p in got.get("fence.partition.owned", [])}, phase
+
+
+async def test_events_drive_the_ready_phase_and_ownership_gauges() -> None:
+    obs, _clock, _rows, reader = _make(cooperative=True)
+    assert _gauges(reader) == (0, {}, "starting")
+    obs.on_event(ev.LifetimeStarted("lt-1"))
+    assert _gauges(reader) == (0, {}, "waiting")
+    obs.on_event(ev.RebalanceBegan("assign", (A, B)))
+    assert _gauges(reader) == (0, {}, "rebalancing")
+    obs.on_event(ev.Assigned((A, B)))
+    assert _gauges(reader) == (1, {0: 1, 1: 1}, "ready")
+    obs.on_event(ev.RebalanceBegan("revoke", (B,)))
+    assert _gauges(reader) == (0, {0: 1, 1: 1}, "rebalancing")  # B still owned
+    obs.on_event(ev.Revoked((B,)))
+    assert _gauges(reader) == (1, {0: 1, 1: 0}, "ready")
+    obs.on_event(ev.Failed("Fenced", 3))
+    assert _gauges(reader) == (0, {0: 0, 1: 0}, "retired")
+    await obs.close()

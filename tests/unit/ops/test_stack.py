@@ -4,6 +4,7 @@ settings, rendered configs, failure messages, empty status."""
 from __future__ import annotations
 
 import base64
+import json
 import re
 import signal
 import socket
@@ -13,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from ops.monitoring import RULES
 from ops.stack import control as stack
 from ops.stack import jaeger as stack_jaeger
 from ops.stack import kafka as stack_kafka
+from ops.stack import prometheus as stack_prometheus
 from ops.stack.config import (
     PORT_ENV,
     SERVICE_ENV,
@@ -46,6 +49,7 @@ def test_defaults_are_the_documented_loopback_ports() -> None:
     s = settings_from({"HOME": "/home/u"})
     assert (s.ports.postgres, s.ports.kafka, s.ports.kafka_controller) == (55432, 19092, 19093)
     assert (s.ports.otlp_grpc, s.ports.otlp_http, s.ports.jaeger_query) == (4317, 4318, 16686)
+    assert s.ports.prometheus == 9090
     assert s.paths.cache == Path("/home/u/.cache/fenceworker")
     assert s.paths.root.name == ".stack"
 
@@ -129,6 +133,8 @@ def test_missing_go_mvn_java_name_the_fix(tmp_path: Path, monkeypatch: pytest.Mo
         stack_kafka.classpath(s)
     with pytest.raises(StackError, match="java"):
         stack_kafka.start(s)
+    with pytest.raises(StackError, match=r"`go` is not on PATH.*Go 1\.26\.7 or newer"):
+        stack_prometheus.promtool(s)
 
 
 def test_up_refuses_a_taken_port_and_names_the_override(tmp_path: Path) -> None:
@@ -149,7 +155,8 @@ def test_status_and_down_of_an_empty_stack(tmp_path: Path) -> None:
     rows = stack.status(s)
     assert [r.service for r in rows] == list(Service)
     assert all(r.state is stack.ServiceState.DOWN and r.pid is None for r in rows)
-    assert [r.port for r in rows] == [s.ports.postgres, s.ports.kafka, s.ports.jaeger_query]
+    assert [r.port for r in rows] == [s.ports.postgres, s.ports.kafka, s.ports.jaeger_query,
+                                      s.ports.prometheus]
     assert stack.down(s, out=lambda _line: None) == []
 
 
@@ -194,3 +201,21 @@ def test_tracked_but_silent_process_is_unhealthy_and_down_stops_it(tmp_path: Pat
         assert not pid_file.exists()
     finally:
         stop_pid(pid, sig=signal.SIGKILL, grace_s=1)
+
+
+def test_prometheus_config_binds_loopback_loads_the_rules_and_reads_target_files(
+        tmp_path: Path) -> None:
+    s = settings_from(_isolated_env(tmp_path, FENCE_PROMETHEUS_PORT="41990"))
+    config = stack_prometheus.config(s)
+    assert config["rule_files"] == [str(RULES)]
+    (job,) = config["scrape_configs"]
+    assert job["job_name"] == "fenceworker"
+    assert job["file_sd_configs"] == [{"files": [str(stack_prometheus.targets_dir(s) / "*.json")],
+                                       "refresh_interval": "5s"}]
+    assert stack_prometheus.url(s) == "http://127.0.0.1:41990"
+    path = stack_prometheus.write_targets(s, "w1", ["127.0.0.1:9464"], {"env": "test"})
+    assert json.loads(path.read_text()) == [{"targets": ["127.0.0.1:9464"],
+                                             "labels": {"env": "test"}}]
+    assert [p.name for p in stack_prometheus.targets_dir(s).iterdir()] == ["w1.json"]
+    stack_prometheus.write_targets(s, "w1", [])
+    assert not path.exists()
