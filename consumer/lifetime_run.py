@@ -20,6 +20,10 @@ Rules (the worker's; see ``consumer.worker`` for the process around it)
   failure retries, bisection, quarantine; retries end once the partition closes).
 - A fenced batch means this process was a zombie (its partition was lost and a newer owner
   committed): nothing of it applied, and the lifetime ends with exit 3.
+- Kafka's facts of an assignment (topic ids, watermarks) are read with the failover bound:
+  a broker, controller or coordinator moving is retried within ``--outage-bound-s``
+  (``consumer.outage``); only past it does the run end (exit 5 naming the cluster). The
+  assignment callback waits that bound on top of the lifecycle's budget.
 - A failure ends the run with ``exit_code_for(exc)``: stop fetching, leave the group
   (``Consumer.close()`` on the Kafka thread, outside any callback), stop the lifecycle. The
   Kafka thread never dies silently: ``failed`` ends the run (2 for a consumer that cannot
@@ -46,10 +50,18 @@ from consumer.exits import ExitCode, exit_code_for
 from consumer.failure_run import RetryInterrupted
 from consumer.kafka.adapter import call_on_loop
 from consumer.kafka.source import build_checks
+from consumer.outage import kafka_gave_up, retry_outage_async
 from consumer.ports import KafkaPort, LifecyclePort, Partition
 from fencing.crashpoints import crash_point
-from fencing.errors import Fenced, FenceError, Retired, SourceRefused, TokenDropped
-from fencing.types import SourceRecord, TopicPartition
+from fencing.errors import (
+    Fenced,
+    FenceError,
+    Retired,
+    SourceRefused,
+    SourceUnavailable,
+    TokenDropped,
+)
+from fencing.types import SourceFacts, SourceRecord, TopicPartition
 
 if TYPE_CHECKING:
     from consumer.worker import Worker
@@ -78,6 +90,12 @@ class LifetimeRun:
         self.abandoned = False  # in-flight work outlived the shutdown bound
         self.failures = worker.failure_run(lifecycle)
         self.kafka = kafka_factory(self)
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The failure that ended (or is ending) this run; None while it runs or when a stop
+        was requested."""
+        return self._failure
 
     @property
     def in_flight(self) -> list[InFlight]:
@@ -165,8 +183,9 @@ class LifetimeRun:
         return False
 
     def assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int] | None:
-        return self._blocking(self._assigned(tps), "assign") if self._current("assign") \
-            else None
+        return self._blocking(self._assigned(tps), "assign",
+                              extra_s=self._cfg.outage_bound_s) \
+            if self._current("assign") else None
 
     def revoked(self, tps: list[TopicPartition]) -> None:
         if self._current("revoke"):
@@ -187,10 +206,11 @@ class LifetimeRun:
         if self._current("failure"):
             self._loop.call_soon_threadsafe(self._fail, exc)
 
-    def _blocking(self, coro: Any, what: str) -> Any:
-        """Run ``coro`` on the loop and wait; a failure ends the run and gives None."""
+    def _blocking(self, coro: Any, what: str, *, extra_s: float = 0.0) -> Any:
+        """Run ``coro`` on the loop and wait (the budget, ``extra_s`` and a margin); a
+        failure ends the run and gives None."""
         try:
-            return call_on_loop(self._loop, coro, timeout_s=self._cfg.budget_s + 5)
+            return call_on_loop(self._loop, coro, timeout_s=self._cfg.budget_s + extra_s + 5)
         except BaseException as exc:  # a callback must never raise into librdkafka
             self._loop.call_soon_threadsafe(self._fail, exc)
             log.debug("%s callback failed: %r", what, exc)
@@ -205,7 +225,7 @@ class LifetimeRun:
             self._w.emit(ev.Assigned(()))
             return {}
         self._w.emit(ev.RebalanceBegan("assign", tuple(tps)))
-        facts = await asyncio.to_thread(self._w.source.facts, tps)
+        facts = await self._facts(tps)
         checks = build_checks(facts, allow_retention_gap=self._cfg.allow_retention_gap)
         try:
             await self._lc.assign(checks)
@@ -219,6 +239,23 @@ class LifetimeRun:
             self._start_partition(tp, positions[tp])
         self._w.emit(ev.Assigned(tuple(tps)))
         return positions
+
+    async def _facts(self, tps: list[TopicPartition]) -> dict[TopicPartition, SourceFacts]:
+        """Kafka's facts of ``tps``, a failover retried within the bound (see Rules)."""
+        cfg = self._cfg
+
+        def retrying(exc: BaseException, wait_s: float) -> None:
+            log.warning("kafka facts of %s unavailable (%s); retrying in %.1f s "
+                        "(--outage-bound-s %g)", ", ".join(map(str, tps)), exc, wait_s,
+                        cfg.outage_bound_s)
+
+        return await retry_outage_async(
+            lambda: asyncio.to_thread(self._w.source.facts, tps), bound_s=cfg.outage_bound_s,
+            retry_on=(SourceUnavailable,),
+            give_up=kafka_gave_up(where=cfg.bootstrap_source, servers=cfg.bootstrap_servers,
+                                  bound_s=cfg.outage_bound_s),
+            clock=self._w.clock, sleep=self._w.wait, stopped=lambda: self._stopping,
+            on_retry=retrying)
 
     def _start_partition(self, tp: TopicPartition, position: int) -> None:
         cfg = self._cfg

@@ -15,6 +15,7 @@ __all__ = [
     "HandlerDeclarationError",
     "HandlerFailed",
     "HandlerMisuse",
+    "InstanceFenced",
     "KafkaClientFailed",
     "NotCommitted",
     "OutcomeUnknown",
@@ -44,6 +45,12 @@ class Fenced(FenceError):
 class TokenDropped(Fenced):
     """The partition's token was dropped (its assignment lost or revoked) while the call
     waited for its turn: nothing was sent, so nothing says another owner committed."""
+
+
+class InstanceFenced(Fenced):
+    """Another process joined the group with this member's static ``--instance-id``; Kafka
+    fenced this one (the operator's: every running member needs its own id). Its lifetime
+    ends and is not restarted in-process: a fresh lifetime would fence the other one."""
 
 
 class StoreUnavailable(FenceError):
