@@ -13,10 +13,15 @@ Rules
   ending) the last error is re-raised unchanged instead of waiting on.
 - The clock and the sleep are injected (tenacity runs the loop with them), so tests and the
   simulator need no real time.
+- ``OutageWatch`` follows Kafka between calls that are not retried here (a lifetime's lag
+  samples, the offset mirror's commits, the group session): a failure opens an episode, any
+  answer closes it; ``over`` says when an open episode has outlived the bound. It is
+  thread-safe (the Kafka thread and the loop both report).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -27,8 +32,8 @@ from tenacity import (
     retry_if_exception_type,
 )
 
-__all__ = ["BACKOFF_S", "DEFAULT_BOUND_S", "GiveUp", "OutageBound", "kafka_gave_up",
-           "retry_outage", "retry_outage_async"]
+__all__ = ["BACKOFF_S", "DEFAULT_BOUND_S", "GiveUp", "OutageBound", "OutageWatch",
+           "kafka_gave_up", "retry_outage", "retry_outage_async"]
 
 T = TypeVar("T")
 #: default of ``--outage-bound-s``: seconds one episode of an unreachable service is retried
@@ -72,6 +77,37 @@ class OutageBound:
             return None
         first, factor, longest = BACKOFF_S
         return min(first * factor ** (attempt - 1), longest, left)
+
+
+class OutageWatch:
+    """Episodes of a service observed through calls that succeed or fail (see Rules)."""
+
+    def __init__(self, *, bound_s: float, clock: Callable[[], float]) -> None:
+        self.bound_s = bound_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._last = ""
+
+    def failed(self, what: str) -> None:
+        """A call failed because the service did not answer: open (or extend) an episode."""
+        with self._lock:
+            if self._since is None:
+                self._since = self._clock()
+            self._last = what
+
+    def answered(self) -> None:
+        """The service answered a call: the episode, if any, is over."""
+        with self._lock:
+            self._since, self._last = None, ""
+
+    def over(self) -> tuple[float, str] | None:
+        """(seconds, last failure) once the open episode is at least the bound old."""
+        with self._lock:
+            if self._since is None:
+                return None
+            elapsed = self._clock() - self._since
+            return (elapsed, self._last) if elapsed >= self.bound_s else None
 
 
 def _retrying_kwargs(*, bound_s: float, retry_on: tuple[type[BaseException], ...],

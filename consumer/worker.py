@@ -35,7 +35,7 @@ from fencing.errors import InstanceFenced
 from fencing.handler import declaration_of
 from fencing.store import HandlerFn
 from fencing.tracing import NO_TRACING, Tracing
-from fencing.types import SourceRecord, Token, TopicPartition
+from fencing.types import SourceFacts, SourceRecord, Token, TopicPartition
 
 __all__ = ["KafkaPort", "Worker"]
 
@@ -107,6 +107,12 @@ class Worker:
     def offset_mirror(self) -> dict[TopicPartition, MirrorState]:
         """Per positioned partition of the current lifetime: Kafka's offset mirror."""
         return {} if self.current is None else self.current.kafka.mirror()
+
+    def watched_facts(self, tps: list[TopicPartition]) -> dict[TopicPartition, SourceFacts]:
+        """Kafka's facts of ``tps`` for a lag sample, watched by the current lifetime
+        (``LifetimeRun.watched_facts``)."""
+        run = self.current
+        return self._source.facts(tps) if run is None else run.watched_facts(tps)
 
     def progress(self) -> dict[TopicPartition, float]:
         """Per owned partition of the current lifetime: its last fetch or commit progress."""

@@ -82,7 +82,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
 from consumer.kafka.committer import Committer, OnFailure
-from consumer.mirror import MirrorState
+from consumer.mirror import CommitFailure, MirrorState, classify_commit_error
 from consumer.outage import DEFAULT_BOUND_S, OutageBound
 from fencing.crashpoints import crash_point
 from fencing.errors import ConfigError, InstanceFenced, KafkaClientFailed, RetentionGap
@@ -117,6 +117,9 @@ class Rebalancer(Protocol):
 
     def failed(self, exc: BaseException) -> None:
         """Non-blocking: this thread cannot go on; the lifetime must end (see Rules)."""
+
+    def kafka_outcome(self, answered: bool, what: str) -> None:
+        """Non-blocking: the cluster answered a request (a commit), or did not (``what``)."""
 
 
 # ``to_record`` runs once per consumed record, on the loop (``translated``). ``SourceRecord`` is a
@@ -375,12 +378,24 @@ class KafkaThread:
         """librdkafka's answer to an (advisory) offset commit, served inside consume(): the
         mirror's bookkeeping (``consumer.kafka.committer``), then the crash point."""
         self._committer.results(err, partitions)
+        self._report_outcome(err, partitions)
         if err is not None:
             return
         for p in partitions:
             if p.error is None and p.offset >= 0:
                 crash_point("after-kafka-commit", partition=f"{p.topic}[{p.partition}]",
                             frontier=p.offset)
+
+    def _report_outcome(self, err: Any, partitions: Sequence[KafkaTP]) -> None:
+        """A commit's answer to the outage watch: confirmed, or the cluster unavailable (a
+        refusal such as a stale generation is an answer)."""
+        errors = [e for e in (err, *(p.error for p in partitions)) if e is not None]
+        down = [e for e in errors if isinstance(e, KafkaError)
+                and classify_commit_error(e.name()) is CommitFailure.UNAVAILABLE]
+        if down:
+            self._rb.kafka_outcome(False, f"offset commit: {down[0].str()}")
+        elif partitions or err is None:
+            self._rb.kafka_outcome(True, "offset commit")
 
     def _pause_all(self, consumer: Consumer) -> None:
         if self._assigned:

@@ -266,7 +266,8 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
 
     obs = WorkerObservability(options=obs_options or ObsOptions(), telemetry=telemetry,
                               store=store, cooperative=cfg.cooperative,
-                              lag_facts=source.facts, observe=own_frontiers,
+                              lag_facts=lambda tps: worker.watched_facts(tps),
+                              observe=own_frontiers,
                               group_id=cfg.group_id)
     obs.instruments.export_zeros(TopicPartition(topic, p)
                                  for topic, count in partition_counts.items()

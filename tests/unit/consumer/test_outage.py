@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from consumer.outage import OutageBound, retry_outage, retry_outage_async
+from consumer.outage import OutageBound, OutageWatch, retry_outage, retry_outage_async
 from fencing.errors import ConfigError, SourceUnavailable
 
 
@@ -89,7 +89,7 @@ def test_other_errors_propagate_at_once_and_stopped_ends_early() -> None:
         stop = True
         raise SourceUnavailable("down")
 
-    with pytest.raises(SourceUnavailable, match="^down$"):  # unchanged: not given up
+    with pytest.raises(SourceUnavailable, match=r"^down$"):  # unchanged: not given up
         retry_outage(flaky, bound_s=60.0, retry_on=(SourceUnavailable,), give_up=_give_up,
                      clock=t.clock, sleep=t.sleep, stopped=lambda: stop)
 
@@ -108,3 +108,19 @@ def test_async_variant_keeps_the_same_schedule() -> None:
     got = asyncio.run(retry_outage_async(call, bound_s=60.0, retry_on=(SourceUnavailable,),
                                          give_up=_give_up, clock=t.clock, sleep=t.asleep))
     assert got == 3 and t.sleeps == [0.5, 1.0]
+
+
+def test_watch_opens_on_failure_closes_on_answer_and_reports_past_the_bound() -> None:
+    t = FakeTime()
+    w = OutageWatch(bound_s=20.0, clock=t.clock)
+    assert w.over() is None
+    w.failed("commit: _TRANSPORT")
+    t.now += 15
+    w.failed("lag sample: list_offsets -1001")
+    assert w.over() is None
+    t.now += 5
+    assert w.over() == (20.0, "lag sample: list_offsets -1001")  # from the first failure
+    w.answered()
+    assert w.over() is None
+    t.now += 100
+    assert w.over() is None  # quiet is not an outage

@@ -1,0 +1,199 @@
+"""One consumer group on the three-node cluster: a topic with a backlog, real ``fencectl run``
+members, and what is read back from PostgreSQL and Kafka.
+
+Rules
+- A group is fresh: its own topic (replication 3, the cluster's default), group and schema;
+  records from the seeded reference generator (class ``valid``).
+- Members are ``fencectl run`` subprocesses pointed at the cluster (their
+  ``KAFKA_BOOTSTRAP_SERVERS``), running ``tests.integration.fault_handlers:counting_handler``
+  with a per-batch delay so the backlog lasts through a fault; logs under
+  ``artifacts/kafka-faults/<group>/``.
+- Every wait is bounded and names what it waited for; ``close`` stops every member by pid.
+- Exactly once is judged twice: the reference oracle (effects equal the fold of the source
+  below the frontiers) and the handler's application counts (``duplicates``: applications
+  beyond the first; ``losses``: offsets below the high watermark never applied).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from consumer.kafka.source import KafkaSource
+from fencing.types import SourceRecord, TopicPartition
+from tests.integration.cluster import Cluster
+from tests.integration.workers import (
+    GROUP_SETUPS,
+    WorkerProc,
+    durable_rows,
+    exactly_once_problems,
+    fresh_schema,
+    generated,
+    produce,
+    unique,
+    wait_until,
+)
+
+__all__ = ["ARTIFACTS", "FaultGroup"]
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "artifacts" / "kafka-faults"
+HANDLER = ("--handler", "tests.integration.fault_handlers:counting_handler")
+
+
+def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": "0"})
+    admin.create_topics([NewTopic(topic, partitions)])[topic].result(timeout=60)  # RF: default
+    wait_until(lambda: topic in admin.list_topics(timeout=10).topics, timeout_s=60,
+               what=f"topic {topic}")
+
+
+class FaultGroup:
+    """A group of members over a backlog on ``cluster`` (see the module Rules)."""
+
+    def __init__(self, services: Any, cluster: Cluster, protocol: str, *, name: str,
+                 partitions: int = 6, records: int = 6000, batch: int = 20,
+                 delay_s: float = 0.1, extra: Sequence[str] = ()) -> None:
+        self.s, self.cluster, self.protocol = services, cluster, protocol
+        self.setup = next(g for g in GROUP_SETUPS if g.name == protocol)
+        self.topic, self.group = unique(f"kf_{name}"), unique(f"gkf_{name}")
+        self.partitions, self.records_count = partitions, records
+        self.flags = ("--batch-max-records", str(batch), *HANDLER, *extra)
+        self.env = {"KAFKA_BOOTSTRAP_SERVERS": cluster.bootstrap,
+                    "FENCE_TEST_BATCH_DELAY_S": str(delay_s)}
+        self.dir = ARTIFACTS / self.group
+        self.members: dict[str, WorkerProc] = {}
+        self.schema = ""
+        self.source: list[SourceRecord] = []
+
+    # -- set-up and members -----------------------------------------------------------------
+    def prepare(self) -> None:
+        _create_topic(self.cluster.bootstrap, self.topic, self.partitions)
+        recs, self.source = generated(self.topic, count=self.records_count,
+                                      partitions=self.partitions, klass="valid", seed=24)
+        produce(self.cluster.bootstrap, recs)
+        self.schema = asyncio.run(fresh_schema(self.s.dsn))
+
+    def start(self, name: str, *, extra: Sequence[str] = (),
+              env: dict[str, str] | None = None) -> WorkerProc:
+        w = WorkerProc(topic=self.topic, group=self.group, schema=self.schema, setup=self.setup,
+                       extra=(*self.flags, *extra), env={**self.env, **(env or {})}, name=name,
+                       log_dir=self.dir)
+        self.members[name] = w
+        return w
+
+    def exited(self) -> dict[str, int]:
+        """Members that ended by themselves: name -> exit code."""
+        return {n: w.proc.returncode for n, w in self.members.items() if not w.alive()}
+
+    def stop_all(self, timeout_s: float = 60.0) -> dict[str, int]:
+        """SIGTERM every live member; their exit codes."""
+        live = {n: w for n, w in self.members.items() if w.alive()}
+        for w in live.values():
+            w.terminate()
+        return {n: w.wait(timeout_s) for n, w in live.items()}
+
+    def close(self) -> None:
+        for w in self.members.values():
+            w.ensure_dead()
+
+    # -- reads ------------------------------------------------------------------------------
+    def frontiers(self) -> dict[int, int]:
+        rows = asyncio.run(durable_rows(self.s.dsn, self.schema, self.group, self.topic))
+        return {p: f for p, (_e, f) in rows.items()}
+
+    def committed(self) -> int:
+        return sum(self.frontiers().values())
+
+    def high_watermarks(self) -> dict[int, int]:
+        facts = KafkaSource({"bootstrap.servers": self.cluster.bootstrap}).facts(
+            [TopicPartition(self.topic, p) for p in range(self.partitions)])
+        return {tp.partition: f.high_watermark for tp, f in facts.items()}
+
+    def wait_committing(self, *, timeout_s: float = 120.0) -> None:
+        """Every member owns partitions and the group committed something, with most of the
+        backlog still ahead (so a fault lands under load)."""
+        wait_until(lambda: all(w.owns_partitions() for w in self.members.values())
+                   and self.committed() > 0, timeout_s=timeout_s,
+                   what="every member owning partitions and a first commit")
+        done = self.committed()
+        assert done < self.records_count // 2, (
+            f"{done} of {self.records_count} records were processed before the fault: the "
+            "backlog is too short to put the fault under load")
+
+    def drained(self) -> bool:
+        return self.frontiers() == {p: n for p, n in self._ends().items()}
+
+    def _ends(self) -> dict[int, int]:
+        ends: dict[int, int] = {}
+        for r in self.source:
+            ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
+        return ends
+
+    def wait_drained(self, *, since: float, timeout_s: float = 240.0) -> float:
+        """Seconds from ``since`` (monotonic) until every frontier is at the end of the
+        backlog; fails early when a member exits."""
+        def check() -> bool:
+            gone = self.exited()
+            assert not gone, f"members exited while draining: {gone}\n{self.tails(gone)}"
+            return self.drained()
+        wait_until(check, timeout_s=timeout_s, what="the group draining its backlog",
+                   interval_s=0.5)
+        return round(time.monotonic() - since, 1)
+
+    def applied_offsets(self) -> set[tuple[int, int]]:
+        """(partition, offset) of every record applied so far."""
+        return {(r["partition"], r["offset"]) for r in self._applied()}
+
+    def _applied(self) -> list[Any]:
+        async def read() -> list[Any]:
+            conn = await asyncpg.connect(self.s.dsn)
+            try:
+                return list(await conn.fetch(
+                    f'SELECT partition, "offset", n FROM "{self.schema}".applied '
+                    "WHERE topic = $1", self.topic))
+            finally:
+                await conn.close()
+        return asyncio.run(read())
+
+    def applications(self) -> tuple[int, int]:
+        """(duplicates, losses) from the handler's counts (see Rules)."""
+        rows = self._applied()
+        dup = sum(r["n"] - 1 for r in rows if r["n"] > 1)
+        seen = {(r["partition"], r["offset"]) for r in rows}
+        lost = sum(1 for r in self.source if (r.partition, r.offset) not in seen)
+        return dup, lost
+
+    def oracle(self) -> list[str]:
+        return asyncio.run(exactly_once_problems(self.s.dsn, self.schema, self.group,
+                                                 self.topic, self.source))
+
+    def kafka_lags(self) -> dict[int, int | None]:
+        """partition -> lag by Kafka's own ``kafka-consumer-groups --describe``."""
+        return {r.partition: r.lag for r in self.cluster.lags(self.group)
+                if r.topic == self.topic}
+
+    def wait_kafka_lag_zero(self, *, timeout_s: float = 90.0) -> dict[int, int | None]:
+        lags: dict[int, int | None] = {}
+
+        def zero() -> bool:
+            nonlocal lags
+            lags = self.kafka_lags()
+            return len(lags) == self.partitions and all(v == 0 for v in lags.values())
+        try:
+            wait_until(zero, timeout_s=timeout_s, what="Kafka's consumer-groups tool showing "
+                       "lag 0 on every partition", interval_s=2.0)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: last {lags}") from None
+        return lags
+
+    def tails(self, names: Sequence[str] | dict[str, int], lines: int = 30) -> str:
+        return "\n".join(f"--- {n}:\n" + "\n".join(self.members[n].log().splitlines()[-lines:])
+                         for n in names)
