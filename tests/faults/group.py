@@ -8,6 +8,13 @@ Rules
   ``KAFKA_BOOTSTRAP_SERVERS``), running ``tests.integration.fault_handlers:counting_handler``
   with a per-batch delay so the backlog lasts through a fault; logs under
   ``artifacts/kafka-faults/<group>/``.
+- Classic members use a 20 s session (``CLASSIC_SESSION``), not the suite's 2 s: librdkafka
+  drops a classic assignment once the coordinator has not answered for the session timeout
+  (its "SESSTMOUT" check), and a coordinator failover takes 10-15 s here. A session
+  shorter than the failover makes the group reassign partitions during it (safe, but a
+  member whose assignment callback completes late can then fence the new owner, which ends
+  with exit 3; docs/kafka-failures.md). KIP-848 sessions are the broker's (6 s, restarted
+  when the new coordinator loads the group).
 - Every wait is bounded and names what it waited for; ``close`` stops every member by pid.
 - Exactly once is judged twice: the reference oracle (effects equal the fold of the source
   below the frontiers) and the handler's application counts (``duplicates``: applications
@@ -44,6 +51,7 @@ __all__ = ["ARTIFACTS", "FaultGroup"]
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts" / "kafka-faults"
 HANDLER = ("--handler", "tests.integration.fault_handlers:counting_handler")
+CLASSIC_SESSION = ("-X", "session.timeout.ms=20000", "-X", "heartbeat.interval.ms=1000")
 
 
 def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
@@ -65,7 +73,8 @@ class FaultGroup:
         self.setup = next(g for g in GROUP_SETUPS if g.name == protocol)
         self.topic, self.group = unique(f"kf_{name}"), unique(f"gkf_{name}")
         self.partitions, self.records_count = partitions, records
-        self.flags = ("--batch-max-records", str(batch), *HANDLER, *extra)
+        session = CLASSIC_SESSION if "classic" in self.setup.args else ()
+        self.flags = ("--batch-max-records", str(batch), *HANDLER, *session, *extra)
         self.env = {"KAFKA_BOOTSTRAP_SERVERS": cluster.bootstrap,
                     "FENCE_TEST_BATCH_DELAY_S": str(delay_s)}
         self.dir = ARTIFACTS / self.group
