@@ -27,8 +27,8 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from consumer.kafka.source import KafkaSource
 from fencing.errors import SourceUnavailable
 from fencing.types import TopicPartition
-from tests.integration.workers import ROOT, produce, unique, wait_until
 from ops.reference import generate
+from tests.integration.workers import ROOT, produce, unique, wait_until
 
 pytestmark = pytest.mark.integration
 
