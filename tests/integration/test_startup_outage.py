@@ -78,9 +78,10 @@ def test_member_started_while_postgres_is_down_comes_up_when_it_returns(
     w = WorkerProc(topic=name, group=group, schema=schema, setup=SETUP,
                    env={"FENCE_DSN": proxy.dsn}, name=how)
     try:
-        time.sleep(DOWN_S)
+        wait_until(lambda: "PostgreSQL not answering at start" in w.log() or not w.alive(),
+                   timeout_s=60, what="the member retrying PostgreSQL")
+        time.sleep(DOWN_S)  # PostgreSQL comes back 10 s after the member first found it down
         assert w.alive(), w.log()[-3000:]
-        assert "PostgreSQL not answering at start" in w.log(), w.log()[-3000:]
         if how == "refused":
             proxy.refuse(False)
         else:
