@@ -128,6 +128,7 @@ def _two_nodes_down(g: FaultGroup) -> dict[str, Any]:
     wait_until(lambda: len(g.exited()) == len(g.members), timeout_s=BOUND_S + 120,
                what="every member ending past the outage bound", interval_s=1.0)
     exit_s = round(time.monotonic() - t0, 1)
+    assert not g.drained(), "the backlog drained before the outage: nothing left to resume"
     codes = g.exited()
     assert set(codes.values()) == {5}, f"{codes}\n{g.tails(codes)}"
     for name, w in g.members.items():
