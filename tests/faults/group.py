@@ -15,6 +15,9 @@ Rules
   member whose assignment callback completes late can then fence the new owner, which ends
   with exit 3; docs/kafka-failures.md). KIP-848 sessions are the broker's (6 s, restarted
   when the new coordinator loads the group).
+- ``feeding`` keeps producing the rest of the generated records (in order, idempotently, at
+  a bounded rate) while a fault runs, so a long fault stays under load however slow the
+  machine; the source the oracle folds is what was produced.
 - Every wait is bounded and names what it waited for; ``close`` stops every member by pid.
 - Exactly once is judged twice: the reference oracle (effects equal the fold of the source
   below the frontiers) and the handler's application counts (``duplicates``: applications
@@ -24,8 +27,10 @@ Rules
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +73,9 @@ class FaultGroup:
 
     def __init__(self, services: Any, cluster: Cluster, protocol: str, *, name: str,
                  partitions: int = 6, records: int = 6000, batch: int = 20,
-                 delay_s: float = 0.1, extra: Sequence[str] = ()) -> None:
+                 delay_s: float = 0.1, extra: Sequence[str] = (), feed: int = 0) -> None:
+        """``records`` are produced before the members start; ``feed`` more may be produced
+        by ``feeding`` while they run."""
         self.s, self.cluster, self.protocol = services, cluster, protocol
         self.setup = next(g for g in GROUP_SETUPS if g.name == protocol)
         self.topic, self.group = unique(f"kf_{name}"), unique(f"gkf_{name}")
@@ -81,14 +88,42 @@ class FaultGroup:
         self.members: dict[str, WorkerProc] = {}
         self.schema = ""
         self.source: list[SourceRecord] = []
+        self.feed_count = feed
+        self._generated: list[Any] = []
+        self._all: list[SourceRecord] = []
 
     # -- set-up and members -----------------------------------------------------------------
     def prepare(self) -> None:
         _create_topic(self.cluster.bootstrap, self.topic, self.partitions)
-        recs, self.source = generated(self.topic, count=self.records_count,
-                                      partitions=self.partitions, klass="valid", seed=24)
-        produce(self.cluster.bootstrap, recs)
+        self._generated, self._all = generated(
+            self.topic, count=self.records_count + self.feed_count, partitions=self.partitions,
+            klass="valid", seed=24)
+        produce(self.cluster.bootstrap, self._generated[:self.records_count])
+        self.source = self._all[:self.records_count]
         self.schema = asyncio.run(fresh_schema(self.s.dsn))
+
+    @contextmanager
+    def feeding(self, *, rate_per_s: float = 150.0, chunk: int = 30) -> Iterator[None]:
+        """Produce the fed records in order while the block runs (see Rules); afterwards
+        ``source`` is everything produced."""
+        stop = threading.Event()
+        done = [self.records_count]
+
+        def feed() -> None:
+            while not stop.is_set() and done[0] < len(self._generated):
+                nxt = min(done[0] + chunk, len(self._generated))
+                produce(self.cluster.bootstrap, self._generated[done[0]:nxt])
+                done[0] = nxt
+                stop.wait(chunk / rate_per_s)
+
+        thread = threading.Thread(target=feed, name="feeder", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=120)
+            self.source = self._all[:done[0]]
 
     def start(self, name: str, *, extra: Sequence[str] = (),
               env: dict[str, str] | None = None) -> WorkerProc:

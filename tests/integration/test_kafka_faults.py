@@ -72,15 +72,17 @@ def _kill_role(g: FaultGroup, role: Callable[[], int]) -> dict[str, Any]:
 
 def _rolling_restart(g: FaultGroup) -> dict[str, Any]:
     """Every node stopped (SIGTERM) and started again, one at a time, each healthy and in
-    sync before the next; the drain time is measured from the last node's return."""
+    sync before the next, while records keep arriving; the drain time is measured from the
+    last node's return."""
     t0 = time.monotonic()
-    for node in (1, 2, 3):
-        g.cluster.stop(node)
-        g.cluster.start(node)
-        gone = g.exited()
-        assert not gone, f"members exited during the rolling restart: {gone}\n{g.tails(gone)}"
+    with g.feeding():
+        for node in (1, 2, 3):
+            g.cluster.stop(node)
+            g.cluster.start(node)
+            gone = g.exited()
+            assert not gone, f"members exited during the rolling restart: {gone}\n" \
+                             f"{g.tails(gone)}"
     restart_s = round(time.monotonic() - t0, 1)
-    assert not g.drained(), "the backlog drained before the rolling restart ended: not under load"
     drain_s = g.wait_drained(since=time.monotonic())
     return {"drain_s": drain_s, "restart_s": restart_s}
 
@@ -132,9 +134,9 @@ def _two_nodes_down(g: FaultGroup) -> dict[str, Any]:
     codes = g.exited()
     assert set(codes.values()) == {5}, f"{codes}\n{g.tails(codes)}"
     for name, w in g.members.items():
-        tail = w.log()[-4000:]
-        assert "Kafka did not answer for" in tail and g.cluster.bootstrap in tail, \
-            f"{name} does not name the cluster:\n{g.tails([name])}"
+        ended = [ln for ln in w.log().splitlines() if "lifetime ends (exit 5" in ln]
+        assert ended and "Kafka did not answer for" in ended[0] \
+            and g.cluster.bootstrap in ended[0], f"{name} does not name the cluster:\n{ended}"
     frontiers, before = g.frontiers(), g.applied_offsets()
     g.cluster.start_all()
     g.members.clear()  # the ended members are not part of the drain
@@ -152,7 +154,7 @@ def _two_nodes_down(g: FaultGroup) -> dict[str, Any]:
 def test_kafka_fault_under_load(groups: Callable[..., FaultGroup], scenario: str,
                                 protocol: str) -> None:
     g = groups(scenario.split("-")[0], protocol,
-               **({"records": 20000, "delay_s": 0.3} if scenario == "rolling-restart" else {}))
+               **({"records": 3000, "feed": 60000} if scenario == "rolling-restart" else {}))
     measured: dict[str, Any] = {}
     problems: list[str] = []
     exits: dict[str, int] = {}
