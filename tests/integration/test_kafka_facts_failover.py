@@ -10,6 +10,8 @@ dies, pinned (``consumer/kafka/source.py`` Rules; docs/kafka-failures.md).
 - Reading a group's committed offsets during a coordinator move neither aborts the process
   nor returns a wrong value (``KafkaSource.committed_offsets``: a consumer, not an admin
   request to the coordinator).
+
+``make test`` runs the list_offsets one; ``make test-kafka-faults`` all three.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def _topic(cluster: Any) -> str:
     return topic
 
 
+@pytest.mark.kafka_faults
 def test_describe_topics_waits_for_the_cached_controller_until_metadata_is_refreshed(
         cluster: Any) -> None:
     topic = _topic(cluster)
@@ -117,6 +120,7 @@ print(answers, failures)
 """
 
 
+@pytest.mark.kafka_faults
 def test_committed_offsets_during_a_coordinator_move_never_abort(cluster: Any) -> None:
     from confluent_kafka import Consumer
 

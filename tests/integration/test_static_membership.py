@@ -6,7 +6,8 @@ Classic members use a 20 s session here (``tests.faults.group.CLASSIC_SESSION``)
 membership keeps a member's partitions for it while the group waits for its session, so a
 session shorter than a restart would give nothing to measure. KIP-848's session is the
 broker's (6 s on the local stack). Each run is recorded (``tests.faults.report``);
-``make test`` runs ``CI_PROTOCOL`` only.
+``make test`` runs the static kill + restart under ``CI_PROTOCOL`` only, ``make
+test-kafka-faults`` everything under every protocol.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def _back_after(g: FaultGroup, partitions: list[int], since: float, before: dict
     return round(time.monotonic() - since, 1)
 
 
-@pytest.mark.parametrize("static", [True, False], ids=["static", "dynamic"])
+@pytest.mark.parametrize("static", [True, pytest.param(False, marks=pytest.mark.kafka_faults)],
+                         ids=["static", "dynamic"])
 @pytest.mark.parametrize("protocol", RUN_PROTOCOLS)
 def test_a_killed_member_restarted_at_once(groups: Callable[..., FaultGroup], protocol: str,
                                            static: bool) -> None:
@@ -114,6 +116,7 @@ def test_a_killed_member_restarted_at_once(groups: Callable[..., FaultGroup], pr
                losses=None, problems=problems, idle_s=idle_s)
 
 
+@pytest.mark.kafka_faults
 @pytest.mark.parametrize("protocol", RUN_PROTOCOLS)
 def test_a_frozen_member_replaced_by_its_instance_id_is_fenced_twice(
         groups: Callable[..., FaultGroup], protocol: str) -> None:
@@ -141,6 +144,7 @@ def test_a_frozen_member_replaced_by_its_instance_id_is_fenced_twice(
     assert g.applications() == (0, 0) and g.oracle() == []
 
 
+@pytest.mark.kafka_faults
 def test_kip848_refuses_an_instance_id_in_use_and_the_worker_waits_for_it(
         groups: Callable[..., FaultGroup]) -> None:
     """A second process with the id of a live KIP-848 member: the broker answers
@@ -183,6 +187,7 @@ def _rolling(g: FaultGroup, static: bool) -> float:
     return round(total, 1)
 
 
+@pytest.mark.kafka_faults
 @pytest.mark.parametrize("static", [True, False], ids=["static", "dynamic"])
 @pytest.mark.parametrize("protocol", RUN_PROTOCOLS)
 def test_rolling_restart_of_three_members(groups: Callable[..., FaultGroup], protocol: str,

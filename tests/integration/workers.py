@@ -76,9 +76,10 @@ def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+def create_topic(bootstrap: str, topic: str, partitions: int, *, replication: int = 1) -> None:
+    """``replication`` -1: the cluster's ``default.replication.factor``."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    fut = admin.create_topics([NewTopic(topic, partitions, 1)])[topic]
+    fut = admin.create_topics([NewTopic(topic, partitions, replication)])[topic]
     fut.result(timeout=30)
     wait_until(lambda: topic in admin.list_topics(timeout=5).topics, timeout_s=30,
                what=f"topic {topic}")
