@@ -69,23 +69,43 @@ def _cell(runs: Sequence[Mapping[str, Any]]) -> str:
     return f"{passed}/{len(runs)} pass; exits {exits}; drain {drain}; dup {dup}; lost {lost}"
 
 
+def _pause_cell(runs: Sequence[Mapping[str, Any]]) -> str:
+    if not runs:
+        return "-"
+    passed = sum(bool(r["passed"]) for r in runs)
+    xs = [r["pause_s"] for r in runs if r.get("pause_s") is not None]
+    pause = f"{statistics.median(xs):.1f} / {max(xs):.1f} s" if xs else "-"
+    return f"{passed}/{len(runs)} pass; {pause}"
+
+
 def render(lines: Iterable[Mapping[str, Any]]) -> str:
-    """The fault x protocol table in Markdown (pure)."""
+    """The fault x protocol table, then the restart x protocol table, in Markdown (pure)."""
     by: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     commits: set[str] = set()
     for r in lines:
         by.setdefault((r["scenario"], r["protocol"]), []).append(r)
         commits.add(r["commit"])
     scenarios = list(dict.fromkeys(s for s, _p in by))
-    out = ["| fault | " + " | ".join(PROTOCOLS) + " |", "|---|" + "---|" * len(PROTOCOLS)]
-    for s in scenarios:
-        out.append(f"| {s} | " + " | ".join(_cell(by.get((s, p), [])) for p in PROTOCOLS)
-                   + " |")
-    out.append("")
-    out.append("Each cell: runs passed / runs; member exits (a member that ended by itself "
-               "where none may; the two-nodes-down scenario expects exit 5 and counts none); "
-               "drain seconds median / max; duplicated and lost applications summed over the "
-               f"runs. Commits: {', '.join(sorted(commits)) or '-'}.")
+    restarts = [s for s in scenarios
+                if any("pause_s" in r for (s2, _p), runs in by.items() if s2 == s for r in runs)]
+    faults = [s for s in scenarios if s not in restarts]
+    head = "|---|" + "---|" * len(PROTOCOLS)
+    out = ["| fault | " + " | ".join(PROTOCOLS) + " |", head]
+    out += [f"| {s} | " + " | ".join(_cell(by.get((s, p), [])) for p in PROTOCOLS) + " |"
+            for s in faults]
+    out += ["", "Each cell: runs passed / runs; member exits (a member that ended by itself "
+            "where none may: the two-nodes-down members are expected to exit 5 and are not "
+            "counted); drain seconds median / max (from the kill; from the last node's return "
+            "after a rolling restart; of the fresh member after two-nodes-down); duplicated "
+            "and lost applications summed over the runs."]
+    if restarts:
+        out += ["", "| member restart | " + " | ".join(PROTOCOLS) + " |", head]
+        out += [f"| {s} | " + " | ".join(_pause_cell(by.get((s, p), [])) for p in PROTOCOLS)
+                + " |" for s in restarts]
+        out += ["", "Each cell: runs passed / runs; seconds median / max until the restarted "
+                "member's partitions (kill + restart), or after each of the three restarts "
+                "every partition (rolling restart, summed), committed again."]
+    out += ["", f"Commits: {', '.join(sorted(commits)) or '-'}."]
     return "\n".join(out)
 
 

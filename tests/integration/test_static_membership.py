@@ -112,8 +112,8 @@ def test_a_killed_member_restarted_at_once(groups: Callable[..., FaultGroup], pr
         raise
     finally:
         record(f"kill+restart ({'static' if static else 'dynamic'})", protocol,
-               passed=not problems, member_exits={}, drain_s=idle_s, duplicates=None,
-               losses=None, problems=problems, idle_s=idle_s)
+               passed=not problems, member_exits={}, drain_s=None, duplicates=None,
+               losses=None, problems=problems, pause_s=idle_s)
 
 
 @pytest.mark.kafka_faults
@@ -211,5 +211,5 @@ def test_rolling_restart_of_three_members(groups: Callable[..., FaultGroup], pro
         raise
     finally:
         record(f"rolling restart of members ({'static' if static else 'dynamic'})", protocol,
-               passed=not problems, member_exits=g.exited(), drain_s=pause, duplicates=None,
+               passed=not problems, member_exits=g.exited(), drain_s=None, duplicates=None,
                losses=None, problems=problems, pause_s=pause)
