@@ -153,8 +153,12 @@ def _two_nodes_down(g: FaultGroup) -> dict[str, Any]:
 @pytest.mark.parametrize(("scenario", "protocol"), CELLS, ids=[f"{s}-{p}" for s, p in CELLS])
 def test_kafka_fault_under_load(groups: Callable[..., FaultGroup], scenario: str,
                                 protocol: str) -> None:
-    g = groups(scenario.split("-")[0], protocol,
-               **({"records": 3000, "feed": 60000} if scenario == "rolling-restart" else {}))
+    sizes: dict[str, dict[str, Any]] = {
+        "rolling-restart": {"records": 3000, "feed": 60000},
+        # more than the members can process within the bound (prefetched records are
+        # processed while two nodes are down)
+        "two-nodes-down": {"records": 30000, "batch": 10, "delay_s": 0.2}}
+    g = groups(scenario.split("-")[0], protocol, **sizes.get(scenario, {}))
     measured: dict[str, Any] = {}
     problems: list[str] = []
     exits: dict[str, int] = {}
