@@ -39,18 +39,7 @@ test-unit: setup
 test-integration: setup
 	$(BIN)/pytest -q tests/integration $(PYTEST_ARGS)
 
-test-# Kafka faults on the three-node cluster (started for these tests, stopped after): every fault
-# scenario x group protocol, static membership, librdkafka's failover behaviour pinned, the
-# crash matrix's three-node column, start-up while PostgreSQL is down. Outcomes append to
-# artifacts/kafka-faults/results.jsonl; `$(BIN)/python -m tests.faults.report` prints the
-# table (`--docs docs/kafka-failures.md` writes it into the page). make test runs a subset.
-test-kafka-faults: setup
-	FENCE_KAFKA_FAULTS=full $(BIN)/pytest -q tests/integration/test_kafka_faults.py \
-	  tests/integration/test_static_membership.py tests/integration/test_kafka_facts_failover.py \
-	  tests/integration/test_startup_outage.py \
-	  tests/integration/test_crash_matrix.py::test_crash_point_cell_on_three_nodes $(PYTEST_ARGS)
-
-sim-worker: setup
+test-sim-worker: setup
 	$(BIN)/pytest -q tests/sim tests/unit/consumer/test_lifecycle*.py tests/unit/consumer/test_decisions.py tests/unit/fencing/test_memstore*.py $(PYTEST_ARGS)
 
 # the crash-point matrix: every point x every group protocol (make test runs one protocol per
