@@ -71,18 +71,20 @@ def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
 class FaultGroup:
     """A group of members over a backlog on ``cluster`` (see the module Rules)."""
 
-    def __init__(self, services: Any, cluster: Cluster, protocol: str, *, name: str,
+    def __init__(self, services: Any, cluster: Cluster | None, protocol: str, *, name: str,
                  partitions: int = 6, records: int = 6000, batch: int = 20,
                  delay_s: float = 0.1, extra: Sequence[str] = (), feed: int = 0) -> None:
         """``records`` are produced before the members start; ``feed`` more may be produced
-        by ``feeding`` while they run."""
-        self.s, self.cluster, self.protocol = services, cluster, protocol
+        by ``feeding`` while they run. Without ``cluster`` the group runs on the session's
+        one-node Kafka (no faults thrown at it)."""
+        self.s, self._cluster, self.protocol = services, cluster, protocol
+        self.bootstrap = services.kafka_bootstrap if cluster is None else cluster.bootstrap
         self.setup = next(g for g in GROUP_SETUPS if g.name == protocol)
         self.topic, self.group = unique(f"kf_{name}"), unique(f"gkf_{name}")
         self.partitions, self.records_count = partitions, records
         session = CLASSIC_SESSION if "classic" in self.setup.args else ()
         self.flags = ("--batch-max-records", str(batch), *HANDLER, *session, *extra)
-        self.env = {"KAFKA_BOOTSTRAP_SERVERS": cluster.bootstrap,
+        self.env = {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
                     "FENCE_TEST_BATCH_DELAY_S": str(delay_s)}
         self.dir = ARTIFACTS / self.group
         self.members: dict[str, WorkerProc] = {}
@@ -92,13 +94,18 @@ class FaultGroup:
         self._generated: list[Any] = []
         self._all: list[SourceRecord] = []
 
+    @property
+    def cluster(self) -> Cluster:
+        assert self._cluster is not None, "a group on the one-node Kafka has no cluster"
+        return self._cluster
+
     # -- set-up and members -----------------------------------------------------------------
     def prepare(self) -> None:
-        _create_topic(self.cluster.bootstrap, self.topic, self.partitions)
+        _create_topic(self.bootstrap, self.topic, self.partitions)
         self._generated, self._all = generated(
             self.topic, count=self.records_count + self.feed_count, partitions=self.partitions,
             klass="valid", seed=24)
-        produce(self.cluster.bootstrap, self._generated[:self.records_count])
+        produce(self.bootstrap, self._generated[:self.records_count])
         self.source = self._all[:self.records_count]
         self.schema = asyncio.run(fresh_schema(self.s.dsn))
 
@@ -112,7 +119,7 @@ class FaultGroup:
         def feed() -> None:
             while not stop.is_set() and done[0] < len(self._generated):
                 nxt = min(done[0] + chunk, len(self._generated))
-                produce(self.cluster.bootstrap, self._generated[done[0]:nxt])
+                produce(self.bootstrap, self._generated[done[0]:nxt])
                 done[0] = nxt
                 stop.wait(chunk / rate_per_s)
 
@@ -152,7 +159,7 @@ class FaultGroup:
         if self.schema:
             from confluent_kafka.admin import AdminClient
 
-            admin = AdminClient({"bootstrap.servers": self.cluster.bootstrap, "log_level": "0"})
+            admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": "0"})
             try:
                 admin.delete_topics([self.topic])[self.topic].result(timeout=30)
             except Exception as exc:  # best effort: the next test does not need it gone
@@ -167,7 +174,7 @@ class FaultGroup:
         return sum(self.frontiers().values())
 
     def high_watermarks(self) -> dict[int, int]:
-        facts = KafkaSource({"bootstrap.servers": self.cluster.bootstrap}).facts(
+        facts = KafkaSource({"bootstrap.servers": self.bootstrap}).facts(
             [TopicPartition(self.topic, p) for p in range(self.partitions)])
         return {tp.partition: f.high_watermark for tp, f in facts.items()}
 

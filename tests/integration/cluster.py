@@ -14,7 +14,6 @@ Rules
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient
@@ -83,15 +82,3 @@ class Cluster:
         """Kafka's own view of ``group`` (``kafka-consumer-groups --describe``)."""
         rows, _out = describe_group(self.bootstrap, group, settings=self.settings)
         return rows
-
-    def wait_leaderless_gone(self, topic: str, partitions: int, *, timeout_s: float) -> None:
-        """Every partition of ``topic`` has a live leader again."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": "0"})
-            md = admin.list_topics(topic, timeout=10)
-            if all(md.topics[topic].partitions[p].leader >= 0 for p in range(partitions)):
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{topic}: a partition still has no leader")
-            time.sleep(0.5)

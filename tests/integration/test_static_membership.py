@@ -32,20 +32,12 @@ CI_PROTOCOL = "cooperative-sticky"
 RUN_PROTOCOLS = PROTOCOLS if FULL else (CI_PROTOCOL,)
 
 
-class _SingleNode:
-    """The session's one-node Kafka in the shape ``FaultGroup`` uses (no faults thrown)."""
-
-    def __init__(self, bootstrap: str) -> None:
-        self.bootstrap = bootstrap
-
-
 @pytest.fixture
 def groups(services: Any) -> Iterator[Callable[..., FaultGroup]]:
     made: list[FaultGroup] = []
 
     def make(name: str, protocol: str, **kwargs: Any) -> FaultGroup:
-        g = FaultGroup(services, _SingleNode(services.kafka_bootstrap), protocol,  # type: ignore[arg-type]
-                       name=name, **kwargs)
+        g = FaultGroup(services, None, protocol, name=name, **kwargs)
         made.append(g)
         return g
 
