@@ -254,7 +254,9 @@ def status(settings: StackSettings | None = None) -> list[ServiceStatus]:
     services of ``settings.kafka_nodes``, and any other Kafka that runs (per node)."""
     settings = settings or settings_from()
     result = []
-    chosen = default_services(len(_kafka_in_use(settings)))
+    chosen = set(default_services(len(_kafka_in_use(settings))))
+    if any(_tracked(settings, node) is not None for node in KAFKA_NODES):
+        chosen.update(KAFKA_NODES)  # a cluster node runs: show every node, down ones too
     for service in Service:
         port = settings.ports.of(service)[0]
         pid = _tracked(settings, service)
