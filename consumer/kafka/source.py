@@ -12,7 +12,9 @@ Rules
   with ``_TIMED_OUT`` "Timed out waiting for controller" until the broker is back (measured:
   still failing 90 s after a SIGKILL). After a failed call this module therefore sends one
   metadata request (``list_topics``) so the next attempt goes to a live broker
-  (tests/integration/test_kafka_facts_failover.py pins both).
+  (tests/integration/test_kafka_facts_failover.py pins both); after ``REBUILD_AFTER``
+  failures in a row it also replaces the AdminClient with a fresh one (a worker's long-lived
+  handle was seen failing for over 60 s while its consumer fetched from the new leaders).
 - Watermarks come from ``AdminClient.list_offsets`` with ``OffsetSpec.earliest()`` and
   ``OffsetSpec.latest()`` (the low watermark is the first offset still stored). While a
   partition has no live leader, librdkafka answers ``list_offsets`` for it with offset
@@ -49,7 +51,10 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from fencing.errors import SourceRefused, SourceUnavailable
 from fencing.types import SourceCheck, SourceFacts, TopicPartition
 
-__all__ = ["KafkaSource", "build_checks"]
+__all__ = ["REBUILD_AFTER", "KafkaSource", "build_checks"]
+
+#: failed calls in a row after which the AdminClient is replaced by a fresh one
+REBUILD_AFTER = 3
 
 
 _MISSING_CODES = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
@@ -70,12 +75,18 @@ class KafkaSource:
         # queue" when the client is destroyed) are noise on a command's output: warnings up
         conf = {"log_level": "4", **admin_conf}
         self._conf = dict(admin_conf)
-        self._admin = AdminClient(dict[str, str | int | float | bool](conf))
+        self._admin_conf = dict[str, str | int | float | bool](conf)
+        self._admin = AdminClient(self._admin_conf)
         self._timeout_s = request_timeout_s
+        self._failures = 0  # failed calls in a row (any thread; a rough count is enough)
 
     def _refresh_metadata(self) -> None:
-        """One metadata request: librdkafka takes the controller id (and leaders) from its
-        answer (see Rules); a failure here is the caller's next attempt's to report."""
+        """After a failed call: one metadata request (librdkafka takes the controller id and
+        the leaders from its answer), and a fresh AdminClient after ``REBUILD_AFTER`` failures
+        in a row (see Rules); a failure here is the caller's next attempt's to report."""
+        self._failures += 1
+        if self._failures % REBUILD_AFTER == 0:
+            self._admin = AdminClient(self._admin_conf)
         try:
             self._admin.list_topics(timeout=min(self._timeout_s, 5.0))
         except KafkaException:
@@ -115,6 +126,7 @@ class KafkaSource:
         for tp in tps:
             out[tp] = SourceFacts(topic_id=ids[tp.topic][0], low_watermark=low[tp],
                                   high_watermark=high[tp])
+        self._failures = 0
         return out
 
     def _offsets(self, tps: Sequence[TopicPartition],
