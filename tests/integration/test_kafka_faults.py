@@ -190,8 +190,8 @@ def test_kafka_fault_under_load(groups: Callable[..., FaultGroup], scenario: str
         problems = g.oracle()
         assert (dup, lost) == (0, 0), f"duplicates {dup}, losses {lost}"
         assert problems == [], problems[:10]
-    except AssertionError as exc:
-        problems = [str(exc).splitlines()[0], *problems]
+    except Exception as exc:
+        problems = [f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", *problems]
         raise
     finally:
         record(scenario, g.protocol, passed=not problems and not exits,

@@ -105,8 +105,8 @@ def test_a_killed_member_restarted_at_once(groups: Callable[..., FaultGroup], pr
         assert g.applications() == (0, 0) and g.oracle() == []
         if static and protocol != "kip848-consumer":
             assert idle_s < 15, f"static member back after {idle_s} s (session 20 s)"
-    except AssertionError as exc:
-        problems.append(str(exc).splitlines()[0])
+    except Exception as exc:
+        problems.append(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
         raise
     finally:
         record(f"kill+restart ({'static' if static else 'dynamic'})", protocol,
@@ -208,8 +208,8 @@ def test_rolling_restart_of_three_members(groups: Callable[..., FaultGroup], pro
         assert not exits, g.tails(exits)
         assert all(c == 0 for c in g.stop_all().values())
         assert g.applications() == (0, 0) and g.oracle() == []
-    except AssertionError as exc:
-        problems.append(str(exc).splitlines()[0])
+    except Exception as exc:
+        problems.append(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}")
         raise
     finally:
         record(f"rolling restart of members ({'static' if static else 'dynamic'})", protocol,
