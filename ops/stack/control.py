@@ -17,6 +17,7 @@ Rules:
 from __future__ import annotations
 
 import enum
+import functools
 import signal
 import sys
 from collections.abc import Callable, Iterable
@@ -141,10 +142,16 @@ def _first_time_note(settings: StackSettings, service: Service) -> str:
     return ""
 
 
+#: how long a port may stay bound after its process was stopped (a SIGKILLed JVM's threads
+#: close their sockets after the main thread already shows as a zombie)
+PORT_RELEASE_S = 10.0
+
+
 def _ensure_ports_free(settings: StackSettings, service: Service) -> None:
     for field in SERVICE_PORTS[service]:
         port = getattr(settings.ports, field)
-        if not port_free(port):
+        if not wait_until(functools.partial(port_free, port), timeout_s=PORT_RELEASE_S,
+                          poll_s=0.2):
             name = PORT_ENV[field][0]
             raise StackError(
                 f"{service.value}: port 127.0.0.1:{port} is taken by another process "
