@@ -141,7 +141,7 @@ def _two_nodes_down(g: FaultGroup) -> dict[str, Any]:
     g.cluster.start_all()
     g.members.clear()  # the ended members are not part of the drain
     t1 = time.monotonic()
-    g.start("d")
+    g.start("d", extra=("--batch-max-records", "500"), env={"FENCE_TEST_BATCH_DELAY_S": "0"})
     drain_s = g.wait_drained(since=t1)
     new = g.applied_offsets() - before
     for p, f in frontiers.items():
