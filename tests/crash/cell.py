@@ -41,6 +41,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient
 
 from consumer.kafka.source import KafkaSource
+from fencing.errors import SourceUnavailable
 from fencing.postgres.store import PgFenceStore
 from fencing.types import ClaimRequest, SourceRecord, TopicPartition
 from ops.testing.pgproxy import Action
@@ -289,9 +290,24 @@ class _Cell:
             self.killed_node = None
 
     def _high_watermarks(self) -> dict[int, int]:
-        facts = KafkaSource({"bootstrap.servers": self.bootstrap}).facts(
-            [TopicPartition(self.topic, p) for p in range(PARTITIONS)])
-        return {tp.partition: f.high_watermark for tp, f in facts.items()}
+        """The topic's high watermarks; on the three-node column read again while a leader
+        is still moving (Kafka answers no offset for a leaderless partition meanwhile)."""
+        source = KafkaSource({"bootstrap.servers": self.bootstrap})
+        tps = [TopicPartition(self.topic, p) for p in range(PARTITIONS)]
+        got: dict[TopicPartition, Any] = {}
+
+        def read() -> bool:
+            nonlocal got
+            try:
+                got = source.facts(tps)
+            except SourceUnavailable:
+                if self.cluster is None:
+                    raise
+                return False
+            return True
+        wait_until(read, timeout_s=self.clock.left(), what="the topic's high watermarks",
+                   interval_s=1.0)
+        return {tp.partition: f.high_watermark for tp, f in got.items()}
 
     def _b_running(self) -> bool:
         assert self.b is not None
