@@ -166,8 +166,7 @@ def test_kafka_fault_under_load(groups: Callable[..., FaultGroup], scenario: str
     try:
         g.prepare()
         bound = ("--outage-bound-s", str(BOUND_S)) if scenario == "two-nodes-down" else ()
-        for name in ("a", "b", "c"):
-            g.start(name, extra=bound)
+        g.start_one_by_one(("a", "b", "c"), extra=bound)
         g.wait_committing()
         if scenario == "coordinator-kill":
             measured = _kill_role(g, lambda: g.cluster.coordinator(g.group))
