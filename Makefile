@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 .PHONY: setup stack-up stack-down stack-status test test-unit test-integration test-monitoring \
         test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
-        demo migrate clean crash-matrix docs
+        demo migrate clean crash-matrix docs test-kafka-faults
 
 setup: $(STAMP)
 
@@ -51,6 +51,17 @@ test-sim-worker: setup
 # point); prints the table, writes artifacts/crash-matrix/full.json, keeps failed cells' logs
 crash-matrix: setup
 	FENCE_CRASH_MATRIX=full $(BIN)/pytest -q tests/integration/test_crash_matrix.py $(PYTEST_ARGS)
+
+# Kafka faults on the three-node cluster (started for these tests, stopped after): every fault
+# scenario x group protocol, static membership, librdkafka's failover behaviour pinned, the
+# crash matrix's three-node column, start-up while PostgreSQL is down. Outcomes append to
+# artifacts/kafka-faults/results.jsonl; `$(BIN)/python -m tests.faults.report` prints the
+# table (`--docs docs/kafka-failures.md` writes it into the page). make test runs a subset.
+test-kafka-faults: setup
+	FENCE_KAFKA_FAULTS=full $(BIN)/pytest -q tests/integration/test_kafka_faults.py \
+	  tests/integration/test_static_membership.py tests/integration/test_kafka_facts_failover.py \
+	  tests/integration/test_startup_outage.py \
+	  tests/integration/test_crash_matrix.py::test_crash_point_cell_on_three_nodes $(PYTEST_ARGS)
 
 sim-worker: setup
 	mkdir -p artifacts

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from consumer.decisions import AUTO_OFFSET_RESETS
+from consumer.outage import DEFAULT_BOUND_S
 from fencing.errors import ConfigError
 from fencing.failures import RetryPolicy
 
@@ -130,6 +131,16 @@ class WorkerConfig:
     owner's claim past the 20 s budget."""
     restart_lifetimes: int = 0
     """Fresh lifetimes to start after a retirement before exiting 3 (default 0)."""
+    outage_bound_s: float = DEFAULT_BOUND_S
+    """Seconds one episode of Kafka not answering (a broker, controller or coordinator
+    failover), or of PostgreSQL not answering at start, is retried with backoff before the
+    lifetime ends with exit 5 naming the service (``--outage-bound-s``, default 60;
+    ``consumer.outage``)."""
+    instance_id: str | None = None
+    """Static group membership: librdkafka's ``group.instance.id`` (``--instance-id`` or
+    ``FENCE_INSTANCE_ID``; default none). A restarted member with the same id gets its
+    partitions back without a rebalance while the group still holds its membership (see
+    docs/kafka-failures.md); each running member needs its own id."""
     x_options: Mapping[str, str] = field(default_factory=dict)
     """Extra librdkafka properties from ``-X key=value``."""
     handler_settings: Mapping[str, str] = field(default_factory=dict)
@@ -171,6 +182,12 @@ class WorkerConfig:
                 "gives up; default 8)")
         if self.restart_lifetimes < 0:
             raise ConfigError("--restart-lifetimes must be >= 0")
+        if not self.outage_bound_s >= 0:
+            raise ConfigError(f"--outage-bound-s must be >= 0 (got {self.outage_bound_s:g})")
+        if self.instance_id is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,249}",
+                                                             self.instance_id):
+            raise ConfigError(f"--instance-id {self.instance_id!r}: use 1 to 249 letters, "
+                              "digits, '.', '_' or '-' (e.g. the pod or host name)")
         if self.auto_offset_reset not in AUTO_OFFSET_RESETS:
             raise ConfigError(f"--auto-offset-reset must be earliest or latest, "
                               f"not {self.auto_offset_reset!r}")
@@ -265,10 +282,13 @@ def kafka_settings(cfg: WorkerConfig) -> dict[str, str]:
             raise ConfigError(
                 f"-X {key}={x[key]} conflicts with the worker: it commits offsets itself after "
                 "each PostgreSQL commit; remove the option")
+    if "group.instance.id" in x and cfg.instance_id is None:
+        raise ConfigError("-X group.instance.id: use --instance-id (or FENCE_INSTANCE_ID)")
     for key, mine, where in (
             ("group.id", cfg.group_id, "--group"),
             ("bootstrap.servers", cfg.bootstrap_servers,
-             "--bootstrap-servers or KAFKA_BOOTSTRAP_SERVERS")):
+             "--bootstrap-servers or KAFKA_BOOTSTRAP_SERVERS"),
+            ("group.instance.id", cfg.instance_id or "", "--instance-id")):
         if key in x and x[key] != mine:
             raise ConfigError(f"-X {key}={x[key]} conflicts with the worker's {key} {mine!r}; "
                               f"set it once, with {where}, and drop the -X")
@@ -289,6 +309,8 @@ def kafka_settings(cfg: WorkerConfig) -> dict[str, str]:
         **PREFETCH,
         "group.protocol": cfg.group_protocol.value,
     }
+    if cfg.instance_id is not None:
+        settings["group.instance.id"] = cfg.instance_id
     if cfg.group_protocol is GroupProtocol.CONSUMER:
         for key in _KIP848_FORBIDDEN:
             if key in x:

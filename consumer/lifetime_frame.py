@@ -144,9 +144,11 @@ class LifetimeFrame:
 
     async def _settle_others(self, holding: TopicPartition | None) -> None:
         """Wait, bounded by the budget, until no other partition's batch is in flight."""
+        # a list, not a generator: wait_for runs the coroutine later, when another call may
+        # have added a guard (a generator over the dict then raised RuntimeError)
+        others = [tp for tp in self._guards if tp != holding]
         try:
-            await asyncio.wait_for(self._settle(tp for tp in self._guards if tp != holding),
-                                   timeout=self._budget_s)
+            await asyncio.wait_for(self._settle(others), timeout=self._budget_s)
         except TimeoutError:
             pass  # each batch is bounded by its own budget; journaling is best effort
 

@@ -15,6 +15,7 @@ __all__ = [
     "HandlerDeclarationError",
     "HandlerFailed",
     "HandlerMisuse",
+    "InstanceFenced",
     "KafkaClientFailed",
     "NotCommitted",
     "OutcomeUnknown",
@@ -52,6 +53,12 @@ class ResetByOperator(Fenced):
     holds, and no member claimed it since: nothing of the call was applied; the lifetime
     stays live and claims the partition again, from the operator's frontier (the
     operator's)."""
+
+
+class InstanceFenced(Fenced):
+    """Another process joined the group with this member's static ``--instance-id``; Kafka
+    fenced this one (the operator's: every running member needs its own id). Its lifetime
+    ends and is not restarted in-process: a fresh lifetime would fence the other one."""
 
 
 class StoreUnavailable(FenceError):

@@ -14,6 +14,13 @@ The ``services`` fixture yields one ``ServiceSettings``, chosen in this order:
 The chosen settings are exported into ``os.environ`` for the session, so worker
 subprocesses (``.venv/bin/fencectl run ...``) inherit them. A missing service
 never skips a test: the fixture starts it or fails saying why.
+
+The ``kafka_cluster`` fixture is the local stack's three-node Kafka cluster
+(``ops.stack.kafka_cluster``; always local: it needs java and mvn like the one-node stack),
+started on first use beside whatever Kafka ``services`` chose and held by a lease of its own
+(scope ``kafka-cluster``). The tests that use it run last (``pytest_collection_modifyitems``),
+so the session stops the nodes it started right after them, not at the end of a suite that
+no longer needs them.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ import pytest
 from ops.stack.config import ServiceSettings
 
 __all__ = ["ServiceSettings"]
+
+CLUSTER_FIXTURE = "kafka_cluster"
+CLUSTER_SCOPE = "kafka-cluster"
 
 # Redpanda (the issue's first choice) has no KIP-848 `consumer` group protocol
 # (redpanda-data/redpanda#29223), which the suite exercises; use Apache Kafka.
@@ -242,3 +252,55 @@ async def pg_store(pg_dsn: str, fence_schema: str) -> AsyncIterator[Any]:
         yield store
     finally:
         await store.close()
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``kafka_faults`` only under ``FENCE_KAFKA_FAULTS=full`` (``make
+    test-kafka-faults``; ``make test`` runs a subset of the Kafka fault scenarios); the tests
+    on the three-node cluster last, in their collected order (see the module docstring)."""
+    if os.environ.get("FENCE_KAFKA_FAULTS") != "full":
+        deselected = [i for i in items if i.get_closest_marker("kafka_faults") is not None]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [i for i in items if i.get_closest_marker("kafka_faults") is None]
+    on_cluster = [i for i in items if CLUSTER_FIXTURE in getattr(i, "fixturenames", ())]
+    if on_cluster:
+        rest = [i for i in items if CLUSTER_FIXTURE not in getattr(i, "fixturenames", ())]
+        items[:] = rest + on_cluster
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(services: ServiceSettings,
+                  request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The three-node Kafka cluster (``tests.integration.cluster.Cluster``), every node
+    (``cluster``: every node healthy and in sync at the start of the test)."""
+    from ops.stack import control as stack
+    from ops.stack import lease as stack_lease
+    from ops.stack.config import KAFKA_NODES, settings_from
+    from tests.integration.cluster import Cluster
+
+    progress = _progress_printer(request.config)
+    try:
+        settings = settings_from()
+        stack_lease.acquire(settings, scope=CLUSTER_SCOPE)
+    except stack.StackError as exc:
+        pytest.fail(f"local stack misconfigured: {exc}", pytrace=False)
+    try:
+        failure = ""
+        try:
+            report = stack.up(settings, services=KAFKA_NODES, out=progress)
+            if not os.environ.get("FENCE_KEEP_STACK"):
+                stack_lease.record_started(settings, report.started, scope=CLUSTER_SCOPE)
+        except stack.StackError as exc:
+            failure = f"could not start the three-node Kafka cluster: {exc}"
+        if failure:
+            pytest.fail(failure, pytrace=False)
+        yield Cluster(settings)
+    finally:
+        stack_lease.release(settings, out=progress, scope=CLUSTER_SCOPE)
+
+
+@pytest.fixture
+def cluster(kafka_cluster: Any) -> Any:
+    """``kafka_cluster`` with every node running, healthy and in sync (a test before may
+    have stopped one)."""
+    kafka_cluster.start_all()
+    return kafka_cluster

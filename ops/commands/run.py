@@ -27,14 +27,13 @@ from consumer.config import (
     parse_x_options,
     redact,
 )
-from consumer.exits import ExitCode
+from consumer.exits import ExitCode, exit_code_for
 from consumer.kafka.adapter import KafkaThread, check_consumer_settings
 from consumer.kafka.source import KafkaSource
+from consumer.outage import DEFAULT_BOUND_S
 from consumer.worker import Worker
 from fencing import crashpoints
-from fencing.errors import (
-    ConfigError,
-)
+from fencing.errors import ConfigError, SourceUnavailable, StoreUnavailable
 from fencing.failures import RetryPolicy
 from fencing.handler import HandlerContext, build_handler
 from fencing.types import Token, TopicPartition
@@ -113,6 +112,15 @@ def register(sub: Any) -> None:
                         "seconds (default 8; must be below the 20 s lifetime budget)")
     p.add_argument("--restart-lifetimes", type=int, default=0,
                    help="start up to N fresh lifetimes after a retirement before exiting 3")
+    p.add_argument("--outage-bound-s", type=float, default=DEFAULT_BOUND_S, metavar="SECONDS",
+                   help="how long Kafka not answering (a broker, controller or coordinator "
+                        "failover), or PostgreSQL not answering at start, is retried with "
+                        f"backoff before exit 5 (default {DEFAULT_BOUND_S:g})")
+    p.add_argument("--instance-id", default=None, metavar="ID",
+                   help="static group membership (librdkafka group.instance.id): a restarted "
+                        "member with the same ID gets its partitions back without waiting for "
+                        "the session timeout; one ID per member (default $FENCE_INSTANCE_ID, "
+                        "else none)")
     p.add_argument("--retry-initial-ms", type=int, default=200,
                    help="first backoff of a transient handler failure (jittered, doubling)")
     p.add_argument("--retry-max-ms", type=int, default=10_000, help="longest retry backoff")
@@ -143,7 +151,8 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
         batch_max_records=_batch_max_records(args), batch_max_bytes=args.batch_max_bytes,
         queue_max_batches=args.queue_max_batches, db_concurrency=args.db_concurrency,
         shutdown_timeout_s=args.shutdown_timeout_s, allow_retention_gap=args.allow_retention_gap,
-        restart_lifetimes=args.restart_lifetimes,
+        restart_lifetimes=args.restart_lifetimes, outage_bound_s=args.outage_bound_s,
+        instance_id=args.instance_id or env.get("FENCE_INSTANCE_ID") or None,
         db_idle_in_transaction_timeout_s=args.db_idle_in_transaction_timeout_s,
         x_options=parse_x_options(args.x),
         retry=RetryPolicy(initial_ms=args.retry_initial_ms, max_ms=args.retry_max_ms,
@@ -214,6 +223,12 @@ def main(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             print(f"fencectl run: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
             return int(ExitCode.CONFIG)
+        except (SourceUnavailable, StoreUnavailable) as exc:  # a service did not answer
+            if _EARLY_STOP.is_set():
+                log.info("stopped during start-up (%s)", redact(str(exc), dsn=dsn))
+                return int(ExitCode.OK)
+            print(f"fencectl run: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
+            return int(exit_code_for(exc))
         if code is ExitCode.SHUTDOWN_TIMEOUT:
             # Work that ignored cancellation is still on the loop: closing the runner would
             # wait for it forever. The bound is final: leave without waiting.
@@ -233,9 +248,9 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
     loaded = build_handler(cfg.handler, HandlerContext(
         schema=cfg.schema, group_id=cfg.group_id, topics=tuple(dict.fromkeys(cfg.topics)),
         settings=cfg.handler_settings))  # a --topic-pattern's topics are not known up front
-    partition_counts = await startup.probe_kafka(cfg)
+    partition_counts = await startup.probe_kafka(cfg, stopped=_EARLY_STOP.is_set)
     source = KafkaSource(startup.admin_conf(cfg))
-    store = await startup.open_store(cfg)
+    store = await startup.open_store(cfg, stopped=_EARLY_STOP.is_set)
     telemetry = setup_telemetry()  # OTEL_SERVICE_NAME, default fenceworker
 
     async def own_frontiers(tps: Sequence[TopicPartition]) -> dict[TopicPartition, Token | None]:
@@ -245,7 +260,8 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
 
     obs = WorkerObservability(options=obs_options or ObsOptions(), telemetry=telemetry,
                               store=store, cooperative=cfg.cooperative,
-                              lag_facts=source.facts, observe=own_frontiers,
+                              lag_facts=lambda tps: worker.watched_facts(tps),
+                              observe=own_frontiers,
                               group_id=cfg.group_id, member_detail={
                                   "handler": record_of(cfg.handler, cfg.handler_settings)})
     obs.instruments.export_zeros(TopicPartition(topic, p)
@@ -264,7 +280,8 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
             kafka_factory=lambda rb: KafkaThread(
                 settings=settings, topic=cfg.subscription, cooperative=cfg.cooperative,
                 rebalancer=rb, poll_timeout_s=cfg.poll_timeout_s, clock=time.monotonic,
-                on_commit_failure=obs.instruments.kafka_commit_failed),
+                on_commit_failure=obs.instruments.kafka_commit_failed,
+                outage_bound_s=cfg.outage_bound_s),
             on_event=obs.on_event, instruments=obs.instruments, tracing=OtelTracing(),
             trace_links=links_for_records if telemetry.exporting else None)
         obs.member_id_source = lambda: worker.member_id

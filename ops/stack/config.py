@@ -8,6 +8,12 @@ Rules:
   ``~/.cache/fenceworker``) so a fresh clone on the same machine reuses them.
 - Every port binds 127.0.0.1 and can be overridden by an environment variable
   (see ``PORT_ENV``); nothing here reads the clock or starts a process.
+- Kafka runs as one node (``Service.KAFKA``, the default) or as a three-node cluster
+  (``KAFKA_NODES``: ``kafka-1`` .. ``kafka-3``, each broker + controller) on ports of its
+  own, so both can run side by side (the test suite keeps the one-node cluster for most
+  tests and starts the three nodes only for the failover tests). ``FENCE_KAFKA_NODES``
+  (1 or 3; ``fencectl stack up --kafka-nodes``) chooses which one ``up`` starts and
+  ``env`` points at.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ __all__ = [
     "DB_USER",
     "HOST",
     "JAEGER_VERSION",
+    "KAFKA_NODES",
+    "KAFKA_NODE_COUNTS",
     "KAFKA_VERSION",
     "PORT_ENV",
     "PROMETHEUS_VERSION",
@@ -36,7 +44,10 @@ __all__ = [
     "StackPorts",
     "StackSettings",
     "connection_env",
+    "default_services",
     "env_lines",
+    "kafka_bootstrap",
+    "node_number",
     "settings_from",
 ]
 
@@ -55,12 +66,33 @@ class StackError(Exception):
 
 
 class Service(enum.Enum):
-    """The services of the local stack, in start order."""
+    """The services of the local stack, in start order: Kafka is either ``KAFKA`` (one
+    node) or the three nodes ``KAFKA_1`` .. ``KAFKA_3`` of a cluster."""
 
     POSTGRES = "postgres"
     KAFKA = "kafka"
+    KAFKA_1 = "kafka-1"
+    KAFKA_2 = "kafka-2"
+    KAFKA_3 = "kafka-3"
     JAEGER = "jaeger"
     PROMETHEUS = "prometheus"
+
+
+#: the nodes of the three-node Kafka cluster, node 1 first
+KAFKA_NODES: tuple[Service, ...] = (Service.KAFKA_1, Service.KAFKA_2, Service.KAFKA_3)
+#: the Kafka node counts the stack runs (``FENCE_KAFKA_NODES``, ``--kafka-nodes``)
+KAFKA_NODE_COUNTS = (1, 3)
+
+
+def node_number(service: Service) -> int:
+    """1..3 for a node of the three-node cluster; raises ValueError for any other service."""
+    return KAFKA_NODES.index(service) + 1
+
+
+def default_services(kafka_nodes: int) -> tuple[Service, ...]:
+    """What ``up`` starts: PostgreSQL, Kafka with ``kafka_nodes`` nodes, Jaeger, Prometheus."""
+    kafka = (Service.KAFKA,) if kafka_nodes == 1 else KAFKA_NODES
+    return (Service.POSTGRES, *kafka, Service.JAEGER, Service.PROMETHEUS)
 
 
 #: port field -> (environment variable, default)
@@ -68,6 +100,12 @@ PORT_ENV: dict[str, tuple[str, int]] = {
     "postgres": ("FENCE_PG_PORT", 55432),
     "kafka": ("FENCE_KAFKA_PORT", 19092),
     "kafka_controller": ("FENCE_KAFKA_CONTROLLER_PORT", 19093),
+    "kafka_1": ("FENCE_KAFKA_1_PORT", 19192),
+    "kafka_1_controller": ("FENCE_KAFKA_1_CONTROLLER_PORT", 19193),
+    "kafka_2": ("FENCE_KAFKA_2_PORT", 19194),
+    "kafka_2_controller": ("FENCE_KAFKA_2_CONTROLLER_PORT", 19195),
+    "kafka_3": ("FENCE_KAFKA_3_PORT", 19196),
+    "kafka_3_controller": ("FENCE_KAFKA_3_CONTROLLER_PORT", 19197),
     "otlp_grpc": ("FENCE_OTLP_GRPC_PORT", 4317),
     "otlp_http": ("FENCE_OTLP_HTTP_PORT", 4318),
     "jaeger_query": ("FENCE_JAEGER_QUERY_PORT", 16686),
@@ -81,6 +119,9 @@ PORT_ENV: dict[str, tuple[str, int]] = {
 SERVICE_PORTS: dict[Service, tuple[str, ...]] = {
     Service.POSTGRES: ("postgres",),
     Service.KAFKA: ("kafka", "kafka_controller"),
+    Service.KAFKA_1: ("kafka_1", "kafka_1_controller"),
+    Service.KAFKA_2: ("kafka_2", "kafka_2_controller"),
+    Service.KAFKA_3: ("kafka_3", "kafka_3_controller"),
     Service.JAEGER: ("jaeger_query", "otlp_grpc", "otlp_http", "jaeger_query_grpc",
                      "jaeger_health"),
     Service.PROMETHEUS: ("prometheus",),
@@ -94,6 +135,12 @@ class StackPorts:
     postgres: int
     kafka: int
     kafka_controller: int
+    kafka_1: int
+    kafka_1_controller: int
+    kafka_2: int
+    kafka_2_controller: int
+    kafka_3: int
+    kafka_3_controller: int
     otlp_grpc: int
     otlp_http: int
     jaeger_query: int
@@ -156,6 +203,15 @@ class StackSettings:
     cli: str = "fencectl"
     """How a hint names the CLI ("run `<cli> stack up`"): the caller passes it in
     (``fencectl stack`` gives ``ops.hints.fencectl()``; the stack imports nothing of it)."""
+    kafka_nodes: int = 1
+    """Kafka nodes ``up`` starts and ``env`` points at: 1 or 3 (``FENCE_KAFKA_NODES``)."""
+    kafka_nodes_chosen: bool = False
+    """True when ``FENCE_KAFKA_NODES`` (or ``--kafka-nodes``) chose ``kafka_nodes``."""
+
+    @property
+    def kafka_services(self) -> tuple[Service, ...]:
+        """The Kafka services of the chosen node count."""
+        return (Service.KAFKA,) if self.kafka_nodes == 1 else KAFKA_NODES
 
 
 def _checkout_root() -> Path:
@@ -190,15 +246,30 @@ def settings_from(env: Mapping[str, str] | None = None, *, cli: str = "fencectl"
     ports = StackPorts(**{field: _port(env, field) for field in PORT_ENV})
     if len({getattr(ports, f) for f in PORT_ENV}) != len(PORT_ENV):
         raise StackError(f"two stack ports are equal ({ports}); change the FENCE_*_PORT overrides")
+    raw_nodes = env.get("FENCE_KAFKA_NODES", "").strip()
+    nodes = 1
+    if raw_nodes:
+        if raw_nodes not in {str(n) for n in KAFKA_NODE_COUNTS}:
+            raise StackError(f"FENCE_KAFKA_NODES={raw_nodes!r}: give 1 (one node) or 3 (a "
+                             "three-node cluster)")
+        nodes = int(raw_nodes)
     return StackSettings(
-        paths=StackPaths(root=root.absolute(), cache=cache.absolute()), ports=ports, cli=cli
+        paths=StackPaths(root=root.absolute(), cache=cache.absolute()), ports=ports, cli=cli,
+        kafka_nodes=nodes, kafka_nodes_chosen=bool(raw_nodes),
     )
 
 
-def connection_env(ports: StackPorts, *, pg_password: str) -> dict[str, str]:
-    """The local stack's client-facing settings, keyed by ``SERVICE_ENV`` names."""
+def kafka_bootstrap(ports: StackPorts, services: tuple[Service, ...]) -> str:
+    """Bootstrap servers of the Kafka ``services`` (``KAFKA`` or the three nodes)."""
+    return ",".join(f"{HOST}:{ports.of(s)[0]}" for s in services)
+
+
+def connection_env(ports: StackPorts, *, pg_password: str,
+                   kafka: tuple[Service, ...] = (Service.KAFKA,)) -> dict[str, str]:
+    """The local stack's client-facing settings, keyed by ``SERVICE_ENV`` names; Kafka's
+    bootstrap lists every node of ``kafka``."""
     return ServiceSettings(
-        kafka_bootstrap=f"{HOST}:{ports.kafka}",
+        kafka_bootstrap=kafka_bootstrap(ports, kafka),
         dsn=f"postgresql://{DB_USER}:{pg_password}@{HOST}:{ports.postgres}/{DB_NAME}",
         otlp_endpoint=f"http://{HOST}:{ports.otlp_grpc}",
         jaeger_query_url=f"http://{HOST}:{ports.jaeger_query}",

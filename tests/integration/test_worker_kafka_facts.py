@@ -83,6 +83,9 @@ class Recorder:
             self.failures.append(exc)
             self.log.append((self.name, "failed", repr(exc)))
 
+    def kafka_outcome(self, answered: bool, what: str) -> None:
+        pass
+
 
 def settings_for(setup: GroupSetup, bootstrap: str, group: str) -> tuple[dict[str, str], bool]:
     args = dict(zip(setup.args[::2], setup.args[1::2], strict=False))
