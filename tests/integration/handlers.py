@@ -17,10 +17,18 @@ The others misbehave on purpose, each the way one liveness or exit-code test nee
 
 ``failing_handler`` (handler failures): counts each record's committed applications in
 ``<schema>.applied`` (``n`` per topic, partition, offset) and fails on the records its
-``--handler-setting``s name as ``partition:offset``: ``transient`` (the first
-``transient_times`` batches holding it fail: SQLSTATE 40001 raised by PostgreSQL, then
-``Transient``), ``poison`` (``ValueError`` every time) and ``kill`` (the process SIGKILLs
-itself, as an OOM kill would).
+``--handler-setting``s name as ``partition:offset`` (several: comma-separated):
+``transient`` (the first ``transient_times`` batches of this process holding it fail:
+SQLSTATE 40001 raised by PostgreSQL, then ``Transient``), ``deadlock`` (the first two
+batches of this process holding it fail with SQLSTATE 40P01 raised by PostgreSQL),
+``poison`` (``ValueError`` every time) and ``kill`` (the process SIGKILLs itself, as an OOM
+kill would). ``per_record_s``: seconds the handler waits per record before its write (a
+slow downstream; the session is idle in transaction meanwhile).
+
+``uncertain_handler``: declared ``outcome-uncertain`` (``on_failure`` from the setting of
+that name): per record, one external effect over its own connection (an autocommit upsert
+counting ``n`` in ``<schema>.external``, standing for an HTTP call), then ``kill`` as above,
+then its fenced write to ``<schema>.applied``.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ __all__ = [
     "stopping_raising_handler",
     "stubborn_handler",
     "swallowing_handler",
+    "uncertain_handler",
     "undefined_table_handler",
 ]
 
@@ -149,11 +158,13 @@ stubborn_handler = _factory(_stubborn)
 stopping_raising_handler = _factory(_raise, on_failure="stop")
 
 
-def _at(setting: str | None) -> tuple[int, int] | None:
-    if not setting:
-        return None
-    partition, _, offset = setting.partition(":")
-    return int(partition), int(offset)
+def _at(setting: str | None) -> set[tuple[int, int]]:
+    out: set[tuple[int, int]] = set()
+    for item in (setting or "").split(","):
+        if item.strip():
+            partition, _, offset = item.strip().partition(":")
+            out.add((int(partition), int(offset)))
+    return out
 
 
 async def _ensure_applied(conn: Any, context: HandlerContext) -> None:
@@ -162,29 +173,83 @@ async def _ensure_applied(conn: Any, context: HandlerContext) -> None:
         ' "offset" bigint, n int NOT NULL, PRIMARY KEY (topic, partition, "offset"))')
 
 
+def _applied_sql(schema: str) -> str:
+    return (f'INSERT INTO "{schema}".applied AS a (topic, partition, "offset", n)'
+            ' SELECT $1, p, o, 1 FROM unnest($2::int[], $3::bigint[]) AS t(p, o)'
+            ' ON CONFLICT (topic, partition, "offset") DO UPDATE SET n = a.n + 1')
+
+
+def _kill_if(kills: set[tuple[int, int]], record: SourceRecord) -> None:
+    if (record.partition, record.offset) in kills:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def _raise_sqlstate(conn: Any, state: str, what: str) -> None:
+    await conn.execute(f"DO $$ BEGIN RAISE EXCEPTION 'injected {what}' USING ERRCODE = "
+                       f"'{state}'; END $$")
+
+
 @handler_factory(ensure_tables=_ensure_applied)
 def failing_handler(context: HandlerContext) -> HandlerFn:
     settings = context.settings
-    transient, poison, kill = (_at(settings.get(k)) for k in ("transient", "poison", "kill"))
+    transient, deadlock, poison, kill = (_at(settings.get(k)) for k in (
+        "transient", "deadlock", "poison", "kill"))
     times = int(settings.get("transient_times", "2"))
-    failures = {"n": 0}
-    sql = (f'INSERT INTO "{context.schema}".applied AS a (topic, partition, "offset", n)'
-           ' SELECT $1, p, o, 1 FROM unnest($2::int[], $3::bigint[]) AS t(p, o)'
-           ' ON CONFLICT (topic, partition, "offset") DO UPDATE SET n = a.n + 1')
+    per_record_s = float(settings.get("per_record_s", "0"))
+    failures: dict[tuple[int, int], int] = {}
+    sql = _applied_sql(context.schema)
 
     @handler(durability="durable-critical", effects="transactional")
     async def handle(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
         held = {(r.partition, r.offset) for r in records}
-        if kill in held:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if transient in held and failures["n"] < times:
-            failures["n"] += 1
-            if failures["n"] == 1:
-                await conn.execute("DO $$ BEGIN RAISE EXCEPTION 'injected serialization "
-                                   "failure' USING ERRCODE = '40001'; END $$")
-            raise Transient(f"downstream busy (failure {failures['n']})")
-        if poison in held:
-            raise ValueError(f"cannot parse record {poison[1]} of partition {poison[0]}")
+        for r in records:
+            _kill_if(kill, r)
+        for at in sorted(held & transient):
+            n = failures[at] = failures.get(at, 0) + 1
+            if n <= times:
+                if n == 1:
+                    await _raise_sqlstate(conn, "40001", "serialization failure")
+                raise Transient(f"downstream busy (failure {n})")
+        for at in sorted(held & deadlock):
+            n = failures[at] = failures.get(at, 0) + 1
+            if n <= 2:
+                await _raise_sqlstate(conn, "40P01", "deadlock")
+        for at in sorted(held & poison):
+            raise ValueError(f"cannot parse record {at[1]} of partition {at[0]}")
+        if per_record_s:
+            await asyncio.sleep(per_record_s * len(records))
+        await conn.execute(sql, records[0].topic, [r.partition for r in records],
+                           [r.offset for r in records])
+        return [ACCEPT] * len(records)
+
+    return handle
+
+
+async def _ensure_uncertain(conn: Any, context: HandlerContext) -> None:
+    await _ensure_applied(conn, context)
+    await conn.execute(
+        f'CREATE TABLE IF NOT EXISTS "{context.schema}".external (topic text, partition int,'
+        ' "offset" bigint, n int NOT NULL, PRIMARY KEY (topic, partition, "offset"))')
+
+
+@handler_factory(ensure_tables=_ensure_uncertain)
+def uncertain_handler(context: HandlerContext) -> HandlerFn:
+    kill = _at(context.settings.get("kill"))
+    sql = _applied_sql(context.schema)
+    external = (f'INSERT INTO "{context.schema}".external AS e (topic, partition, "offset", n)'
+                ' VALUES ($1, $2, $3, 1) ON CONFLICT (topic, partition, "offset")'
+                ' DO UPDATE SET n = e.n + 1')
+    pool: list[Any] = []
+
+    @handler(durability="durable-critical", effects="outcome-uncertain",
+             on_failure=context.settings.get("on_failure", "quarantine"))
+    async def handle(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
+        if not pool:
+            pool.append(await asyncpg.create_pool(os.environ["FENCE_DSN"], min_size=1,
+                                                  max_size=4))
+        for r in records:
+            await pool[0].execute(external, r.topic, r.partition, r.offset)  # the HTTP call
+            _kill_if(kill, r)
         await conn.execute(sql, records[0].topic, [r.partition for r in records],
                            [r.offset for r in records])
         return [ACCEPT] * len(records)
