@@ -28,6 +28,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from consumer.mirror import CommitFailure
 from fencing.errors import Fenced, OutcomeUnknown, RecreatedTopic, RetentionGap, Retired
+from fencing.failures import CAUSES
 from fencing.resolution import Resolution
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, Reject, SourceRecord, TopicPartition, Verdict
@@ -57,7 +58,7 @@ def _tp_attrs(tp: TopicPartition) -> dict[str, str | int]:
     return {"topic": tp.topic, "partition": tp.partition}
 
 
-FAILURE_KINDS = ("attempt", "retry", "bisection", "quarantine")
+FAILURE_KINDS = ("attempt", "retry", "bisection", "quarantine", "split", "too-slow")
 
 
 class Instruments:
@@ -89,11 +90,16 @@ class Instruments:
             description="Store calls retried under the three-call policy, by operation")
         self._failures = m.create_counter(
             "fence.handler.failures", unit="{event}",
-            description="Handler failure handling, by kind: attempt (a durable attempt count "
-                        "written), retry (a transient retry), bisection (a probe transaction), "
-                        "quarantine (a poison or exhausted record quarantined)")
+            description="Handler failure handling, by kind: attempt (a durable count written "
+                        "before a suspect record is tried alone), retry (a transient retry), "
+                        "bisection (a probe transaction), split (a batch too slow for the "
+                        "handler's time limit, split), too-slow (records whose handler alone "
+                        "outlived it), quarantine (records quarantined, by cause: raised, "
+                        "killed-the-process, outcome-unknown, too-slow)")
         for kind in FAILURE_KINDS:
             self._failures.add(0, {"kind": kind})
+        for cause in CAUSES:
+            self._failures.add(0, {"kind": "quarantine", "cause": cause})
         self._batch_duration = m.create_histogram(
             "fence.batch.duration", unit="s",
             description="Wall time of one guarded batch commit, including retries",
@@ -201,9 +207,14 @@ class Instruments:
         """A lifetime retired (``fenced``, ``unresolved``, ``source-refused``, ``stopped`` ...)."""
         self._retirements.add(1, {"reason": reason})
 
-    def handler_failure(self, tp: TopicPartition, *, kind: str, count: int = 1) -> None:
-        """``count`` handler-failure events of ``kind`` (``FAILURE_KINDS``) on ``tp``."""
-        self._failures.add(count, {"kind": kind, **_tp_attrs(tp)})
+    def handler_failure(self, tp: TopicPartition, *, kind: str, count: int = 1,
+                        cause: str | None = None) -> None:
+        """``count`` handler-failure events of ``kind`` (``FAILURE_KINDS``) on ``tp``; a
+        ``quarantine`` names its ``cause`` (``fencing.failures.CAUSES``)."""
+        attrs: dict[str, str | int] = {"kind": kind, **_tp_attrs(tp)}
+        if cause is not None:
+            attrs["cause"] = cause
+        self._failures.add(count, attrs)
 
     def retry(self, *, operation: str) -> None:
         """One store call of ``operation`` is retried after a not-committed or read error."""

@@ -105,7 +105,11 @@ def register(sub: Any) -> None:
                    help="skip (and journal) records deleted before processing")
     p.add_argument("--db-idle-in-transaction-timeout-s", type=float, default=8.0,
                    help="PostgreSQL idle_in_transaction_session_timeout of worker sessions, "
-                        "seconds (default 8; must be below the 20 s lifetime budget)")
+                        "seconds (default 8; must be below --call-budget-s); a handler call "
+                        "may last 90 %% of it")
+    p.add_argument("--call-budget-s", type=float, default=20.0,
+                   help="budget of every guarded call (assign, seek, process, revoke), "
+                        "seconds (default 20); a handler call may last 75 %% of it")
     p.add_argument("--restart-lifetimes", type=int, default=0,
                    help="start up to N fresh lifetimes after a retirement before exiting 3")
     p.add_argument("--retry-initial-ms", type=int, default=200,
@@ -140,6 +144,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
         shutdown_timeout_s=args.shutdown_timeout_s, allow_retention_gap=args.allow_retention_gap,
         restart_lifetimes=args.restart_lifetimes,
         db_idle_in_transaction_timeout_s=args.db_idle_in_transaction_timeout_s,
+        budget_s=args.call_budget_s,
         x_options=parse_x_options(args.x),
         retry=RetryPolicy(initial_ms=args.retry_initial_ms, max_ms=args.retry_max_ms,
                           retry_max_attempts=args.retry_max_attempts,
@@ -265,7 +270,8 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
                 store=store, lifetime_id=lid, clock=time.monotonic, wait=asyncio.sleep,
                 budget_s=cfg.budget_s, auto_offset_reset=cfg.auto_offset_reset,
                 allow_retention_gap=cfg.allow_retention_gap, instruments=obs.instruments,
-                tracing=OtelTracing()),
+                tracing=OtelTracing(),
+                idle_in_transaction_s=cfg.db_idle_in_transaction_timeout_s),
             kafka_factory=lambda rb: KafkaThread(
                 settings=settings, topic=cfg.subscription, cooperative=cfg.cooperative,
                 rebalancer=rb, poll_timeout_s=cfg.poll_timeout_s, clock=time.monotonic,

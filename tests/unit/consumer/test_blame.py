@@ -141,7 +141,7 @@ async def test_a_death_is_blamed_only_on_the_record_that_was_alone_in_flight(see
     """Two killers on different partitions and an innocent third partition, all suspect
     after the first death: only the killers are quarantined, each after --max-attempts
     counted deaths, whatever the interleaving; every other record is applied once."""
-    store, deaths = MemoryFenceStore("g"), []
+    store, deaths = MemoryFenceStore("g"), list[tuple[int, int]]()
     handler = killing({(0, 5), (1, 2)}, random.Random(seed), deaths)
     died = await drain(store, handler, [TP0, TP1, TP2], max_attempts=2)
     quarantined = sorted((q.tp.partition, q.offset) for q in store.quarantine)
@@ -159,7 +159,7 @@ async def test_a_death_is_blamed_only_on_the_record_that_was_alone_in_flight(see
 async def test_an_innocent_record_beside_a_killer_is_never_quarantined() -> None:
     """The innocent partition's suspect record is slow (it is in flight whenever the killer
     runs, were they tried at once); it must not collect the killer's deaths."""
-    store, deaths = MemoryFenceStore("g"), []
+    store, deaths = MemoryFenceStore("g"), list[tuple[int, int]]()
 
     async def handle(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
         applied = conn.table(f"applied{records[0].partition}")
@@ -200,7 +200,8 @@ UNCERTAIN = Declaration(Durability.DURABLE_CRITICAL, Effects.OUTCOME_UNCERTAIN)
 
 
 async def test_an_outcome_uncertain_batch_in_flight_at_a_death_is_never_run_again() -> None:
-    store, external, deaths = MemoryFenceStore("g"), Counter[tuple[int, int]](), []
+    store, external = MemoryFenceStore("g"), Counter[tuple[int, int]]()
+    deaths: list[tuple[int, int]] = []
     handler = uncertain(external, {(0, 5), (1, 7)}, deaths)
     await drain(store, handler, [TP0, TP1], decl=UNCERTAIN, max_attempts=3)
     assert max(external.values()) == 1, [k for k, v in external.items() if v > 1]
@@ -220,7 +221,7 @@ async def test_store_level_retries_never_rerun_an_outcome_uncertain_handler(
     """A lost COMMIT resolved as not committed (the handler ran) quarantines the batch as
     outcome unknown; a rollback before the handler ran (``abort``) is retried as before."""
     store, clock = MemoryFenceStore("g"), Clock()
-    external, deaths = Counter[tuple[int, int]](), []
+    external, deaths = Counter[tuple[int, int]](), list[tuple[int, int]]()
     lc = Lifecycle(store=store, lifetime_id="L1", clock=clock, wait=clock.wait)
     await lc.assign([SourceCheck(TP0, SourceFacts("id", 0, END))])
     run = FailureRun(lifecycle=lc, handler=uncertain(external, set(), deaths),
@@ -241,7 +242,7 @@ async def test_store_level_retries_never_rerun_an_outcome_uncertain_handler(
 
 async def test_outcome_uncertain_declared_to_stop_fail_stops_on_an_unknown_outcome() -> None:
     store, clock = MemoryFenceStore("g"), Clock()
-    external, deaths = Counter[tuple[int, int]](), []
+    external, deaths = Counter[tuple[int, int]](), list[tuple[int, int]]()
     handler = uncertain(external, {(0, 1)}, deaths)
     decl = Declaration(Durability.DURABLE_CRITICAL, Effects.OUTCOME_UNCERTAIN, OnFailure.STOP)
     assert not await run_process(store, clock, "L1", handler, [TP0], decl=decl)
