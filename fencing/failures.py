@@ -24,7 +24,9 @@ Rules
   was incremented in a committed write. Only ``alone`` counts deaths: a death while several
   records were in flight is blamed on none of them, and transient retries count in
   ``count``, never in ``alone``. A record whose ``alone`` count reached ``max_attempts`` is
-  quarantined instead of tried (``ProcessDeath``).
+  quarantined instead of tried (``ProcessDeath``). An attempt alone after a retry was
+  counted and scheduled (the process died while backing off) is that retry: ``count`` does
+  not grow twice for one run.
 - An ``outcome-uncertain`` batch is preceded by a durable intent (its partition, the
   frontier it starts at and its last offset). An intent that starts at the durable frontier
   was never followed by a commit: its records' outcome is unknown (``Attempts.uncertain_to``)

@@ -117,7 +117,10 @@ class MemberHeartbeat:
         min_gap_s: float = 0.5,
         unavailable_factor: float = 3.0,
         final_timeout_s: float = 2.0,
+        detail: Mapping[str, Any] | None = None,
     ) -> None:
+        """``detail``: written in every row of this lifetime (e.g. the handler's
+        declaration, which ``fencectl status`` reads)."""
         if interval_s <= 0 or min_gap_s < 0 or unavailable_factor < 1:
             raise ValueError("heartbeat: interval_s > 0, min_gap_s >= 0, unavailable_factor >= 1")
         self._store = store
@@ -129,7 +132,7 @@ class MemberHeartbeat:
         self.unavailable_after_s = unavailable_factor * interval_s
         self._final_timeout_s = final_timeout_s
         self._wanted = MemberState.STARTING
-        self._extra: dict[str, Any] = {}
+        self._extra: dict[str, Any] = dict(detail or {})
         self._written: MemberState | None = None
         self._last_write_s: float | None = None
         self._failed = False

@@ -29,6 +29,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from consumer.mirror import CommitFailure
 from fencing.errors import Fenced, OutcomeUnknown, RecreatedTopic, RetentionGap, Retired
 from fencing.failures import CAUSES
+from fencing.handler import Declaration
 from fencing.resolution import Resolution
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, Reject, SourceRecord, TopicPartition, Verdict
@@ -120,7 +121,15 @@ class Instruments:
         self._last_rejects: dict[TopicPartition, int] = {}
         m.create_observable_gauge(
             "fence.partition.lag", callbacks=[self._observe_lag], unit="{record}",
-            description="Kafka high watermark minus the durable frontier, per owned partition")
+            description="Kafka high watermark minus the durable frontier, per owned partition; "
+                        "completeness=not-claimed for a best-effort handler (records below "
+                        "the frontier were attempted, their effects may have been dropped)")
+        self._declared: dict[str, str] | None = None
+        m.create_observable_gauge(
+            "fence.handler.declaration", callbacks=[self._observe_declaration],
+            unit="{handler}",
+            description="1, labelled with the handler's durability, effects, on_failure and "
+                        "whether its frontier claims completeness (not for best-effort)")
         self._stalled: frozenset[TopicPartition] = frozenset()
         m.create_observable_gauge(
             "fence.partitions.stalled", callbacks=[self._observe_stalled], unit="{partition}",
@@ -266,5 +275,20 @@ class Instruments:
         with self._lock:
             return [Observation(len(self._stalled))]
 
+    def declare(self, declaration: Declaration) -> None:
+        """The handler's declaration: exported as ``fence.handler.declaration``, and a
+        best-effort handler's lag is labelled ``completeness=not-claimed``."""
+        with self._lock:
+            self._declared = {**declaration.as_dict(), "completeness": "claimed"
+                              if declaration.claims_completeness else "not-claimed"}
+
+    def _observe_declaration(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            declared = self._declared
+        return [] if declared is None else [Observation(1, declared)]
+
     def _observe_lag(self, _options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(v, _tp_attrs(tp)) for tp, v in sorted(self.lag().items())]
+        with self._lock:
+            declared = self._declared
+        extra = {} if declared is None else {"completeness": declared["completeness"]}
+        return [Observation(v, {**_tp_attrs(tp), **extra}) for tp, v in sorted(self.lag().items())]

@@ -124,6 +124,7 @@ class MemoryFenceStore:
         self.writes: list[WriteRecord] = []
         self.events: list[StoreEvent] = []
         self.attempt_rows: dict[tuple[TopicPartition, int], Attempts] = {}
+        self.retry_scheduled: dict[tuple[TopicPartition, int], bool] = {}  # next_retry_at set
         self.intent_rows: dict[TopicPartition, tuple[int, int, int]] = {}  # first, last, epoch
         self._tables: dict[str, dict[Any, Any]] = {}
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
@@ -353,6 +354,7 @@ class MemoryFenceStore:
                 if clear_attempts:
                     for key in [k for k in self.attempt_rows if k[0] == tp and k[1] < end]:
                         del self.attempt_rows[key]
+                        self.retry_scheduled.pop(key, None)
                 state["applied"] = True
             await self._point(Operation.PROCESS, call, "after", fault, label)
             if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_COMMITTED:
@@ -449,8 +451,12 @@ class MemoryFenceStore:
         """``AttemptStore.record_attempt``: one more attempt of ``offset`` under ``token``."""
         async with self._lock(tp):
             self._require(tp, token)
-            was = self.attempt_rows.get((tp, offset), Attempts())
-            now = Attempts(count=max(was.count + 1, at_least),
+            was, scheduled = self.attempt_rows.get((tp, offset), Attempts()), None
+            if (tp, offset) in self.attempt_rows:
+                scheduled = self.retry_scheduled.get((tp, offset))
+            count = was.count if alone and scheduled else max(was.count + 1, at_least)
+            self.retry_scheduled[(tp, offset)] = next_retry_in_s is not None
+            now = Attempts(count=count,
                            last_error=error if error is not None else was.last_error,
                            alone=was.alone + (1 if alone else 0))
             self.attempt_rows[(tp, offset)] = now

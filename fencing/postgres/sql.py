@@ -139,7 +139,9 @@ INSERT INTO {s}.attempts AS a (group_id, topic, partition, "offset", attempts, a
                                max_attempts, last_error, next_retry_at, epoch)
 SELECT $1, $2, $3, $6, $10, $11, $7, $8, now() + make_interval(secs => $9), $4 FROM p
 ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE
-    SET attempts = greatest(a.attempts + 1, EXCLUDED.attempts),
+    SET attempts = CASE WHEN EXCLUDED.alone = 1 AND a.next_retry_at IS NOT NULL
+                        THEN a.attempts  -- this attempt alone is the retry counted already
+                        ELSE greatest(a.attempts + 1, EXCLUDED.attempts) END,
         alone = a.alone + EXCLUDED.alone,
         max_attempts = EXCLUDED.max_attempts,
         last_error = coalesce(EXCLUDED.last_error, a.last_error),

@@ -37,7 +37,7 @@ from fencing.errors import (
     ConfigError,
 )
 from fencing.failures import RetryPolicy
-from fencing.handler import HandlerContext, build_handler
+from fencing.handler import HandlerContext, build_handler, declaration_of
 from fencing.types import Token, TopicPartition
 from ops.worker import startup
 from ops.worker.observability import ObsOptions, WorkerObservability
@@ -257,7 +257,7 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
     obs = WorkerObservability(options=obs_options or ObsOptions(), telemetry=telemetry,
                               store=store, cooperative=cfg.cooperative,
                               lag_facts=source.facts, observe=own_frontiers,
-                              group_id=cfg.group_id)
+                              group_id=cfg.group_id, declaration=declaration_of(loaded.fn))
     obs.instruments.export_zeros(TopicPartition(topic, p)
                                  for topic, count in partition_counts.items()
                                  for p in range(count))

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from fencing.errors import ConfigError, FenceError, SchemaMismatch, SourceRefused
+from fencing.failures import quarantine_cause
 from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
 from fencing.types import SourceFacts, TopicPartition
 from ops.hints import schema_advice
@@ -78,9 +79,11 @@ async def read_rows(
         prow = await conn.fetch(
             f"SELECT p.group_id, p.topic, p.partition, p.epoch, p.frontier, p.owner,"
             f" p.topic_id, p.updated_at, a.attempts, a.max_attempts, a.next_retry_at,"
-            f" a.last_error, (SELECT count(*) FROM {q}.quarantine x WHERE x.group_id ="
-            f" p.group_id AND x.topic = p.topic AND x.partition = p.partition"
-            f" AND x.state = 'quarantined') AS quarantined"  # replayed rows are handled
+            f" a.last_error, a.alone, (SELECT coalesce(jsonb_object_agg(t, n), '{{}}')::text"
+            f" FROM (SELECT coalesce(x.error_type, '') AS t, count(*) AS n"
+            f" FROM {q}.quarantine x WHERE x.group_id = p.group_id AND x.topic = p.topic"
+            f" AND x.partition = p.partition AND x.state = 'quarantined'"  # replayed: handled
+            f" GROUP BY 1) c) AS quarantined"
             f" FROM {q}.partitions p LEFT JOIN {q}.attempts a ON a.group_id = p.group_id"
             f" AND a.topic = p.topic AND a.partition = p.partition AND a.\"offset\" = p.frontier"
             f" WHERE $1::text IS NULL OR p.group_id = $1"
@@ -92,10 +95,17 @@ async def read_rows(
             f" AND (last_seen >= now() - make_interval(secs => $2) OR lifetime_id IN"
             f" (SELECT owner FROM {q}.partitions WHERE $1::text IS NULL OR group_id = $1))"
             f" ORDER BY group_id, started_at, lifetime_id", group, members_since_s)
-    parts = [PartitionRow(r["group_id"], r["topic"], r["partition"], r["epoch"], r["frontier"],
-                          r["owner"], r["topic_id"], r["updated_at"], r["quarantined"],
-                          r["attempts"], r["max_attempts"], r["next_retry_at"], r["last_error"])
-             for r in prow]
+    parts = []
+    for r in prow:
+        causes: dict[str, int] = {}
+        for error_type, n in json.loads(r["quarantined"]).items():
+            cause = quarantine_cause(error_type or None)
+            causes[cause] = causes.get(cause, 0) + int(n)
+        parts.append(PartitionRow(
+            r["group_id"], r["topic"], r["partition"], r["epoch"], r["frontier"], r["owner"],
+            r["topic_id"], r["updated_at"], sum(causes.values()), r["attempts"],
+            r["max_attempts"], r["next_retry_at"], r["last_error"], alone=r["alone"],
+            quarantine_causes=causes))
     members = [MemberRow(r["lifetime_id"], r["group_id"], r["member_id"], r["host"], r["pid"],
                          r["state"], r["started_at"], r["last_seen"], json.loads(r["detail"]))
                for r in mrow]
@@ -220,7 +230,7 @@ def render_text(status: Mapping[str, Any]) -> str:
     """Human-readable tables of ``build_status`` output."""
     out = [f"fence status at {status['at']}", "", "PARTITIONS"]
     prow = [(p["group"], p["topic"], p["partition"], p["epoch"], p["frontier"],
-             _kafka_cell(p), p["high_watermark"], p["lag"], p["owner"],
+             _kafka_cell(p), p["high_watermark"], _lag_cell(p), p["owner"],
              p["owner_availability"] if p["owner_state"] is None
              else f"{p['owner_availability']}/{p['owner_state']}")
             for p in status["partitions"]]
@@ -245,6 +255,14 @@ def render_text(status: Mapping[str, Any]) -> str:
     out += _table(("GROUP", "LIFETIME", "HOST", "PID", "AVAILABILITY", "STATE", "LAST-SEEN",
                    "LAST-OBSERVED"), mrow) if mrow else ["(no members seen recently)"]
     return "\n".join(out)
+
+
+def _lag_cell(p: Mapping[str, Any]) -> str | None:
+    """LAG column: the lag, marked ``(best-effort)`` where the frontier claims no
+    completeness."""
+    if p["lag"] is None or p["completeness"] != "not-claimed":
+        return p["lag"]
+    return f"{p['lag']} (best-effort)"
 
 
 def _kafka_cell(p: Mapping[str, Any]) -> str:

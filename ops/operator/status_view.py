@@ -19,8 +19,13 @@ Rules
   frontier last moved), *mismatch* (flagged with a note) when it differs longer than that,
   *unknown* when Kafka did not answer. No committed offset at all differs too.
 - A partition whose frontier offset has a durable attempt count is *retrying* (attempt n of
-  m, the next retry's time) or a *suspect* being tried alone; the quarantined count is shown
-  per partition (``fencing.failures``).
+  m, the next retry's time) or a *suspect* being tried alone; the quarantined records are
+  counted per partition and by cause (``fencing.failures.quarantine_cause``: rejected,
+  raised, killed the process, outcome unknown, too slow), so a killer tells from a victim.
+- Completeness: the owner's member row names its handler's declaration
+  (``detail.handler``); a ``best-effort`` partition's frontier counts records attempted,
+  not effects applied: ``completeness`` is ``not-claimed`` and a note says so (``unknown``
+  without a member row naming it).
 - A partition is *stalled* while its owner is observed and lists it in its member row's
   ``detail.stalled`` (``consumer.observability.stall``); OWNER-STATE then reads
   ``observed/running/stalled`` and a note says so.
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -155,6 +160,8 @@ class PartitionRow:
     max_attempts: int | None = None
     next_retry_at: datetime | None = None  # None: not backing off (a suspect attempt)
     last_error: str | None = None
+    alone: int | None = None  # of the attempts, those of the record alone (deaths blamed)
+    quarantine_causes: Mapping[str, int] = field(default_factory=dict)  # cause -> records
 
 
 class MirrorView(enum.Enum):
@@ -203,12 +210,28 @@ def _failure_notes(row: PartitionRow) -> list[str]:
                          f"{row.max_attempts}, next retry at {row.next_retry_at.isoformat()}"
                          f"{error}")
         else:
-            notes.append(f"suspect offset {row.frontier}: attempt {row.attempts} of "
-                         f"{row.max_attempts} before quarantine (earlier attempts did not "
-                         f"complete: process deaths?){error}")
+            notes.append(f"suspect offset {row.frontier}: tried alone {row.alone or 0} time(s) "
+                         f"of {row.max_attempts} before quarantine (earlier attempts alone did "
+                         f"not complete: process deaths?){error}")
     if row.quarantined:
-        notes.append(f"{row.quarantined} record(s) quarantined")
+        causes = ", ".join(f"{n} {_CAUSE_TEXT.get(c, c)}"
+                           for c, n in sorted(row.quarantine_causes.items()))
+        notes.append(f"{row.quarantined} record(s) quarantined"
+                     + (f": {causes}" if causes else ""))
     return notes
+
+
+_CAUSE_TEXT = {"killed-the-process": "killed the process", "outcome-unknown": "outcome unknown",
+               "too-slow": "too slow"}
+
+
+def _completeness(owner: MemberView | None) -> tuple[str | None, str]:
+    """The owner's declared durability and whether its frontier claims completeness."""
+    declared = None if owner is None else owner.detail.get("handler")
+    durability = declared.get("durability") if isinstance(declared, Mapping) else None
+    if not isinstance(durability, str):
+        return None, "unknown"
+    return durability, "not-claimed" if durability == "best-effort" else "claimed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +246,8 @@ class PartitionView:
     stalled: bool = False  # its owner (observed now) reports it stalled
     kafka_committed: int | None = None  # the group's committed offset in Kafka
     mirror: MirrorView = MirrorView.UNKNOWN
+    durability: str | None = None  # the owner's handler's (None: not known)
+    completeness: str = "unknown"  # claimed | not-claimed (best-effort) | unknown
 
     def as_dict(self) -> dict[str, Any]:
         r = self.row
@@ -234,9 +259,11 @@ class PartitionView:
             "lag": self.lag, "topic_id": r.topic_id, "updated_at": r.updated_at.isoformat(),
             "kafka_committed": self.kafka_committed, "kafka_mirror": self.mirror.value,
             "stalled": self.stalled, "notes": list(self.notes),
-            "quarantined": r.quarantined, "retrying": None if r.attempts is None else {
+            "durability": self.durability, "completeness": self.completeness,
+            "quarantined": r.quarantined, "quarantine_causes": dict(r.quarantine_causes),
+            "retrying": None if r.attempts is None else {
                 "offset": r.frontier, "attempt": r.attempts, "max_attempts": r.max_attempts,
-                "next_retry_at": None if r.next_retry_at is None
+                "alone": r.alone, "next_retry_at": None if r.next_retry_at is None
                 else r.next_retry_at.isoformat(), "last_error": r.last_error},
         }
 
@@ -271,6 +298,11 @@ def view_partition(
         notes.append("stalled: its owner reports lag and no fetch or commit progress for "
                      "--stall-timeout-s (see the owner's /readyz and log)")
     notes += _failure_notes(row)
+    durability, completeness = _completeness(owner)
+    if completeness == "not-claimed":
+        notes.append("best-effort handler: the frontier counts records attempted, not "
+                     "effects applied (they may have been dropped); completeness is not "
+                     "claimed")
     mirror = classify_mirror(row.frontier, committed, updated_at=row.updated_at,
                              now=row.updated_at if now is None else now, bound_s=mirror_warn_s)
     if mirror is MirrorView.MISMATCH and committed is not None and now is not None:
@@ -287,4 +319,6 @@ def view_partition(
         notes=tuple(notes),
         kafka_committed=None if committed is None else committed.offset,
         mirror=mirror,
+        durability=durability,
+        completeness=completeness,
     )

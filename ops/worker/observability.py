@@ -29,6 +29,7 @@ from consumer.observability.instruments import Instruments
 from consumer.observability.observer import LagFacts, Observe, WorkerObserver
 from consumer.observability.readiness import LoopHeartbeat, ReadinessHolder
 from fencing.errors import ConfigError
+from fencing.handler import Declaration
 from ops.worker.http import HttpServer, start_http_server
 from ops.worker.telemetry import Telemetry
 
@@ -125,10 +126,16 @@ class WorkerObservability:
         lag_facts: LagFacts | None = None,
         observe: Observe | None = None,
         group_id: str = "",
+        declaration: Declaration | None = None,
     ) -> None:
+        """``declaration``: the handler's, in every member row (``detail.handler``) and in
+        the metrics (``Instruments.declare``)."""
         self.options = options
         self.telemetry = telemetry
         self.instruments = Instruments(telemetry.meter())
+        handler_detail = {} if declaration is None else {"handler": declaration.as_dict()}
+        if declaration is not None:
+            self.instruments.declare(declaration)
         self.readiness = ReadinessHolder()
         self.loop_heartbeat = LoopHeartbeat(clock=time.monotonic, bound_s=options.health_bound_s)
         # the Kafka group member id for member rows (set once the worker exists)
@@ -138,7 +145,7 @@ class WorkerObservability:
             return MemberHeartbeat(
                 store=store, identity=MemberIdentity.of_this_process(lifetime),
                 clock=time.monotonic, interval_s=options.heartbeat_interval_s,
-                member_id=lambda: self.member_id_source())
+                member_id=lambda: self.member_id_source(), detail=handler_detail)
 
         self.observer = WorkerObserver(
             instruments=self.instruments, readiness=self.readiness,

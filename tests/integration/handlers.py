@@ -20,7 +20,8 @@ The others misbehave on purpose, each the way one liveness or exit-code test nee
 ``--handler-setting``s name as ``partition:offset`` (several: comma-separated):
 ``transient`` (the first ``transient_times`` batches of this process holding it fail:
 SQLSTATE 40001 raised by PostgreSQL, then ``Transient``), ``deadlock`` (the first two
-batches of this process holding it fail with SQLSTATE 40P01 raised by PostgreSQL),
+batches holding it, of any process, fail with SQLSTATE 40P01 raised by PostgreSQL: counted
+over the handler's own connection in ``<schema>.flaky``),
 ``poison`` (``ValueError`` every time) and ``kill`` (the process SIGKILLs itself, as an OOM
 kill would). ``per_record_s``: seconds the handler waits per record before its write (a
 slow downstream; the session is idle in transaction meanwhile).
@@ -168,9 +169,23 @@ def _at(setting: str | None) -> set[tuple[int, int]]:
 
 
 async def _ensure_applied(conn: Any, context: HandlerContext) -> None:
-    await conn.execute(
-        f'CREATE TABLE IF NOT EXISTS "{context.schema}".applied (topic text, partition int,'
-        ' "offset" bigint, n int NOT NULL, PRIMARY KEY (topic, partition, "offset"))')
+    for table in ("applied", "flaky"):
+        await conn.execute(
+            f'CREATE TABLE IF NOT EXISTS "{context.schema}".{table} (topic text, partition int,'
+            ' "offset" bigint, n int NOT NULL, PRIMARY KEY (topic, partition, "offset"))')
+
+
+async def _own_pool(pool: list[Any]) -> Any:
+    """The handler's own connections (not the store's transaction), made once."""
+    if not pool:
+        pool.append(await asyncpg.create_pool(os.environ["FENCE_DSN"], min_size=1, max_size=4))
+    return pool[0]
+
+
+def _count_sql(schema: str, table: str) -> str:
+    return (f'INSERT INTO "{schema}".{table} AS e (topic, partition, "offset", n)'
+            ' VALUES ($1, $2, $3, 1) ON CONFLICT (topic, partition, "offset")'
+            ' DO UPDATE SET n = e.n + 1 RETURNING n')
 
 
 def _applied_sql(schema: str) -> str:
@@ -198,6 +213,8 @@ def failing_handler(context: HandlerContext) -> HandlerFn:
     per_record_s = float(settings.get("per_record_s", "0"))
     failures: dict[tuple[int, int], int] = {}
     sql = _applied_sql(context.schema)
+    flaky = _count_sql(context.schema, "flaky")
+    pool: list[Any] = []
 
     @handler(durability="durable-critical", effects="transactional")
     async def handle(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
@@ -211,8 +228,7 @@ def failing_handler(context: HandlerContext) -> HandlerFn:
                     await _raise_sqlstate(conn, "40001", "serialization failure")
                 raise Transient(f"downstream busy (failure {n})")
         for at in sorted(held & deadlock):
-            n = failures[at] = failures.get(at, 0) + 1
-            if n <= 2:
+            if await (await _own_pool(pool)).fetchval(flaky, records[0].topic, *at) <= 2:
                 await _raise_sqlstate(conn, "40P01", "deadlock")
         for at in sorted(held & poison):
             raise ValueError(f"cannot parse record {at[1]} of partition {at[0]}")
@@ -236,19 +252,15 @@ async def _ensure_uncertain(conn: Any, context: HandlerContext) -> None:
 def uncertain_handler(context: HandlerContext) -> HandlerFn:
     kill = _at(context.settings.get("kill"))
     sql = _applied_sql(context.schema)
-    external = (f'INSERT INTO "{context.schema}".external AS e (topic, partition, "offset", n)'
-                ' VALUES ($1, $2, $3, 1) ON CONFLICT (topic, partition, "offset")'
-                ' DO UPDATE SET n = e.n + 1')
+    external = _count_sql(context.schema, "external")
     pool: list[Any] = []
 
     @handler(durability="durable-critical", effects="outcome-uncertain",
              on_failure=context.settings.get("on_failure", "quarantine"))
     async def handle(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
-        if not pool:
-            pool.append(await asyncpg.create_pool(os.environ["FENCE_DSN"], min_size=1,
-                                                  max_size=4))
+        own = await _own_pool(pool)
         for r in records:
-            await pool[0].execute(external, r.topic, r.partition, r.offset)  # the HTTP call
+            await own.fetchval(external, r.topic, r.partition, r.offset)  # the HTTP call
             _kill_if(kill, r)
         await conn.execute(sql, records[0].topic, [r.partition for r in records],
                            [r.offset for r in records])
