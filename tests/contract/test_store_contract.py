@@ -18,6 +18,7 @@ from fencing.errors import (
     RecreatedTopic,
     RetentionGap,
 )
+from fencing.failures import SUSPECT_OPEN
 from fencing.memory.store import MemoryFenceStore, MemoryTx
 from fencing.postgres.store import PgFenceStore
 from fencing.store import FenceStore
@@ -236,3 +237,60 @@ async def test_handler_failure_rolls_back_everything(h: Harness, failure: str) -
     assert await h.effects() == [] and await h.quarantine() == []
     assert await h.store.observe([TP]) == {TP: Token(1, 0)}
     assert await h.store.process(TP, token, make_records(TP, range(3)), h.handle) == Token(1, 3)
+
+
+async def test_attempts_alone_count_deaths_and_a_scheduled_retry_is_not_counted_twice(
+        h: Harness) -> None:
+    store: Any = h.store
+    t1 = (await store.claim([ClaimRequest(TP, 0)], lifetime="A"))[TP]
+    got = await store.record_attempt(TP, t1, offset=0, max_attempts=3, error=None,
+                                     next_retry_in_s=None, alone=True)
+    assert (got.count, got.alone) == (1, 1)
+    # a transient failure schedules a retry (counted before it runs) ...
+    got = await store.record_attempt(TP, t1, offset=0, max_attempts=5, error="E: busy",
+                                     next_retry_in_s=1.0, at_least=2)
+    assert (got.count, got.alone, got.last_error) == (2, 1, "E: busy")
+    # ... the process dies while backing off; the next owner's attempt alone is that retry
+    t2 = (await store.claim([ClaimRequest(TP, 0)], lifetime="B"))[TP]
+    marks = (await store.attempts({TP: t2}))[TP]
+    assert (marks.unclean, marks.count, marks.alone, marks.uncertain_to) == (True, 2, 1, None)
+    got = await store.record_attempt(TP, t2, offset=0, max_attempts=3, error=None,
+                                     next_retry_in_s=None, alone=True)
+    assert (got.count, got.alone) == (2, 2)
+    got = await store.record_attempt(TP, t2, offset=0, max_attempts=3, error=None,
+                                     next_retry_in_s=None, alone=True)
+    assert (got.count, got.alone) == (3, 3)  # nothing scheduled any more: a new attempt
+    with pytest.raises(Fenced):
+        await store.record_attempt(TP, t1, offset=0, max_attempts=3, error=None,
+                                   next_retry_in_s=None, alone=True)
+
+
+async def test_an_intent_is_fenced_and_read_back_only_while_it_starts_at_the_frontier(
+        h: Harness) -> None:
+    store: Any = h.store
+    t1 = (await store.claim([ClaimRequest(TP, 0)], lifetime="A"))[TP]
+    await store.record_intent(TP, t1, last_offset=2)
+    t2 = (await store.claim([ClaimRequest(TP, 0)], lifetime="B"))[TP]  # A died
+    assert (await store.attempts({TP: t2}))[TP].uncertain_to == 2
+    with pytest.raises(Fenced):
+        await store.record_intent(TP, t1, last_offset=5)
+    with pytest.raises(ValueError):
+        await store.record_intent(TP, Token(t2.epoch, 3), last_offset=2)
+    # B settles them (the frontier moves past): the intent no longer counts
+    t2 = await store.process(TP, t2, make_records(TP, range(3)), h.handle)
+    assert (await store.attempts({TP: t2}))[TP].uncertain_to is None
+    await store.record_intent(TP, t2, last_offset=4)
+    t2 = await store.process(TP, t2, make_records(TP, range(3, 5)), h.handle)  # committed
+    t3 = (await store.claim([ClaimRequest(TP, 0)], lifetime="C"))[TP]
+    assert t3.frontier == 5 and (await store.attempts({TP: t3}))[TP].uncertain_to is None
+
+
+@pytest.mark.parametrize("detail, unclean", [("", False), (SUSPECT_OPEN, True),
+                                             (f"{SUSPECT_OPEN}; Fenced: moved", True)])
+async def test_a_release_with_an_open_suspect_window_leaves_the_next_owner_suspicious(
+        h: Harness, detail: str, unclean: bool) -> None:
+    store: Any = h.store
+    t1 = (await store.claim([ClaimRequest(TP, 0)], lifetime="A"))[TP]
+    await store.journal([TP], lifetime="A", event="release", epoch=t1.epoch, detail=detail)
+    t2 = (await store.claim([ClaimRequest(TP, 0)], lifetime="B"))[TP]
+    assert (await store.attempts({TP: t2}))[TP].unclean is unclean

@@ -254,3 +254,70 @@ async def test_outcome_uncertain_declared_to_stop_fail_stops_on_an_unknown_outco
         await run.submit(TP0, recs(TP0, range(END)), links=(), stopped=lambda: False)
     assert external[(0, 0)] == 1 and store.token_of(TP0) == Token(2, 0)
     assert store.quarantine == []
+
+
+async def test_a_clean_handover_in_the_middle_of_a_suspect_window_stays_suspect() -> None:
+    """Revoked (a release row) or retired while its window is open, the partition stays
+    suspect for its next owner: its killer is still tried alone, never in a batch."""
+    store, clock = MemoryFenceStore("g"), Clock()
+    deaths: list[tuple[int, int]] = []
+    handler = killing({(0, 5)}, random.Random(0), deaths)
+    assert not await run_process(store, clock, "L0", handler, [TP0])  # dies in a batch
+    lc = Lifecycle(store=store, lifetime_id="L1", clock=clock, wait=clock.wait)
+    await lc.assign([SourceCheck(TP0, SourceFacts("id", 0, END))])
+    run = FailureRun(lifecycle=lc, handler=handler, declaration=Declaration(),
+                     policy=RetryPolicy(), rng=random.Random(1), clock=clock, wait=clock.wait,
+                     suspect_window=END)
+    await run.submit(TP0, recs(TP0, range(0, 2)), links=(), stopped=lambda: False)
+    await lc.revoke([TP0])  # a rebalance, two records into the window
+    assert [j.detail for j in store.journal_rows if j.event == "release"] == [
+        "suspect window open"]
+    lc = Lifecycle(store=store, lifetime_id="L2", clock=clock, wait=clock.wait)
+    await lc.assign([SourceCheck(TP0, SourceFacts("id", 0, END))])
+    marks = lc.take_failure_marks(TP0)
+    assert marks is not None and marks.suspect
+    lc.suspect_window(TP0, True)
+    lc.stop()
+    # a window that ended before the handover leaves a plain release
+    store2 = MemoryFenceStore("g")
+    assert not await run_process(store2, clock, "M0", handler, [TP0])
+    lc = Lifecycle(store=store2, lifetime_id="M1", clock=clock, wait=clock.wait)
+    await lc.assign([SourceCheck(TP0, SourceFacts("id", 0, END))])
+    run = FailureRun(lifecycle=lc, handler=killing(set(), random.Random(0), deaths),
+                     declaration=Declaration(), policy=RetryPolicy(), rng=random.Random(1),
+                     clock=clock, wait=clock.wait, suspect_window=2)
+    await run.submit(TP0, recs(TP0, range(0, 4)), links=(), stopped=lambda: False)
+    await lc.revoke([TP0])
+    assert [j.detail for j in store2.journal_rows if j.event == "release"] == [""]
+
+
+async def test_a_suspect_record_is_tried_with_nothing_else_of_the_process_in_flight() -> None:
+    """Three suspect partitions and a healthy one, interleaving at random: whenever a record
+    is tried alone (counted first), no other handler call of the process is running."""
+    store, clock = MemoryFenceStore("g"), Clock()
+    running: list[tuple[int, bool]] = []  # (partition, tried alone) of each call in flight
+    overlaps: list[tuple[tuple[int, bool], ...]] = []
+    rng = random.Random(3)
+
+    async def handle(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
+        tp = records[0].tp
+        me = (tp.partition, len(records) == 1 and (tp, records[0].offset) in store.attempt_rows)
+        if running and (me[1] or any(alone for _p, alone in running)):
+            overlaps.append((*running, me))
+        running.append(me)
+        for _ in range(rng.randrange(1, 5)):
+            await asyncio.sleep(0)
+        running.remove(me)
+        applied = conn.table(f"applied{records[0].partition}")
+        for r in records:
+            applied[(r.partition, r.offset)] = 1
+        return [ACCEPT] * len(records)
+
+    tps = [TP0, TP1, TP2]
+    for n in range(3):  # three owners die idle: every partition is suspect for the next
+        lc = Lifecycle(store=store, lifetime_id=f"D{n}", clock=clock, wait=clock.wait)
+        await lc.assign([SourceCheck(tp, SourceFacts("id", 0, END)) for tp in tps])
+        lc.stop()
+    assert await run_process(store, clock, "L", handle, tps, max_attempts=3, window=4)
+    assert overlaps == []
+    assert applied(store) == {(p, o): 1 for p in range(3) for o in range(END)}
