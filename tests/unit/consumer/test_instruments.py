@@ -10,6 +10,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import generate_latest
 
 from consumer.observability.instruments import Instruments
+from fencing.handler import Declaration, Durability, Effects
 from fencing.types import TopicPartition
 from ops.worker.telemetry import setup_telemetry
 
@@ -127,3 +128,34 @@ async def test_counting_handler_feeds_rejects_of_the_committed_call() -> None:
     points = _points(reader)
     assert _value(points["fence.records.rejected"], partition=2).value == 2
     assert _value(points["fence.records.processed"], partition=2).value == 6
+
+
+def test_quarantines_are_counted_per_partition_by_cause() -> None:
+    inst, reader = _make()
+    inst.handler_failure(TP, kind="quarantine", count=2, cause="killed-the-process")
+    inst.handler_failure(TP, kind="quarantine", cause="outcome-unknown")
+    inst.handler_failure(TP, kind="split")
+    points = _points(reader)["fence.handler.failures"]
+    assert _value(points, kind="quarantine", cause="killed-the-process", partition=2).value == 2
+    assert _value(points, kind="quarantine", cause="outcome-unknown", partition=2).value == 1
+    assert _value(points, kind="split", partition=2).value == 1
+    # every cause and kind is exported from the start, before anything happened
+    _fresh, fresh_reader = _make()
+    zero = _points(fresh_reader)["fence.handler.failures"]
+    assert {p.attributes.get("cause") for p in zero if p.value == 0} >= {
+        "raised", "killed-the-process", "outcome-unknown", "too-slow", "rejected"}
+    assert {p.attributes["kind"] for p in zero} >= {"split", "too-slow", "attempt"}
+
+
+def test_a_best_effort_handler_never_claims_completeness_in_the_metrics() -> None:
+    for durability, completeness in (("best-effort", "not-claimed"),
+                                     ("durable-critical", "claimed")):
+        inst, reader = _make()
+        inst.declare(Declaration(Durability(durability), Effects.TRANSACTIONAL))
+        inst.set_lag(TP, high_watermark=10, frontier=10)
+        [declared] = _points(reader)["fence.handler.declaration"]
+        assert dict(declared.attributes) == {
+            "durability": durability, "effects": "transactional", "on_failure": "quarantine",
+            "completeness": completeness}
+        [lag] = _points(reader)["fence.partition.lag"]
+        assert lag.attributes["completeness"] == completeness and lag.value == 0
