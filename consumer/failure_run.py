@@ -82,8 +82,8 @@ __all__ = ["Backoff", "FailureRun", "RetryInterrupted"]
 log = logging.getLogger("fenceworker.failures")
 
 Wait = Callable[[float], Awaitable[None]]
-SLOW_SETTINGS = ("--batch-max-records, --db-idle-in-transaction-timeout-s (a handler call "
-                 "may last 90 % of it) and --call-budget-s (75 % of it)")
+SLOW_SETTINGS = ("--db-idle-in-transaction-timeout-s (a handler call may last 90 % of it) "
+                 "and --call-budget-s (75 % of it)")
 
 
 class RetryInterrupted(Exception):
@@ -514,7 +514,7 @@ class FailureRun:
         log.warning("%s: a batch of %d records outlived %.1f s in the handler: it is split "
                     "into halves until each fits, and the partition's next batches keep the "
                     "size that fits; to avoid it shrink --batch-max-records, or give the "
-                    "handler more time (%s)", tp, n, self._limit_s, SLOW_SETTINGS)
+                    "handler more time: %s", tp, n, self._limit_s, SLOW_SETTINGS)
 
     def _report_slow(self, tp: TopicPartition, records: Sequence[SourceRecord],
                      limit_s: float) -> None:

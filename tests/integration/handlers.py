@@ -24,7 +24,15 @@ batches holding it, of any process, fail with SQLSTATE 40P01 raised by PostgreSQ
 over the handler's own connection in ``<schema>.flaky``),
 ``poison`` (``ValueError`` every time) and ``kill`` (the process SIGKILLs itself, as an OOM
 kill would). ``per_record_s``: seconds the handler waits per record before its write (a
-slow downstream; the session is idle in transaction meanwhile).
+slow downstream; the session is idle in transaction meanwhile). ``on_failure``: its
+declaration's.
+
+``convergent_handler``: declared ``derived-reconcilable`` + ``convergent``: per batch, over
+its own connection (outside the store's transaction, so a replay writes again), upserts the
+latest value per key into ``<schema>.derived`` (the higher offset wins: replays converge);
+``per_batch_s`` seconds before it. ``best_effort_handler``: declared ``best-effort`` +
+``loss-tolerant``: counts the records it saw in ``<schema>.seen`` over its own connection
+and drops nothing else.
 
 ``uncertain_handler``: declared ``outcome-uncertain`` (``on_failure`` from the setting of
 that name): per record, one external effect over its own connection (an autocommit upsert
@@ -51,6 +59,8 @@ from fencing.types import ACCEPT, SourceRecord, Verdict
 from ops.reference.pg import ensure_tables, make_pg_handler
 
 __all__ = [
+    "best_effort_handler",
+    "convergent_handler",
     "ending_handler",
     "failing_handler",
     "holding_handler",
@@ -216,7 +226,8 @@ def failing_handler(context: HandlerContext) -> HandlerFn:
     flaky = _count_sql(context.schema, "flaky")
     pool: list[Any] = []
 
-    @handler(durability="durable-critical", effects="transactional")
+    @handler(durability="durable-critical", effects="transactional",
+             on_failure=settings.get("on_failure", "quarantine"))
     async def handle(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
         held = {(r.partition, r.offset) for r in records}
         for r in records:
@@ -264,6 +275,55 @@ def uncertain_handler(context: HandlerContext) -> HandlerFn:
             _kill_if(kill, r)
         await conn.execute(sql, records[0].topic, [r.partition for r in records],
                            [r.offset for r in records])
+        return [ACCEPT] * len(records)
+
+    return handle
+
+
+async def _ensure_derived(conn: Any, context: HandlerContext) -> None:
+    await conn.execute(f'CREATE TABLE IF NOT EXISTS "{context.schema}".derived (key text '
+                       'PRIMARY KEY, partition int NOT NULL, last_offset bigint NOT NULL, '
+                       'value text NOT NULL)')
+    await conn.execute(f'CREATE TABLE IF NOT EXISTS "{context.schema}".seen (topic text, '
+                       'partition int, "offset" bigint, n int NOT NULL, '
+                       'PRIMARY KEY (topic, partition, "offset"))')
+
+
+@handler_factory(ensure_tables=_ensure_derived)
+def convergent_handler(context: HandlerContext) -> HandlerFn:
+    per_batch_s = float(context.settings.get("per_batch_s", "0"))
+    upsert = (f'INSERT INTO "{context.schema}".derived AS d (key, partition, last_offset, value)'
+              ' SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[])'
+              ' ON CONFLICT (key) DO UPDATE SET last_offset = EXCLUDED.last_offset,'
+              ' value = EXCLUDED.value, partition = EXCLUDED.partition'
+              ' WHERE d.last_offset < EXCLUDED.last_offset')
+    pool: list[Any] = []
+
+    @handler(durability="derived-reconcilable", effects="convergent")
+    async def handle(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
+        await asyncio.sleep(per_batch_s)
+        latest: dict[str, SourceRecord] = {}
+        for r in records:  # in offset order: the last one per key wins
+            latest[(r.key or b"").decode()] = r
+        await (await _own_pool(pool)).execute(
+            upsert, list(latest), [r.partition for r in latest.values()],
+            [r.offset for r in latest.values()],
+            [(r.value or b"").decode() for r in latest.values()])
+        return [ACCEPT] * len(records)
+
+    return handle
+
+
+@handler_factory(ensure_tables=_ensure_derived)
+def best_effort_handler(context: HandlerContext) -> HandlerFn:
+    seen = _count_sql(context.schema, "seen")
+    pool: list[Any] = []
+
+    @handler(durability="best-effort", effects="loss-tolerant")
+    async def handle(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
+        own = await _own_pool(pool)
+        for r in records:
+            await own.fetchval(seen, r.topic, r.partition, r.offset)
         return [ACCEPT] * len(records)
 
     return handle
