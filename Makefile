@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 .PHONY: setup stack-up stack-down stack-status test test-unit test-integration \
         test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
-        demo migrate clean crash-matrix
+        demo migrate clean crash-matrix test-handler-blame
 
 setup: $(STAMP)
 
@@ -39,7 +39,14 @@ test-unit: setup
 test-integration: setup
 	$(BIN)/pytest -q tests/integration $(PYTEST_ARGS)
 
-test-sim-worker: setup
+test-# handler blame under process deaths: the killers/poison/flaky scenario 5 times under each
+# group protocol and the outcome-uncertain one 5 times (make test runs each once); each
+# run's counts go to artifacts/handler-blame/*.jsonl
+BLAME_RUNS ?= 5
+test-handler-blame: setup
+	FENCE_BLAME_RUNS=$(BLAME_RUNS) $(BIN)/pytest -q tests/integration/test_handler_blame.py $(PYTEST_ARGS)
+
+sim-worker: setup
 	$(BIN)/pytest -q tests/sim tests/unit/consumer/test_lifecycle*.py tests/unit/consumer/test_decisions.py tests/unit/fencing/test_memstore*.py $(PYTEST_ARGS)
 
 # the crash-point matrix: every point x every group protocol (make test runs one protocol per
