@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 .PHONY: setup stack-up stack-down stack-status test test-unit test-integration \
         test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
-        demo migrate clean crash-matrix test-handler-blame
+        demo migrate clean crash-matrix test-handler-blame bench-blame
 
 setup: $(STAMP)
 
@@ -89,6 +89,12 @@ lint: setup
 # fenced vs unfenced batch commits (uses FENCE_DSN, else starts the stack's PostgreSQL)
 bench-store: setup
 	$(BIN)/python -m ops.bench.store
+
+# what blaming the right record costs: draining suspect windows after an unclean handover
+# (alone, side by side, clean) and the intent of an outcome-uncertain batch
+# -> artifacts/bench/blame.json (uses FENCE_DSN, else starts the stack's PostgreSQL)
+bench-blame: setup
+	$(BIN)/python -m ops.bench.blame
 
 # worker benchmark: baselines a/b/b'/e, fenceworker c/d, scale -> artifacts/bench/worker.json
 # and PNG charts next to it; BENCH_ARGS=--quick for small sizes (the smoke test's mode)
