@@ -18,8 +18,8 @@ def test_a_handler_call_may_last_90_percent_of_idle_and_75_percent_of_the_budget
                            elapsed_s=10.0) == pytest.approx(5.0)
 
 
-def run_split(n: int, fits: int, slow_alone: set[int] = frozenset()) -> tuple[
-        list[tuple[int, int]], list[int], int]:  # type: ignore[assignment]
+def run_split(n: int, fits: int, slow_alone: frozenset[int] = frozenset()) -> tuple[
+        list[tuple[int, int]], list[int], int]:
     """Drive a Split: a chunk longer than ``fits`` records is too slow, and so is any chunk
     holding an index of ``slow_alone``. Returns (committed chunks, too-slow records, tries)."""
     plan = Split.after_too_slow(n)
@@ -50,7 +50,7 @@ def test_a_too_slow_batch_is_halved_until_it_fits_and_every_record_is_committed_
 
 
 def test_a_record_too_slow_alone_is_reported_and_the_rest_goes_on() -> None:
-    committed, slow, _ = run_split(8, 8, slow_alone={5})
+    committed, slow, _ = run_split(8, 8, slow_alone=frozenset({5}))
     assert slow == [5]
     assert [i for s, e in committed for i in range(s, e)] == [0, 1, 2, 3, 4, 6, 7]
 
