@@ -14,7 +14,8 @@ Rules
   healthy partition: the paths below run only after ``HandlerFailed`` (nothing applied), or
   for a partition with durable marks (read at its claim), or one whose batches were split.
 - Every transaction enters the process-wide ``AloneGate`` shared; a suspect record's
-  attempt enters it alone (see below).
+  attempts (the first, counted, and its retries) enter it alone (see below). A transaction
+  that only quarantines never runs the handler's code and enters no gate.
 - Transient: before each retry the attempt is counted durably (``record_attempt``, which
   also re-checks the epoch) with the time of the retry; the backoff is waited through the
   ``wait`` the caller gives (it ends early when the partition is revoked or the worker
@@ -181,18 +182,29 @@ class FailureRun:
 
     async def _once(self, tp: TopicPartition, records: Sequence[SourceRecord], handler: HandlerFn,
                     stopped: Callable[[], bool], *, settles: bool = False, **kw: Any) -> Token:
-        """One transaction beside the process's other batches (the gate's shared side).
-        ``settles``: it only quarantines (the handler is never called), so an
-        outcome-uncertain handler needs no intent for it."""
+        """One transaction beside the process's other batches (the gate's shared side); a
+        single record of a suspect partition (a retry of a suspect record) runs alone.
+        ``settles``: it only quarantines, the handler's code never runs, so it needs neither
+        the gate (it cannot kill the process; it never waits behind the suspect windows) nor,
+        for an outcome-uncertain handler, an intent."""
+        if settles:
+            return await self._lc.process(tp, records, handler, **kw)
         gate = self._gate
-        if not gate.try_shared() and not await gate.shared(stopped):
+        alone = len(records) == 1 and tp in self._suspect_left
+        if alone:
+            if not await gate.alone(stopped):
+                raise _interrupted()
+        elif not gate.try_shared() and not await gate.shared(stopped):
             raise _interrupted()
         try:
-            if self._uncertain and not settles:
+            if self._uncertain:
                 kw["uncertain"] = True
             return await self._lc.process(tp, records, handler, **kw)
         finally:
-            gate.release_shared()
+            if alone:
+                gate.release_alone()
+            else:
+                gate.release_shared()
 
     async def submit(self, tp: TopicPartition, batch: Sequence[SourceRecord], *,
                      links: Sequence[object], stopped: Callable[[], bool]) -> Token:
@@ -314,10 +326,12 @@ class FailureRun:
             gate.release_alone()
         if failure is not None:  # handled beside the other batches: it is no death
             return await self.failed(tp, [record], failure, attempts=got.count, wait=wait)
+        # more than the limit only when a count was made for a quarantine that did not commit
+        deaths = min(earlier, limit)
         log.warning("%s offset %d: quarantined after %d attempts alone that did not complete "
-                    "(it killed the process)", tp, record.offset, earlier)
+                    "(it killed the process)", tp, record.offset, deaths)
         self._count(tp, "quarantine", cause="killed-the-process")
-        reject = Reject(death_reason(earlier, got.last_error), error_type="ProcessDeath")
+        reject = Reject(death_reason(deaths, got.last_error), error_type="ProcessDeath")
         return await self._once(tp, [record], with_rejects(
             self._handler, {record.offset: reject}), wait.stopped, settles=True,
             clear_attempts=True)
