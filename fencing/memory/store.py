@@ -125,6 +125,7 @@ class MemoryFenceStore:
         self.events: list[StoreEvent] = []
         self.attempt_rows: dict[tuple[TopicPartition, int], Attempts] = {}
         self.retry_scheduled: dict[tuple[TopicPartition, int], bool] = {}  # next_retry_at set
+        self.alone_epochs: dict[tuple[TopicPartition, int], int] = {}  # of the last one
         self.intent_rows: dict[TopicPartition, tuple[int, int, int]] = {}  # first, last, epoch
         self._tables: dict[str, dict[Any, Any]] = {}
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
@@ -355,6 +356,7 @@ class MemoryFenceStore:
                     for key in [k for k in self.attempt_rows if k[0] == tp and k[1] < end]:
                         del self.attempt_rows[key]
                         self.retry_scheduled.pop(key, None)
+                        self.alone_epochs.pop(key, None)
                 state["applied"] = True
             await self._point(Operation.PROCESS, call, "after", fault, label)
             if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_COMMITTED:
@@ -451,15 +453,23 @@ class MemoryFenceStore:
         """``AttemptStore.record_attempt``: one more attempt of ``offset`` under ``token``."""
         async with self._lock(tp):
             self._require(tp, token)
-            was, scheduled = self.attempt_rows.get((tp, offset), Attempts()), None
-            if (tp, offset) in self.attempt_rows:
-                scheduled = self.retry_scheduled.get((tp, offset))
+            key = (tp, offset)
+            was, scheduled = self.attempt_rows.get(key, Attempts()), None
+            if key in self.attempt_rows:
+                scheduled = self.retry_scheduled.get(key)
             count = was.count if alone and scheduled else max(was.count + 1, at_least)
-            self.retry_scheduled[(tp, offset)] = next_retry_in_s is not None
+            self.retry_scheduled[key] = next_retry_in_s is not None
+            deaths = was.alone
+            if alone:
+                last = self.alone_epochs.get(key)
+                if last is not None and self._ended_cleanly(tp, last):
+                    deaths -= 1  # the last attempt alone was no death: replaced, not added to
+                deaths += 1
+                self.alone_epochs[key] = token.epoch
             now = Attempts(count=count,
                            last_error=error if error is not None else was.last_error,
-                           alone=was.alone + (1 if alone else 0))
-            self.attempt_rows[(tp, offset)] = now
+                           alone=deaths)
+            self.attempt_rows[key] = now
             return now
 
     async def record_intent(self, tp: TopicPartition, token: Token, *, last_offset: int) -> None:
@@ -484,6 +494,15 @@ class MemoryFenceStore:
                                uncertain_to=intent[1] if intent is not None
                                and intent[0] == token.frontier else None)
         return out
+
+    def _ended_cleanly(self, tp: TopicPartition, epoch: int) -> bool:
+        """The lifetime that claimed ``epoch`` journaled a release or retire after it."""
+        rows = [r for r in self.journal_rows if r.tp == tp]
+        for i, r in enumerate(rows):
+            if r.event == "claim" and r.epoch == epoch:
+                return any(x.lifetime == r.lifetime and x.event in ("release", "retire")
+                           for x in rows[i + 1:])
+        return False
 
     def _unclean(self, tp: TopicPartition, epoch: int) -> bool:
         rows = [r for r in self.journal_rows if r.tp == tp]

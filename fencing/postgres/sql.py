@@ -136,13 +136,23 @@ WITH p AS (
     FOR SHARE
 )
 INSERT INTO {s}.attempts AS a (group_id, topic, partition, "offset", attempts, alone,
-                               max_attempts, last_error, next_retry_at, epoch)
-SELECT $1, $2, $3, $6, $10, $11, $7, $8, now() + make_interval(secs => $9), $4 FROM p
+                               alone_epoch, max_attempts, last_error, next_retry_at, epoch)
+SELECT $1, $2, $3, $6, $10, $11, CASE WHEN $11 = 1 THEN $4 END, $7, $8,
+       now() + make_interval(secs => $9), $4 FROM p
 ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE
     SET attempts = CASE WHEN EXCLUDED.alone = 1 AND a.next_retry_at IS NOT NULL
                         THEN a.attempts  -- this attempt alone is the retry counted already
                         ELSE greatest(a.attempts + 1, EXCLUDED.attempts) END,
-        alone = a.alone + EXCLUDED.alone,
+        alone = a.alone + EXCLUDED.alone - CASE WHEN EXCLUDED.alone = 1 AND EXISTS (
+            -- the last attempt alone was no death: its lifetime ended cleanly after it
+            SELECT 1 FROM {s}.journal c
+            WHERE c.group_id = $1 AND c.topic = $2 AND c.partition = $3 AND c.event = 'claim'
+              AND c.epoch = a.alone_epoch AND EXISTS (
+                  SELECT 1 FROM {s}.journal x
+                  WHERE x.group_id = $1 AND x.topic = $2 AND x.partition = $3
+                    AND x.lifetime = c.lifetime AND x.id > c.id
+                    AND x.event IN ('release', 'retire'))) THEN 1 ELSE 0 END,
+        alone_epoch = CASE WHEN EXCLUDED.alone = 1 THEN EXCLUDED.epoch ELSE a.alone_epoch END,
         max_attempts = EXCLUDED.max_attempts,
         last_error = coalesce(EXCLUDED.last_error, a.last_error),
         next_retry_at = EXCLUDED.next_retry_at, epoch = EXCLUDED.epoch, updated_at = now()

@@ -294,3 +294,25 @@ async def test_a_release_with_an_open_suspect_window_leaves_the_next_owner_suspi
     await store.journal([TP], lifetime="A", event="release", epoch=t1.epoch, detail=detail)
     t2 = (await store.claim([ClaimRequest(TP, 0)], lifetime="B"))[TP]
     assert (await store.attempts({TP: t2}))[TP].unclean is unclean
+
+
+async def test_an_attempt_alone_by_a_lifetime_that_ended_cleanly_is_no_death(
+        h: Harness) -> None:
+    """A flaky suspect record whose owner is revoked while it backs off: the next owner's
+    attempt alone replaces that one (no death); after a real death it adds up."""
+    store: Any = h.store
+    t1 = (await store.claim([ClaimRequest(TP, 0)], lifetime="A"))[TP]
+    assert (await store.record_attempt(TP, t1, offset=0, max_attempts=3, error=None,
+                                       next_retry_in_s=None, alone=True)).alone == 1
+    await store.journal([TP], lifetime="A", event="release", epoch=t1.epoch,
+                        detail=SUSPECT_OPEN)  # revoked cleanly, mid-window
+    t2 = (await store.claim([ClaimRequest(TP, 0)], lifetime="B"))[TP]
+    assert (await store.record_attempt(TP, t2, offset=0, max_attempts=3, error=None,
+                                       next_retry_in_s=None, alone=True)).alone == 1
+    t3 = (await store.claim([ClaimRequest(TP, 0)], lifetime="C"))[TP]  # B died
+    assert (await store.record_attempt(TP, t3, offset=0, max_attempts=3, error=None,
+                                       next_retry_in_s=None, alone=True)).alone == 2
+    # a retry count by the same owner keeps the attempt alone where it is
+    got = await store.record_attempt(TP, t3, offset=0, max_attempts=5, error="E",
+                                     next_retry_in_s=1.0, at_least=3)
+    assert got.alone == 2
