@@ -8,7 +8,9 @@ Rules
   attempt counted alone was that record's; a death while several records were in flight
   is counted against none.
 - Alone requests win: once one waits, new shared entries wait too (the suspect windows drain
-  first, then the healthy partitions go on). Alone holders take turns.
+  first, then the healthy partitions go on). Alone requests are served first come, first
+  served: a partition that asks again after its attempt queues behind the others, so the
+  suspect windows of all partitions advance together.
 - ``try_shared`` is the hot path: a counter increment, no await, when no record is alone or
   waiting to be. Waiting re-checks ``stopped()`` at least every ``poll_s`` (a partition that
   closed, or a run that ends, stops waiting: the entry returns False).
@@ -17,6 +19,7 @@ Rules
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Callable
 
 __all__ = ["AloneGate"]
@@ -29,17 +32,17 @@ class AloneGate:
         self._poll_s = poll_s
         self._shared = 0
         self._alone = False
-        self._waiting = 0  # alone requests not yet in
+        self._queue: collections.deque[asyncio.Future[None]] = collections.deque()
         self._changed: asyncio.Event | None = None
 
     @property
     def alone_busy(self) -> bool:
         """A record is being tried alone, or waits to be."""
-        return self._alone or self._waiting > 0
+        return self._alone or bool(self._queue)
 
     def try_shared(self) -> bool:
         """Enter shared at once when nothing is alone or waiting to be; True when entered."""
-        if self._alone or self._waiting:
+        if self._alone or self._queue:
             return False
         self._shared += 1
         return True
@@ -55,25 +58,47 @@ class AloneGate:
     def release_shared(self) -> None:
         self._shared -= 1
         if self._shared == 0:
-            self._notify()
+            self._grant()
 
     async def alone(self, stopped: Callable[[], bool]) -> bool:
-        """Enter alone once nothing else is in; False (not entered) once ``stopped()``."""
-        self._waiting += 1
-        try:
-            while self._alone or self._shared:
-                if stopped():
-                    return False
-                await self._changes()
+        """Enter alone once nothing else is in and the requests before this one were
+        served; False (not entered) once ``stopped()``."""
+        if not self._alone and not self._shared and not self._queue:
             self._alone = True
             return True
-        finally:
-            self._waiting -= 1
-            if not self._alone:
-                self._notify()  # gave up: shared entries may go on
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append(turn)
+        try:
+            while not turn.done():
+                if stopped():
+                    self._queue.remove(turn)
+                    self._notify()  # shared entries may go on
+                    return False
+                await asyncio.wait([turn], timeout=self._poll_s)
+        except asyncio.CancelledError:
+            if turn.done():
+                self.release_alone()  # granted while being cancelled: pass it on
+            elif turn in self._queue:
+                self._queue.remove(turn)
+                self._notify()
+            raise
+        return True
 
     def release_alone(self) -> None:
         self._alone = False
+        self._grant()
+
+    def _grant(self) -> None:
+        """The next alone request in line gets the gate when it is free; else wake the
+        shared entries waiting."""
+        if self._alone or self._shared:
+            return
+        while self._queue:
+            turn = self._queue.popleft()
+            if not turn.done():
+                self._alone = True
+                turn.set_result(None)
+                return
         self._notify()
 
     def _notify(self) -> None:

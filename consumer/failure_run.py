@@ -213,12 +213,12 @@ class FailureRun:
         ``stopped()``."""
         marks = self._lc.take_failure_marks(tp)  # a dict lookup on the hot path
         if marks is not None:
-            if self._uncertain:
+            if self._uncertain:  # the intent says what was in flight: no suspect window
+                self._lc.suspect_window(tp, False)
                 if marks.uncertain_to is not None:
                     self._unknown_to[tp] = marks.uncertain_to
             elif marks.suspect:
                 self._suspect_left[tp] = self._window
-                self._lc.suspect_window(tp, True)
         if tp in self._unknown_to or tp in self._suspect_left or tp in self._fits:
             return await self._closing_ends(self._marked(
                 tp, batch, links, Backoff(self._clock, self._wait, stopped)), stopped)

@@ -123,8 +123,10 @@ class Lifecycle(LifetimeFrame):
         return self._marks.pop(tp, None) if self._marks else None
 
     def suspect_window(self, tp: TopicPartition, open_: bool) -> None:
-        """Whether ``tp``'s suspect window is open: while it is, the release or retire row
-        of ``tp`` says so, and its next owner stays suspicious (``fencing.failures``)."""
+        """Whether ``tp``'s suspect window is open (from ``assign`` on, for a partition with
+        suspect marks, until the failure handling closes it): while it is, the release or
+        retire row of ``tp`` says so, and its next owner stays suspicious
+        (``fencing.failures``)."""
         if open_:
             self._suspect_open.add(tp)
         else:
@@ -243,6 +245,8 @@ class Lifecycle(LifetimeFrame):
             mark = marks.get(tp)
             if mark is not None and mark.marked:
                 self._marks[tp] = mark
+                if mark.suspect:  # open until the failure handling closes it: a revoke
+                    self._suspect_open.add(tp)  # before the first batch keeps it suspect
             else:
                 self._marks.pop(tp, None)
 

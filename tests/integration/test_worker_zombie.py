@@ -3,7 +3,8 @@
 Zombie: member A holds an in-flight batch (the test handler blocks inside the store's
 transaction), is SIGSTOPped, PostgreSQL ends its idle transaction (releasing the row lock),
 the group hands its partitions to B and B advances them; after SIGCONT, A's batch cannot
-commit (it is fenced), A applies nothing, and the effect tables equal the oracle's fold.
+commit (its handler is past its time limit; A's next write is fenced), A applies nothing,
+and the effect tables equal the oracle's fold.
 
 Shutdown: SIGTERM while batches are in flight ends with exit 0 within the bound and every
 batch either committed or not applied; a batch still held past the bound is reported and
@@ -79,9 +80,18 @@ def test_zombie_is_fenced_and_applies_nothing(services, setup: GroupSetup,
         except Exception:
             code = None
         log = a.log()
-        # A's commit is fenced (whether or not the loss notice reached it first): it retires.
-        assert code == 3, (code, log[-3000:])
-        assert "Fenced" in log
+        # Resumed, A finds its held batch past the handler's time limit (90 % of the 2 s
+        # idle-in-transaction timeout): the handler is stopped, nothing of it commits
+        # (TooSlow) and the batch is split. A's next write is fenced and it retires (exit 3);
+        # or the loss notice came first and A drops the batch without another write, as for
+        # any partition closed during failure handling, and stays a healthy member.
+        if code is None:
+            assert "lost {" in log or "revoke {" in log, log[-3000:]
+            a.terminate()
+            assert a.wait(30) == 0, a.log()[-3000:]
+        else:
+            assert code == 3, (code, log[-3000:])
+            assert "Fenced" in log
         b.terminate()
         assert b.wait(30) == 0, b.log()[-3000:]
     finally:

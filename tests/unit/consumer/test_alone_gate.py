@@ -62,3 +62,20 @@ async def test_waits_end_once_stopped_and_a_given_up_alone_lets_shared_go_on() -
     assert await gate.alone(lambda: False)
     assert await asyncio.wait_for(gate.shared(lambda: True), 1) is False
     gate.release_alone()
+
+
+async def test_alone_requests_are_served_in_turn_so_no_window_starves() -> None:
+    """Two partitions each try records alone in a loop: the one that asks again right after
+    its attempt queues behind the other, so they alternate."""
+    gate = AloneGate(poll_s=0.01)
+    order: list[int] = []
+
+    async def window(p: int) -> None:
+        for _ in range(5):
+            assert await gate.alone(lambda: False)
+            order.append(p)
+            await asyncio.sleep(0)
+            gate.release_alone()
+
+    await asyncio.wait_for(asyncio.gather(window(0), window(1)), 2)
+    assert order == [0, 1] * 5

@@ -276,7 +276,13 @@ async def test_a_clean_handover_in_the_middle_of_a_suspect_window_stays_suspect(
     await lc.assign([SourceCheck(TP0, SourceFacts("id", 0, END))])
     marks = lc.take_failure_marks(TP0)
     assert marks is not None and marks.suspect
-    lc.suspect_window(TP0, True)
+    await lc.revoke([TP0])  # revoked before its first batch: still suspect
+    assert [j.detail for j in store.journal_rows if j.event == "release"] == [
+        "suspect window open"] * 2
+    lc = Lifecycle(store=store, lifetime_id="L3", clock=clock, wait=clock.wait)
+    await lc.assign([SourceCheck(TP0, SourceFacts("id", 0, END))])
+    marks = lc.take_failure_marks(TP0)
+    assert marks is not None and marks.suspect
     lc.stop()
     # a window that ended before the handover leaves a plain release
     store2 = MemoryFenceStore("g")
