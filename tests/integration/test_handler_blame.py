@@ -23,6 +23,7 @@ import random
 import signal
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,11 @@ class Supervisor:
                 self.dead_since[name] = now
 
     def stop_all(self) -> None:
+        """SIGTERM every running member once it is up (a process killed before it installed
+        its handlers would end -15), then each must exit 0."""
+        for name, w in self.members.items():
+            if name not in self.dead_since:
+                wait_until(partial(_up, w), timeout_s=60, what=f"{name} started")
         for name, w in self.members.items():
             if w.alive() and name not in self.dead_since:
                 w.terminate()
@@ -170,6 +176,10 @@ class Supervisor:
     def ensure_dead(self) -> None:
         for w in self.members.values():
             w.ensure_dead()
+
+
+def _up(w: WorkerProc) -> bool:
+    return "worker starting" in w.log() or not w.alive()
 
 
 def _complete(services: Any, schema: str, group: str, topic: str,
