@@ -55,8 +55,11 @@ def test_zombie_is_fenced_and_applies_nothing(services, setup: GroupSetup,
     produce(bootstrap, recs)
     schema = asyncio.run(fresh_schema(dsn))
     (tmp_path / "hold").write_text("hold")
+    # A's call budget outlives the stop (B first drains A's partitions' suspect windows: A
+    # never released them), so what ends A after SIGCONT is the fence, not its budget
     a = WorkerProc(topic=topic, group=group, schema=schema, setup=setup, name="zombie",
-                   extra=(*HOLDING, "--db-idle-in-transaction-timeout-s", "2"),
+                   extra=(*HOLDING, "--db-idle-in-transaction-timeout-s", "2",
+                          "--call-budget-s", "120"),
                    env={"FENCE_TEST_HOLD_DIR": str(tmp_path)})
     b: WorkerProc | None = None
     try:
@@ -70,7 +73,7 @@ def test_zombie_is_fenced_and_applies_nothing(services, setup: GroupSetup,
             durable_rows(dsn, schema, group, topic)).values())
         b = WorkerProc(topic=topic, group=group, schema=schema, setup=setup, name="owner")
         wait_until(lambda: committed_total(dsn, schema, group, topic) >= len(source),
-            timeout_s=60, what="B advancing every partition past A's held batches")
+            timeout_s=90, what="B advancing every partition past A's held batches")
         rows = asyncio.run(durable_rows(dsn, schema, group, topic))
         assert all(rows[p][0] > epochs_a[p] for p in rows), (rows, epochs_a)
         (tmp_path / "hold").unlink()
