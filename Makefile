@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 .PHONY: setup stack-up stack-down stack-status test test-unit test-integration test-monitoring \
         test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
-        demo migrate clean crash-matrix docs test-kafka-faults
+        demo migrate clean crash-matrix docs test-kafka-faults test-handler-blame bench-blame
 
 setup: $(STAMP)
 
@@ -43,6 +43,13 @@ test-integration: setup
 # running worker, the stall alert firing and resolving in the local stack's Prometheus
 test-monitoring: setup
 	$(BIN)/pytest -q tests/monitoring $(PYTEST_ARGS)
+
+# handler blame under process deaths: the killers/poison/flaky scenario 5 times under each
+# group protocol and the outcome-uncertain one 5 times (make test runs each once); each
+# run's counts go to artifacts/handler-blame/*.jsonl
+BLAME_RUNS ?= 5
+test-handler-blame: setup
+	FENCE_BLAME_RUNS=$(BLAME_RUNS) $(BIN)/pytest -q tests/integration/test_handler_blame.py $(PYTEST_ARGS)
 
 test-sim-worker: setup
 	$(BIN)/pytest -q tests/sim tests/unit/consumer/test_lifecycle*.py tests/unit/consumer/test_decisions.py tests/unit/fencing/test_memstore*.py $(PYTEST_ARGS)
@@ -103,6 +110,12 @@ lint: setup
 # fenced vs unfenced batch commits (uses FENCE_DSN, else starts the stack's PostgreSQL)
 bench-store: setup
 	$(BIN)/python -m ops.bench.store
+
+# what blaming the right record costs: draining suspect windows after an unclean handover
+# (alone, side by side, clean) and the intent of an outcome-uncertain batch
+# -> artifacts/bench/blame.json (uses FENCE_DSN, else starts the stack's PostgreSQL)
+bench-blame: setup
+	$(BIN)/python -m ops.bench.blame
 
 # worker benchmark: baselines a/b/b'/e, fenceworker c/d, scale -> artifacts/bench/worker.json
 # and PNG charts next to it; BENCH_ARGS=--quick for small sizes (the smoke test's mode)

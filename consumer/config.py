@@ -120,7 +120,8 @@ class WorkerConfig:
     """Bound for finishing in-flight batches after SIGTERM/SIGINT (default 15 s)."""
     budget_s: float = 20.0
     """Budget of every guarded lifecycle call (assign, seek, process, revoke), counted from
-    before the mutex wait; rebalance callbacks wait this plus a margin (20 s)."""
+    before the mutex wait; rebalance callbacks wait this plus a margin (``--call-budget-s``,
+    default 20 s). A handler call may last 75 % of it (``fencing.slow.handler_limit_s``)."""
     poll_timeout_s: float = 0.05
     """Longest single consume() wait on the Kafka thread (default 50 ms)."""
     allow_retention_gap: bool = False
@@ -128,7 +129,8 @@ class WorkerConfig:
     db_idle_in_transaction_timeout_s: float = 8.0
     """PostgreSQL ends a worker session idle inside a transaction this long (default 8 s): a
     stopped or hung zombie would otherwise hold its partition row lock and block the next
-    owner's claim past the 20 s budget."""
+    owner's claim past the call budget. A handler call may last 90 % of it: a longer one
+    is stopped and its batch split (``consumer.failure_run``)."""
     restart_lifetimes: int = 0
     """Fresh lifetimes to start after a retirement before exiting 3 (default 0)."""
     outage_bound_s: float = DEFAULT_BOUND_S
@@ -172,14 +174,16 @@ class WorkerConfig:
                             ("--db-concurrency", self.db_concurrency)):
             if value < 1:
                 raise ConfigError(f"{name} must be >= 1 (got {value})")
+        if self.budget_s <= 0:
+            raise ConfigError(f"--call-budget-s must be > 0 (got {self.budget_s:g})")
         if self.shutdown_timeout_s <= 0:
             raise ConfigError(f"--shutdown-timeout-s must be > 0 (got {self.shutdown_timeout_s})")
         if not 0 < self.db_idle_in_transaction_timeout_s < self.budget_s:
             raise ConfigError(
                 f"--db-idle-in-transaction-timeout-s {self.db_idle_in_transaction_timeout_s:g}: "
-                f"use more than 0 and less than the {self.budget_s:g} s lifetime budget (a "
-                "stopped member's open transaction must end before the next owner's claim "
-                "gives up; default 8)")
+                f"use more than 0 and less than the {self.budget_s:g} s lifetime budget "
+                "(--call-budget-s; a stopped member's open transaction must end before the "
+                "next owner's claim gives up; default 8)")
         if self.restart_lifetimes < 0:
             raise ConfigError("--restart-lifetimes must be >= 0")
         if not self.outage_bound_s >= 0:

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from consumer import events as ev
+from consumer.alone_gate import AloneGate
 from consumer.batching import InFlight
 from consumer.config import WorkerConfig
 from consumer.exits import ExitCode
@@ -33,6 +34,7 @@ from consumer.observability.instruments import Instruments
 from consumer.ports import FactsPort, KafkaPort, LifecyclePort
 from fencing.errors import InstanceFenced
 from fencing.handler import declaration_of
+from fencing.slow import handler_limit_s
 from fencing.store import HandlerFn
 from fencing.tracing import NO_TRACING, Tracing
 from fencing.types import SourceFacts, SourceRecord, Token, TopicPartition
@@ -76,14 +78,20 @@ class Worker:
         self._lifecycle: LifecyclePort | None = None  # the current lifetime's
         self.abandoned = False  # a run's in-flight work outlived the shutdown bound
         self.lifetimes: list[str] = []
+        self._gate = AloneGate()  # process-wide: a record tried alone is alone in the process
 
     def failure_run(self, lifecycle: LifecyclePort) -> FailureRun:
-        """The handler-failure handling of one lifetime (``consumer.failure_run``)."""
+        """The handler-failure handling of one lifetime (``consumer.failure_run``), with the
+        process's one ``AloneGate`` (its lifetimes share it)."""
+        cfg = self.config
         return FailureRun(lifecycle=lifecycle, handler=self.handler,
-                          declaration=declaration_of(self.handler), policy=self.config.retry,
+                          declaration=declaration_of(self.handler), policy=cfg.retry,
                           rng=self._rng, clock=self.clock, wait=self.wait,
-                          suspect_window=self.config.batch_max_records,
-                          instruments=self._instruments, tracing=self._tracing)
+                          suspect_window=cfg.batch_max_records,
+                          instruments=self._instruments, tracing=self._tracing,
+                          gate=self._gate, limit_s=handler_limit_s(
+                              budget_s=cfg.budget_s,
+                              idle_in_transaction_s=cfg.db_idle_in_transaction_timeout_s))
 
     @property
     def source(self) -> FactsPort:

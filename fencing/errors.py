@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "BudgetExceeded",
     "ConfigError",
+    "EffectUncertain",
     "FenceError",
     "Fenced",
     "HandlerDeclarationError",
@@ -30,6 +31,7 @@ __all__ = [
     "StatementRejected",
     "StoreUnavailable",
     "TokenDropped",
+    "TooSlow",
     "Transient",
     "Unresolved",
 ]
@@ -111,6 +113,27 @@ class HandlerFailed(FenceError):
         self.error_type = error_type
         self.error_message = error_message
         self.traceback_digest = traceback_digest
+
+
+class TooSlow(HandlerFailed):
+    """The handler outlived its share of the call budget or of the session's
+    idle-in-transaction timeout and was stopped: the transaction rolled back (the batch is
+    split; the handler's, or its downstream's)."""
+
+    def __init__(self, message: str, *, limit_s: float) -> None:
+        super().__init__(message, transient=False, error_type="TooSlow",
+                         error_message=message, traceback_digest="")
+        self.limit_s = limit_s
+
+
+class EffectUncertain(HandlerFailed):
+    """An ``outcome-uncertain`` handler ran but its batch did not commit (a lost or refused
+    COMMIT, a store retry that would run it again): its external effects may or may not
+    have happened, so its records are never run again (the world's)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=False, error_type="OutcomeUnknown",
+                         error_message=message, traceback_digest="")
 
 
 class SourceUnavailable(FenceError):

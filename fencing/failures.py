@@ -18,9 +18,22 @@ Rules
   costs at most ``ceil(log2(n))`` probe transactions; then one transaction tries the rest.
 - Durable attempt counts (``Attempts``) are read once per assignment. A partition is
   *suspect* when a count exists for its frontier or its previous epoch ended without a
-  ``release``/``retire`` journal row (a process death): its frontier record is then tried
-  alone, after its count was incremented in a committed write; a record whose count reached
-  ``max_attempts`` is quarantined instead of tried.
+  ``release``/``retire`` journal row (a process death), or with one saying its suspect
+  window was still open (``SUSPECT_OPEN``): its next records are then tried alone,
+  process-wide (no other batch of the process in flight), each after its ``alone`` count
+  was incremented in a committed write. Only ``alone`` counts deaths: a death while several
+  records were in flight is blamed on none of them, and transient retries count in
+  ``count``, never in ``alone``. A record whose ``alone`` count reached ``max_attempts`` is
+  quarantined instead of tried (``ProcessDeath``). An attempt alone after a retry was
+  counted and scheduled (the process died while backing off) is that retry: ``count`` does
+  not grow twice for one run; an attempt alone whose lifetime then ended cleanly (a release
+  or retire row: it did not die) is replaced by the next one instead of added to.
+- An ``outcome-uncertain`` batch is preceded by a durable intent (its partition, the
+  frontier it starts at and its last offset). An intent that starts at the durable frontier
+  was never followed by a commit: its records' outcome is unknown (``Attempts.uncertain_to``)
+  and they are never run again.
+- Slow handlers: ``fencing.slow``.
+- ``quarantine_cause`` names why a quarantined record is there, from its ``error_type``.
 """
 
 from __future__ import annotations
@@ -38,6 +51,8 @@ from tenacity import RetryCallState, wait_exponential
 from fencing.errors import ConfigError, FenceError, HandlerFailed, Transient
 
 __all__ = [
+    "CAUSES",
+    "SUSPECT_OPEN",
     "Attempts",
     "Bisection",
     "Probe",
@@ -46,8 +61,28 @@ __all__ = [
     "handler_failure",
     "marked_transient",
     "max_probes",
+    "quarantine_cause",
+    "too_slow_reason",
     "traceback_digest",
+    "unknown_reason",
 ]
+
+#: the journal detail of a release or retire row that leaves the next owner suspicious: the
+#: partition's suspect window was still open (its records were not all tried alone yet)
+SUSPECT_OPEN = "suspect window open"
+#: the causes of a quarantined record (``quarantine_cause``), for status and metrics
+CAUSES = ("rejected", "raised", "killed-the-process", "outcome-unknown", "too-slow")
+_CAUSE_OF_TYPE = {"ProcessDeath": "killed-the-process", "OutcomeUnknown": "outcome-unknown",
+                  "TooSlow": "too-slow"}
+
+
+def quarantine_cause(error_type: str | None) -> str:
+    """Why a record is quarantined: ``rejected`` (the handler's ``Reject``), ``raised``,
+    ``killed-the-process``, ``outcome-unknown`` or ``too-slow`` (see ``CAUSES``)."""
+    if error_type is None:
+        return "rejected"
+    return _CAUSE_OF_TYPE.get(error_type, "raised")
+
 
 
 def marked_transient(exc: BaseException) -> bool:
@@ -128,19 +163,38 @@ class Attempts:
     """The durable failure marks of a partition at its frontier, read when it is claimed."""
 
     unclean: bool = False  # the previous epoch ended without release/retire (a death)
-    count: int = 0  # durable attempts recorded for the frontier offset
+    count: int = 0  # durable attempts recorded for the frontier offset (retries included)
     last_error: str | None = None
+    alone: int = 0  # of which attempts of the record alone, process-wide (deaths blamed)
+    uncertain_to: int | None = None  # an intent from the frontier to here never committed
 
     @property
     def suspect(self) -> bool:
         return self.unclean or self.count > 0
 
+    @property
+    def marked(self) -> bool:
+        """Anything for the failure handling to act on."""
+        return self.suspect or self.uncertain_to is not None
+
 
 def death_reason(count: int, last_error: str | None) -> str:
-    """Quarantine reason of a record whose ``count`` attempts never completed."""
-    tail = f"; last handler error: {last_error}" if last_error else \
-        " (the process died during each: it killed the process)"
-    return f"quarantined after {count} attempts that did not complete{tail}"
+    """Quarantine reason of a record whose ``count`` attempts alone never completed: each
+    time it was the only record in flight, so each death was its."""
+    tail = f"; last handler error: {last_error}" if last_error else ""
+    return (f"quarantined after {count} attempts that did not complete, each with it alone "
+            f"in flight (the process died during each: it killed the process){tail}")
+
+
+def unknown_reason(why: str) -> str:
+    """Quarantine reason of an ``outcome-uncertain`` record that is never run again."""
+    return f"outcome unknown: {why}; an outcome-uncertain effect is never run again"
+
+
+def too_slow_reason(limit_s: float, settings: str) -> str:
+    """Quarantine reason of a record whose handler alone outlived ``limit_s``."""
+    return (f"too slow: the handler took longer than {limit_s:g} s for this record alone "
+            f"({settings})")
 
 
 def max_probes(n: int) -> int:

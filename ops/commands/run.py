@@ -35,7 +35,7 @@ from consumer.worker import Worker
 from fencing import crashpoints
 from fencing.errors import ConfigError, SourceUnavailable, StoreUnavailable
 from fencing.failures import RetryPolicy
-from fencing.handler import HandlerContext, build_handler
+from fencing.handler import HandlerContext, build_handler, declaration_of
 from fencing.types import Token, TopicPartition
 from ops.operator.handler_record import SINK_HANDLER, handler_from_flags, record_of
 from ops.reference import pg as reference_pg
@@ -109,7 +109,11 @@ def register(sub: Any) -> None:
                    help="skip (and journal) records deleted before processing")
     p.add_argument("--db-idle-in-transaction-timeout-s", type=float, default=8.0,
                    help="PostgreSQL idle_in_transaction_session_timeout of worker sessions, "
-                        "seconds (default 8; must be below the 20 s lifetime budget)")
+                        "seconds (default 8; must be below --call-budget-s); a handler call "
+                        "may last 90 %% of it")
+    p.add_argument("--call-budget-s", type=float, default=20.0,
+                   help="budget of every guarded call (assign, seek, process, revoke), "
+                        "seconds (default 20); a handler call may last 75 %% of it")
     p.add_argument("--restart-lifetimes", type=int, default=0,
                    help="start up to N fresh lifetimes after a retirement before exiting 3")
     p.add_argument("--outage-bound-s", type=float, default=DEFAULT_BOUND_S, metavar="SECONDS",
@@ -154,6 +158,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
         restart_lifetimes=args.restart_lifetimes, outage_bound_s=args.outage_bound_s,
         instance_id=args.instance_id or env.get("FENCE_INSTANCE_ID") or None,
         db_idle_in_transaction_timeout_s=args.db_idle_in_transaction_timeout_s,
+        budget_s=args.call_budget_s,
         x_options=parse_x_options(args.x),
         retry=RetryPolicy(initial_ms=args.retry_initial_ms, max_ms=args.retry_max_ms,
                           retry_max_attempts=args.retry_max_attempts,
@@ -263,7 +268,8 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
                               lag_facts=lambda tps: worker.watched_facts(tps),
                               observe=own_frontiers,
                               group_id=cfg.group_id, member_detail={
-                                  "handler": record_of(cfg.handler, cfg.handler_settings)})
+                                  "handler": record_of(cfg.handler, cfg.handler_settings)},
+                              declaration=declaration_of(loaded.fn))
     obs.instruments.export_zeros(TopicPartition(topic, p)
                                  for topic, count in partition_counts.items()
                                  for p in range(count))
@@ -276,7 +282,8 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
                 store=store, lifetime_id=lid, clock=time.monotonic, wait=asyncio.sleep,
                 budget_s=cfg.budget_s, auto_offset_reset=cfg.auto_offset_reset,
                 allow_retention_gap=cfg.allow_retention_gap, instruments=obs.instruments,
-                tracing=OtelTracing()),
+                tracing=OtelTracing(),
+                idle_in_transaction_s=cfg.db_idle_in_transaction_timeout_s),
             kafka_factory=lambda rb: KafkaThread(
                 settings=settings, topic=cfg.subscription, cooperative=cfg.cooperative,
                 rebalancer=rb, poll_timeout_s=cfg.poll_timeout_s, clock=time.monotonic,

@@ -28,7 +28,7 @@ from typing import Any
 from fencing.errors import ConfigError
 from fencing.postgres import sink
 from fencing.postgres.schema import quote_schema
-from ops.operator.status_view import FINAL_STATES, Availability, MemberRow, classify_member
+from ops.operator.member_view import FINAL_STATES, Availability, MemberRow, classify_member
 
 __all__ = [
     "SINK_HANDLER",

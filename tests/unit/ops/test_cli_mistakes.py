@@ -64,6 +64,9 @@ def test_incoherent_handler_is_refused_at_load_naming_it_and_the_pair() -> None:
     ([], {"FENCE_LOG_LEVEL": "loud"}, "FENCE_LOG_LEVEL 'loud'"),
     (["--db-idle-in-transaction-timeout-s", "30"], {},
      "--db-idle-in-transaction-timeout-s 30: use more than 0 and less than the 20 s"),
+    (["--call-budget-s", "5"], {},
+     "--db-idle-in-transaction-timeout-s 8: use more than 0 and less than the 5 s lifetime "
+     "budget (--call-budget-s"),
     (["-X", "bootstrap.servers=other:9092"], {}, "--bootstrap-servers"),
     (["-X", "group.id=other"], {}, "set it once, with --group"),
     ([], {"KAFKA_BOOTSTRAP_SERVERS": ""}, "no --bootstrap-servers given"),

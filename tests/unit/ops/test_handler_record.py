@@ -10,7 +10,7 @@ import pytest
 
 from fencing.errors import ConfigError
 from ops.operator.handler_record import SINK_HANDLER, choose, handler_from_flags, record_of
-from ops.operator.status_view import MemberRow
+from ops.operator.member_view import MemberRow
 
 NOW = datetime(2026, 11, 29, 8, 0, 0, tzinfo=UTC)
 SINK = {"spec": SINK_HANDLER, "settings": {"table": "orders", "key": "id"}, "redacted": []}
