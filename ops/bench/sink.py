@@ -6,6 +6,12 @@ Each method (binary COPY, binary executemany) x mode (insert, upsert) processes 
 batches of ``--batch`` records of fresh keys into its own table, the four taking turns batch
 by batch; the median milliseconds per batch and records/s are printed as JSON. The
 machine's load moves single numbers: compare the methods within one run.
+
+``--in-order`` measures what applying every record of a key in order costs (the sink's
+rule: ``order.generations``) against applying only each key's last record of the batch
+(``order.last_wins``: the records that rule would write, given to the same sink), on
+upsert batches in which every key appears ``R`` times (``--repeats``), the two lanes taking
+turns batch by batch.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from fencing.postgres.store import PgFenceStore
 from fencing.types import ClaimRequest, SourceRecord, TopicPartition
 from ops.operator.db import connection
 
-__all__ = ["measure_methods", "produce_values", "sink_value"]
+__all__ = ["measure_in_order", "measure_methods", "produce_values", "sink_value"]
 
 
 def sink_value(i: int) -> bytes:
@@ -78,9 +84,17 @@ class _Lane:
         self.token = (await self.store.claim([ClaimRequest(self.tp, 0)], lifetime="b"))[self.tp]
         self.sink = make_table_sink(self.spec)
 
-    async def batch(self, first_id: int, size: int) -> None:
+    async def batch(self, first_id: int, size: int, *, repeats: int = 1,
+                    last_only: bool = False) -> None:
+        """One batch of ``size`` records, each key ``repeats`` times (fresh keys from
+        ``first_id``); ``last_only``: only each key's last record reaches the sink."""
         records = [SourceRecord(self.tp.topic, 0, self.token.frontier + i, None,
-                                sink_value(first_id + i)) for i in range(size)]
+                                sink_value(first_id + i % (size // repeats)))
+                   for i in range(size)]
+        if last_only:
+            last = {sink_value(first_id + i % (size // repeats)): i for i in range(size)}
+            keep = set(last.values())
+            records = [r for i, r in enumerate(records) if i in keep]
         start = time.perf_counter()
         self.token = await self.store.process(self.tp, self.token, records, self.sink)
         self.took.append(time.perf_counter() - start)
@@ -97,8 +111,8 @@ async def measure_methods(dsn: str, *, batch: int = 500, rounds: int = 20) -> di
     async with connection(dsn) as conn:
         await migrate(conn, schema)
     lanes = {f"{mode}/{method.value}": _Lane(dsn, schema, SinkSpec(
-                 f"{schema}.{mode}_{method.value}", key=key, method=method))
-             for mode, key in (("insert", None), ("upsert", "id")) for method in Method}
+                 f"{schema}.{mode}_{method.value}", keys=keys, method=method))
+             for mode, keys in (("insert", ()), ("upsert", ("id",))) for method in Method}
     try:
         for lane in lanes.values():
             await lane.open()
@@ -115,12 +129,59 @@ async def measure_methods(dsn: str, *, batch: int = 500, rounds: int = 20) -> di
             **{name: lane.result(batch) for name, lane in lanes.items()}}
 
 
+async def measure_in_order(dsn: str, *, batch: int = 2000, rounds: int = 12,
+                           repeats: tuple[int, ...] = (1, 2, 10, 100)) -> dict[str, Any]:
+    """Per ``repeats`` R: median ms per upsert batch (COPY) and records/s, every record
+    applied in order against only each key's last record (see the module doc)."""
+    schema = f"bench_sink_{uuid.uuid4().hex[:8]}"
+    async with connection(dsn) as conn:
+        await migrate(conn, schema)
+    out: dict[str, Any] = {"batch": batch, "rounds": rounds}
+    lanes: list[_Lane] = []
+    try:
+        for r in repeats:
+            pair = {name: _Lane(dsn, schema, SinkSpec(f"{schema}.r{r}_{name}", keys=("id",)))
+                    for name in ("in_order", "last_wins")}
+            lanes += pair.values()
+            for lane in pair.values():
+                await lane.open()
+            for n in range(rounds):
+                for name, lane in pair.items():
+                    await lane.batch(n * batch, batch, repeats=r,
+                                     last_only=name == "last_wins")
+            got = {name: lane.result(batch) for name, lane in pair.items()}
+            got["in_order_over_last_wins"] = round(
+                got["in_order"]["records_per_s"] / got["last_wins"]["records_per_s"], 3)
+            out[f"repeats_{r}"] = got
+    finally:
+        for lane in lanes:
+            if hasattr(lane, "store"):
+                await lane.store.close()
+        async with connection(dsn) as conn:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    out["load_average_1m"] = round(os.getloadavg()[0], 2)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ops.bench.sink")
-    p.add_argument("--batch", type=int, default=500)
-    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--batch", type=int, default=None,
+                   help="records per batch (default 500; 2000 with --in-order)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="batches per lane (default 20; 12 with --in-order)")
+    p.add_argument("--in-order", action="store_true",
+                   help="in-order application against last-wins, keys repeated (module doc)")
+    p.add_argument("--repeats", default="1,2,10,100",
+                   help="with --in-order: how often each key appears in a batch, a list")
     a = p.parse_args(argv)
-    got = asyncio.run(measure_methods(os.environ["FENCE_DSN"], batch=a.batch, rounds=a.rounds))
+    dsn = os.environ["FENCE_DSN"]
+    if a.in_order:
+        got = asyncio.run(measure_in_order(
+            dsn, batch=a.batch or 2000, rounds=a.rounds or 12,
+            repeats=tuple(int(r) for r in a.repeats.split(","))))
+        print(json.dumps(got, indent=2))
+        return 0
+    got = asyncio.run(measure_methods(dsn, batch=a.batch or 500, rounds=a.rounds or 20))
     print(json.dumps(got, indent=2))
     return 0
 

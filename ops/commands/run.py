@@ -1,8 +1,9 @@
 """``fencectl run``: the worker process (flags + environment -> ``consumer.worker.Worker``).
 
 Settings: flags below; ``KAFKA_BOOTSTRAP_SERVERS``, ``FENCE_DSN`` (never a flag: a secret
-must not appear in argv), ``FENCE_SCHEMA``, standard ``OTEL_*``. Exit codes: see
-``consumer.exits`` (0 stopped, 2 configuration, 3 retired, 4 source refused,
+must not appear in argv), ``SCHEMA_REGISTRY_URL`` (``--sink`` with a schema'd format; it
+may carry credentials, so never a flag either), ``FENCE_SCHEMA``, standard ``OTEL_*``.
+Exit codes: see ``consumer.exits`` (0 stopped, 2 configuration, 3 retired, 4 source refused,
 5 unavailable, 6 shutdown bound exceeded).
 """
 
@@ -38,6 +39,7 @@ from fencing.errors import (
 )
 from fencing.failures import RetryPolicy
 from fencing.handler import HandlerContext, build_handler
+from fencing.postgres.sink import SinkSpec
 from fencing.types import Token, TopicPartition
 from ops.worker import startup
 from ops.worker.observability import ObsOptions, WorkerObservability
@@ -74,11 +76,20 @@ def register(sub: Any) -> None:
                    help=f"effect handler, or handler factory, as module:name (default "
                         f"{DEFAULT_HANDLER})")
     p.add_argument("--sink", default=None, metavar="table=NAME",
-                   help="the built-in table sink instead of a handler: write each JSON value "
+                   help="the built-in table sink instead of a handler: write each value "
                         "into the PostgreSQL table NAME (created if missing)")
-    p.add_argument("--sink-key", default=None, metavar="COLUMN",
-                   help="with --sink: upsert on this unique column (last record wins, a "
-                        "tombstone deletes); without it every record is inserted")
+    p.add_argument("--sink-key", default=None, metavar="COLUMN[,COLUMN...]",
+                   help="with --sink: upsert on these columns (a primary key or unique index "
+                        "on exactly them; a tombstone deletes); without it every record is "
+                        "inserted")
+    p.add_argument("--sink-format", default=None, metavar="FORMAT",
+                   help="with --sink: how values are encoded: json (default), avro, protobuf "
+                        "or json-schema (the last three through the schema registry at "
+                        "$SCHEMA_REGISTRY_URL)")
+    p.add_argument("--sink-key-format", default=None, metavar="FORMAT",
+                   help="with --sink: how the Kafka key is encoded, for tombstones and "
+                        "records whose value lacks a key column: string (default), json, "
+                        "avro, protobuf or json-schema")
     p.add_argument("--handler-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting given to a handler factory (repeatable)")
     p.add_argument("-X", dest="x", action="append", default=[], metavar="KEY=VALUE",
@@ -125,7 +136,7 @@ def register(sub: Any) -> None:
 
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
     """A checked ``WorkerConfig``; raises ``ConfigError`` naming the bad setting."""
-    handler, settings = _handler_of(args)
+    handler, settings = _handler_of(args, env)
     cfg = WorkerConfig(
         topics=tuple(args.topic), topic_pattern=args.topic_pattern, group_id=args.group,
         bootstrap_servers=args.bootstrap_servers or env.get("KAFKA_BOOTSTRAP_SERVERS", ""),
@@ -149,14 +160,21 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
     return cfg
 
 
-def _handler_of(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+_SINK_FLAGS = (("sink_key", "--sink-key", "key"), ("sink_format", "--sink-format", "format"),
+               ("sink_key_format", "--sink-key-format", "key_format"))
+
+
+def _handler_of(args: argparse.Namespace, env: Mapping[str, str]
+                ) -> tuple[str, dict[str, str]]:
     """The handler spec and factory settings: ``--handler``/``--handler-setting``, or the
-    table sink's factory for ``--sink table=NAME [--sink-key COL]``."""
+    table sink's factory for ``--sink table=NAME [--sink-key COL] [--sink-format F]
+    [--sink-key-format F]`` (and ``SCHEMA_REGISTRY_URL`` as its ``registry``)."""
     settings = parse_x_options(args.handler_setting, flag="--handler-setting",
                                strip_values=False)
     if args.sink is None:
-        if args.sink_key is not None:
-            raise ConfigError(f"--sink-key {args.sink_key}: needs --sink table=NAME")
+        for attr, flag, _name in _SINK_FLAGS:
+            if getattr(args, attr) is not None:
+                raise ConfigError(f"{flag} {getattr(args, attr)}: needs --sink table=NAME")
         return args.handler or DEFAULT_HANDLER, settings
     kind, sep, name = args.sink.partition("=")
     if kind.strip() != "table" or not sep or not name.strip():
@@ -167,8 +185,13 @@ def _handler_of(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     if settings:
         raise ConfigError("--handler-setting: not for --sink (use --sink-key)")
     sink = {"table": name.strip()}
-    if args.sink_key is not None:
-        sink["key"] = args.sink_key.strip()
+    for attr, _flag, setting in _SINK_FLAGS:
+        if getattr(args, attr) is not None:
+            sink[setting] = getattr(args, attr).strip()
+    registry = env.get("SCHEMA_REGISTRY_URL", "").strip()
+    if registry:
+        sink["registry"] = registry
+    SinkSpec.from_settings(sink)  # its mistakes named before anything starts
     return SINK_HANDLER, sink
 
 

@@ -84,4 +84,4 @@ def test_sink_refuses_a_table_that_does_not_fit_with_exit_2(services: Any) -> No
                         env={"OTEL_TRACES_EXPORTER": "none"})
     assert done.returncode == 2, done.stderr[-2000:]
     assert (f"fencectl run: --sink table={schema}.orders: the table does not fit: key column "
-            "id has no single-column unique index or primary key") in done.stderr
+            "id has no unique index or primary key on exactly it") in done.stderr

@@ -43,7 +43,7 @@ def test_the_sink_worker_run_passes_the_sink_the_settings_of_fencectl_run_sink()
 def test_sink_spec_places_an_unqualified_table_in_the_runs_schema() -> None:
     settings = {"clock_file": "/tmp/m.json", "handler": "sink", "table": "bench_sink",
                 "key": "id"}
-    assert sink_spec(settings, "bench_1") == SinkSpec("bench_1.bench_sink", key="id")
+    assert sink_spec(settings, "bench_1") == SinkSpec("bench_1.bench_sink", keys=("id",))
     assert sink_spec({"table": "other.t"}, "bench_1") == SinkSpec("other.t")
     with pytest.raises(ConfigError, match="expected table=NAME"):
         sink_spec({"handler": "sink"}, "bench_1")

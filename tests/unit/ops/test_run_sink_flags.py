@@ -57,7 +57,7 @@ def test_sink_mistakes_are_named(extra: tuple[str, ...], named: str) -> None:
 
 def test_sink_spec_from_settings() -> None:
     assert SinkSpec.from_settings({"table": "a.b", "key": "id", "method": "executemany"}) == \
-        SinkSpec("a.b", "id", Method.EXECUTEMANY)
+        SinkSpec("a.b", ("id",), Method.EXECUTEMANY)
     assert SinkSpec("a.b").quoted == '"a"."b"' and SinkSpec('we"ird').quoted == '"we""ird"'
     for bad, named in (({"table": "a.b.c"}, "expected table=NAME"),
                        ({"table": "t", "colour": "x"}, "--handler-setting colour"),
