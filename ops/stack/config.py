@@ -3,7 +3,8 @@
 Rules:
 - Data directories, logs and pid files live under ``.stack/`` in the checkout
   (override: ``FENCE_STACK_DIR``).
-- Resolved jars, the Jaeger binary and build caches live in a user-level cache
+- Resolved jars, the Jaeger binary, the schema registry's app and build caches live in a
+  user-level cache
   (``FENCE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fenceworker``, else
   ``~/.cache/fenceworker``) so a fresh clone on the same machine reuses them.
 - Every port binds 127.0.0.1 and can be overridden by an environment variable
@@ -26,6 +27,7 @@ __all__ = [
     "JAEGER_VERSION",
     "KAFKA_VERSION",
     "PORT_ENV",
+    "REGISTRY_VERSION",
     "SERVICE_ENV",
     "SERVICE_PORTS",
     "Service",
@@ -42,6 +44,9 @@ __all__ = [
 HOST = "127.0.0.1"
 KAFKA_VERSION = "4.1.1"
 JAEGER_VERSION = "v1.76.0"  # same commit as Jaeger v2.13.0; newest reachable by semver
+#: Apicurio Registry: its runnable app is on Maven Central (seen to serve confluent-kafka's
+#: Avro, Protobuf and JSON Schema serdes through /apis/ccompat/v7)
+REGISTRY_VERSION = "3.3.3"
 DB_NAME = "fenceworker"
 DB_USER = "fenceworker"
 
@@ -51,11 +56,12 @@ class StackError(Exception):
 
 
 class Service(enum.Enum):
-    """The three services of the local stack, in start order."""
+    """The services of the local stack, in start order."""
 
     POSTGRES = "postgres"
     KAFKA = "kafka"
     JAEGER = "jaeger"
+    REGISTRY = "registry"  # the schema registry (Confluent-compatible REST API)
 
 
 #: port field -> (environment variable, default)
@@ -68,6 +74,8 @@ PORT_ENV: dict[str, tuple[str, int]] = {
     "jaeger_query": ("FENCE_JAEGER_QUERY_PORT", 16686),
     "jaeger_query_grpc": ("FENCE_JAEGER_QUERY_GRPC_PORT", 16685),
     "jaeger_health": ("FENCE_JAEGER_HEALTH_PORT", 13133),
+    "schema_registry": ("FENCE_SCHEMA_REGISTRY_PORT", 18081),
+    "schema_registry_management": ("FENCE_SCHEMA_REGISTRY_MANAGEMENT_PORT", 18082),
 }
 
 
@@ -77,6 +85,7 @@ SERVICE_PORTS: dict[Service, tuple[str, ...]] = {
     Service.KAFKA: ("kafka", "kafka_controller"),
     Service.JAEGER: ("jaeger_query", "otlp_grpc", "otlp_http", "jaeger_query_grpc",
                      "jaeger_health"),
+    Service.REGISTRY: ("schema_registry", "schema_registry_management"),
 }
 
 
@@ -92,6 +101,8 @@ class StackPorts:
     jaeger_query: int
     jaeger_query_grpc: int
     jaeger_health: int
+    schema_registry: int
+    schema_registry_management: int
 
     def of(self, service: Service) -> tuple[int, ...]:
         """All ports ``service`` listens on, the client-facing one first."""
@@ -129,6 +140,10 @@ class StackPaths:
     @property
     def jaeger_binary(self) -> Path:
         return self.cache / "bin" / f"jaeger-{JAEGER_VERSION}"
+
+    @property
+    def registry_app(self) -> Path:
+        return self.cache / f"apicurio-registry-{REGISTRY_VERSION}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +197,7 @@ def connection_env(ports: StackPorts, *, pg_password: str) -> dict[str, str]:
         dsn=f"postgresql://{DB_USER}:{pg_password}@{HOST}:{ports.postgres}/{DB_NAME}",
         otlp_endpoint=f"http://{HOST}:{ports.otlp_grpc}",
         jaeger_query_url=f"http://{HOST}:{ports.jaeger_query}",
+        schema_registry_url=f"http://{HOST}:{ports.schema_registry}/apis/ccompat/v7",
     ).as_env()
 
 
@@ -191,6 +207,7 @@ SERVICE_ENV: tuple[str, ...] = (
     "FENCE_DSN",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "JAEGER_QUERY_URL",
+    "SCHEMA_REGISTRY_URL",
 )
 
 
@@ -202,6 +219,7 @@ class ServiceSettings:
     dsn: str  #: PostgreSQL URL, postgresql://user:password@host:port/db
     otlp_endpoint: str  #: OTLP gRPC endpoint, http://host:port
     jaeger_query_url: str  #: Jaeger query API base URL, http://host:port
+    schema_registry_url: str  #: Confluent-compatible schema registry, http://host:port/path
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ServiceSettings | None:
@@ -211,7 +229,8 @@ class ServiceSettings:
 
     def as_env(self) -> dict[str, str]:
         """The settings keyed by ``SERVICE_ENV`` names."""
-        values = (self.kafka_bootstrap, self.dsn, self.otlp_endpoint, self.jaeger_query_url)
+        values = (self.kafka_bootstrap, self.dsn, self.otlp_endpoint, self.jaeger_query_url,
+                  self.schema_registry_url)
         return dict(zip(SERVICE_ENV, values, strict=True))
 
 

@@ -1,4 +1,5 @@
-"""The local service stack: PostgreSQL, Kafka (KRaft) and Jaeger v2 without Docker.
+"""The local service stack: PostgreSQL, Kafka (KRaft), Jaeger v2 and a schema registry
+(Apicurio Registry, Confluent-compatible API) without Docker.
 
 Rules:
 - ``up`` is idempotent: a service whose tracked pid is alive is only health-checked;
@@ -23,6 +24,7 @@ from ops.hints import fencectl
 from ops.stack import jaeger as stack_jaeger
 from ops.stack import kafka as stack_kafka
 from ops.stack import postgres as stack_postgres
+from ops.stack import registry as stack_registry
 from ops.stack.config import (
     PORT_ENV,
     SERVICE_PORTS,
@@ -52,12 +54,14 @@ _MODULES: dict[Service, ModuleType] = {
     Service.POSTGRES: stack_postgres,
     Service.KAFKA: stack_kafka,
     Service.JAEGER: stack_jaeger,
+    Service.REGISTRY: stack_registry,
 }
 #: seconds each service may take from start to its first healthy answer
 HEALTH_TIMEOUT_S: dict[Service, float] = {
     Service.POSTGRES: 60.0,
     Service.KAFKA: 90.0,
     Service.JAEGER: 60.0,
+    Service.REGISTRY: 120.0,  # a JVM app: ~9-20 s to its first answer here, more under load
 }
 
 
@@ -113,6 +117,9 @@ def _first_time_note(settings: StackSettings, service: Service) -> str:
         return f" (building Jaeger once into {cache}, several minutes; log {cache}/jaeger)"
     if service is Service.KAFKA and not stack_kafka.cp_file(settings).exists():
         return f" (resolving the Kafka jars with mvn once into {cache}/m2)"
+    if service is Service.REGISTRY and not settings.paths.registry_app.exists():
+        return (f" (fetching {stack_registry.ARTIFACT}, ~160 MB, with mvn once into "
+                f"{settings.paths.registry_app})")
     return ""
 
 

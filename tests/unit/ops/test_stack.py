@@ -76,10 +76,10 @@ def test_env_lines_round_trip_through_a_shell() -> None:
     assert values["KAFKA_BOOTSTRAP_SERVERS"] == "127.0.0.1:19092"
 
 
-def test_service_settings_need_all_four_variables() -> None:
+def test_service_settings_need_every_variable() -> None:
     full = {name: f"v{i}" for i, name in enumerate(SERVICE_ENV)}
     got = ServiceSettings.from_env(full)
-    assert got == ServiceSettings("v0", "v1", "v2", "v3")
+    assert got == ServiceSettings("v0", "v1", "v2", "v3", "v4")
     assert got.as_env() == full
     assert ServiceSettings.from_env({**full, "FENCE_DSN": " "}) is None
 
@@ -149,7 +149,8 @@ def test_status_and_down_of_an_empty_stack(tmp_path: Path) -> None:
     rows = stack.status(s)
     assert [r.service for r in rows] == list(Service)
     assert all(r.state is stack.ServiceState.DOWN and r.pid is None for r in rows)
-    assert [r.port for r in rows] == [s.ports.postgres, s.ports.kafka, s.ports.jaeger_query]
+    assert [r.port for r in rows] == [s.ports.postgres, s.ports.kafka, s.ports.jaeger_query,
+                                      s.ports.schema_registry]
     assert stack.down(s, out=lambda _line: None) == []
 
 
