@@ -16,6 +16,11 @@ Rules (the decisions live in ``fencing.failures``; this module only sequences I/
   pauses it, while the other partitions keep flowing (the retrying one keeps one of the
   ``--db-concurrency`` slots). Every retry is a new fenced transaction that also deletes
   the count (``clear_attempts``).
+- An *unavailable* failure (``fencing.errors.Unavailable``: a service the handler needs does
+  not answer) is retried the same way for as long as it lasts: no attempt limit, no
+  bisection, and its attempts are not counted durably (the outage says nothing about the
+  records: a later owner must not quarantine them for it). The backoff still doubles up to
+  ``--retry-max-ms``.
 - After ``--retry-max-attempts`` (or at once for poison) the batch is bisected
   (``fencing.failures.Bisection``); each poison record is quarantined with the exception's
   type, message and traceback digest in the transaction that moves the frontier past it;
@@ -56,6 +61,10 @@ __all__ = ["Backoff", "FailureRun", "RetryInterrupted"]
 log = logging.getLogger("fenceworker.failures")
 
 Wait = Callable[[float], Awaitable[None]]
+
+
+def _unavailable(exc: BaseException | None) -> bool:
+    return isinstance(exc, HandlerFailed) and exc.unavailable
 
 
 class RetryInterrupted(Exception):
@@ -253,7 +262,8 @@ class FailureRun:
         tenacity; raise the last ``HandlerFailed``. Before each wait the attempt about to
         start is counted durably (which re-checks the epoch) with its retry time."""
         policy = self._policy
-        if not failure.transient or attempts >= policy.retry_max_attempts:
+        if not failure.transient or (attempts >= policy.retry_max_attempts
+                                     and not failure.unavailable):
             raise failure
         state = {"attempt": attempts}
         pending: list[HandlerFailed] = [failure]  # the failure that got us here comes first
@@ -267,20 +277,28 @@ class FailureRun:
             failed = rs.outcome.exception() if rs.outcome is not None else None
             backoff_s = rs.upcoming_sleep
             await wait(0.0)  # a closed partition (lost, revoked) has no token to count
-            state["attempt"] = (await self._lc.record_attempt(
-                tp, offset=batch[0].offset, max_attempts=policy.retry_max_attempts,
-                error=None if not isinstance(failed, HandlerFailed)
-                else f"{failed.error_type}: {failed.error_message}",
-                next_retry_in_s=backoff_s, at_least=state["attempt"] + 1)).count
+            if _unavailable(failed):  # not the records' doing: counted here only
+                state["attempt"] += 1
+            else:
+                state["attempt"] = (await self._lc.record_attempt(
+                    tp, offset=batch[0].offset, max_attempts=policy.retry_max_attempts,
+                    error=None if not isinstance(failed, HandlerFailed)
+                    else f"{failed.error_type}: {failed.error_message}",
+                    next_retry_in_s=backoff_s, at_least=state["attempt"] + 1)).count
             self._count(tp, "retry", attrs={"fence.attempt": state["attempt"],
                                             "fence.backoff_s": backoff_s})
             self.retrying[tp] = (state["attempt"], backoff_s)
-            log.warning("%s: attempt %d of %d in %.2f s after %s", tp, state["attempt"],
-                        policy.retry_max_attempts, backoff_s, failed)
+            log.warning("%s: attempt %d of %s in %.2f s after %s", tp, state["attempt"],
+                        "unlimited (until it answers)" if _unavailable(failed)
+                        else policy.retry_max_attempts, backoff_s, failed)
+
+        def give_up(rs: RetryCallState) -> bool:
+            failed = rs.outcome.exception() if rs.outcome is not None else None
+            return state["attempt"] >= policy.retry_max_attempts and not _unavailable(failed)
 
         retrying = AsyncRetrying(
             retry=retry_if_exception(lambda e: isinstance(e, HandlerFailed) and e.transient),
-            stop=lambda _rs: state["attempt"] >= policy.retry_max_attempts,
+            stop=give_up,
             wait=lambda _rs: policy.backoff_s(state["attempt"], self._rng),
             sleep=wait, before_sleep=count_next, reraise=True)
         try:
