@@ -1,4 +1,6 @@
 """Handler failures of one partition: transient retries, bisection, quarantine, suspects.
+(Long because it sequences every failure path of a partition in one place; the decisions
+are pure, in ``fencing.failures``.)
 
 Rules (the decisions live in ``fencing.failures``; this module only sequences I/O)
 - Every step of these paths first checks the caller's ``stopped()`` (through ``wait(0)``):
@@ -16,11 +18,8 @@ Rules (the decisions live in ``fencing.failures``; this module only sequences I/
   pauses it, while the other partitions keep flowing (the retrying one keeps one of the
   ``--db-concurrency`` slots). Every retry is a new fenced transaction that also deletes
   the count (``clear_attempts``).
-- An *unavailable* failure (``fencing.errors.Unavailable``: a service the handler needs does
-  not answer) is retried the same way for as long as it lasts: no attempt limit, no
-  bisection, and its attempts are not counted durably (the outage says nothing about the
-  records: a later owner must not quarantine them for it). The backoff still doubles up to
-  ``--retry-max-ms``.
+- An *unavailable* failure (``fencing.errors.Unavailable``) is retried so for as long as
+  it lasts: no attempt limit, no bisection, no durable count (an outage is not the records').
 - After ``--retry-max-attempts`` (or at once for poison) the batch is bisected
   (``fencing.failures.Bisection``); each poison record is quarantined with the exception's
   type, message and traceback digest in the transaction that moves the frontier past it;
@@ -288,17 +287,13 @@ class FailureRun:
             self._count(tp, "retry", attrs={"fence.attempt": state["attempt"],
                                             "fence.backoff_s": backoff_s})
             self.retrying[tp] = (state["attempt"], backoff_s)
-            log.warning("%s: attempt %d of %s in %.2f s after %s", tp, state["attempt"],
-                        "unlimited (until it answers)" if _unavailable(failed)
-                        else policy.retry_max_attempts, backoff_s, failed)
-
-        def give_up(rs: RetryCallState) -> bool:
-            failed = rs.outcome.exception() if rs.outcome is not None else None
-            return state["attempt"] >= policy.retry_max_attempts and not _unavailable(failed)
+            log.warning("%s: attempt %d of %s in %.2f s after %s", tp, state["attempt"], "any" if
+                        _unavailable(failed) else policy.retry_max_attempts, backoff_s, failed)
 
         retrying = AsyncRetrying(
             retry=retry_if_exception(lambda e: isinstance(e, HandlerFailed) and e.transient),
-            stop=give_up,
+            stop=lambda rs: state["attempt"] >= policy.retry_max_attempts and not _unavailable(
+                rs.outcome.exception() if rs.outcome is not None else None),
             wait=lambda _rs: policy.backoff_s(state["attempt"], self._rng),
             sleep=wait, before_sleep=count_next, reraise=True)
         try:

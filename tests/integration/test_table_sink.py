@@ -8,36 +8,26 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import pytest
 
 from fencing.errors import ConfigError
-from fencing.postgres.schema import migrate
-from fencing.postgres.sink import Method, SinkSpec, ensure_table, make_table_sink
+from fencing.postgres.sink import Method, SinkSpec, ensure_table
 from fencing.postgres.sink.keys import Format
-from fencing.postgres.store import PgFenceStore
-from fencing.types import ClaimRequest, SourceRecord, TopicPartition
+from fencing.types import SourceRecord
 from tests.integration.pg_helpers import pg_dsn  # noqa: F401  (fixture)
+from tests.integration.sink_support import (
+    SINK_TP,
+    apply,
+    fetch,
+    schema,  # noqa: F401  (fixture)
+)
 
 pytestmark = pytest.mark.integration
 
-TP = TopicPartition("orders", 0)
-
-
-@pytest.fixture
-async def schema(pg_dsn: str) -> AsyncIterator[str]:
-    name = f"sink_t_{uuid.uuid4().hex[:8]}"
-    conn = await asyncpg.connect(pg_dsn)
-    try:
-        await migrate(conn, name)
-        yield name
-    finally:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-        await conn.close()
+TP = SINK_TP
 
 
 def rec(offset: int, value: Any, key: str | None = None) -> SourceRecord:
@@ -45,39 +35,6 @@ def rec(offset: int, value: Any, key: str | None = None) -> SourceRecord:
                                       else json.dumps(value).encode())
     return SourceRecord(TP.topic, TP.partition, offset, None if key is None else key.encode(),
                         raw, timestamp_ms=1_700_000_000_000 + offset)
-
-
-async def apply(dsn: str, schema: str, spec: SinkSpec, records: list[SourceRecord], *,
-                batches: list[list[SourceRecord]] | None = None) -> dict[int, str]:
-    """Create/validate the table, process ``records`` in one batch (or ``batches`` one
-    after another); the quarantine reasons by offset."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        await ensure_table(conn, spec)
-    finally:
-        await conn.close()
-    store = await PgFenceStore.connect(dsn, group_id="g", schema=schema, pool_max=2)
-    try:
-        token = (await store.claim([ClaimRequest(TP, 0)], lifetime="L"))[TP]
-        sink = make_table_sink(spec)
-        for batch in batches if batches is not None else [records]:
-            token = await store.process(TP, token, batch, sink)
-    finally:
-        await store.close()
-    conn = await asyncpg.connect(dsn)
-    try:
-        rows = await conn.fetch(f'SELECT "offset", reason FROM "{schema}".quarantine')
-        return {r["offset"]: r["reason"] for r in rows}
-    finally:
-        await conn.close()
-
-
-async def fetch(dsn: str, sql: str) -> list[tuple[Any, ...]]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return [tuple(r) for r in await conn.fetch(sql)]
-    finally:
-        await conn.close()
 
 
 @pytest.mark.parametrize("method", list(Method))

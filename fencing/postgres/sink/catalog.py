@@ -1,17 +1,22 @@
 """The table sink's catalog side: what to write (``SinkSpec``), the table it writes
 (``Target``: schema, name, layout read from the catalog), and creating or validating it at
-start (rules in ``fencing.postgres.sink.table``)."""
+start, for JSON values or from the writer schema in the registry (rules in
+``fencing.postgres.sink.table`` and ``fencing.postgres.sink.schemas``)."""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fencing.errors import ConfigError
+from fencing.errors import ConfigError, Unavailable
 from fencing.postgres.schema import quote_ident
 from fencing.postgres.sink.keys import Format
+from fencing.postgres.sink.registry import Registry
 from fencing.postgres.sink.rows import RESERVED, Column, Layout, supported
+from fencing.postgres.sink.schemas import Field, fits
+from fencing.postgres.sink.values import Misfit
 
 __all__ = ["Method", "SinkSpec", "Target", "create_ddl", "ensure_table", "read_layout"]
 
@@ -179,15 +184,67 @@ async def read_layout(conn: Any, spec: SinkSpec) -> tuple[Target | None, list[st
     return Target(where["nspname"], where["relname"], layout), problems
 
 
-async def ensure_table(conn: Any, spec: SinkSpec) -> Target:
+async def _writer_fields(spec: SinkSpec, topics: Sequence[str]
+                         ) -> tuple[list[Field], str, list[str]] | None:
+    """The latest value schema of the first topic that has one, its name, and the subjects
+    asked; None with JSON values. Raises ``ConfigError`` when the registry does not answer."""
+    if not spec.value_format.registry or spec.registry is None:
+        return None
+    registry = Registry(spec.registry)
+    subjects = [f"{t}-value" for t in topics]
+    try:
+        await registry.subjects()
+        for subject in subjects:
+            got = await registry.latest_fields(spec.value_format, subject)
+            if got is not None:
+                return got[0], got[1], subjects
+    except (Unavailable, Misfit) as exc:
+        raise ConfigError(f"SCHEMA_REGISTRY_URL {registry.where}: {exc}; check the URL (the "
+                          "Confluent-compatible API, e.g. .../apis/ccompat/v7 for Apicurio) "
+                          "and that the registry runs") from None
+    finally:
+        await registry.close()
+    return [], "", subjects
+
+
+def schema_ddl(spec: SinkSpec, fields: Sequence[Field]) -> str:
+    """The table created from a writer schema's ``fields`` (see ``schemas``): a column per
+    field (key columns NOT NULL), the Kafka coordinates, the primary key."""
+    cols = {f.name: f for f in fields if f.name not in RESERVED}
+    lines = [f"{quote_ident(f.name)} {f.pg_type}"
+             f"{' NOT NULL' if f.not_null or f.name in spec.keys else ''}"
+             for f in cols.values()]
+    lines += [f"{quote_ident(k)} text NOT NULL" for k in spec.keys if k not in cols]
+    lines += ["kafka_topic text NOT NULL", "kafka_partition integer NOT NULL",
+              "kafka_offset bigint NOT NULL", "kafka_timestamp timestamptz"]
+    pk = ", ".join(map(quote_ident, spec.keys)) if spec.keys else \
+        "kafka_topic, kafka_partition, kafka_offset"
+    body = ",\n    ".join([*lines, f"PRIMARY KEY ({pk})"])
+    return f"CREATE TABLE IF NOT EXISTS {spec.quoted} (\n    {body}\n)"
+
+
+async def ensure_table(conn: Any, spec: SinkSpec, *, topics: Sequence[str] = ()) -> Target:
     """Create the table if missing, then validate it; raises ``ConfigError`` when it does
-    not fit (see the module Rules)."""
+    not fit (see the module Rules). With a schema'd value format the table is created from,
+    and checked against, the latest schema registered for the first of ``topics`` that has
+    one (subject ``<topic>-value``)."""
+    writer = await _writer_fields(spec, topics)
     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", spec.quoted):
+        if writer is not None and not writer[0]:
+            raise ConfigError(
+                f"--sink table={spec.table}: the table does not exist and no schema is "
+                f"registered under {', '.join(writer[2]) or 'a subject (no --topic given)'} "
+                "to create it from: create the table, or start the sink after the first "
+                "record was produced with a registry serializer")
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))",
                                f"fenceworker.sink:{spec.table}")
-            await conn.execute(create_ddl(spec))
+            await conn.execute(create_ddl(spec) if writer is None
+                               else schema_ddl(spec, writer[0]))
     target, problems = await read_layout(conn, spec)
+    if target is not None and writer is not None and writer[0]:
+        columns = {c.name: (c.type_name, c.required) for c in target.layout.columns}
+        problems += fits(writer[0], columns, (*spec.keys, *RESERVED), writer[1])
     if problems or target is None:
         raise ConfigError(f"--sink table={spec.table}: the table does not fit: "
                           f"{'; '.join(problems)}")

@@ -61,6 +61,7 @@ __all__ = [
     "convert",
     "converter",
     "in_epoch_ms",
+    "parse_json",
     "supported",
 ]
 
@@ -169,7 +170,7 @@ _DECODER = json.JSONDecoder(parse_constant=_nonfinite)
 _decode = reader(_DECODER.decode, _DECODER)
 
 
-def _parse(value: bytes) -> tuple[dict[str, Any], str | None]:
+def parse_json(value: bytes) -> tuple[dict[str, Any], str | None]:
     """The value's JSON object and its text (None when the bytes are not plain UTF-8, e.g.
     with a BOM or in UTF-16, which are read as ``json.loads`` of the bytes reads them)."""
     text: str | None
@@ -285,7 +286,7 @@ def converter(layout: Layout, *, epoch_ms: bool = False, kafka_key: KeyReader | 
             if record.value is None:
                 decoded = None
             else:
-                obj, text = _parse(record.value)
+                obj, text = parse_json(record.value)
         else:
             obj, text = decoded, None
         if decoded is None:

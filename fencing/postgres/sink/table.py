@@ -47,8 +47,10 @@ from fencing.errors import ConfigError
 from fencing.handler import HandlerContext, handler, handler_factory
 from fencing.postgres.schema import quote_ident as _quote
 from fencing.postgres.sink.catalog import Method, SinkSpec, Target, ensure_table, read_layout
+from fencing.postgres.sink.formats import Decoding
 from fencing.postgres.sink.keys import KeyReader, key_reader
 from fencing.postgres.sink.order import generations
+from fencing.postgres.sink.registry import Registry
 from fencing.postgres.sink.rows import (
     EPOCH_MS,
     Delete,
@@ -56,6 +58,7 @@ from fencing.postgres.sink.rows import (
     Upsert,
     converter,
     in_epoch_ms,
+    parse_json,
 )
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, Reject, SourceRecord, Verdict
@@ -207,8 +210,12 @@ async def _one(conn: Any, writer: _Writer, op: Upsert | Delete, savepoint: str) 
 
 
 def make_table_sink(spec: SinkSpec) -> HandlerFn:
-    """The sink handler for ``spec`` (its table is read from the catalog on the first batch)."""
+    """The sink handler for ``spec`` (its table is read from the catalog on the first batch;
+    with a schema'd format its records are decoded through ``spec.registry`` first)."""
     writers: list[_Writer] = []
+    registry = Registry(spec.registry) if spec.registry and (
+        spec.value_format.registry or spec.key_format.registry) else None
+    decodings: list[Decoding] = []
 
     @handler(durability="durable-critical", effects="transactional")
     async def sink(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
@@ -216,18 +223,34 @@ def make_table_sink(spec: SinkSpec) -> HandlerFn:
             target, problems = await read_layout(conn, spec)
             if problems or target is None:
                 raise ConfigError(f"--sink table={spec.table}: {'; '.join(problems)}")
-            reader = key_reader(target.layout.key_columns, spec.key_format) \
-                if target.layout.keys else None
+            keys = target.layout.keys
+            if registry is not None:
+                decodings.append(Decoding(registry, value_format=spec.value_format,
+                                          key_format=spec.key_format, key_columns=keys,
+                                          parse_json=parse_json))
+            reader = key_reader(target.layout.key_columns, spec.key_format,
+                                decodings[0].keys if decodings else None) if keys else None
             writers.append(_Writer(target, spec.method, kafka_key=reader))
         writer = writers[0]
         verdicts: list[Verdict] = [ACCEPT] * len(records)
         ops: list[tuple[int, Upsert | Delete]] = []
         convert = writer.convert
-        for i, record in enumerate(records):
-            try:
-                ops.append((i, convert(record)))
-            except Misfit as exc:
-                verdicts[i] = Reject(f"table sink: {exc}")
+        if decodings:  # raises Unavailable when the registry does not answer
+            values = await decodings[0].values(records)
+            for i, record in enumerate(records):
+                try:
+                    value = values[i]
+                    if isinstance(value, Misfit):
+                        raise value
+                    ops.append((i, convert(record, value)))
+                except Misfit as exc:
+                    verdicts[i] = Reject(f"table sink: {exc}")
+        else:
+            for i, record in enumerate(records):
+                try:
+                    ops.append((i, convert(record)))
+                except Misfit as exc:
+                    verdicts[i] = Reject(f"table sink: {exc}")
         if ops and await _in_savepoint(conn, lambda sp: writer.write(conn, [o for _, o in ops],
                                                                      sp)):
             for i, op in ops:  # the database refused a row: find it, one record at a time
@@ -242,7 +265,7 @@ def make_table_sink(spec: SinkSpec) -> HandlerFn:
 
 
 async def _ensure(conn: Any, context: HandlerContext) -> None:
-    await ensure_table(conn, SinkSpec.from_settings(context.settings))
+    await ensure_table(conn, SinkSpec.from_settings(context.settings), topics=context.topics)
 
 
 @handler_factory(ensure_tables=_ensure)

@@ -343,4 +343,5 @@ def test_unavailable_is_a_transient_and_says_so_in_the_failure() -> None:
     failure = handler_failure(Unavailable("registry down"), what="process")
     assert isinstance(failure, HandlerFailed) and failure.transient and failure.unavailable
     assert "(unavailable)" in str(failure)
-    assert not handler_failure(Transient("x"), what="p").unavailable  # type: ignore[union-attr]
+    plain = handler_failure(Transient("x"), what="p")
+    assert isinstance(plain, HandlerFailed) and plain.transient and not plain.unavailable
