@@ -8,6 +8,7 @@ transient failure that quarantines nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import decimal
 import json
@@ -278,3 +279,34 @@ async def test_a_registry_that_does_not_answer_fails_the_batch_as_unavailable(
     finally:
         await store.close()
     assert await fetch(pg_dsn, f'SELECT count(*) FROM "{schema}".quarantine') == [(0,)]
+
+
+async def test_batches_of_two_partitions_decoding_at_once_keep_their_own_keys(
+        services: ServiceSettings, pg_dsn: str, schema: str) -> None:
+    """Two partitions' batches of Avro-keyed tombstones go through one sink at once, each
+    waiting for the registry on a key schema it has not seen after one it has: each deletes
+    its own keys (the first one's decoded key must survive the second batch starting)."""
+    url, topic = services.schema_registry_url, f"avro_{uuid.uuid4().hex[:8]}"
+    await fetch(pg_dsn, f'CREATE TABLE "{schema}".k (id bigint PRIMARY KEY)')
+    await fetch(pg_dsn, f'INSERT INTO "{schema}".k SELECT generate_series(1, 8)')
+    as_long = avro(url, topic, '"long"', key=True)
+    as_int = avro(url, f"{topic}_i", '"int"', key=True)
+    as_string = avro(url, f"{topic}_s", '"string"', key=True)
+    spec = SinkSpec(f"{schema}.k", keys=("id",), value_format=Format.AVRO,
+                    key_format=Format.AVRO, registry=url)
+    sink = make_table_sink(spec)
+    a, b = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    store = await PgFenceStore.connect(pg_dsn, group_id="g", schema=schema, pool_max=4)
+    try:
+        tokens = await store.claim([ClaimRequest(a, 0), ClaimRequest(b, 0)], lifetime="L")
+        warm = await store.process(a, tokens[a], [rec(a, 0, None, as_long(7))], sink)
+        await asyncio.gather(
+            store.process(a, warm, [rec(a, 1, None, as_long(1)),  # its schema known
+                                    rec(a, 2, None, as_int(3))], sink),  # asked for
+            store.process(b, tokens[b], [rec(b, 0, None, as_string("2")),
+                                         rec(b, 1, None, as_string("4"))], sink))
+    finally:
+        await store.close()
+    assert await fetch(pg_dsn, f'SELECT count(*) FROM "{schema}".quarantine') == [(0,)]
+    assert await fetch(pg_dsn, f'SELECT id FROM "{schema}".k ORDER BY id') == [
+        (5,), (6,), (8,)]

@@ -66,8 +66,10 @@ class _Need:
 
 
 class Decoding:
-    """Decodes batches for one sink (see the module Rules); ``keys`` holds the current
-    batch's decoded Kafka keys by offset (or their ``Misfit``), for ``keys.key_reader``."""
+    """Decodes batches for one sink (see the module Rules). Batches of several partitions
+    decode concurrently (each waits for the registry on its own), so ``values`` returns
+    each batch's decoded keys; the sink puts them into ``keys`` (read by
+    ``keys.key_reader``) right before its conversion, which does not yield."""
 
     def __init__(self, registry: Registry, *, value_format: Format, key_format: Format,
                  key_columns: tuple[str, ...], parse_json: Any) -> None:
@@ -113,10 +115,11 @@ class Decoding:
             return True  # a tombstone (or a misfit value: its key is not read)
         return any(value.get(k) is None for k in self.key_columns)
 
-    async def values(self, records: Sequence[SourceRecord]) -> list[Any]:
-        """Per record its value as a mapping, None for a tombstone, or the ``Misfit``; the
-        Kafka keys the batch needs go into ``keys``. Raises ``Unavailable``."""
-        self.keys.clear()
+    async def values(self, records: Sequence[SourceRecord]
+                     ) -> tuple[list[Any], dict[int, Any]]:
+        """Per record its value as a mapping, None for a tombstone, or the ``Misfit``; and
+        the Kafka keys the batch needs, decoded, by offset. Raises ``Unavailable``."""
+        keys: dict[int, Any] = {}
         out: list[Any] = []
         fmt = self.value_format
         for record in records:
@@ -138,6 +141,6 @@ class Decoding:
             out.append(value)
             if record.key is not None and not isinstance(value, Misfit) and \
                     self._needs_key(value):
-                self.keys[record.offset] = await self.decode(record.key, self.key_format,
-                                                             record, key=True)
-        return out
+                keys[record.offset] = await self.decode(record.key, self.key_format, record,
+                                                        key=True)
+        return out, keys

@@ -236,7 +236,9 @@ def make_table_sink(spec: SinkSpec) -> HandlerFn:
         ops: list[tuple[int, Upsert | Delete]] = []
         convert = writer.convert
         if decodings:  # raises Unavailable when the registry does not answer
-            values = await decodings[0].values(records)
+            values, batch_keys = await decodings[0].values(records)
+            decodings[0].keys.clear()  # from here to the write nothing yields: see Decoding
+            decodings[0].keys.update(batch_keys)
             for i, record in enumerate(records):
                 try:
                     value = values[i]
