@@ -39,15 +39,15 @@ test-unit: setup
 test-integration: setup
 	$(BIN)/pytest -q tests/integration $(PYTEST_ARGS)
 
-test-# the table sink's churn scenario (upsert, bigint key, tombstones; kills, lost COMMIT
+test-sim-worker: setup
+	$(BIN)/pytest -q tests/sim tests/unit/consumer/test_lifecycle*.py tests/unit/consumer/test_decisions.py tests/unit/fencing/test_memstore*.py $(PYTEST_ARGS)
+
+# the table sink's churn scenario (upsert, bigint key, tombstones; kills, lost COMMIT
 # replies) for JSON and Avro under all three group protocols, FENCE_SINK_CHURN_REPEAT times
 # each (default 5; make test runs one protocol per format)
 sink-churn: setup
 	FENCE_SINK_CHURN=full $(BIN)/pytest -q tests/integration/test_sink_rebalance.py \
 	  -k upsert_sink $(PYTEST_ARGS)
-
-sim-worker: setup
-	$(BIN)/pytest -q tests/sim tests/unit/consumer/test_lifecycle*.py tests/unit/consumer/test_decisions.py tests/unit/fencing/test_memstore*.py $(PYTEST_ARGS)
 
 # the crash-point matrix: every point x every group protocol (make test runs one protocol per
 # point); prints the table, writes artifacts/crash-matrix/full.json, keeps failed cells' logs
