@@ -115,32 +115,52 @@ class Decoding:
             return True  # a tombstone (or a misfit value: its key is not read)
         return any(value.get(k) is None for k in self.key_columns)
 
+    def _value(self, record: SourceRecord) -> Any:
+        """The decoded value of a record with a value, its ``Misfit``, or ``_Need``."""
+        fmt, data = self.value_format, record.value
+        assert data is not None
+        if fmt is Format.JSON:
+            try:
+                return self._parse_json(data)[0]
+            except Misfit as exc:
+                return exc
+        value = self._read(data, fmt, record, False)
+        if value is not None and not isinstance(value, Mapping | Misfit | _Need):
+            value = Misfit(f"value decodes to {type(value).__name__} {str(value)[:40]!r}, "
+                           "not a record of fields")
+        return value
+
     async def values(self, records: Sequence[SourceRecord]
                      ) -> tuple[list[Any], dict[int, Any]]:
         """Per record its value as a mapping, None for a tombstone, or the ``Misfit``; and
         the Kafka keys the batch needs, decoded, by offset. Raises ``Unavailable``."""
         keys: dict[int, Any] = {}
         out: list[Any] = []
-        fmt = self.value_format
+        known = self.registry.by_id(self.value_format) if self.value_format in _FAST else {}
+        schemad_key = self.key_format.registry and bool(self.key_columns)
         for record in records:
+            data = record.value
             value: Any
-            if record.value is None:
+            if data is None:
                 value = None
-            elif fmt is Format.JSON:
+            elif (data[:1] == b"\0" and not record.headers and len(data) > 5
+                  and (read := known.get(data[1:5])) is not None):
+                # the fast path: a schema id seen before, in the 5-byte header (module Rules)
                 try:
-                    value = self._parse_json(record.value)[0]
-                except Misfit as exc:
-                    value = exc
+                    value = read(data[5:])
+                except Exception:
+                    value = self._value(record)  # the same failure, named the slow way
+                if type(value) is not dict:
+                    value = self._value(record)
             else:
-                value = self._read(record.value, fmt, record, False)
+                value = self._value(record)
                 if isinstance(value, _Need):
-                    value = await self.decode(record.value, fmt, record)
-                if value is not None and not isinstance(value, Mapping | Misfit):
-                    value = Misfit(f"value decodes to {type(value).__name__} "
-                                   f"{str(value)[:40]!r}, not a record of fields")
+                    value = await self.decode(data, self.value_format, record)
+                    if value is not None and not isinstance(value, Mapping | Misfit):
+                        value = self._value(record)
             out.append(value)
-            if record.key is not None and not isinstance(value, Misfit) and \
-                    self._needs_key(value):
+            if schemad_key and record.key is not None and not isinstance(value, Misfit) \
+                    and self._needs_key(value):
                 keys[record.offset] = await self.decode(record.key, self.key_format, record,
                                                         key=True)
         return out, keys

@@ -91,6 +91,7 @@ class Registry:
         self._conf = {"subject.name.strategy": _no_subject}
         self._deserializers: dict[Format, Any] = {}
         self._readers: dict[tuple[Format, Any, tuple[int, ...]], Reader] = {}
+        self._by_id: dict[Format, dict[bytes, Reader]] = {}
 
     async def call(self, what: str, call: Callable[[], Awaitable[Any]], *,
                    absent: tuple[int, ...] = (_NO_SCHEMA,)) -> Any:
@@ -165,6 +166,11 @@ class Registry:
             raise Misfit(f"{what} is a {kind} schema, not {_TYPES[fmt]}")
         return schema
 
+    def by_id(self, fmt: Format) -> dict[bytes, Reader]:
+        """The readers of ``fmt`` resolved so far by the 4 bytes of their schema id in the
+        wire header (the same dict each time: it grows as schemas are resolved)."""
+        return self._by_id.setdefault(fmt, {})
+
     def cached(self, fmt: Format, ref: Any, indexes: tuple[int, ...] = ()) -> Reader | None:
         """The reader resolved before for this schema (and Protobuf message), else None."""
         return self._readers.get((fmt, ref, indexes))
@@ -187,6 +193,8 @@ class Registry:
             else:
                 got = _json(await self.call(what, lambda: de._get_validator(schema, *parsed)))
             self._readers[(fmt, ref, indexes)] = got
+            if isinstance(ref, int) and not indexes:
+                self.by_id(fmt)[ref.to_bytes(4, "big")] = got
         return got
 
     async def close(self) -> None:
