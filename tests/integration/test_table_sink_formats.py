@@ -310,3 +310,21 @@ async def test_batches_of_two_partitions_decoding_at_once_keep_their_own_keys(
     assert await fetch(pg_dsn, f'SELECT count(*) FROM "{schema}".quarantine') == [(0,)]
     assert await fetch(pg_dsn, f'SELECT id FROM "{schema}".k ORDER BY id') == [
         (5,), (6,), (8,)]
+
+
+async def test_a_schema_id_in_a_header_and_other_headers_beside_the_wire_format(
+        services: ServiceSettings, pg_dsn: str, schema: str) -> None:
+    """confluent-kafka's header form (the id in ``__value_schema_id``, the payload bare) and
+    an ordinary header (``traceparent``) beside the 5-byte wire header both decode."""
+    url, topic = services.schema_registry_url, f"avro_{uuid.uuid4().hex[:8]}"
+    tp = TopicPartition(topic, 0)
+    acct = {"type": "record", "name": "A", "fields": [{"name": "id", "type": "long"},
+                                                      {"name": "name", "type": "string"}]}
+    encode = avro(url, topic, json.dumps(acct))
+    one, two = encode({"id": 1, "name": "a"}), encode({"id": 2, "name": "b"})
+    spec = SinkSpec(f"{schema}.h", keys=("id",), value_format=Format.AVRO, registry=url)
+    records = [SourceRecord(topic, 0, 0, None, one, (("traceparent", b"00-x"),)),
+               SourceRecord(topic, 0, 1, None, two[5:], (("__value_schema_id", two[:5]),))]
+    assert await apply(pg_dsn, schema, spec, records, topics=[topic], tp=tp) == {}
+    assert await fetch(pg_dsn, f'SELECT id, name FROM "{schema}".h ORDER BY id') == [
+        (1, "a"), (2, "b")]

@@ -35,13 +35,22 @@ __all__ = ["Decoding", "wire"]
 _TYPES = {Format.AVRO: "AVRO", Format.PROTOBUF: "PROTOBUF", Format.JSON_SCHEMA: "JSON"}
 _FAST = (Format.AVRO, Format.JSON_SCHEMA)  # no message indexes after the schema id
 _NAMES = {Format.AVRO: "Avro", Format.PROTOBUF: "Protobuf", Format.JSON_SCHEMA: "JSON Schema"}
+_HEADERS = {False: "__value_schema_id", True: "__key_schema_id"}  # confluent-kafka's names
+
+
+def _id_header(record: SourceRecord, key: bool) -> bool:
+    """Whether the record carries its schema id in a header (then the payload is whole)."""
+    if not record.headers:
+        return False
+    name = _HEADERS[key]
+    return any(h[0] == name for h in record.headers)
 
 
 def wire(data: bytes, fmt: Format, record: SourceRecord, *, key: bool = False
          ) -> tuple[Any, tuple[int, ...], bytes]:
     """The schema id (or GUID), the Protobuf message indexes and the payload of ``data``;
     raises ``Misfit`` when it is not in the wire format."""
-    if fmt in _FAST and len(data) > 5 and data[0] == 0 and not record.headers:
+    if fmt in _FAST and len(data) > 5 and data[0] == 0 and not _id_header(record, key):
         return int.from_bytes(data[1:5], "big"), (), data[5:]
     sid = SchemaId(_TYPES[fmt])
     ctx = SerializationContext(record.topic, MessageField.KEY if key else MessageField.VALUE,
@@ -143,7 +152,7 @@ class Decoding:
             value: Any
             if data is None:
                 value = None
-            elif (data[:1] == b"\0" and not record.headers and len(data) > 5
+            elif (data[:1] == b"\0" and len(data) > 5 and not _id_header(record, False)
                   and (read := known.get(data[1:5])) is not None):
                 # the fast path: a schema id seen before, in the 5-byte header (module Rules)
                 try:
