@@ -147,16 +147,23 @@ class Decoding:
         out: list[Any] = []
         known = self.registry.by_id(self.value_format) if self.value_format in _FAST else {}
         schemad_key = self.key_format.registry and bool(self.key_columns)
+        head, read = b"\xff", None  # the last wire header read fast and its reader
         for record in records:
             data = record.value
             value: Any
+            fast = None
+            if data is not None and len(data) > 5 and not (
+                    record.headers and _id_header(record, False)):
+                fast = read if data.startswith(head) else (
+                    known.get(data[1:5]) if data[0] == 0 else None)
             if data is None:
                 value = None
-            elif (data[:1] == b"\0" and len(data) > 5 and not _id_header(record, False)
-                  and (read := known.get(data[1:5])) is not None):
+            elif fast is not None:
                 # the fast path: a schema id seen before, in the 5-byte header (module Rules)
+                if fast is not read:
+                    head, read = data[:5], fast
                 try:
-                    value = read(data[5:])
+                    value = fast(data[5:])
                 except Exception:
                     value = self._value(record)  # the same failure, named the slow way
                 if type(value) is not dict:
