@@ -8,7 +8,7 @@ by batch; the median milliseconds per batch and records/s are printed as JSON. T
 machine's load moves single numbers: compare the methods within one run.
 
 ``--in-order`` measures what applying every record of a key in order costs (the sink's
-rule: ``order.generations``) against applying only each key's last record of the batch
+rule: ``order.sets_then_rest``) against applying only each key's last record of the batch
 (``order.last_wins``: the records that rule would write, given to the same sink), on
 upsert batches in which every key appears ``R`` times (``--repeats``), the two lanes taking
 turns batch by batch.

@@ -22,10 +22,11 @@ Rules
   the batch back as not committed and the fence retries it).
 - Every record is applied, in order: none is skipped because a later record of its key
   follows in the batch, so a record PostgreSQL refuses (a CHECK) is quarantined wherever
-  the batch ends. A batch whose keys repeat is written in generations (``order.generations``:
-  a key's n-th operation in the n-th); a later generation with few upserts goes by one
-  pipelined ``executemany``. What it costs against writing only each key's last record:
-  ``python -m ops.bench.sink --in-order`` (``docs/table-sink-formats.md``).
+  the batch ends. A batch whose keys repeat is written in sets (a key's n-th operation in
+  the n-th) while they are large, then the rest in their order by pipelined
+  ``executemany`` (one round trip per run of one kind; ``order.sets_then_rest``). What it
+  costs against writing only each key's last record: ``python -m ops.bench.sink
+  --in-order`` (``docs/table-sink-formats.md``).
 - When PostgreSQL refuses the fast path with a data, integrity or trigger error (SQLSTATE
   class 22, 23, P0), it is rolled back to the SAVEPOINT and the records are written one by
   one in order, each in its own SAVEPOINT; a refused record is rejected with PostgreSQL's
@@ -49,7 +50,7 @@ from fencing.postgres.schema import quote_ident as _quote
 from fencing.postgres.sink.catalog import Method, SinkSpec, Target, ensure_table, read_layout
 from fencing.postgres.sink.formats import Decoding
 from fencing.postgres.sink.keys import KeyReader, key_reader
-from fencing.postgres.sink.order import generations
+from fencing.postgres.sink.order import sets_then_rest
 from fencing.postgres.sink.registry import Registry
 from fencing.postgres.sink.rows import (
     EPOCH_MS,
@@ -67,9 +68,10 @@ __all__ = ["make_table_sink", "table_sink"]
 
 _REFUSED_CLASSES = ("22", "23", "P0")  # data, integrity, raised by a trigger: the record's fault
 _SAVEPOINT = "fence_sink"
-#: a later generation (repeated keys) with fewer upserts of a column set than this goes by
-#: one pipelined ``executemany`` (one round trip) instead of COPY + set statement (three)
-_STAGE_MIN = 64
+#: the smallest set of a repeated key's later operations written by a set statement (a DELETE,
+#: COPY + INSERT … SELECT: about four round trips); smaller ones and all after them go by
+#: pipelined ``executemany`` runs (one round trip each, one statement per row in PostgreSQL)
+_SET_MIN = 200
 _BY_KEY = attrgetter("key")  # sorts upserts and deletes by the key columns' values
 
 
@@ -133,25 +135,26 @@ class _Writer:
 
     async def write(self, conn: Any, ops: Sequence[Upsert | Delete], savepoint: str) -> None:
         """The fast path inside SAVEPOINT ``savepoint``: opened by the first statement and
-        released by the last. Every operation is applied, in order: with key columns the
-        operations go in generations (``order.generations``: a key's n-th operation in the
-        n-th), each one DELETE of its tombstones and one set statement per column set, its
-        upserts in key order. An upsert by COPY sends the SAVEPOINT with the staging
-        table's statement and the RELEASE with its last set statement (one simple query
-        each: a batch of upserts without a repeated key costs four round trips, the COPY's
-        two included, not six); a refusal inside leaves the savepoint open, for ``ROLLBACK
-        TO``."""
-        gens = [sorted(g, key=_BY_KEY) for g in generations(ops)] if self.keys else [ops]
+        released by the last. Every operation is applied, in order: with key columns they go
+        in sets (``order.sets_then_rest``: a key's n-th operation in the n-th set), each one
+        DELETE of its tombstones and one set statement per column set, upserts in key order,
+        while a set holds ``_SET_MIN`` operations; the rest in their order, each run of one
+        kind and column set by one pipelined ``executemany``. An upsert by COPY sends the
+        SAVEPOINT with the staging table's statement and the RELEASE with its last set
+        statement (one simple query each: a batch of upserts without a repeated key costs
+        four round trips, the COPY's two included, not six); a refusal inside leaves the
+        savepoint open, for ``ROLLBACK TO``."""
+        sets, rest = sets_then_rest(ops, min_set=_SET_MIN) if self.keys else ([list(ops)], [])
         staged = bool(self.keys) and self.method is Method.COPY and any(
-            isinstance(op, Upsert) for op in ops)
+            isinstance(op, Upsert) for one in sets for op in one)
         opened = f"SAVEPOINT {savepoint}"
         release = f"RELEASE SAVEPOINT {savepoint}"
         await conn.execute(f"{opened}; {self.make_stage}" if staged else opened)
         released = False
-        for g, gen in enumerate(gens, 1):
+        for g, one in enumerate(sets, 1):
             groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
             deletes = []
-            for op in gen:
+            for op in sorted(one, key=_BY_KEY) if self.keys else one:
                 if isinstance(op, Delete):
                     deletes.append(op.key)
                 else:
@@ -159,7 +162,7 @@ class _Writer:
             if deletes:
                 await conn.execute(self.delete, *self._delete_args(deletes))
             for n, (columns, rows) in enumerate(groups.items(), 1):
-                if self.method is Method.EXECUTEMANY or (g > 1 and len(rows) < _STAGE_MIN):
+                if self.method is Method.EXECUTEMANY:
                     await conn.executemany(self.insert_values(columns), rows)
                 elif not self.keys:
                     await conn.copy_records_to_table(self.t.name, schema_name=self.t.schema,
@@ -169,12 +172,19 @@ class _Writer:
                                                      columns=list(columns), records=rows)
                     names = ", ".join(map(_quote, columns))
                     values = ", ".join(self._value(c, _quote(c)) for c in columns)
-                    released = g == len(gens) and n == len(groups)
+                    released = not rest and g == len(sets) and n == len(groups)
                     tail = f"; {release}" if released else ""
                     await conn.execute(
                         f"INSERT INTO {self.t.quoted} ({names}) SELECT {values} FROM pg_temp."
                         f"{_quote(self.stage)} ORDER BY {self.key_list}{self._conflict()}; "
                         f"DELETE FROM pg_temp.{_quote(self.stage)}{tail}")
+        for run in _runs(rest):
+            if isinstance(run[0], Delete):
+                await conn.executemany(self.delete_one, [
+                    op.key if len(self.keys) > 1 else (op.key,) for op in run])
+            else:
+                await conn.executemany(self.insert_values(run[0].columns),
+                                       [op.values for op in run])  # type: ignore[union-attr]
         if not released:
             await conn.execute(release)
 
@@ -183,6 +193,18 @@ class _Writer:
             await conn.execute(self.delete_one, *(op.key if len(self.keys) > 1 else (op.key,)))
         else:
             await conn.execute(self.insert_values(op.columns), *op.values)
+
+
+def _runs(ops: Sequence[Upsert | Delete]) -> list[list[Upsert | Delete]]:
+    """``ops`` in order, cut where the kind (or an upsert's column set) changes."""
+    out: list[list[Upsert | Delete]] = []
+    for op in ops:
+        if out and type(op) is type(out[-1][0]) and (
+                isinstance(op, Delete) or op.columns == out[-1][0].columns):  # type: ignore[union-attr]
+            out[-1].append(op)
+        else:
+            out.append([op])
+    return out
 
 
 def _refused(exc: BaseException) -> bool:

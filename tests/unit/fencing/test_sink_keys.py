@@ -1,5 +1,6 @@
 """The table sink's keys: the Kafka key converted to the key columns' types (tombstones and
-records whose value lacks the key), composite keys, ``--sink-key-format``, generations."""
+records whose value lacks the key), composite keys, ``--sink-key-format``, the order of a
+batch's operations."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 from fencing.postgres.sink.keys import Format, from_object, key_reader
-from fencing.postgres.sink.order import generations
+from fencing.postgres.sink.order import sets_then_rest
 from fencing.postgres.sink.rows import (
     Column,
     Delete,
@@ -133,11 +134,14 @@ def test_from_object_takes_typed_values_as_they_are() -> None:
         decimal.Decimal("1.10"), u)
 
 
-def test_generations_apply_every_operation_in_order() -> None:
+def test_sets_then_rest_keep_every_operation_in_order() -> None:
     a1, b1, a2, c1, a3, b2 = (Upsert("a", (), (1,)), Upsert("b", (), (1,)), Delete("a"),
                               Upsert("c", (), (1,)), Upsert("a", (), (3,)), Delete("b"))
-    assert generations([a1, b1, a2, c1, a3, b2]) == [[a1, b1, c1], [a2, b2], [a3]]
-    assert generations([]) == []
+    ops: list[Upsert | Delete] = [a1, b1, a2, c1, a3, b2]
+    assert sets_then_rest(ops, min_set=1) == ([[a1, b1, c1], [a2, b2], [a3]], [])
+    assert sets_then_rest(ops, min_set=2) == ([[a1, b1, c1], [a2, b2]], [a3])
+    assert sets_then_rest(ops, min_set=3) == ([[a1, b1, c1]], [a2, a3, b2])  # in order
+    assert sets_then_rest([], min_set=1) == ([], [])
     composite: list[Upsert | Delete] = [Upsert(("eu", 1), (), ()), Upsert(("eu", 2), (), ()),
                                         Delete(("eu", 1))]
-    assert generations(composite) == [composite[:2], composite[2:]]
+    assert sets_then_rest(composite, min_set=5) == ([composite[:2]], composite[2:])
