@@ -112,7 +112,10 @@ def produce_avro_values(topic: str, count: int, partitions: int, bootstrap: str,
     problem = ensure_topic(AdminClient({"bootstrap.servers": bootstrap}), opts)
     if problem is not None:
         raise RuntimeError(problem)
-    serialize = AvroSerializer(SchemaRegistryClient({"url": registry_url}), AVRO_SCHEMA)
+    # subjects by topic (the default ASSOCIATED strategy asks the registry first, see
+    # tests/integration/registry_support.py); a request waits at most 30 s
+    serialize = AvroSerializer(SchemaRegistryClient({"url": registry_url, "timeout": 30}),
+                               AVRO_SCHEMA, conf={"subject.name.strategy.type": "TOPIC"})
     ctx = SerializationContext(topic, MessageField.VALUE)
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
                          "linger.ms": 20, "batch.size": 1_000_000,
@@ -238,7 +241,7 @@ async def measure_decode(registry_url: str, *, records: int = 20_000) -> dict[st
     topic = f"bench_decode_{uuid.uuid4().hex[:8]}"
     wire = await asyncio.to_thread(_avro_wire, registry_url, topic)
     registry = Registry(registry_url)
-    client = AsyncSchemaRegistryClient({"url": registry_url})
+    client = AsyncSchemaRegistryClient({"url": registry_url, "timeout": 30})
     theirs = await AsyncAvroDeserializer(client)
     ours = await registry.reader(Format.AVRO, int.from_bytes(wire[1:5], "big"))
     await theirs(wire, None)
@@ -284,7 +287,8 @@ def _avro_wire(registry_url: str, topic: str) -> bytes:
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    serialize = AvroSerializer(SchemaRegistryClient({"url": registry_url}), AVRO_SCHEMA)
+    serialize = AvroSerializer(SchemaRegistryClient({"url": registry_url, "timeout": 30}),
+                               AVRO_SCHEMA, conf={"subject.name.strategy.type": "TOPIC"})
     wire: bytes = serialize(sink_row(7), SerializationContext(topic, MessageField.VALUE))
     return wire
 

@@ -1,6 +1,14 @@
 """Test support for the schema'd formats: records produced with confluent-kafka's own
 serializers against the real schema registry, and Protobuf message classes built at run
-time (no protoc: a ``FileDescriptorProto`` in the default pool)."""
+time (no protoc: a ``FileDescriptorProto`` in the default pool).
+
+The serializers name subjects by topic (``<topic>-value``, TopicNameStrategy) and their
+client waits at most ``TIMEOUT_S`` per request. confluent-kafka 2.16's default strategy,
+ASSOCIATED, first asks the registry for an association (``GET /associations/...``), which
+Apicurio 3.3.3 answers 404 before the serializer falls back to the topic's name; and
+without a timeout a request whose answer never arrives waits forever (seen once here: the
+registry logged its 404, the client never read it).
+"""
 
 from __future__ import annotations
 
@@ -16,10 +24,18 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, timestamp_pb2
 from google.protobuf.message_factory import GetMessageClass
 
-__all__ = ["avro", "json_schema", "protobuf", "protobuf_class"]
+__all__ = ["TIMEOUT_S", "avro", "client", "json_schema", "protobuf", "protobuf_class"]
 
 F = descriptor_pb2.FieldDescriptorProto
 _ = timestamp_pb2  # google/protobuf/timestamp.proto in the default pool, for dependencies
+
+
+TIMEOUT_S = 30
+_TOPIC = {"subject.name.strategy.type": "TOPIC"}
+
+
+def client(url: str) -> SchemaRegistryClient:
+    return SchemaRegistryClient({"url": url, "timeout": TIMEOUT_S})
 
 
 def _ctx(topic: str, key: bool) -> SerializationContext:
@@ -29,12 +45,12 @@ def _ctx(topic: str, key: bool) -> SerializationContext:
 def avro(url: str, topic: str, schema: str, *, key: bool = False) -> Callable[[Any], bytes]:
     """``value -> bytes`` by ``AvroSerializer`` (registers ``schema`` under the topic's
     subject on first use)."""
-    ser = AvroSerializer(SchemaRegistryClient({"url": url}), schema)
+    ser = AvroSerializer(client(url), schema, conf=_TOPIC)
     return lambda value: ser(value, _ctx(topic, key))
 
 
 def json_schema(url: str, topic: str, schema: str) -> Callable[[Any], bytes]:
-    ser = JSONSerializer(schema, SchemaRegistryClient({"url": url}))
+    ser = JSONSerializer(schema, client(url), conf=_TOPIC)
     return lambda value: ser(value, _ctx(topic, False))
 
 
@@ -71,6 +87,5 @@ def protobuf_class(message: str, fields: list[tuple[str, int, int, str]], *,
 
 
 def protobuf(url: str, topic: str, cls: Any) -> Callable[[Any], bytes]:
-    ser = ProtobufSerializer(cls, SchemaRegistryClient({"url": url}),
-                             {"use.deprecated.format": False})
+    ser = ProtobufSerializer(cls, client(url), {"use.deprecated.format": False, **_TOPIC})
     return lambda msg: ser(msg, _ctx(topic, False))

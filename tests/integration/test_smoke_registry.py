@@ -30,19 +30,20 @@ JSON_SCHEMA = json.dumps({"type": "object", "title": "Smoke",
 
 def test_avro_and_json_schema_round_trips_through_the_registry(
         services: ServiceSettings) -> None:
-    client = SchemaRegistryClient({"url": services.schema_registry_url})
+    client = SchemaRegistryClient({"url": services.schema_registry_url, "timeout": 30})
     topic = f"smoke_{uuid.uuid4().hex[:8]}"
     ctx = SerializationContext(topic, MessageField.VALUE)
     value = {"id": 214, "amount": decimal.Decimal("12.34"),
              "at": dt.datetime(2024, 5, 1, 10, 0, 0, 123000, tzinfo=dt.UTC)}
-    wire = AvroSerializer(client, AVRO)(value, ctx)
+    wire = AvroSerializer(client, AVRO, conf={"subject.name.strategy.type": "TOPIC"})(value, ctx)
     assert wire is not None and wire[0] == 0  # magic byte, then the 4-byte schema id
     schema_id = int.from_bytes(wire[1:5], "big")
     assert AvroDeserializer(client)(wire, ctx) == value
     assert f"{topic}-value" in client.get_subjects()
     assert client.get_schema(schema_id).schema_type in ("AVRO", None)
     ctx_json = SerializationContext(f"{topic}_json", MessageField.VALUE)
-    wire = JSONSerializer(JSON_SCHEMA, client)({"id": 7}, ctx_json)
+    wire = JSONSerializer(JSON_SCHEMA, client, conf={"subject.name.strategy.type": "TOPIC"})(
+        {"id": 7}, ctx_json)
     assert JSONDeserializer(None, schema_registry_client=client)(wire, ctx_json) == {"id": 7}
     with pytest.raises(SchemaRegistryError) as info:
         client.get_schema(987_654)

@@ -17,7 +17,6 @@ from typing import Any
 
 import asyncpg
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2
@@ -30,7 +29,13 @@ from fencing.postgres.store import PgFenceStore
 from fencing.types import ClaimRequest, SourceRecord, TopicPartition
 from ops.stack.config import ServiceSettings
 from tests.integration.pg_helpers import pg_dsn  # noqa: F401  (fixture)
-from tests.integration.registry_support import avro, json_schema, protobuf, protobuf_class
+from tests.integration.registry_support import (
+    avro,
+    client,
+    json_schema,
+    protobuf,
+    protobuf_class,
+)
 from tests.integration.sink_support import (
     apply,
     fetch,
@@ -130,7 +135,7 @@ async def test_the_sinks_avro_reader_decodes_as_confluent_kafkas_deserializer(
         ours = read(wire[5:])
     finally:
         await registry.close()
-    theirs = AvroDeserializer(SchemaRegistryClient({"url": url}))(
+    theirs = AvroDeserializer(client(url))(
         wire, SerializationContext(topic, MessageField.VALUE))
     assert ours == theirs == order(4, updated=None)
 
