@@ -182,6 +182,10 @@ async def _accounts(dsn: str, schema: str, group: str
              for r in rows}, [(r["partition"], r["offset"]) for r in quarantined])
 
 
+def epochs_of(dsn: str, schema: str, group: str, topic: str) -> dict[int, int]:
+    return {p: e for p, (e, _f) in asyncio.run(durable_rows(dsn, schema, group, topic)).items()}
+
+
 def _lose_commit(proxy: ProxyThread, action: Action) -> None:
     """One COMMIT cut (``CUT_AFTER``: PostgreSQL committed, the reply is lost;
     ``CUT_BEFORE``: COMMIT never reached it), waited for until it fired."""
@@ -242,6 +246,12 @@ def test_upsert_sink_with_a_bigint_key_under_kills_and_lost_commits_equals_the_f
         _lose_commit(proxy, Action.CUT_BEFORE)
         wait_until(lambda: committed_total(dsn, schema, group, topic) >= UPSERT_COUNT,
                    timeout_s=180, what="every record committed")
+        # w1..w3 are all gone: each of their partitions is claimed anew, also one whose
+        # records were all committed before its owner's SIGKILL (that handover waits for the
+        # session to expire, which can be after the last record)
+        wait_until(lambda: len(epochs_of(dsn, schema, group, topic)) == UPSERT_PARTITIONS
+                   and min(epochs_of(dsn, schema, group, topic).values()) >= 2,
+                   timeout_s=90, what="every partition handed over at least once")
         live = [w for w in procs if w.alive()]
         for w in live:
             w.terminate()
@@ -252,7 +262,7 @@ def test_upsert_sink_with_a_bigint_key_under_kills_and_lost_commits_equals_the_f
             w.ensure_dead()
         proxy.close()
     assert not any("lifetime ends" in w.log() for w in procs)
-    epochs = {p: e for p, (e, _f) in asyncio.run(durable_rows(dsn, schema, group, topic)).items()}
+    epochs = epochs_of(dsn, schema, group, topic)
     assert len(epochs) == UPSERT_PARTITIONS and min(epochs.values()) >= 2, epochs  # all moved
     table, quarantined = asyncio.run(_accounts(dsn, schema, group))
     assert sorted(quarantined) == sorted(plan.unfit)  # each exactly once (the primary key)
