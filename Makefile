@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 .PHONY: setup stack-up stack-down stack-status test test-unit test-integration test-monitoring \
         test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
-        demo migrate clean crash-matrix docs test-kafka-faults test-handler-blame bench-blame
+        demo migrate clean crash-matrix docs test-kafka-faults test-handler-blame bench-blame sink-churn
 
 setup: $(STAMP)
 
@@ -53,6 +53,13 @@ test-handler-blame: setup
 
 test-sim-worker: setup
 	$(BIN)/pytest -q tests/sim tests/unit/consumer/test_lifecycle*.py tests/unit/consumer/test_decisions.py tests/unit/fencing/test_memstore*.py $(PYTEST_ARGS)
+
+# the table sink's churn scenario (upsert, bigint key, tombstones; kills, lost COMMIT
+# replies) for JSON and Avro under all three group protocols, FENCE_SINK_CHURN_REPEAT times
+# each (default 5; make test runs one protocol per format)
+sink-churn: setup
+	FENCE_SINK_CHURN=full $(BIN)/pytest -q tests/integration/test_sink_rebalance.py \
+	  -k upsert_sink $(PYTEST_ARGS)
 
 # the crash-point matrix: every point x every group protocol (make test runs one protocol per
 # point); prints the table, writes artifacts/crash-matrix/full.json, keeps failed cells' logs

@@ -20,8 +20,11 @@ Rules
   also re-checks the epoch) with the time of the retry; the backoff is waited through the
   ``wait`` the caller gives (it ends early when the partition is revoked or the worker
   stops); meanwhile the partition takes nothing new from its buffer, which fills and
-  pauses it, while the other partitions keep flowing. Every retry is a new fenced
-  transaction that also deletes the count (``clear_attempts``).
+  pauses it, while the other partitions keep flowing (the retrying one keeps one of the
+  ``--db-concurrency`` slots). Every retry is a new fenced transaction that also deletes
+  the count (``clear_attempts``).
+- An *unavailable* failure (``fencing.errors.Unavailable``) is retried so for as long as
+  it lasts: no attempt limit, no bisection, no durable count (an outage is not the records').
 - After ``--retry-max-attempts`` (or at once for poison) the batch is bisected
   (``fencing.failures.Bisection``); each poison record is quarantined with the exception's
   type, message and traceback digest in the transaction that moves the frontier past it;
@@ -85,6 +88,10 @@ log = logging.getLogger("fenceworker.failures")
 Wait = Callable[[float], Awaitable[None]]
 SLOW_SETTINGS = ("--db-idle-in-transaction-timeout-s (a handler call may last 90 % of it) "
                  "and --call-budget-s (75 % of it)")
+
+
+def _unavailable(exc: BaseException | None) -> bool:
+    return isinstance(exc, HandlerFailed) and exc.unavailable
 
 
 class RetryInterrupted(Exception):
@@ -401,7 +408,8 @@ class FailureRun:
         tenacity; raise the last ``HandlerFailed``. Before each wait the attempt about to
         start is counted durably (which re-checks the epoch) with its retry time."""
         policy = self._policy
-        if not failure.transient or attempts >= policy.retry_max_attempts:
+        if not failure.transient or (attempts >= policy.retry_max_attempts
+                                     and not failure.unavailable):
             raise failure
         state = {"attempt": attempts}
         pending: list[HandlerFailed] = [failure]  # the failure that got us here comes first
@@ -415,20 +423,24 @@ class FailureRun:
             failed = rs.outcome.exception() if rs.outcome is not None else None
             backoff_s = rs.upcoming_sleep
             await wait(0.0)  # a closed partition (lost, revoked) has no token to count
-            state["attempt"] = (await self._lc.record_attempt(
-                tp, offset=batch[0].offset, max_attempts=policy.retry_max_attempts,
-                error=None if not isinstance(failed, HandlerFailed)
-                else f"{failed.error_type}: {failed.error_message}",
-                next_retry_in_s=backoff_s, at_least=state["attempt"] + 1)).count
+            if _unavailable(failed):  # not the records' doing: counted here only
+                state["attempt"] += 1
+            else:
+                state["attempt"] = (await self._lc.record_attempt(
+                    tp, offset=batch[0].offset, max_attempts=policy.retry_max_attempts,
+                    error=None if not isinstance(failed, HandlerFailed)
+                    else f"{failed.error_type}: {failed.error_message}",
+                    next_retry_in_s=backoff_s, at_least=state["attempt"] + 1)).count
             self._count(tp, "retry", attrs={"fence.attempt": state["attempt"],
                                             "fence.backoff_s": backoff_s})
             self.retrying[tp] = (state["attempt"], backoff_s)
-            log.warning("%s: attempt %d of %d in %.2f s after %s", tp, state["attempt"],
-                        policy.retry_max_attempts, backoff_s, failed)
+            log.warning("%s: attempt %d of %s in %.2f s after %s", tp, state["attempt"], "any" if
+                        _unavailable(failed) else policy.retry_max_attempts, backoff_s, failed)
 
         retrying = AsyncRetrying(
             retry=retry_if_exception(lambda e: isinstance(e, HandlerFailed) and e.transient),
-            stop=lambda _rs: state["attempt"] >= policy.retry_max_attempts,
+            stop=lambda rs: state["attempt"] >= policy.retry_max_attempts and not _unavailable(
+                rs.outcome.exception() if rs.outcome is not None else None),
             wait=lambda _rs: policy.backoff_s(state["attempt"], self._rng),
             sleep=wait, before_sleep=count_next, reraise=True)
         try:

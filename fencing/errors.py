@@ -33,6 +33,7 @@ __all__ = [
     "TokenDropped",
     "TooSlow",
     "Transient",
+    "Unavailable",
     "Unresolved",
 ]
 
@@ -100,16 +101,24 @@ class Transient(Exception):
     succeed: the batch is rolled back and retried with backoff (the world's)."""
 
 
+class Unavailable(Transient):
+    """Raised by a handler when a service it needs does not answer (e.g. the schema registry):
+    the batch is rolled back and retried with backoff until the service answers, never
+    bisected, and the attempts are not counted against its records (the world's)."""
+
+
 class HandlerFailed(FenceError):
     """The handler raised while applying a batch: the transaction rolled back, nothing of
     the batch applied, the lifetime stays live. ``transient``: a retry may succeed (a
     ``Transient``, serialization failure, deadlock, lock timeout); otherwise
-    the batch holds a poison record (the handler's or its input's)."""
+    the batch holds a poison record (the handler's or its input's). ``unavailable``: an
+    ``Unavailable`` (retried until the service answers)."""
 
     def __init__(self, message: str, *, transient: bool, error_type: str,
-                 error_message: str, traceback_digest: str) -> None:
+                 error_message: str, traceback_digest: str, unavailable: bool = False) -> None:
         super().__init__(message)
-        self.transient = transient
+        self.transient = transient or unavailable
+        self.unavailable = unavailable
         self.error_type = error_type
         self.error_message = error_message
         self.traceback_digest = traceback_digest

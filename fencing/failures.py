@@ -4,7 +4,9 @@ Rules
 - A handler exception becomes ``HandlerFailed`` inside the store, before the rollback; it is
   transient when a ``Transient`` is the exception or in its cause/context chain, or when the
   store's classifier says so (PostgreSQL: SQLSTATE 40001, 40P01, 55P03 and lost
-  connections, ``fencing.postgres.classify.handler_transient``). Everything else is poison.
+  connections, ``fencing.postgres.classify.handler_transient``), and *unavailable* when
+  that ``Transient`` is an ``Unavailable`` (a service the handler needs does not answer).
+  Everything else is poison.
   A ``FenceError`` raised inside the handler (e.g. ``Retired`` from the retirement barrier)
   is never wrapped.
 - Backoff before attempt n+1 is tenacity's ``wait_exponential`` (``min(max, initial *
@@ -48,7 +50,7 @@ from typing import cast
 
 from tenacity import RetryCallState, wait_exponential
 
-from fencing.errors import ConfigError, FenceError, HandlerFailed, Transient
+from fencing.errors import ConfigError, FenceError, HandlerFailed, Transient, Unavailable
 
 __all__ = [
     "CAUSES",
@@ -85,12 +87,12 @@ def quarantine_cause(error_type: str | None) -> str:
 
 
 
-def marked_transient(exc: BaseException) -> bool:
-    """True when ``exc`` or an exception in its cause/context chain is a ``Transient``."""
+def marked_transient(exc: BaseException, kind: type[Transient] = Transient) -> bool:
+    """True when ``exc`` or an exception in its cause/context chain is a ``kind``."""
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
-        if isinstance(cur, Transient):
+        if isinstance(cur, kind):
             return True
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
@@ -111,13 +113,14 @@ def handler_failure(exc: Exception, *, what: str,
     ``FenceError``, else ``HandlerFailed`` (raise it ``from exc``)."""
     if isinstance(exc, FenceError):
         return exc
+    unavailable = marked_transient(exc, Unavailable)
     is_transient = marked_transient(exc) or (transient is not None and transient(exc))
     message = str(exc)[:2000]
+    kind = "unavailable" if unavailable else "transient" if is_transient else "poison"
     return HandlerFailed(
-        f"{what}: handler raised {type(exc).__name__}: {message}"
-        f" ({'transient' if is_transient else 'poison'})",
+        f"{what}: handler raised {type(exc).__name__}: {message} ({kind})",
         transient=is_transient, error_type=type(exc).__qualname__, error_message=message,
-        traceback_digest=traceback_digest(exc))
+        traceback_digest=traceback_digest(exc), unavailable=unavailable)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,9 @@ Rules
 - ``on_failure``: ``quarantine`` (default: poison records are isolated and quarantined) or
   ``stop`` (a failure that survives its retries fail-stops the lifetime, exit 1).
   ``outcome-uncertain`` handlers are never replayed after a failure (``consumer.failure_run``).
-- A handler marks an exception transient by raising ``Transient`` (or one caused by it).
+- A handler marks an exception transient by raising ``Transient`` (or one caused by it);
+  ``Unavailable`` (a ``Transient``) says a service it needs does not answer: retried until it
+  does, never bisected (``consumer.failure_run``).
 - A handler must return exactly one verdict per record; anything else raises
   ``HandlerDeclarationError`` inside the transaction, which then rolls back.
 - ``--handler module:name`` names a handler or a *factory*: a callable marked with
@@ -39,7 +41,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from fencing.errors import ConfigError, HandlerDeclarationError, Transient
+from fencing.errors import ConfigError, HandlerDeclarationError, Transient, Unavailable
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, Accept, Reject, Verdict
 
@@ -53,6 +55,7 @@ __all__ = [
     "LoadedHandler",
     "OnFailure",
     "Transient",
+    "Unavailable",
     "accepted_all",
     "build_from",
     "build_handler",

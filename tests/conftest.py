@@ -2,10 +2,11 @@
 
 The ``services`` fixture yields one ``ServiceSettings``, chosen in this order:
 
-1. all of KAFKA_BOOTSTRAP_SERVERS, FENCE_DSN, OTEL_EXPORTER_OTLP_ENDPOINT and
-   JAEGER_QUERY_URL set in the environment (an existing stack, e.g. ``compose/``
-   or ``eval "$(fencectl stack env)"``);
-2. testcontainers when a Docker engine answers (Kafka, PostgreSQL, Jaeger);
+1. all of KAFKA_BOOTSTRAP_SERVERS, FENCE_DSN, OTEL_EXPORTER_OTLP_ENDPOINT,
+   JAEGER_QUERY_URL and SCHEMA_REGISTRY_URL set in the environment (an existing stack,
+   e.g. ``compose/`` or ``eval "$(fencectl stack env)"``);
+2. testcontainers when a Docker engine answers (Kafka, PostgreSQL, Jaeger, Apicurio
+   Registry);
 3. the local stack (``ops.stack.control``), started once for the session. Services a test
    session started stop when the last concurrent session ends (``ops.stack.lease``;
    set FENCE_KEEP_STACK=1 to keep them); services that were already running, e.g.
@@ -50,6 +51,7 @@ CLUSTER_SCOPE = "kafka-cluster"
 KAFKA_IMAGE = os.environ.get("FENCE_TEST_KAFKA_IMAGE", "apache/kafka:4.1.1")
 POSTGRES_IMAGE = os.environ.get("FENCE_TEST_POSTGRES_IMAGE", "postgres:15")
 JAEGER_IMAGE = os.environ.get("FENCE_TEST_JAEGER_IMAGE", "jaegertracing/jaeger:2.13.0")
+REGISTRY_IMAGE = os.environ.get("FENCE_TEST_REGISTRY_IMAGE", "apicurio/apicurio-registry:3.3.3")
 _READY_TIMEOUT_S = 120.0
 
 
@@ -92,7 +94,7 @@ def _wait_http_json(url: str, *, timeout_s: float) -> None:
 
 @contextmanager
 def _containers() -> Iterator[ServiceSettings]:
-    """Kafka (KRaft), PostgreSQL and Jaeger containers for the session."""
+    """Kafka (KRaft), PostgreSQL, Jaeger and schema registry containers for the session."""
     from testcontainers.community.postgres import PostgresContainer
     from testcontainers.core.container import DockerContainer
 
@@ -126,14 +128,20 @@ def _containers() -> Iterator[ServiceSettings]:
         stack.enter_context(kafka)
         jaeger = DockerContainer(JAEGER_IMAGE).with_exposed_ports(4317, 16686)
         stack.enter_context(jaeger)
+        registry = DockerContainer(REGISTRY_IMAGE).with_exposed_ports(8080)
+        stack.enter_context(registry)
         host = jaeger.get_container_host_ip()
+        registry_url = (f"http://{registry.get_container_host_ip()}:"
+                        f"{registry.get_exposed_port(8080)}/apis/ccompat/v7")
         settings = ServiceSettings(
             kafka_bootstrap=f"127.0.0.1:{kafka_port}",
             dsn=pg.get_connection_url(),
             otlp_endpoint=f"http://{host}:{jaeger.get_exposed_port(4317)}",
             jaeger_query_url=f"http://{host}:{jaeger.get_exposed_port(16686)}",
+            schema_registry_url=registry_url,
         )
         _wait_http_json(settings.jaeger_query_url + "/api/services", timeout_s=_READY_TIMEOUT_S)
+        _wait_http_json(registry_url + "/subjects", timeout_s=_READY_TIMEOUT_S)
         _wait_kafka(settings.kafka_bootstrap, timeout_s=_READY_TIMEOUT_S)
         yield settings
 
@@ -209,7 +217,8 @@ def _exported(settings: ServiceSettings) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def services(request: pytest.FixtureRequest) -> Iterator[ServiceSettings]:
-    """Where Kafka, PostgreSQL and Jaeger are for this session (see the module docstring)."""
+    """Where Kafka, PostgreSQL, Jaeger and the schema registry are for this session (see the
+    module docstring)."""
     with ExitStack() as stack:
         settings = ServiceSettings.from_env(os.environ)
         if settings is None and _docker_engine_answers():
@@ -239,6 +248,24 @@ async def fence_schema(pg_dsn: str) -> AsyncIterator[str]:
         yield schema
     finally:
         await drop_schema(pg_dsn, schema)
+
+
+@pytest.fixture
+async def schema(pg_dsn: str) -> AsyncIterator[str]:
+    """A freshly migrated fence schema without test tables (the table sink's tests), dropped
+    after the test."""
+    import asyncpg
+
+    from fencing.postgres.schema import migrate
+
+    name = f"sink_t_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await migrate(conn, name)
+        yield name
+    finally:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        await conn.close()
 
 
 @pytest.fixture

@@ -23,8 +23,10 @@ Rules
   with ``handler=accept`` one that accepts every record and writes nothing (memory runs
   with 1 MiB records), or with ``handler=sink`` the built-in table sink
   (``fencing.postgres.sink:table_sink``) with the remaining settings (``table``, ``key``,
-  ``method``) passed through as ``fencectl run --sink`` passes them; an unqualified
-  ``table`` is placed in the run's schema, so every run writes a fresh table.
+  ``method``, ``format``, ``registry``) passed through as ``fencectl run --sink`` passes
+  them; an unqualified ``table`` is placed in the run's schema, so every run writes a fresh
+  table. ``layout=typed`` first creates that table with ``ops.bench.sink.TYPED_DDL`` (the
+  table the Avro run creates from its schema), for the JSON run beside it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from fencing.handler import HandlerContext, declaration_of, handler, handler_fac
 from fencing.postgres.sink import SinkSpec, ensure_table, make_table_sink
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, SourceRecord, Verdict
+from ops.bench.sink import TYPED_DDL
 from ops.reference.pg import ensure_tables, make_pg_handler
 
 __all__ = ["FLUSH_S", "Marks", "accept_all", "clocked", "combined", "sink_spec", "wrap"]
@@ -117,7 +120,7 @@ async def accept_all(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict
     return [ACCEPT] * len(records)
 
 
-_OWN = ("clock_file", "handler")  # the clock's settings; the rest belong to the sink
+_OWN = ("clock_file", "handler", "layout")  # the clock's settings; the rest are the sink's
 
 
 def sink_spec(settings: Mapping[str, str], schema: str) -> SinkSpec:
@@ -130,7 +133,10 @@ def sink_spec(settings: Mapping[str, str], schema: str) -> SinkSpec:
 
 async def _ensure(conn: Any, context: HandlerContext) -> None:
     if context.settings.get("handler") == "sink":
-        await ensure_table(conn, sink_spec(context.settings, context.schema))
+        spec = sink_spec(context.settings, context.schema)
+        if context.settings.get("layout") == "typed":  # the JSON run's twin of the Avro table
+            await conn.execute(TYPED_DDL.format(spec.quoted))
+        await ensure_table(conn, spec, topics=context.topics)
     else:
         await ensure_tables(conn, context.schema)
 

@@ -61,6 +61,7 @@ class Run:
     kind: str  # "baseline" | "worker"
     args: tuple[str, ...] = ()
     topic: str = "main"  # which produced topic: "main", "single" (the batch-1 subset), "sink"
+    #                      (100-byte JSON values) or "sink_avro" (the same records in Avro)
     members: int = 1
     repeat: bool = True  # alternates with the other repeated runs ``--repeat`` times
     handler: str = "reference"  # "reference", "accept" (only the fence) or "sink" (table sink)
@@ -157,7 +158,9 @@ def worker_argv(run: Run, topic: str, group: str, schema: str, clock_file: Path)
             "--handler", f"{clock.__name__}:{clock.clocked.__name__}",
             "--handler-setting", f"clock_file={clock_file}",
             "--handler-setting", f"handler={run.handler}",
-            *(x for s in run.settings for x in ("--handler-setting", s)), *run.args]
+            *(x for s in run.settings for x in ("--handler-setting", s)),
+            *(("--handler-setting", f"registry={os.environ['SCHEMA_REGISTRY_URL']}")
+              if "format=avro" in run.settings else ()), *run.args]
 
 
 def hwm_kib(pid: int) -> int:

@@ -1,6 +1,8 @@
-"""The benchmark tables of ``docs/benchmarks.md``, generated from the JSON in ``docs/bench/``.
+"""The benchmark tables of ``docs/benchmarks.md`` (and the table sink's of
+``docs/table-sink-formats.md``, ``ops.bench.sink_tables``), generated from the JSON in
+``docs/bench/``.
 
-``python -m ops.bench.tables`` rewrites every generated region of the page; ``--check``
+``python -m ops.bench.tables`` rewrites every generated region of those pages; ``--check``
 only compares and exits 1 naming the regions that differ. A region is the text between
 
     <!-- generated: NAME -->
@@ -27,10 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PAGE", "REGIONS", "main", "render_page"]
+from ops.bench import sink_tables
+
+__all__ = ["PAGE", "PAGES", "REGIONS", "main", "render_page"]
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "benchmarks.md"
+SINK_PAGE = "table-sink-formats.md"
 BENCH = ROOT / "docs" / "bench"
 
 _REGION = re.compile(r"(<!-- generated: ([\w-]+) -->\n)(.*?)(<!-- end generated -->)", re.S)
@@ -42,6 +47,7 @@ Report = dict[str, Any]
 class Region:
     source: str  # file name under docs/bench/
     render: Callable[[Report], list[str]]
+    page: str = "benchmarks.md"  # the page under docs/ that holds the region
 
 
 def _n(value: float) -> str:
@@ -237,7 +243,12 @@ REGIONS: dict[str, Region] = {
     "rebalances": Region("worker-quiet.json", rebalances),
     "members": Region("worker-quiet.json", members),
     "memory": Region("worker-quiet.json", memory_bound),
+    "sink-in-order": Region("sink-in-order.json", sink_tables.in_order, SINK_PAGE),
+    "sink-decode": Region("sink-decode.json", sink_tables.decode, SINK_PAGE),
+    "sink-avro": Region("sink-avro.json", sink_tables.avro_runs, SINK_PAGE),
 }
+#: every page with generated regions
+PAGES = tuple(sorted({ROOT / "docs" / r.page for r in REGIONS.values()}))
 
 
 def render_page(text: str, bench_dir: Path = BENCH) -> str:
@@ -270,19 +281,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--check", action="store_true",
                    help="compare only; exit 1 naming the regions that differ from their JSON")
-    p.add_argument("--page", type=Path, default=PAGE)
+    p.add_argument("--page", type=Path, action="append", default=None,
+                   help="only this page (repeatable; default every page with regions)")
     a = p.parse_args(argv)
-    text = a.page.read_text(encoding="utf-8")
-    if a.check:
-        stale = stale_regions(text)
-        if stale:
-            print(f"{a.page}: generated tables differ from docs/bench: {', '.join(stale)}; "
-                  "run `python -m ops.bench.tables`", file=sys.stderr)
-            return 1
-        return 0
-    a.page.write_text(render_page(text), encoding="utf-8")
-    print(f"wrote {a.page}")
-    return 0
+    code = 0
+    for page in a.page or PAGES:
+        text = page.read_text(encoding="utf-8")
+        if a.check:
+            stale = stale_regions(text)
+            if stale:
+                print(f"{page}: generated tables differ from docs/bench: {', '.join(stale)}; "
+                      "run `python -m ops.bench.tables`", file=sys.stderr)
+                code = 1
+            continue
+        page.write_text(render_page(text), encoding="utf-8")
+        print(f"wrote {page}")
+    return code
 
 
 if __name__ == "__main__":

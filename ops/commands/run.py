@@ -1,8 +1,12 @@
 """``fencectl run``: the worker process (flags + environment -> ``consumer.worker.Worker``).
 
+Long because every flag of ``fencectl run`` is declared here with its help text, next to
+the translation of flags and environment into a ``WorkerConfig``.
+
 Settings: flags below; ``KAFKA_BOOTSTRAP_SERVERS``, ``FENCE_DSN`` (never a flag: a secret
-must not appear in argv), ``FENCE_SCHEMA``, standard ``OTEL_*``. Exit codes: see
-``consumer.exits`` (0 stopped, 2 configuration, 3 retired, 4 source refused,
+must not appear in argv), ``SCHEMA_REGISTRY_URL`` (``--sink`` with a schema'd format; it
+may carry credentials, so never a flag either), ``FENCE_SCHEMA``, standard ``OTEL_*``.
+Exit codes: see ``consumer.exits`` (0 stopped, 2 configuration, 3 retired, 4 source refused,
 5 unavailable, 6 shutdown bound exceeded).
 """
 
@@ -37,7 +41,7 @@ from fencing.errors import ConfigError, SourceUnavailable, StoreUnavailable
 from fencing.failures import RetryPolicy
 from fencing.handler import HandlerContext, build_handler, declaration_of
 from fencing.types import Token, TopicPartition
-from ops.operator.handler_record import SINK_HANDLER, handler_from_flags, record_of
+from ops.operator.handler_record import SINK_FLAGS, SINK_HANDLER, handler_from_flags, record_of
 from ops.reference import pg as reference_pg
 from ops.worker import startup
 from ops.worker.observability import ObsOptions, WorkerObservability
@@ -78,11 +82,20 @@ def register(sub: Any) -> None:
                    help=f"effect handler, or handler factory, as module:name (default "
                         f"{DEFAULT_HANDLER})")
     p.add_argument("--sink", default=None, metavar="table=NAME",
-                   help="the built-in table sink instead of a handler: write each JSON value "
+                   help="the built-in table sink instead of a handler: write each value "
                         "into the PostgreSQL table NAME (created if missing)")
-    p.add_argument("--sink-key", default=None, metavar="COLUMN",
-                   help="with --sink: upsert on this unique column (last record wins, a "
-                        "tombstone deletes); without it every record is inserted")
+    p.add_argument("--sink-key", default=None, metavar="COLUMN[,COLUMN...]",
+                   help="with --sink: upsert on these columns (a primary key or unique index "
+                        "on exactly them; a tombstone deletes); without it every record is "
+                        "inserted")
+    p.add_argument("--sink-format", default=None, metavar="FORMAT",
+                   help="with --sink: how values are encoded: json (default), avro, protobuf "
+                        "or json-schema (the last three through the schema registry at "
+                        "$SCHEMA_REGISTRY_URL)")
+    p.add_argument("--sink-key-format", default=None, metavar="FORMAT",
+                   help="with --sink: how the Kafka key is encoded, for tombstones and "
+                        "records whose value lacks a key column: string (default), json, "
+                        "avro, protobuf or json-schema")
     p.add_argument("--handler-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting given to a handler factory (repeatable)")
     p.add_argument("-X", dest="x", action="append", default=[], metavar="KEY=VALUE",
@@ -142,7 +155,7 @@ def register(sub: Any) -> None:
 
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
     """A checked ``WorkerConfig``; raises ``ConfigError`` naming the bad setting."""
-    handler, settings = _handler_of(args)
+    handler, settings = _handler_of(args, env)
     cfg = WorkerConfig(
         topics=tuple(args.topic), topic_pattern=args.topic_pattern, group_id=args.group,
         bootstrap_servers=args.bootstrap_servers or env.get("KAFKA_BOOTSTRAP_SERVERS", ""),
@@ -168,13 +181,17 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
     return cfg
 
 
-def _handler_of(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+def _handler_of(args: argparse.Namespace, env: Mapping[str, str]
+                ) -> tuple[str, dict[str, str]]:
     """The handler spec and factory settings: ``--handler``/``--handler-setting``, or the
-    table sink's factory for ``--sink table=NAME [--sink-key COL]``."""
+    table sink's factory for ``--sink table=NAME [--sink-key COL] [--sink-format F]
+    [--sink-key-format F]`` (and ``SCHEMA_REGISTRY_URL`` as its ``registry``)."""
     settings = parse_x_options(args.handler_setting, flag="--handler-setting",
                                strip_values=False)
-    chosen = handler_from_flags(handler=args.handler, settings=settings, sink=args.sink,
-                                sink_key=args.sink_key)
+    chosen = handler_from_flags(
+        handler=args.handler, settings=settings, sink=args.sink,
+        sink_options={attr: getattr(args, attr) for attr, _flag, _setting in SINK_FLAGS},
+        registry=env.get("SCHEMA_REGISTRY_URL", ""))
     if chosen is None:
         return DEFAULT_HANDLER, settings
     return chosen.spec, dict(chosen.settings)

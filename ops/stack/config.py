@@ -3,8 +3,8 @@
 Rules:
 - Data directories, logs and pid files live under ``.stack/`` in the checkout
   (override: ``FENCE_STACK_DIR``).
-- Resolved jars, the Jaeger and Prometheus binaries and build caches live in a user-level cache
-  (``FENCE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fenceworker``, else
+- Resolved jars, the Jaeger and Prometheus binaries, the schema registry's app and build
+  caches live in a user-level cache (``FENCE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fenceworker``, else
   ``~/.cache/fenceworker``) so a fresh clone on the same machine reuses them.
 - Every port binds 127.0.0.1 and can be overridden by an environment variable
   (see ``PORT_ENV``); nothing here reads the clock or starts a process.
@@ -35,6 +35,7 @@ __all__ = [
     "KAFKA_VERSION",
     "PORT_ENV",
     "PROMETHEUS_VERSION",
+    "REGISTRY_VERSION",
     "SERVICE_ENV",
     "SERVICE_PORTS",
     "Service",
@@ -57,6 +58,9 @@ JAEGER_VERSION = "v1.76.0"  # same commit as Jaeger v2.13.0; newest reachable by
 # the Go module version of Prometheus 3.16.0 (its VERSION file): the newest non-rc version the
 # Go module proxy serves; its go.mod has no replace directive and wants Go >= 1.26.7
 PROMETHEUS_VERSION = "v0.316.0"
+#: Apicurio Registry: its runnable app is on Maven Central (seen to serve confluent-kafka's
+#: Avro, Protobuf and JSON Schema serdes through /apis/ccompat/v7)
+REGISTRY_VERSION = "3.3.3"
 DB_NAME = "fenceworker"
 DB_USER = "fenceworker"
 
@@ -76,6 +80,7 @@ class Service(enum.Enum):
     KAFKA_3 = "kafka-3"
     JAEGER = "jaeger"
     PROMETHEUS = "prometheus"
+    REGISTRY = "registry"  # the schema registry (Confluent-compatible REST API)
 
 
 #: the nodes of the three-node Kafka cluster, node 1 first
@@ -90,9 +95,10 @@ def node_number(service: Service) -> int:
 
 
 def default_services(kafka_nodes: int) -> tuple[Service, ...]:
-    """What ``up`` starts: PostgreSQL, Kafka with ``kafka_nodes`` nodes, Jaeger, Prometheus."""
+    """What ``up`` starts: PostgreSQL, Kafka with ``kafka_nodes`` nodes, Jaeger, Prometheus,
+    the schema registry."""
     kafka = (Service.KAFKA,) if kafka_nodes == 1 else KAFKA_NODES
-    return (Service.POSTGRES, *kafka, Service.JAEGER, Service.PROMETHEUS)
+    return (Service.POSTGRES, *kafka, Service.JAEGER, Service.PROMETHEUS, Service.REGISTRY)
 
 
 #: port field -> (environment variable, default)
@@ -112,6 +118,8 @@ PORT_ENV: dict[str, tuple[str, int]] = {
     "jaeger_query_grpc": ("FENCE_JAEGER_QUERY_GRPC_PORT", 16685),
     "jaeger_health": ("FENCE_JAEGER_HEALTH_PORT", 13133),
     "prometheus": ("FENCE_PROMETHEUS_PORT", 9090),
+    "schema_registry": ("FENCE_SCHEMA_REGISTRY_PORT", 18081),
+    "schema_registry_management": ("FENCE_SCHEMA_REGISTRY_MANAGEMENT_PORT", 18082),
 }
 
 
@@ -125,6 +133,7 @@ SERVICE_PORTS: dict[Service, tuple[str, ...]] = {
     Service.JAEGER: ("jaeger_query", "otlp_grpc", "otlp_http", "jaeger_query_grpc",
                      "jaeger_health"),
     Service.PROMETHEUS: ("prometheus",),
+    Service.REGISTRY: ("schema_registry", "schema_registry_management"),
 }
 
 
@@ -147,6 +156,8 @@ class StackPorts:
     jaeger_query_grpc: int
     jaeger_health: int
     prometheus: int
+    schema_registry: int
+    schema_registry_management: int
 
     def of(self, service: Service) -> tuple[int, ...]:
         """All ports ``service`` listens on, the client-facing one first."""
@@ -192,6 +203,10 @@ class StackPaths:
     @property
     def promtool_binary(self) -> Path:
         return self.cache / "bin" / f"promtool-{PROMETHEUS_VERSION}"
+
+    @property
+    def registry_app(self) -> Path:
+        return self.cache / f"apicurio-registry-{REGISTRY_VERSION}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +288,7 @@ def connection_env(ports: StackPorts, *, pg_password: str,
         dsn=f"postgresql://{DB_USER}:{pg_password}@{HOST}:{ports.postgres}/{DB_NAME}",
         otlp_endpoint=f"http://{HOST}:{ports.otlp_grpc}",
         jaeger_query_url=f"http://{HOST}:{ports.jaeger_query}",
+        schema_registry_url=f"http://{HOST}:{ports.schema_registry}/apis/ccompat/v7",
     ).as_env()
 
 
@@ -282,6 +298,7 @@ SERVICE_ENV: tuple[str, ...] = (
     "FENCE_DSN",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "JAEGER_QUERY_URL",
+    "SCHEMA_REGISTRY_URL",
 )
 
 
@@ -293,6 +310,7 @@ class ServiceSettings:
     dsn: str  #: PostgreSQL URL, postgresql://user:password@host:port/db
     otlp_endpoint: str  #: OTLP gRPC endpoint, http://host:port
     jaeger_query_url: str  #: Jaeger query API base URL, http://host:port
+    schema_registry_url: str  #: Confluent-compatible schema registry, http://host:port/path
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ServiceSettings | None:
@@ -302,7 +320,8 @@ class ServiceSettings:
 
     def as_env(self) -> dict[str, str]:
         """The settings keyed by ``SERVICE_ENV`` names."""
-        values = (self.kafka_bootstrap, self.dsn, self.otlp_endpoint, self.jaeger_query_url)
+        values = (self.kafka_bootstrap, self.dsn, self.otlp_endpoint, self.jaeger_query_url,
+                  self.schema_registry_url)
         return dict(zip(SERVICE_ENV, values, strict=True))
 
 

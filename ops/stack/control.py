@@ -1,4 +1,9 @@
-"""The local service stack: PostgreSQL, Kafka (KRaft), Jaeger v2 and Prometheus without Docker.
+"""The local service stack: PostgreSQL, Kafka (KRaft), Jaeger v2, Prometheus and a schema
+registry (Apicurio Registry, Confluent-compatible API) without Docker.
+
+Long because up, down, status and the cluster's stop-node/start-node share one lock, one
+table of service modules and one health wait; each service's own start and check live in
+its module (``ops.stack.postgres``, ``kafka``, ``kafka_cluster``, ``jaeger``, ...).
 
 Rules:
 - ``up`` is idempotent: a service whose tracked pid is alive is only health-checked;
@@ -28,6 +33,7 @@ from ops.stack import jaeger as stack_jaeger
 from ops.stack import kafka as stack_kafka
 from ops.stack import postgres as stack_postgres
 from ops.stack import prometheus as stack_prometheus
+from ops.stack import registry as stack_registry
 from ops.stack.config import (
     KAFKA_NODES,
     PORT_ENV,
@@ -75,6 +81,7 @@ _MODULES: dict[Service, _ServiceOps] = {
     **{node: NodeOps(node) for node in KAFKA_NODES},
     Service.JAEGER: stack_jaeger,
     Service.PROMETHEUS: stack_prometheus,
+    Service.REGISTRY: stack_registry,
 }
 #: seconds each service may take from start to its first healthy answer
 HEALTH_TIMEOUT_S: dict[Service, float] = {
@@ -83,6 +90,7 @@ HEALTH_TIMEOUT_S: dict[Service, float] = {
     **{node: 120.0 for node in KAFKA_NODES},
     Service.JAEGER: 60.0,
     Service.PROMETHEUS: 60.0,
+    Service.REGISTRY: 120.0,  # a JVM app: ~9-20 s to its first answer here, more under load
 }
 
 
@@ -140,6 +148,9 @@ def _first_time_note(settings: StackSettings, service: Service) -> str:
             return f" (building {name} once into {cache}, several minutes; log {cache}/{go.value})"
     if service in (Service.KAFKA, *KAFKA_NODES) and not stack_kafka.cp_file(settings).exists():
         return f" (resolving the Kafka jars with mvn once into {cache}/m2)"
+    if service is Service.REGISTRY and not settings.paths.registry_app.exists():
+        return (f" (fetching {stack_registry.ARTIFACT}, ~160 MB, with mvn once into "
+                f"{settings.paths.registry_app})")
     return ""
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from consumer import Lifecycle
 from consumer.failure_run import FailureRun, RetryInterrupted
-from fencing.errors import HandlerFailed, TooSlow, Transient
-from fencing.failures import RetryPolicy
+from fencing.errors import HandlerFailed, TooSlow, Transient, Unavailable
+from fencing.failures import RetryPolicy, handler_failure
 from fencing.handler import Declaration, Durability, Effects, OnFailure
 from fencing.memory.store import MemoryFenceStore
 from fencing.slow import handler_limit_s
@@ -338,6 +338,20 @@ def sleeping(per_record_s: float, slow: dict[int, float] | None = None) -> Handl
     return handle
 
 
+def unavailable_for(calls: int) -> HandlerFn:
+    """``counting()``, but its first ``calls`` calls raise ``Unavailable``."""
+    inner = counting()
+    seen = {"n": 0}
+
+    async def handle(conn: Any, records: Sequence[SourceRecord]) -> Any:
+        seen["n"] += 1
+        if seen["n"] <= calls:
+            raise Unavailable("schema registry: GET /schemas/ids/7 timed out")
+        return await inner(conn, records)
+
+    return handle
+
+
 async def slow_run(store: MemoryFenceStore, clock: LogicalClock, handler: HandlerFn, *,
                    budget_s: float, decl: Declaration | None = None) -> tuple[Lifecycle,
                                                                                 FailureRun]:
@@ -405,3 +419,45 @@ def test_an_outcome_uncertain_batch_too_slow_is_quarantined_as_outcome_unknown()
     assert [(q.offset, q.error_type) for q in store.quarantine] == [
         (0, "OutcomeUnknown"), (1, "OutcomeUnknown")]
     assert "applied" not in store.tables()
+
+
+async def test_an_unavailable_service_is_waited_for_past_every_attempt_limit() -> None:
+    """Twelve failures in a row, against a limit of five attempts: no bisection, nothing
+    quarantined, no durable count left for a later owner to blame the records with; the
+    backoff doubles up to its bound."""
+    store, clock = MemoryFenceStore("g"), Clock()
+    lc = await owner(store, clock, "L1")
+    run = failure_run(lc, unavailable_for(12), clock, initial_ms=100, max_ms=1000,
+                      retry_max_attempts=5)
+    counted: list[int] = []
+    real = lc.record_attempt
+
+    async def spy(*args: Any, **kwargs: Any) -> Any:
+        counted.append(kwargs["offset"])
+        return await real(*args, **kwargs)
+
+    lc.record_attempt = spy  # type: ignore[method-assign]
+    token = await run.submit(TP, recs(0, 1, 2), links=(), stopped=never)
+    assert token == Token(1, 3) and store.tables()["applied"] == {0: 1, 1: 1, 2: 1}
+    assert store.quarantine == [] and processed(store) == 1 and counted == []
+    assert store.attempt_rows == {}
+    # 12 backoffs: 0.1, 0.2, 0.4, 0.8, then eight at the 1 s bound, each jittered to [0.5, 1)
+    assert 0.5 * 9.5 <= sum(clock.waits) < 9.5
+
+
+async def test_a_plain_transient_still_stops_at_its_attempt_limit() -> None:
+    store, clock = MemoryFenceStore("g"), Clock()
+    lc = await owner(store, clock, "L1")
+    run = failure_run(lc, counting(transient_failures=50), clock, initial_ms=1, max_ms=2,
+                      retry_max_attempts=3)
+    await run.submit(TP, recs(0), links=(), stopped=never)
+    assert sum(clock.waits) < 0.006  # 2 backoffs of 3 attempts, 2 more in the bisection
+    assert [q.offset for q in store.quarantine] == [0]
+
+
+def test_unavailable_is_a_transient_and_says_so_in_the_failure() -> None:
+    failure = handler_failure(Unavailable("registry down"), what="process")
+    assert isinstance(failure, HandlerFailed) and failure.transient and failure.unavailable
+    assert "(unavailable)" in str(failure)
+    plain = handler_failure(Transient("x"), what="p")
+    assert isinstance(plain, HandlerFailed) and plain.transient and not plain.unavailable

@@ -52,7 +52,7 @@ def test_stack_status_of_a_stopped_stack_exits_1(
     assert cli.main(["stack", "status"]) == 1
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
     assert [r[:2] for r in rows] == [["postgres", "down"], ["kafka", "down"], ["jaeger", "down"],
-                                     ["prometheus", "down"]]
+                                     ["prometheus", "down"], ["registry", "down"]]
     assert rows[0][2:] == ["pid=-", "port=42000"]
 
 

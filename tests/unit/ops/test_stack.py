@@ -82,10 +82,10 @@ def test_env_lines_round_trip_through_a_shell() -> None:
     assert values["KAFKA_BOOTSTRAP_SERVERS"] == "127.0.0.1:19092"
 
 
-def test_service_settings_need_all_four_variables() -> None:
+def test_service_settings_need_every_variable() -> None:
     full = {name: f"v{i}" for i, name in enumerate(SERVICE_ENV)}
     got = ServiceSettings.from_env(full)
-    assert got == ServiceSettings("v0", "v1", "v2", "v3")
+    assert got == ServiceSettings("v0", "v1", "v2", "v3", "v4")
     assert got.as_env() == full
     assert ServiceSettings.from_env({**full, "FENCE_DSN": " "}) is None
 
@@ -156,10 +156,10 @@ def test_status_and_down_of_an_empty_stack(tmp_path: Path) -> None:
     s = settings_from(_isolated_env(tmp_path))
     rows = stack.status(s)
     assert [r.service for r in rows] == [Service.POSTGRES, Service.KAFKA, Service.JAEGER,
-                                         Service.PROMETHEUS]
+                                         Service.PROMETHEUS, Service.REGISTRY]
     assert all(r.state is stack.ServiceState.DOWN and r.pid is None for r in rows)
     assert [r.port for r in rows] == [s.ports.postgres, s.ports.kafka, s.ports.jaeger_query,
-                                      s.ports.prometheus]
+                                      s.ports.prometheus, s.ports.schema_registry]
     assert stack.down(s, out=lambda _line: None) == []
 
 
@@ -267,5 +267,5 @@ def test_stop_node_of_a_cluster_that_does_not_run(tmp_path: Path) -> None:
     assert stack.stop_node(2, settings=s, kill=True, out=lambda _line: None) is None
     rows = stack.status(s)
     assert [r.service for r in rows] == [Service.POSTGRES, *KAFKA_NODES, Service.JAEGER,
-                                         Service.PROMETHEUS]
+                                         Service.PROMETHEUS, Service.REGISTRY]
     assert all(r.state is stack.ServiceState.DOWN for r in rows)
