@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -40,7 +41,7 @@ from fencing.handler import HandlerContext, build_handler
 from fencing.postgres import sink
 from fencing.types import Token, TopicPartition
 from ops.reference import pg as reference_pg
-from ops.worker import startup
+from ops.worker import startup, supervisor
 from ops.worker.observability import ObsOptions, WorkerObservability
 from ops.worker.observability import add_arguments as add_obs_arguments
 from ops.worker.observability import options_from_args as obs_options_from_args
@@ -121,6 +122,10 @@ def register(sub: Any) -> None:
     p.add_argument("--max-attempts", type=int, default=3,
                    help="durable attempts of one record (e.g. process deaths) before it is "
                         "quarantined")
+    p.add_argument("--processes", default=None, metavar="N|auto",
+                   help="run N members of the group, each its own process, supervised as "
+                        "one set (auto: the cores this process may use); member i serves "
+                        "HTTP on --http-port + i (docs/operations.md)")
     p.add_argument("--log-level", default=None,
                    help=f"{' | '.join(n.lower() for n in _LOG_LEVELS)} (default "
                         "$FENCE_LOG_LEVEL or info)")
@@ -186,6 +191,50 @@ def _batch_max_records(args: argparse.Namespace) -> int:
     return DEFAULT_BATCH_MAX_RECORDS
 
 
+def _processes(args: argparse.Namespace, env: Mapping[str, str]) -> int | None:
+    """Members of the set ``--processes`` asks for; None: run as one worker (also inside a
+    set: a member never starts another set)."""
+    raw = getattr(args, "processes", None)
+    if raw is None or supervisor.member_index(env) is not None:
+        return None
+    text = str(raw).strip().lower()
+    if text == "auto":
+        return supervisor.cores()
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"--processes {raw}: a number of members >= 1, or auto (the cores "
+                          "this process may use)")
+    return int(text)
+
+
+def _member_options(options: ObsOptions, env: Mapping[str, str]) -> ObsOptions:
+    """Inside a set, member i serves HTTP on the set's port + i (0: any free port)."""
+    index = supervisor.member_index(env)
+    if index is None or not options.http_port:
+        return options
+    return dataclasses.replace(options, http_port=options.http_port + index)
+
+
+def _run_set(args: argparse.Namespace, cfg: WorkerConfig, members: int) -> int:
+    """``--processes N``: N members of the group as one supervised set
+    (``ops.worker.supervisor``); returns the set's exit code."""
+    argv = getattr(args, "argv", None)
+    if argv is None:
+        print("fencectl run: --processes needs the command line (run it as fencectl)",
+              file=sys.stderr)
+        return int(ExitCode.CONFIG)
+    # a member drains within its shutdown bound, then leaves the group (budget + 10 s) and
+    # closes its telemetry and pool (a few s): past that the set kills it
+    grace_s = cfg.shutdown_timeout_s + cfg.budget_s + 20
+    sup = supervisor.Supervisor(n=members, spawn=supervisor.spawn_member(argv, members),
+                                grace_s=grace_s)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _sig, _frame: sup.request_stop())
+    if _EARLY_STOP.is_set():
+        sup.request_stop()
+    log.info("running a set of %d members of group %s", members, cfg.group_id)
+    return int(sup.run())
+
+
 def log_level_from(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """The logging level of ``--log-level`` or ``FENCE_LOG_LEVEL`` (default info); raises
     ``ConfigError`` naming the one that holds an unknown level."""
@@ -210,12 +259,15 @@ def main(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda _sig, _frame: _EARLY_STOP.set())
     try:
         cfg = config_from_args(args, os.environ)
-        obs_options = obs_options_from_args(args)
+        obs_options = _member_options(obs_options_from_args(args), os.environ)
         check_consumer_settings(kafka_settings(cfg))  # librdkafka's own refusals, up front
         crash = crashpoints.armed()  # FENCE_CRASH_AT (the crash-point matrix)
+        members = _processes(args, os.environ)
     except ConfigError as exc:
         print(f"fencectl run: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
         return int(ExitCode.CONFIG)
+    if members is not None:
+        return _run_set(args, cfg, members)
     if crash is not None:
         log.warning("crash point armed: %s@%d (SIG%s, marker %s)", crash.point, crash.nth,
                     crash.signal_name, crash.marker)
