@@ -18,7 +18,9 @@ Rules
 - Any other code (0, 1, 2, 4, 6) ends the set: every other member gets SIGTERM and drains.
 - SIGTERM or SIGINT to the parent: SIGTERM to every running member (a member waiting for its
   restart is not started again); each drains within its own ``--shutdown-timeout-s``. A
-  member still running ``grace_s`` after the stop began is SIGKILLed and counts as 6.
+  member still running ``grace_s`` after the stop began is SIGKILLed and counts as 6; one
+  that the stop's SIGTERM ended by the signal's default action (it was still starting: a
+  worker handles SIGTERM from before it connects anywhere) counts as 0.
 - The set's exit code is the most severe of the codes that ended its members for good
   (a code answered by a restart does not count): 6 > 1 > 4 > 2 > 5 > 3 > 0.
 - If the parent dies, every member gets SIGTERM (``PR_SET_PDEATHSIG``): no orphans.
@@ -190,7 +192,8 @@ class Supervisor:
             log.warning("member %d (pid %d) %s: restart %d in %.1f s", m.index, pid, how,
                         m.restarts, delay)
             return
-        m.final = member_code(rc)
+        stopped_early = self._stop_deadline_s is not None and rc == -signal.SIGTERM
+        m.final = ExitCode.OK if stopped_early else member_code(rc)
         log.log(logging.INFO if rc == 0 else logging.ERROR, "member %d (pid %d) %s", m.index,
                 pid, how)
         if self._stop_deadline_s is None:

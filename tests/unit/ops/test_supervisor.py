@@ -83,15 +83,18 @@ class Spawner:
     """Member processes from a per-index list of scripts, one per start."""
 
     def __init__(self, clock: FakeClock, scripts: dict[int, list[list[tuple[float, int]]]],
-                 *, ignore_term: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+                 *, ignore_term: set[int] = frozenset(),  # type: ignore[assignment]
+                 term_codes: dict[int, int] | None = None) -> None:
         self.clock, self.scripts, self.ignore_term = clock, scripts, ignore_term
+        self.term_codes = term_codes or {}  # index -> its code on SIGTERM (default 0)
         self.started: list[tuple[int, float, FakeProc]] = []
 
     def __call__(self, index: int) -> FakeProc:
         runs = self.scripts.get(index, [])
         script = [(self.clock.now + at, c) for at, c in runs.pop(0)] if runs else []
         proc = FakeProc(1000 + len(self.started), script, self.clock,
-                        exit_on_term=None if index in self.ignore_term else 0)
+                        exit_on_term=None if index in self.ignore_term
+                        else self.term_codes.get(index, 0))
         self.started.append((index, self.clock.now, proc))
         return proc
 
@@ -156,3 +159,11 @@ def test_the_backoff_starts_over_after_a_steady_run(ran_s: float) -> None:
     assert sup.run() is ExitCode.OK
     gap = spawner.started[2][1] - (spawner.started[1][1] + ran_s)
     assert gap == pytest.approx(2.0 if ran_s < 60 else 1.0, abs=0.15)
+
+
+def test_a_member_the_stop_ended_while_it_was_still_starting_counts_as_stopped() -> None:
+    clock = FakeClock()
+    spawner = Spawner(clock, {}, term_codes={1: -signal.SIGTERM})  # no handler installed yet
+    sup = _supervisor(spawner, clock, 2, stop_at=0.5)
+    assert sup.run() is ExitCode.OK
+    assert [m.final for m in sup.members] == [ExitCode.OK, ExitCode.OK]
