@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from consumer.config import (
+    DEFAULT_BATCH_LINGER_S,
     DEFAULT_BATCH_MAX_RECORDS,
     GroupProtocol,
     WorkerConfig,
@@ -97,6 +98,9 @@ def register(sub: Any) -> None:
                    help=f"most records in one transaction (default {DEFAULT_BATCH_MAX_RECORDS}; "
                         f"{SINK_BATCH_MAX_RECORDS} with --sink)")
     p.add_argument("--batch-max-bytes", type=int, default=1 << 20)
+    p.add_argument("--batch-linger-ms", type=float, default=DEFAULT_BATCH_LINGER_S * 1000,
+                   help="longest a batch that is not full waits for more records after its "
+                        f"oldest arrived (default {DEFAULT_BATCH_LINGER_S * 1000:g}; 0: never)")
     p.add_argument("--queue-max-batches", type=int, default=16,
                    help="pause a partition once this many batches wait locally")
     p.add_argument("--db-concurrency", type=int, default=4)
@@ -146,6 +150,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
         group_protocol=GroupProtocol(args.group_protocol),
         assignment_strategy=args.assignment_strategy, auto_offset_reset=args.auto_offset_reset,
         batch_max_records=_batch_max_records(args), batch_max_bytes=args.batch_max_bytes,
+        batch_linger_s=args.batch_linger_ms / 1000,
         queue_max_batches=args.queue_max_batches, db_concurrency=args.db_concurrency,
         shutdown_timeout_s=args.shutdown_timeout_s, allow_retention_gap=args.allow_retention_gap,
         restart_lifetimes=args.restart_lifetimes,
