@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import json
 import math
@@ -54,7 +55,8 @@ from ops.bench.runs import (
 )
 from ops.operator.db import connection
 
-__all__ = ["MOVE_SHARE", "RATE_SHARES", "percentiles", "run_all", "steady", "window"]
+__all__ = ["MOVE_SHARE", "RATE_SHARES", "create_topic", "percentiles", "run_all",
+           "start_producer", "steady", "window"]
 
 RATE_SHARES = (0.25, 0.5, 0.9)
 MOVE_SHARE = 0.25
@@ -62,7 +64,7 @@ QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
 SINK_ARGS = ("--batch-max-records", "2000")  # fencectl run --sink's default
 
 
-def _create_topic(topic: str, partitions: int) -> None:
+def create_topic(topic: str, partitions: int) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": os.environ["KAFKA_BOOTSTRAP_SERVERS"]})
@@ -76,8 +78,12 @@ def _create_topic(topic: str, partitions: int) -> None:
 
 def _records(kind: str, topic: str, count: int, partitions: int
              ) -> list[tuple[bytes, bytes, int]]:
-    """(key, value, partition) of ``count`` records: reference documents (valid class) or the
-    sink's 100-byte JSON values."""
+    """(key, value, partition) of ``count`` records: reference documents (valid class), the
+    sink's 100-byte JSON values, or (``peer``) the sink's fields with ``produced_ms``, whose
+    ``@ms@`` the producer replaces with the wall-clock milliseconds at ``produce()``."""
+    if kind == "peer":
+        return [(f"o{i}".encode(), b'{"id":"o%d","amount":%d,"status":"new","note":"x",'
+                 b'"produced_ms":@ms@}' % (i, i % 997), i % partitions) for i in range(count)]
     if kind == "sink":
         from ops.bench.sink import sink_value
 
@@ -98,10 +104,13 @@ def produce_paced(topic: str, kind: str, rate: float, seconds: float, partitions
     producer = Producer({"bootstrap.servers": os.environ["KAFKA_BOOTSTRAP_SERVERS"],
                          "linger.ms": 1, "queue.buffering.max.messages": 1_000_000})
     start, wall_start, sent = time.monotonic(), time.time(), 0
+    stamped = kind == "peer"
     while sent < len(records):
         due = min(len(records), int((time.monotonic() - start) * rate) + 1)
         while sent < due:
             key, value, partition = records[sent]
+            if stamped:
+                value = value.replace(b"@ms@", b"%d" % int(time.time() * 1000))
             try:
                 producer.produce(topic, value, key, partition=partition)
             except BufferError:
@@ -116,7 +125,7 @@ def produce_paced(topic: str, kind: str, rate: float, seconds: float, partitions
             "end_wall": wall_end, "rate_achieved": round(sent / max(elapsed, 1e-9))}
 
 
-def _start_producer(topic: str, kind: str, rate: float, seconds: float, partitions: int,
+def start_producer(topic: str, kind: str, rate: float, seconds: float, partitions: int,
                     out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([PY, "-m", "ops.bench.latency", "produce", "--topic", topic,
                              "--kind", kind, "--rate", str(rate), "--seconds", str(seconds),
@@ -200,14 +209,14 @@ def _run_of(kind: str, *, batches: bool = False) -> Run:
 
 
 def _start_worker(run: Run, topic: str, group: str, schema: str, marks: Path,
-                  setup: Sequence[str] = (), log: Path | None = None
+                  setup: Sequence[str] = (), log: Path | None = None, root: Path = ROOT,
                   ) -> subprocess.Popen[bytes]:
     argv = worker_argv(run, topic, group, schema, marks)
     if setup:  # the group setup replaces the cooperative one worker_argv names
         at = next(i for i in range(len(argv)) if argv[i:i + len(COOPERATIVE)] == COOPERATIVE)
         argv[at:at + len(COOPERATIVE)] = list(setup)
     out = open(log, "wb") if log is not None else subprocess.DEVNULL
-    return subprocess.Popen(argv, env=env(), cwd=ROOT, stdout=out, stderr=out)
+    return subprocess.Popen(argv, env=env(root), cwd=root, stdout=out, stderr=out)
 
 
 def _stop(procs: Iterable[subprocess.Popen[bytes]]) -> list[int | None]:
@@ -226,17 +235,21 @@ def _stop(procs: Iterable[subprocess.Popen[bytes]]) -> list[int | None]:
 
 
 def steady(kind: str, rate: float, *, seconds: float, warmup_s: float, dsn: str,
-           partitions: int) -> dict[str, Any]:
-    """One member under ``rate`` records/s of ``kind`` (see the module docstring)."""
+           partitions: int, root: Path = ROOT, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """One member under ``rate`` records/s of ``kind`` (see the module docstring); ``root``:
+    the tree whose worker runs (``ops.bench.trees``), ``extra``: more ``fencectl run``
+    flags."""
     topic, group, schema = new_topic(f"lat{kind}"), uid("gl"), fresh_schema(dsn)
-    _create_topic(topic, partitions)
+    create_topic(topic, partitions)
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-latency-{kind}-"))
     marks, produced = tmp / "member.json", tmp / "producer.json"
-    worker = _start_worker(_run_of(kind), topic, group, schema, marks)
+    run = _run_of(kind)
+    run = dataclasses.replace(run, args=(*run.args, *extra))
+    worker = _start_worker(run, topic, group, schema, marks, root=root)
     try:
         _wait("the assignment", lambda: asyncio.run(_claimed(dsn, schema, group)) == partitions,
               120)
-        prod = _start_producer(topic, kind, rate, warmup_s + seconds, partitions, produced)
+        prod = start_producer(topic, kind, rate, warmup_s + seconds, partitions, produced)
         prod.wait(timeout=warmup_s + seconds + 300)
         summary = json.loads(produced.read_text())
         _wait("every record committed",
@@ -245,13 +258,16 @@ def steady(kind: str, rate: float, *, seconds: float, warmup_s: float, dsn: str,
     finally:
         [code] = _stop([worker])
     report = clock.read([marks])[0]
+    cpu_us = ((report["cpu_last"] - report["cpu_first"]) * 1e6 / report["records"]
+              if report.get("records") else None)
     first = math.ceil(summary["start_wall"] + warmup_s)  # whole seconds of produce time
     last = min(first + seconds, math.floor(summary["end_wall"]))
     lat, begin = (window(report.get(k, {}), first, last) for k in ("lat", "lat_begin"))
     return {"handler": kind, "rate": round(rate), "rate_achieved": summary["rate_achieved"],
             "produced": summary["produced"], "seconds": last - first, "warmup_s": warmup_s,
             "commit_ms": percentiles(lat), "handler_call_ms": percentiles(begin),
-            "exit": code}
+            "mean_batch": round(report["records"] / max(report["batches"], 1), 1),
+            "cpu_us_per_record": round(cpu_us, 1) if cpu_us else None, "exit": code}
 
 
 def _log_of(report: dict[str, Any]) -> list[list[float]]:
@@ -291,7 +307,7 @@ def moves(setup: str, rate: float, *, dsn: str, partitions: int, quick: bool
     from ops.bench.scale import SETUPS
 
     topic, group, schema = new_topic("move"), uid("gm"), fresh_schema(dsn)
-    _create_topic(topic, partitions)
+    create_topic(topic, partitions)
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-move-{setup}-"))
     run = _run_of("reference", batches=True)
     files = [tmp / "a.json", tmp / "b.json"]
@@ -302,7 +318,7 @@ def moves(setup: str, rate: float, *, dsn: str, partitions: int, quick: bool
     try:
         _wait("A's assignment",
               lambda: asyncio.run(_claimed(dsn, schema, group)) == partitions, 120)
-        prod = _start_producer(topic, "reference", rate, total_s, partitions, tmp / "p.json")
+        prod = start_producer(topic, "reference", rate, total_s, partitions, tmp / "p.json")
         time.sleep(before_join_s)
         joined = time.time()
         b = _start_worker(run, topic, group, schema, files[1], SETUPS[setup], tmp / "b.log")
@@ -357,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = p.add_subparsers(dest="what", required=True)
     prod = sub.add_parser("produce", help="the paced producer of a latency run")
     prod.add_argument("--topic", required=True)
-    prod.add_argument("--kind", choices=["reference", "sink"], required=True)
+    prod.add_argument("--kind", choices=["reference", "sink", "peer"], required=True)
     prod.add_argument("--rate", type=float, required=True)
     prod.add_argument("--seconds", type=float, required=True)
     prod.add_argument("--partitions", type=int, required=True)

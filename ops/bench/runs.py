@@ -44,6 +44,7 @@ import asyncpg
 
 from fencing.postgres.schema import quote_ident
 from ops.bench import clock
+from ops.bench.pgcpu import PgCpu
 from ops.operator.db import connection
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,6 +63,7 @@ class Run:
     args: tuple[str, ...] = ()
     topic: str = "main"  # which produced topic: "main", "single" (the batch-1 subset), "sink"
     members: int = 1
+    processes: int = 0  # > 0: one ``fencectl run --processes N`` (a set) instead of members
     repeat: bool = True  # alternates with the other repeated runs ``--repeat`` times
     handler: str = "reference"  # "reference", "accept" (only the fence) or "sink" (table sink)
     settings: tuple[str, ...] = field(default_factory=tuple)  # extra --handler-setting
@@ -152,8 +154,10 @@ def fresh_schema(dsn: str) -> str:
 
 
 def worker_argv(run: Run, topic: str, group: str, schema: str, clock_file: Path) -> list[str]:
+    """``fencectl run`` of ``run``; a set's members mark ``clock_file`` with their pid."""
+    sets = ("--processes", str(run.processes)) if run.processes else ()
     return [PY, "-m", "ops.cli", "run", "--topic", topic, "--group", group, "--schema", schema,
-            "--log-level", "WARNING", *COOPERATIVE,
+            "--log-level", "WARNING", *COOPERATIVE, *sets,
             "--handler", f"{clock.__name__}:{clock.clocked.__name__}",
             "--handler-setting", f"clock_file={clock_file}",
             "--handler-setting", f"handler={run.handler}",
@@ -246,9 +250,12 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
     tree whose code the processes run (``ops.bench.trees``: another commit's)."""
     schema, group = fresh_schema(dsn), uid("gb" if run.kind == "baseline" else "gw")
     quiesce(dsn)
-    ticks = cpu_ticks()
+    pg = PgCpu(dsn)
+    ticks, pg_before = cpu_ticks(), pg.seconds()
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-{run.name}-"))
     files = [tmp / f"member-{i}.json" for i in range(run.members)]
+    if run.processes:  # one set: its members write member-<pid>.json
+        files = [tmp / "member-{pid}.json"]
     procs: list[subprocess.Popen[bytes]] = []
     for f in files:
         if run.kind == "baseline":
@@ -258,17 +265,26 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
         else:
             argv = worker_argv(run, topic, group, schema, f)
         procs.append(subprocess.Popen(argv, env=env(root), cwd=root, stdout=subprocess.DEVNULL))
+    if run.processes:
+        files = []  # read by marks() below: the members' own files
+
+    def marks() -> list[Path]:
+        return files or clock.member_files(tmp)
+
     deadline = time.monotonic() + timeout_s
     ended: dict[int, tuple[int, int]] = {}
     peaks: dict[int, int] = {}
-    got = clock.combined(files)
+    got = clock.combined(marks())
     while got["records"] < total and time.monotonic() < deadline:
         if _collect(procs, ended, peaks):
             break
         time.sleep(0.2)
-        got = clock.combined(files)
+        got = clock.combined(marks())
     time.sleep(2 * clock.FLUSH_S)  # the last flush of every member
-    got = clock.combined(files)
+    got = clock.combined(marks())
+    pg_after = pg.seconds()  # before the stop: a backend's CPU then still counts as the run's
+    members = clock.read(marks())
+    member_peaks = {m["pid"]: hwm_kib(m["pid"]) for m in members if run.processes}
     _sample(procs, peaks, ended)  # the peak so far of each process still running
     for p in procs:
         if p.pid not in ended:
@@ -277,6 +293,9 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
     steal = steal_share(ticks, cpu_ticks())
     quiesce(dsn, drop=schema)
     elapsed = got["elapsed_s"]
+    pg_s = None if pg_before is None or pg_after is None else pg_after - pg_before
+    if member_peaks:  # a set: its members' peaks, not the supervising parent's
+        reaped = [(c, max(member_peaks.values())) for c, _ in reaped]
     return {"records": got["records"], "elapsed_s": round(elapsed, 3),
             "records_per_s": round(got["records"] / elapsed) if elapsed > 0 else 0,
             "mean_batch": got.get("mean_batch"),
@@ -286,4 +305,9 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
             "peak_rss_mib": round(max(r for _, r in reaped) / 1024, 1),
             "steal_share": steal,
             "exit": [c for c, _ in reaped] if run.members > 1 else reaped[0][0],
-            "members": run.members}
+            "members": run.members,
+            "member_cpu_s": [round((m.get("cpu_last") or 0.0) - (m.get("cpu_first") or 0.0), 3)
+                             for m in members],
+            "pg_cpu_s": None if pg_s is None else round(pg_s, 3),
+            "pg_cpu_us_per_record": (round(pg_s * 1e6 / got["records"], 2)
+                                     if pg_s is not None and got["records"] else None)}
