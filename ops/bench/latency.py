@@ -17,6 +17,10 @@ a partition pauses when it moves between members.
   partition that returns to A after the kill, from the SIGKILL to A's first commit on it
   (the session timeout, the rebalance, the claim). Partitions that stay with A: their
   longest gap between two commits while B joined (an eager assignor revokes them too).
+- ``python -m ops.bench.latency compare --before COMMIT``: the steady run from that commit's
+  worktree and this tree (and this tree with each ``--also`` flag set), alternating,
+  ``--pairs`` times per ``--rates`` entry -> ``artifacts/bench/latency-compare.json``: how a
+  change to the path of a record is measured.
 - The producer (``python -m ops.bench.latency produce``) paces itself on
   ``CLOCK_MONOTONIC`` in 1 ms steps, ``linger.ms=1``; its process shares the machine with
   the worker, PostgreSQL and Kafka.
@@ -368,9 +372,55 @@ def run_all(capacity: Mapping[str, float], *, dsn: str, quick: bool, partitions:
     return out
 
 
+def compare(before: str, kind: str, rates: Sequence[float], pairs: int, also: Sequence[str],
+            *, seconds: float, warmup_s: float, partitions: int) -> dict[str, Any]:
+    """``steady`` from ``before``'s worktree and this tree (plus each ``also`` flag set),
+    alternating ``pairs`` times per rate; every try."""
+    from ops.bench.runs import delete_topics
+
+    dsn = os.environ["FENCE_DSN"]
+    tries: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-latency-trees-") as tmp:
+        old = Path(tmp) / "before"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old),
+                        before], check=True, stdout=subprocess.DEVNULL)
+        variants = [(f"before ({before})", old, ()), ("this tree", ROOT, ()),
+                    *((f"this tree {x}", ROOT, tuple(x.split())) for x in also)]
+        try:
+            for rate in rates:
+                for i in range(pairs):
+                    for label, root, extra in variants:
+                        got = steady(kind, rate, seconds=seconds, warmup_s=warmup_s, dsn=dsn,
+                                     partitions=partitions, root=root, extra=extra)
+                        tries.append({"tree": label, "try": i + 1,
+                                      "load_average_1m": round(os.getloadavg()[0], 1), **got})
+                        c = got["commit_ms"]
+                        print(f"{rate:g}/s #{i + 1} {label}: p50 {c['p50']} p95 {c['p95']} "
+                              f"p99 {c['p99']} max {c['max']} ms, batch {got['mean_batch']}, "
+                              f"CPU {got['cpu_us_per_record']} µs per record", flush=True)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)],
+                           check=False)
+            delete_topics()
+    return {"before": before, "kind": kind, "rates": list(rates), "pairs": pairs,
+            "tries": tries}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ops.bench.latency")
     sub = p.add_subparsers(dest="what", required=True)
+    cmp_ = sub.add_parser("compare", help="steady runs of two trees, alternating")
+    cmp_.add_argument("--before", required=True, help="the commit to compare this tree with")
+    cmp_.add_argument("--kind", choices=["reference", "sink"], default="reference")
+    cmp_.add_argument("--rates", required=True, help="records/s, comma-separated")
+    cmp_.add_argument("--pairs", type=int, default=3)
+    cmp_.add_argument("--also", action="append", default=[],
+                      help="also this tree with these fencectl run flags (repeatable)")
+    cmp_.add_argument("--seconds", type=float, default=8.0)
+    cmp_.add_argument("--warmup-s", type=float, default=2.0)
+    cmp_.add_argument("--partitions", type=int, default=6)
+    cmp_.add_argument("--out", type=Path,
+                      default=ROOT / "artifacts" / "bench" / "latency-compare.json")
     prod = sub.add_parser("produce", help="the paced producer of a latency run")
     prod.add_argument("--topic", required=True)
     prod.add_argument("--kind", choices=["reference", "sink", "peer"], required=True)
@@ -379,6 +429,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     prod.add_argument("--partitions", type=int, required=True)
     prod.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
+    if a.what == "compare":
+        from ops.bench.provenance import provenance
+
+        cmd = "python -m ops.bench.latency " + " ".join(sys.argv[1:] if argv is None else argv)
+        result = {"provenance": provenance(cmd), **compare(
+            a.before, a.kind, [float(r) for r in a.rates.split(",")], a.pairs, a.also,
+            seconds=a.seconds, warmup_s=a.warmup_s, partitions=a.partitions)}
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {a.out}")
+        return 0
     got = produce_paced(a.topic, a.kind, a.rate, a.seconds, a.partitions)
     a.out.write_text(json.dumps(got))
     return 0 if got["undelivered"] == 0 else 1

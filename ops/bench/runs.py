@@ -308,6 +308,7 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
             "members": run.members,
             "member_cpu_s": [round((m.get("cpu_last") or 0.0) - (m.get("cpu_first") or 0.0), 3)
                              for m in members],
+            "member_records": [m.get("records", 0) for m in members],
             "pg_cpu_s": None if pg_s is None else round(pg_s, 3),
             "pg_cpu_us_per_record": (round(pg_s * 1e6 / got["records"], 2)
                                      if pg_s is not None and got["records"] else None)}
