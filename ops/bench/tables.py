@@ -77,7 +77,7 @@ def _runs_table(report: Report, names: Sequence[str]) -> list[str]:
         run = report["runs"][name]
         cpu = run.get("median_cpu_us_per_record", run["cpu_us_per_record"])
         lines.append(f"| {run['label']} | {_tries(run)} | {_us(cpu)} "
-                     f"| {_us(run.get('pg_cpu_us_per_record'))} | {_n(run['mean_batch'])} "
+                     f"| {_us(run.get('median_pg_cpu_us_per_record'))} | {_n(run['mean_batch'])} "
                      f"| {run['peak_rss_mib']:.0f} MiB |")
     return lines
 
@@ -108,6 +108,13 @@ def sink_runs(report: Report) -> list[str]:
         got = report["runs"]["c_sink_fenceworker"]["records_per_s"]
         lines += ["", f"Target: one member upserting ≥ {_n(target)} records/s — "
                       f"{'**met**' if got >= target else '**not met**'} ({_n(got)})."]
+    upsert = report["runs"].get("c_sink_fenceworker") or {}
+    worker_us = upsert.get("median_cpu_us_per_record")
+    pg_us = upsert.get("median_pg_cpu_us_per_record")
+    if worker_us is not None and pg_us is not None:
+        met = "**met**" if worker_us <= pg_us else "**not met**"
+        lines += ["", f"Target: the worker's CPU per record at most PostgreSQL's for the same "
+                      f"upsert — {met} ({worker_us:,.1f} against {pg_us:,.1f} µs)."]
     return lines
 
 

@@ -143,7 +143,9 @@ def summarize(tries: list[dict[str, Any]]) -> dict[str, Any]:
     upper median of CPU per record (``ops.bench.trees`` reports its trees' tries the same)."""
     ordered = sorted(tries, key=lambda x: x["records_per_s"])
     cpu = [x["cpu_us_per_record"] for x in tries if x.get("cpu_us_per_record")]
+    pg = [x["pg_cpu_us_per_record"] for x in tries if x.get("pg_cpu_us_per_record")]
     return {**ordered[len(ordered) // 2],
+            "median_pg_cpu_us_per_record": statistics.median_high(pg) if pg else None,
             "all_records_per_s": [x["records_per_s"] for x in tries],
             "all_cpu_us_per_record": [x.get("cpu_us_per_record") for x in tries],
             "all_steal_share": [x.get("steal_share") for x in tries],
