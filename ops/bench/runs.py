@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -243,15 +244,34 @@ def _reap(procs: list[subprocess.Popen[bytes]], out: dict[int, tuple[int, int]],
     return [out[p.pid] for p in procs]
 
 
+def _pg_over_span(first: tuple[float, float | None] | None, after: float | None,
+                  got: dict[str, Any]) -> float | None:
+    """PostgreSQL's CPU seconds over a run's span: read from the first poll that saw a mark
+    (up to a poll and a marks flush after the first handler call) to the end, and scaled
+    from that interval to the whole span at the same rate (the database is idle after the
+    last return, which the end reading follows)."""
+    if first is None or first[1] is None or after is None or not got.get("last"):
+        return None
+    covered = got["last"] - first[0]  # both on CLOCK_MONOTONIC
+    if covered <= 0:
+        return None
+    return (after - first[1]) * got["elapsed_s"] / covered
+
+
 def execute(run: Run, topic: str, total: int, dsn: str, *,
-            timeout_s: float = 1800, root: Path = ROOT) -> dict[str, Any]:
+            timeout_s: float = 1800, root: Path = ROOT,
+            ready: Callable[[str, str], None] | None = None) -> dict[str, Any]:
     """Start ``run`` on ``topic``, wait until its processes handled ``total`` records (by
     their marks), stop them; the run's span, rate, peak RSS and exit codes. ``root``: the
-    tree whose code the processes run (``ops.bench.trees``: another commit's)."""
+    tree whose code the processes run (``ops.bench.trees``: another commit's); ``ready``:
+    called with the run's schema and group once the processes started (the scaling runs
+    produce their records there, once every member owns partitions). PostgreSQL's CPU per
+    record is over the span (``_pg_over_span``)."""
     schema, group = fresh_schema(dsn), uid("gb" if run.kind == "baseline" else "gw")
     quiesce(dsn)
     pg = PgCpu(dsn)
-    ticks, pg_before = cpu_ticks(), pg.seconds()
+    ticks = cpu_ticks()
+    pg_first: tuple[float, float | None] | None = None  # (monotonic, PostgreSQL CPU s)
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-{run.name}-"))
     files = [tmp / f"member-{i}.json" for i in range(run.members)]
     if run.processes:  # one set: its members write member-<pid>.json
@@ -274,12 +294,16 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
     deadline = time.monotonic() + timeout_s
     ended: dict[int, tuple[int, int]] = {}
     peaks: dict[int, int] = {}
+    if ready is not None:
+        ready(schema, group)
     got = clock.combined(marks())
     while got["records"] < total and time.monotonic() < deadline:
         if _collect(procs, ended, peaks):
             break
         time.sleep(0.2)
         got = clock.combined(marks())
+        if pg_first is None and got["records"]:
+            pg_first = (time.monotonic(), pg.seconds())
     time.sleep(2 * clock.FLUSH_S)  # the last flush of every member
     got = clock.combined(marks())
     pg_after = pg.seconds()  # before the stop: a backend's CPU then still counts as the run's
@@ -293,7 +317,7 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
     steal = steal_share(ticks, cpu_ticks())
     quiesce(dsn, drop=schema)
     elapsed = got["elapsed_s"]
-    pg_s = None if pg_before is None or pg_after is None else pg_after - pg_before
+    pg_s = _pg_over_span(pg_first, pg_after, got)
     if member_peaks:  # a set: its members' peaks, not the supervising parent's
         reaped = [(c, max(member_peaks.values())) for c, _ in reaped]
     return {"records": got["records"], "elapsed_s": round(elapsed, 3),

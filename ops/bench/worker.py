@@ -219,7 +219,13 @@ def _extra(a: argparse.Namespace, dsn: str, runs: dict[str, Any],
     """The scaling, latency and peer sections, on the topics and capacity just measured."""
     capacity = {kind: runs[name]["records_per_s"] for kind, name in
                 (("reference", "c_fenceworker"), ("sink", "c_sink_fenceworker")) if name in runs}
-    out = {"scaling": scaling.run_all(dsn, topics),
+    def fill(kind: str, topic: str, count: int, partitions: int) -> None:
+        if kind == "sink":
+            produce_values(topic, count, partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"])
+        else:
+            produce(topic, count, partitions, 1)
+
+    out = {"scaling": scaling.run_all(dsn, a.count, fill),
            "latency": latency.run_all(capacity, dsn=dsn, quick=a.quick,
                                       partitions=a.partitions)}
     if "sink" in topics:

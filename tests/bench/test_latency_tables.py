@@ -164,3 +164,13 @@ def test_marks_flush_commits_that_follow_the_last_handler_return(tmp_path: Path)
         return dict(json.loads((tmp_path / "m.json").read_text()))
 
     assert asyncio.run(scenario())["lat"] == {"4": {"10": 1}}
+
+
+def test_postgres_cpu_is_scaled_from_the_polled_interval_to_the_span() -> None:
+    from ops.bench.runs import _pg_over_span
+
+    # first mark seen at 10.5 (CPU 100.0), span 10.0 .. 14.0 (4 s), CPU 103.5 at the end
+    got = {"elapsed_s": 4.0, "last": 14.0}
+    assert _pg_over_span((10.5, 100.0), 103.5, got) == pytest.approx(4.0)
+    assert _pg_over_span(None, 103.5, got) is None  # no mark seen while polling
+    assert _pg_over_span((10.5, None), 103.5, got) is None  # the server is not local
