@@ -161,7 +161,7 @@ def assignment(report: Report) -> list[str]:
 def rebalances(report: Report) -> list[str]:
     scale = report["scale"]
     joins = {r["setup"]: r for r in scale["join_3x48"]}
-    moves = {r["setup"]: r for r in scale["rebalance"]}
+    moves = {r["setup"]: r for r in scale.get("rebalance", [])}  # not in --quick
     lines = [f"Measured by {_made(report, 'worker-quiet.json')}", "",
              "| group setup | 3 members start on 48 partitions: all owned and committed "
              "| 1 member joins a running one: first commit on a moved partition |",
@@ -322,7 +322,8 @@ def prediction(report: Report) -> list[str]:
         got = [predict(sc["runs"], c, handler) for c in (sc["cores"], 8, 16, 32)]
         if got[0] is None:
             continue
-        cells = "".join(f"| {_n(g['records_per_s'])}/s ({g['members']} processes) "
+        cells = "".join(f"| {_n(g['records_per_s'])}/s ({g['members']} "
+                        f"process{'es' if g['members'] > 1 else ''}) "
                         for g in got if g is not None)
         lines.append(f"| {handler} | {got[0]['worker_us_per_record']:,.1f} "
                      f"| {got[0]['pg_us_per_record']:,.1f} {cells}|")

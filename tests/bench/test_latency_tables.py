@@ -131,7 +131,7 @@ def test_the_new_tables_render_from_a_report() -> None:
            "| 7.50 s (median 7.10 s, 3 partitions) | 6 s |" in "\n".join(tables.moves(report))
     scaling = "\n".join(tables.scaling_runs(report))
     assert "| sink | 2 | 60,000 | 1.20 | 0.01 s (12.0); 0.01 s (10.0) | 11.0 |" in scaling
-    assert "| sink | 10.0 | 10.0 | 100,000/s (1 processes) | 400,000/s (4 processes) " \
+    assert "| sink | 10.0 | 10.0 | 100,000/s (1 process) | 400,000/s (4 processes) " \
            in "\n".join(tables.prediction(report))
     peer = "\n".join(tables.peer_runs(report))
     assert "| fenceworker | insert | 70,000 (one try) | 12.0 | 9.0 |" in peer
