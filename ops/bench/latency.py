@@ -17,28 +17,23 @@ a partition pauses when it moves between members.
   partition that returns to A after the kill, from the SIGKILL to A's first commit on it
   (the session timeout, the rebalance, the claim). Partitions that stay with A: their
   longest gap between two commits while B joined (an eager assignor revokes them too).
-- ``python -m ops.bench.latency compare --before COMMIT``: the steady run from that commit's
-  worktree and this tree (and this tree with each ``--also`` flag set), alternating,
-  ``--pairs`` times per ``--rates`` entry -> ``artifacts/bench/latency-compare.json``: how a
-  change to the path of a record is measured.
-- The producer (``python -m ops.bench.latency produce``) paces itself on
-  ``CLOCK_MONOTONIC`` in 1 ms steps, ``linger.ms=1``; its process shares the machine with
-  the worker, PostgreSQL and Kafka.
+- ``python -m ops.bench.trees --before COMMIT --latency KIND --rates R,R``: the steady run
+  from that commit's worktree and this tree, alternating: how a change to the path of a
+  record is measured.
+- The producer (``ops.bench.paced``) paces itself on ``CLOCK_MONOTONIC`` in 1 ms steps,
+  ``linger.ms=1``; its process shares the machine with the worker, PostgreSQL and Kafka.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import itertools
-import json
 import math
 import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -46,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from ops.bench import clock
+from ops.bench.paced import create_topic, finish_producer, start_producer
 from ops.bench.runs import (
     COOPERATIVE,
-    PY,
     ROOT,
     Run,
     env,
@@ -59,82 +54,13 @@ from ops.bench.runs import (
 )
 from ops.operator.db import connection
 
-__all__ = ["MOVE_SHARE", "RATE_SHARES", "create_topic", "percentiles", "run_all",
-           "start_producer", "steady", "window"]
+__all__ = ["MOVE_SHARE", "RATE_SHARES", "merged", "pauses", "percentiles", "run_all", "steady",
+           "window"]
 
 RATE_SHARES = (0.25, 0.5, 0.9)
 MOVE_SHARE = 0.25
 QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
 SINK_ARGS = ("--batch-max-records", "2000")  # fencectl run --sink's default
-
-
-def create_topic(topic: str, partitions: int) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": os.environ["KAFKA_BOOTSTRAP_SERVERS"]})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
-    deadline = time.monotonic() + 30
-    while topic not in admin.list_topics(timeout=5).topics and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
-# ---- the producer process ----------------------------------------------------------------
-
-def _records(kind: str, topic: str, count: int, partitions: int
-             ) -> list[tuple[bytes, bytes, int]]:
-    """(key, value, partition) of ``count`` records: reference documents (valid class), the
-    sink's 100-byte JSON values, or (``peer``) the sink's fields with ``produced_ms``, whose
-    ``@ms@`` the producer replaces with the wall-clock milliseconds at ``produce()``."""
-    if kind == "peer":
-        return [(f"o{i}".encode(), b'{"id":"o%d","amount":%d,"status":"new","note":"x",'
-                 b'"produced_ms":@ms@}' % (i, i % 997), i % partitions) for i in range(count)]
-    if kind == "sink":
-        from ops.bench.sink import sink_value
-
-        return [(f"o{i}".encode(), sink_value(i), i % partitions) for i in range(count)]
-    from ops.reference import generate
-
-    return [(r.key, r.value, r.partition) for r in generate(
-        21, count=count, partitions=partitions, klass="valid", topic=topic)]
-
-
-def produce_paced(topic: str, kind: str, rate: float, seconds: float, partitions: int
-                  ) -> dict[str, Any]:
-    """Produce ``rate`` records/s for ``seconds`` (prepared first, then paced in 1 ms steps
-    on the monotonic clock); the wall-clock start and end and what was produced."""
-    from confluent_kafka import Producer
-
-    records = _records(kind, topic, max(int(rate * seconds), 1), partitions)
-    producer = Producer({"bootstrap.servers": os.environ["KAFKA_BOOTSTRAP_SERVERS"],
-                         "linger.ms": 1, "queue.buffering.max.messages": 1_000_000})
-    start, wall_start, sent = time.monotonic(), time.time(), 0
-    stamped = kind == "peer"
-    while sent < len(records):
-        due = min(len(records), int((time.monotonic() - start) * rate) + 1)
-        while sent < due:
-            key, value, partition = records[sent]
-            if stamped:
-                value = value.replace(b"@ms@", b"%d" % int(time.time() * 1000))
-            try:
-                producer.produce(topic, value, key, partition=partition)
-            except BufferError:
-                producer.poll(0.01)
-                continue
-            sent += 1
-        producer.poll(0)
-        time.sleep(0.001)
-    elapsed, wall_end = time.monotonic() - start, time.time()  # the last produce() call
-    left = producer.flush(60)
-    return {"produced": sent, "undelivered": left, "start_wall": wall_start,
-            "end_wall": wall_end, "rate_achieved": round(sent / max(elapsed, 1e-9))}
-
-
-def start_producer(topic: str, kind: str, rate: float, seconds: float, partitions: int,
-                    out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([PY, "-m", "ops.bench.latency", "produce", "--topic", topic,
-                             "--kind", kind, "--rate", str(rate), "--seconds", str(seconds),
-                             "--partitions", str(partitions), "--out", str(out)],
-                            env=env(), cwd=ROOT)
 
 
 # ---- histograms ----------------------------------------------------------------------------
@@ -254,8 +180,7 @@ def steady(kind: str, rate: float, *, seconds: float, warmup_s: float, dsn: str,
         _wait("the assignment", lambda: asyncio.run(_claimed(dsn, schema, group)) == partitions,
               120)
         prod = start_producer(topic, kind, rate, warmup_s + seconds, partitions, produced)
-        prod.wait(timeout=warmup_s + seconds + 300)
-        summary = json.loads(produced.read_text())
+        summary = finish_producer(prod, produced, warmup_s + seconds + 300)
         _wait("every record committed",
               lambda: clock.combined([marks])["records"] >= summary["produced"], 300)
         time.sleep(2 * clock.FLUSH_S)
@@ -332,8 +257,7 @@ def moves(setup: str, rate: float, *, dsn: str, partitions: int, quick: bool
         killed = time.time()
         os.kill(b.pid, signal.SIGKILL)
         b.wait(30)
-        prod.wait(timeout=total_s + 300)
-        produced = json.loads((tmp / "p.json").read_text())["produced"]
+        produced = finish_producer(prod, tmp / "p.json", total_s + 300)["produced"]
         _wait("every record committed",
               lambda: asyncio.run(_committed(dsn, schema, group)) >= produced, 300)
         time.sleep(2 * clock.FLUSH_S)
@@ -370,80 +294,3 @@ def run_all(capacity: Mapping[str, float], *, dsn: str, quick: bool, partitions:
             out["moves"].append(got)
             print(f"  {got}", flush=True)
     return out
-
-
-def compare(before: str, kind: str, rates: Sequence[float], pairs: int, also: Sequence[str],
-            *, seconds: float, warmup_s: float, partitions: int) -> dict[str, Any]:
-    """``steady`` from ``before``'s worktree and this tree (plus each ``also`` flag set),
-    alternating ``pairs`` times per rate; every try."""
-    from ops.bench.runs import delete_topics
-
-    dsn = os.environ["FENCE_DSN"]
-    tries: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-latency-trees-") as tmp:
-        old = Path(tmp) / "before"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old),
-                        before], check=True, stdout=subprocess.DEVNULL)
-        variants = [(f"before ({before})", old, ()), ("this tree", ROOT, ()),
-                    *((f"this tree {x}", ROOT, tuple(x.split())) for x in also)]
-        try:
-            for rate in rates:
-                for i in range(pairs):
-                    for label, root, extra in variants:
-                        got = steady(kind, rate, seconds=seconds, warmup_s=warmup_s, dsn=dsn,
-                                     partitions=partitions, root=root, extra=extra)
-                        tries.append({"tree": label, "try": i + 1,
-                                      "load_average_1m": round(os.getloadavg()[0], 1), **got})
-                        c = got["commit_ms"]
-                        print(f"{rate:g}/s #{i + 1} {label}: p50 {c['p50']} p95 {c['p95']} "
-                              f"p99 {c['p99']} max {c['max']} ms, batch {got['mean_batch']}, "
-                              f"CPU {got['cpu_us_per_record']} µs per record", flush=True)
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)],
-                           check=False)
-            delete_topics()
-    return {"before": before, "kind": kind, "rates": list(rates), "pairs": pairs,
-            "tries": tries}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ops.bench.latency")
-    sub = p.add_subparsers(dest="what", required=True)
-    cmp_ = sub.add_parser("compare", help="steady runs of two trees, alternating")
-    cmp_.add_argument("--before", required=True, help="the commit to compare this tree with")
-    cmp_.add_argument("--kind", choices=["reference", "sink"], default="reference")
-    cmp_.add_argument("--rates", required=True, help="records/s, comma-separated")
-    cmp_.add_argument("--pairs", type=int, default=3)
-    cmp_.add_argument("--also", action="append", default=[],
-                      help="also this tree with these fencectl run flags (repeatable)")
-    cmp_.add_argument("--seconds", type=float, default=8.0)
-    cmp_.add_argument("--warmup-s", type=float, default=2.0)
-    cmp_.add_argument("--partitions", type=int, default=6)
-    cmp_.add_argument("--out", type=Path,
-                      default=ROOT / "artifacts" / "bench" / "latency-compare.json")
-    prod = sub.add_parser("produce", help="the paced producer of a latency run")
-    prod.add_argument("--topic", required=True)
-    prod.add_argument("--kind", choices=["reference", "sink", "peer"], required=True)
-    prod.add_argument("--rate", type=float, required=True)
-    prod.add_argument("--seconds", type=float, required=True)
-    prod.add_argument("--partitions", type=int, required=True)
-    prod.add_argument("--out", type=Path, required=True)
-    a = p.parse_args(argv)
-    if a.what == "compare":
-        from ops.bench.provenance import provenance
-
-        cmd = "python -m ops.bench.latency " + " ".join(sys.argv[1:] if argv is None else argv)
-        result = {"provenance": provenance(cmd), **compare(
-            a.before, a.kind, [float(r) for r in a.rates.split(",")], a.pairs, a.also,
-            seconds=a.seconds, warmup_s=a.warmup_s, partitions=a.partitions)}
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {a.out}")
-        return 0
-    got = produce_paced(a.topic, a.kind, a.rate, a.seconds, a.partitions)
-    a.out.write_text(json.dumps(got))
-    return 0 if got["undelivered"] == 0 else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

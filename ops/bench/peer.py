@@ -28,7 +28,6 @@ Java registry reachable here.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import signal
@@ -42,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from fencing.postgres.schema import quote_ident
-from ops.bench.latency import create_topic, percentiles, start_producer
+from ops.bench.latency import percentiles
+from ops.bench.paced import create_topic, finish_producer, start_producer
 from ops.bench.pgcpu import PgCpu
 from ops.bench.runs import PY, ROOT, env, fresh_schema, new_topic, uid
 from ops.operator.db import connection
@@ -203,8 +203,7 @@ def latency(tool: str, peer_python: Path, rate: float, seconds: float, warmup_s:
         _wait("the assignment", lambda: kafka.assigned(partitions), 120, 0.05)
         out = logs / f"producer-{group}.json"
         prod = start_producer(topic, "peer", rate, warmup_s + seconds, partitions, out)
-        prod.wait(timeout=warmup_s + seconds + 300)
-        summary = json.loads(out.read_text())
+        summary = finish_producer(prod, out, warmup_s + seconds + 300)
         _wait("every offset committed", lambda: kafka.committed() >= summary["produced"],
               300, 0.25)
     finally:

@@ -1,5 +1,8 @@
 """How one benchmark run is started and timed: baselines and workers, one clock.
 
+Long because starting, timing, sampling memory and CPU (the machine's, the processes', the
+database's) and stopping one run are one procedure that every section of the bench shares.
+
 Rules
 - A run is a ``Run`` in a registry (``ops.bench.worker.RUNS``): a name (the JSON key), a
   label (the chart and docs/benchmarks.md), a kind (``baseline``: ``ops.bench.baselines MODE``;

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ops.bench.latency import create_topic
+from ops.bench.paced import create_topic
 from ops.bench.runs import Run, execute, new_topic
 from ops.operator.db import connection
 from ops.worker.supervisor import cores

@@ -1,5 +1,8 @@
 """The benchmark tables of ``docs/benchmarks.md``, generated from the JSON in ``docs/bench/``.
 
+Long because each generated region of the page has its renderer here, beside the registry
+that names them.
+
 ``python -m ops.bench.tables`` rewrites every generated region of the page; ``--check``
 only compares and exits 1 naming the regions that differ. A region is the text between
 

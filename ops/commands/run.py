@@ -196,50 +196,6 @@ def _batch_max_records(args: argparse.Namespace) -> int:
     return DEFAULT_BATCH_MAX_RECORDS
 
 
-def _processes(args: argparse.Namespace, env: Mapping[str, str]) -> int | None:
-    """Members of the set ``--processes`` asks for; None: run as one worker (also inside a
-    set: a member never starts another set)."""
-    raw = getattr(args, "processes", None)
-    if raw is None or supervisor.member_index(env) is not None:
-        return None
-    text = str(raw).strip().lower()
-    if text == "auto":
-        return supervisor.cores()
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"--processes {raw}: a number of members >= 1, or auto (the cores "
-                          "this process may use)")
-    return int(text)
-
-
-def _member_options(options: ObsOptions, env: Mapping[str, str]) -> ObsOptions:
-    """Inside a set, member i serves HTTP on the set's port + i (0: any free port)."""
-    index = supervisor.member_index(env)
-    if index is None or not options.http_port:
-        return options
-    return dataclasses.replace(options, http_port=options.http_port + index)
-
-
-def _run_set(args: argparse.Namespace, cfg: WorkerConfig, members: int) -> int:
-    """``--processes N``: N members of the group as one supervised set
-    (``ops.worker.supervisor``); returns the set's exit code."""
-    argv = getattr(args, "argv", None)
-    if argv is None:
-        print("fencectl run: --processes needs the command line (run it as fencectl)",
-              file=sys.stderr)
-        return int(ExitCode.CONFIG)
-    # a member drains within its shutdown bound, then leaves the group (budget + 10 s) and
-    # closes its telemetry and pool (a few s): past that the set kills it
-    grace_s = cfg.shutdown_timeout_s + cfg.budget_s + 20
-    sup = supervisor.Supervisor(n=members, spawn=supervisor.spawn_member(argv, members),
-                                grace_s=grace_s)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda _sig, _frame: sup.request_stop())
-    if _EARLY_STOP.is_set():
-        sup.request_stop()
-    log.info("running a set of %d members of group %s", members, cfg.group_id)
-    return int(sup.run())
-
-
 def log_level_from(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """The logging level of ``--log-level`` or ``FENCE_LOG_LEVEL`` (default info); raises
     ``ConfigError`` naming the one that holds an unknown level."""
@@ -264,15 +220,21 @@ def main(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda _sig, _frame: _EARLY_STOP.set())
     try:
         cfg = config_from_args(args, os.environ)
-        obs_options = _member_options(obs_options_from_args(args), os.environ)
+        obs_options = obs_options_from_args(args)
+        if (index := supervisor.member_index(os.environ)) is not None and obs_options.http_port:
+            # inside a set, member i serves HTTP on the set's port + i (0: any free port)
+            obs_options = dataclasses.replace(obs_options,
+                                              http_port=obs_options.http_port + index)
         check_consumer_settings(kafka_settings(cfg))  # librdkafka's own refusals, up front
         crash = crashpoints.armed()  # FENCE_CRASH_AT (the crash-point matrix)
-        members = _processes(args, os.environ)
+        members = supervisor.members_asked(args.processes, os.environ)
     except ConfigError as exc:
         print(f"fencectl run: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
         return int(ExitCode.CONFIG)
-    if members is not None:
-        return _run_set(args, cfg, members)
+    if members is not None:  # a member drains, leaves the group, closes: past that, killed
+        return supervisor.run_set(getattr(args, "argv", None), members, cfg.group_id,
+                                  grace_s=cfg.shutdown_timeout_s + cfg.budget_s + 20,
+                                  stop_early=_EARLY_STOP.is_set())
     if crash is not None:
         log.warning("crash point armed: %s@%d (SIG%s, marker %s)", crash.point, crash.nth,
                     crash.signal_name, crash.marker)

@@ -42,9 +42,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from consumer.exits import ExitCode
+from fencing.errors import ConfigError
 
 __all__ = ["MEMBERS_ENV", "MEMBER_ENV", "Member", "Supervisor", "backoff_s", "cores",
-           "member_code", "member_index", "most_severe", "restartable", "spawn_member"]
+           "member_code", "member_index", "members_asked", "most_severe", "restartable",
+           "run_set", "spawn_member"]
 
 log = logging.getLogger("fenceworker.processes")
 
@@ -73,6 +75,20 @@ def member_index(env: Mapping[str, str]) -> int | None:
     """This process's index in a set (``FENCE_MEMBER_INDEX``), None outside a set."""
     raw = env.get(MEMBER_ENV, "").strip()
     return int(raw) if raw.isdigit() else None
+
+
+def members_asked(raw: str | None, env: Mapping[str, str]) -> int | None:
+    """The members ``--processes`` asks for (``auto``: ``cores()``); None: run as one worker,
+    also inside a set (a member never starts another set). Raises ``ConfigError``."""
+    if raw is None or member_index(env) is not None:
+        return None
+    text = str(raw).strip().lower()
+    if text == "auto":
+        return cores()
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"--processes {raw}: a number of members >= 1, or auto (the cores "
+                          "this process may use)")
+    return int(text)
 
 
 def member_code(returncode: int) -> ExitCode:
@@ -244,3 +260,21 @@ def spawn_member(argv: Sequence[str], n: int) -> Callable[[int], Proc]:
                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
 
     return spawn
+
+
+def run_set(argv: Sequence[str] | None, members: int, group: str, *, grace_s: float,
+            stop_early: bool = False) -> int:
+    """``fencectl run --processes N``: the set of ``members`` started with ``argv`` (the
+    command line after ``fencectl``), supervised until it ends; its exit code. SIGTERM and
+    SIGINT stop it (``stop_early``: one arrived already)."""
+    if argv is None:
+        print("fencectl run: --processes needs the command line (run it as fencectl)",
+              file=sys.stderr)
+        return int(ExitCode.CONFIG)
+    sup = Supervisor(n=members, spawn=spawn_member(argv, members), grace_s=grace_s)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _sig, _frame: sup.request_stop())
+    if stop_early:
+        sup.request_stop()
+    log.info("running a set of %d members of group %s", members, group)
+    return int(sup.run())
