@@ -240,14 +240,14 @@ def moves(setup: str, rate: float, *, dsn: str, partitions: int, quick: bool
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-move-{setup}-"))
     run = _run_of("reference", batches=True)
     files = [tmp / "a.json", tmp / "b.json"]
-    before_join_s, b_runs_s, after_kill_s = (2, 2, 10) if quick else (5, 5, 15)
-    total_s = before_join_s + 30 + after_kill_s  # B's start-up is within the 30 s
+    before_join_s, b_runs_s = (2, 2) if quick else (5, 5)
+    most_s = before_join_s + 60  # the producer's bound; stopped once A resumed B's partitions
     a = _start_worker(run, topic, group, schema, files[0], SETUPS[setup], tmp / "a.log")
     procs = [a]
     try:
         _wait("A's assignment",
               lambda: asyncio.run(_claimed(dsn, schema, group)) == partitions, 120)
-        prod = start_producer(topic, "reference", rate, total_s, partitions, tmp / "p.json")
+        prod = start_producer(topic, "reference", rate, most_s, partitions, tmp / "p.json")
         time.sleep(before_join_s)
         joined = time.time()
         b = _start_worker(run, topic, group, schema, files[1], SETUPS[setup], tmp / "b.log")
@@ -257,7 +257,12 @@ def moves(setup: str, rate: float, *, dsn: str, partitions: int, quick: bool
         killed = time.time()
         os.kill(b.pid, signal.SIGKILL)
         b.wait(30)
-        produced = finish_producer(prod, tmp / "p.json", total_s + 300)["produced"]
+        moved = {int(x[0]) for x in _log_of(clock.read([files[1]])[0])}
+        _wait("A's commits on B's partitions after the kill", lambda: moved <= {
+            int(x[0]) for x in _log_of(clock.read([files[0]])[0]) if x[1] > killed}, 120)
+        time.sleep(1.0)
+        prod.send_signal(signal.SIGTERM)
+        produced = finish_producer(prod, tmp / "p.json", 300)["produced"]
         _wait("every record committed",
               lambda: asyncio.run(_committed(dsn, schema, group)) >= produced, 300)
         time.sleep(2 * clock.FLUSH_S)

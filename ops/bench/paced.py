@@ -5,6 +5,8 @@
 1 ms steps on ``CLOCK_MONOTONIC`` (``linger.ms=1``) and writes what it did to ``FILE``: the
 wall-clock start and the time of its last ``produce()``, the records produced and the rate
 achieved. ``peer`` values carry the wall-clock milliseconds of their own ``produce()``.
+SIGTERM ends the producing early (``ops.bench.latency``'s moves produce until the moved
+partitions resumed); what was produced is flushed and reported as always.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,41 +40,45 @@ def create_topic(topic: str, partitions: int) -> None:
 
 # ---- the producer process ----------------------------------------------------------------
 
-def _records(kind: str, topic: str, count: int, partitions: int
-             ) -> list[tuple[bytes, bytes, int]]:
-    """(key, value, partition) of ``count`` records: reference documents (valid class), the
-    sink's 100-byte JSON values, or (``peer``) the sink's fields with ``produced_ms``, whose
-    ``@ms@`` the producer replaces with the wall-clock milliseconds at ``produce()``."""
+def _source(kind: str, topic: str, count: int, partitions: int
+            ) -> Callable[[int], tuple[bytes, bytes, int]]:
+    """Record ``i`` as (key, value, partition): reference documents (valid class, generated
+    first: the generator keeps a ledger), the sink's 100-byte JSON values, or (``peer``) the
+    sink's fields with ``produced_ms``, the wall-clock milliseconds when it is made, just
+    before its ``produce()``; the last two are made as they are sent (a rate of 60,000/s for
+    25 s would otherwise hold 1.5 million of them)."""
     if kind == "peer":
-        return [(f"o{i}".encode(), b'{"id":"o%d","amount":%d,"status":"new","note":"x",'
-                 b'"produced_ms":@ms@}' % (i, i % 997), i % partitions) for i in range(count)]
+        return lambda i: (f"o{i}".encode(), b'{"id":"o%d","amount":%d,"status":"new",'
+                          b'"note":"x","produced_ms":%d}' % (i, i % 997, time.time() * 1000),
+                          i % partitions)
     if kind == "sink":
         from ops.bench.sink import sink_value
 
-        return [(f"o{i}".encode(), sink_value(i), i % partitions) for i in range(count)]
+        return lambda i: (f"o{i}".encode(), sink_value(i), i % partitions)
     from ops.reference import generate
 
-    return [(r.key, r.value, r.partition) for r in generate(
+    made = [(r.key, r.value, r.partition) for r in generate(
         21, count=count, partitions=partitions, klass="valid", topic=topic)]
+    return made.__getitem__
 
 
 def produce_paced(topic: str, kind: str, rate: float, seconds: float, partitions: int
                   ) -> dict[str, Any]:
-    """Produce ``rate`` records/s for ``seconds`` (prepared first, then paced in 1 ms steps
-    on the monotonic clock); the wall-clock start and end and what was produced."""
+    """Produce ``rate`` records/s for ``seconds`` (paced in 1 ms steps on the monotonic
+    clock); the wall-clock start and end and what was produced."""
     from confluent_kafka import Producer
 
-    records = _records(kind, topic, max(int(rate * seconds), 1), partitions)
+    total = max(int(rate * seconds), 1)
+    record = _source(kind, topic, total, partitions)
     producer = Producer({"bootstrap.servers": os.environ["KAFKA_BOOTSTRAP_SERVERS"],
                          "linger.ms": 1, "queue.buffering.max.messages": 1_000_000})
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: stop.set())
     start, wall_start, sent = time.monotonic(), time.time(), 0
-    stamped = kind == "peer"
-    while sent < len(records):
-        due = min(len(records), int((time.monotonic() - start) * rate) + 1)
+    while sent < total and not stop.is_set():
+        due = min(total, int((time.monotonic() - start) * rate) + 1)
         while sent < due:
-            key, value, partition = records[sent]
-            if stamped:
-                value = value.replace(b"@ms@", b"%d" % int(time.time() * 1000))
+            key, value, partition = record(sent)
             try:
                 producer.produce(topic, value, key, partition=partition)
             except BufferError:

@@ -33,7 +33,7 @@ def test_quick_bench_produces_every_run_ratio_and_scale_point(services, tmp_path
     out = tmp_path / "worker.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-m", "ops.bench.worker", "--quick", "--out",
-                           str(out)], cwd=ROOT, env=env, capture_output=True, timeout=600)
+                           str(out)], cwd=ROOT, env=env, capture_output=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
     result = json.loads(out.read_text())
     assert set(result["runs"]) == {r.name for r in RUNS}
