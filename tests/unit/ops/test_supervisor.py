@@ -167,3 +167,15 @@ def test_a_member_the_stop_ended_while_it_was_still_starting_counts_as_stopped()
     sup = _supervisor(spawner, clock, 2, stop_at=0.5)
     assert sup.run() is ExitCode.OK
     assert [m.final for m in sup.members] == [ExitCode.OK, ExitCode.OK]
+
+
+def test_processes_flag() -> None:
+    from fencing.errors import ConfigError
+    from ops.worker.supervisor import cores, members_asked
+
+    assert members_asked(None, {}) is None  # one worker
+    assert members_asked("3", {}) == 3 and members_asked("auto", {}) == cores()
+    assert members_asked("3", {"FENCE_MEMBER_INDEX": "0"}) is None  # a member: no new set
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(ConfigError, match="--processes"):
+            members_asked(bad, {})
