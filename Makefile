@@ -124,11 +124,14 @@ bench-store: setup
 bench-blame: setup
 	$(BIN)/python -m ops.bench.blame
 
-# worker benchmark: baselines a/b/b'/e, fenceworker c/d, scale -> artifacts/bench/worker.json
-# and PNG charts next to it; BENCH_ARGS=--quick for small sizes (the smoke test's mode)
+# worker benchmark: baselines a/b/b'/e, fenceworker c/d, the table sink, one process per core
+# (--processes 1..cores), latency at 25/50/90% of the capacity, the peer (Quix Streams, from
+# its own .venv-peer) and scale -> artifacts/bench/worker.json and PNG charts next to it;
+# BENCH_ARGS=--quick for small sizes (the smoke test's mode)
 BENCH_ARGS ?=
 bench: stack-up
 	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python -m ops.bench.peer --ensure-venv
 	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.worker $(BENCH_ARGS)
 
 # the table sink alone: its write methods per batch (printed), then its b/b'/e/c runs (same
@@ -156,4 +159,4 @@ migrate: setup
 	$(BIN)/fencectl migrate
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-peer .pytest_cache .mypy_cache .ruff_cache

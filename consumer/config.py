@@ -39,6 +39,7 @@ from fencing.failures import RetryPolicy
 
 __all__ = [
     "DEFAULT_ASSIGNMENT_STRATEGY",
+    "DEFAULT_BATCH_LINGER_S",
     "DEFAULT_BATCH_MAX_RECORDS",
     "PREFETCH",
     "GroupProtocol",
@@ -52,6 +53,7 @@ __all__ = [
 
 DEFAULT_BATCH_MAX_RECORDS = 500  # --sink's own: ops.commands.run.SINK_BATCH_MAX_RECORDS
 DEFAULT_ASSIGNMENT_STRATEGY = "cooperative-sticky"
+DEFAULT_BATCH_LINGER_S = 0.005
 #: librdkafka's prefetch: at most 4 MiB over all partitions, and once there, the next fetch
 #: 10 ms later (its default, 1 s, starved the worker of records; docs/benchmarks.md)
 PREFETCH = {"queued.max.messages.kbytes": "4096", "fetch.queue.backoff.ms": "10"}
@@ -109,6 +111,10 @@ class WorkerConfig:
     """Most records in one transaction (``--batch-max-records``, default 500; 2000 with --sink)."""
     batch_max_bytes: int = 1 << 20
     """Most key+value bytes in one transaction (``--batch-max-bytes``, default 1 MiB)."""
+    batch_linger_s: float = DEFAULT_BATCH_LINGER_S
+    """Longest a batch that is not full waits for more records after its oldest record
+    arrived (``--batch-linger-ms``, default 5 ms, the Kafka producer's ``linger.ms``
+    default; 0: never wait)."""
     queue_max_batches: int = 16
     """A partition is paused once this many full batches wait locally (default 16). Pausing
     makes librdkafka drop the partition's prefetched records and fetch them again on resume,
@@ -176,6 +182,9 @@ class WorkerConfig:
                 raise ConfigError(f"{name} must be >= 1 (got {value})")
         if self.budget_s <= 0:
             raise ConfigError(f"--call-budget-s must be > 0 (got {self.budget_s:g})")
+        if not 0 <= self.batch_linger_s <= 1:
+            raise ConfigError(f"--batch-linger-ms {self.batch_linger_s * 1000:g}: use 0..1000 "
+                              "(how long a batch that is not full may wait for more records)")
         if self.shutdown_timeout_s <= 0:
             raise ConfigError(f"--shutdown-timeout-s must be > 0 (got {self.shutdown_timeout_s})")
         if not 0 < self.db_idle_in_transaction_timeout_s < self.budget_s:

@@ -13,6 +13,9 @@ Rules (the worker's; see ``consumer.worker`` for the process around it)
   current lifetime's tokens or partitions.
 - One runner task per owned partition takes batches from its buffer and submits them with
   ``lifecycle.process``; at most ``db_concurrency`` batches are in flight across partitions.
+  A batch that is not full waits for more records at most ``batch_linger_s`` after its
+  oldest record arrived (``PartitionBuffer.linger_left_s``, on the loop's clock), then it
+  waits only for a slot.
   After each commit the frontier is queued for Kafka (advisory; ``consumer.kafka.committer``),
   also when the batch's COMMIT reply was lost and the re-read resolved it as committed:
   ``lifecycle.process`` returns the resolved token either way.
@@ -50,6 +53,7 @@ Rules (the worker's; see ``consumer.worker`` for the process around it)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
@@ -364,7 +368,7 @@ class LifetimeRun:
             except Exception as exc:  # never lost silently in the loop's exception handler
                 self._fail(exc)
                 return
-            start = 0
+            start, now_s = 0, self._loop.time()
             while start < len(records):
                 tp = records[start].tp
                 end = start + 1
@@ -373,7 +377,7 @@ class LifetimeRun:
                     end += 1
                 part = self._parts.get(tp)
                 if part is not None and not part.closing and not self._stopping:
-                    if part.buffer.add(records[start:end]) < end - start:
+                    if part.buffer.add(records[start:end], now_s) < end - start:
                         part.progress_s = self._w.clock()
                     self._apply_flow(part)
                     part.wake.set()
@@ -397,6 +401,12 @@ class LifetimeRun:
             if len(part.buffer) == 0:
                 part.wake.clear()
                 await part.wake.wait()
+                continue
+            linger_s = part.buffer.linger_left_s(self._loop.time(), self._cfg.batch_linger_s)
+            if linger_s > 0:  # not full: more records may come within the linger
+                part.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(part.wake.wait(), linger_s)
                 continue
             async with self._slots:
                 if part.closing or self._stopping:

@@ -14,7 +14,8 @@ Threading model (deliberate; see docs/librdkafka.md)
   Consumer is not thread-safe, so concurrent access ... is serialized"): a ``pause`` or
   ``commit`` from the event-loop thread would wait for a running ``consume()``. Hence every
   Consumer call happens on this thread: the loop sends commands (pause, resume, commit)
-  through a queue drained between two short ``consume()`` calls (``poll_timeout_s``).
+  through a queue drained between two short ``consume()`` calls (``poll_timeout_s``), each
+  of which returns as soon as records are there (``_consume``).
 - Rebalance callbacks run here and hand the lifecycle work to the asyncio loop with
   ``asyncio.run_coroutine_threadsafe(...).result(timeout)``: the callback returns only when
   the lifecycle finished (bounded by the budget), exactly as the protocol requires.
@@ -288,7 +289,7 @@ class KafkaThread:
                 if not self._outstanding.acquire(timeout=self._poll_timeout_s):
                     continue
                 try:
-                    msgs = consumer.consume(self._consume_max, self._poll_timeout_s)
+                    msgs = self._consume(consumer)
                 except KafkaException as exc:
                     self._outstanding.release()
                     self._consumer_error(exc.args[0] if exc.args else exc, None)
@@ -320,6 +321,22 @@ class KafkaThread:
             log.debug("closing the consumer before joining again: %s", exc)
         self._close.wait(self._rejoin_wait_s)
         return self._join()
+
+    def _consume(self, consumer: Consumer) -> list[Any]:
+        """The records librdkafka holds now (at most ``consume_max_records``); when it holds
+        none, the first one to arrive within ``poll_timeout_s`` and what came with it. Never
+        ``consume(n, timeout)`` alone: librdkafka returns from it only once it has ``n``
+        records or the timeout passed (``rd_kafka_q_serve_rkmessages``), so a record that
+        arrived first waited up to the whole timeout for others (pinned by
+        tests/integration/test_worker_kafka_facts.py). How long a batch may wait for more
+        records is the partition runner's linger (``consumer.batching``)."""
+        msgs = consumer.consume(self._consume_max, 0)
+        if msgs or self._close.is_set():
+            return list(msgs)
+        first = consumer.consume(1, self._poll_timeout_s)
+        if not first or self._consume_max == 1:
+            return list(first)
+        return [*first, *consumer.consume(self._consume_max - 1, 0)]
 
     def _hand_over(self, msgs: Sequence[Any]) -> None:
         good: list[Any] = []

@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ops.bench import memory, scale
+from ops.bench import latency, memory, peer, scale, scaling
 from ops.bench.provenance import provenance
 from ops.bench.runs import (
     ROOT,
@@ -153,7 +153,9 @@ def summarize(tries: list[dict[str, Any]]) -> dict[str, Any]:
     upper median of CPU per record (``ops.bench.trees`` reports its trees' tries the same)."""
     ordered = sorted(tries, key=lambda x: x["records_per_s"])
     cpu = [x["cpu_us_per_record"] for x in tries if x.get("cpu_us_per_record")]
+    pg = [x["pg_cpu_us_per_record"] for x in tries if x.get("pg_cpu_us_per_record")]
     return {**ordered[len(ordered) // 2],
+            "median_pg_cpu_us_per_record": statistics.median_high(pg) if pg else None,
             "all_records_per_s": [x["records_per_s"] for x in tries],
             "all_cpu_us_per_record": [x.get("cpu_us_per_record") for x in tries],
             "all_steal_share": [x.get("steal_share") for x in tries],
@@ -227,6 +229,26 @@ def ratios(runs: dict[str, Any], how: str = "rate") -> dict[str, float | None]:
     return out
 
 
+def _extra(a: argparse.Namespace, dsn: str, runs: dict[str, Any],
+           topics: dict[str, tuple[str, int]]) -> dict[str, Any]:
+    """The scaling, latency and peer sections, on the topics and capacity just measured."""
+    capacity = {kind: runs[name]["records_per_s"] for kind, name in
+                (("reference", "c_fenceworker"), ("sink", "c_sink_fenceworker")) if name in runs}
+    def fill(kind: str, topic: str, count: int, partitions: int) -> None:
+        if kind == "sink":
+            produce_values(topic, count, partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"])
+        else:
+            produce(topic, count, partitions, 1)
+
+    out = {"scaling": scaling.run_all(dsn, a.count, fill),
+           "latency": latency.run_all(capacity, dsn=dsn, quick=a.quick,
+                                      partitions=a.partitions)}
+    if "sink" in topics:
+        out["peer"] = peer.run_all(dsn, *topics["sink"], partitions=a.partitions,
+                                   repeat=a.repeat, quick=a.quick)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ops.bench.worker")
     p.add_argument("--count", type=int, default=200_000)
@@ -239,13 +261,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sink-only", action="store_true",
                    help="only the table sink's runs, no scale section (make bench-sink)")
     p.add_argument("--no-scale", action="store_true", help="skip the scale section")
+    p.add_argument("--no-extra", action="store_true",
+                   help="skip the scaling, latency and peer sections")
     p.add_argument("--out", type=Path, default=OUT)
     a = p.parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)
     if a.quick:
         a.count, a.single_count, a.repeat = min(a.count, 6_000), min(a.single_count, 300), 1
     if a.sink_only:
-        a.only, a.no_scale = ",".join(r.name for r in SINK_RUNS), True
+        a.only, a.no_scale, a.no_extra = ",".join(r.name for r in SINK_RUNS), True, True
         if a.out == OUT:
             a.out = OUT.with_name("worker_sink.json")
     try:
@@ -278,6 +302,8 @@ def _bench(a: argparse.Namespace) -> int:
         "cpu_ratios": ratios(runs, "cpu"), "targets": TARGETS,
         "interpreter_mib": interpreter,
     }
+    if not a.no_extra:  # one process per core, latency at shares of (c), the peer
+        result.update(_extra(a, dsn, runs, topics))
     if not a.no_scale:
         result["scale"] = scale.run_all(dsn, quick=a.quick, produce=produce)
     result["memory"] = memory.checks(result)  # the documented bound against each peak

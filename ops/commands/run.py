@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -24,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from consumer.config import (
+    DEFAULT_BATCH_LINGER_S,
     DEFAULT_BATCH_MAX_RECORDS,
     GroupProtocol,
     WorkerConfig,
@@ -43,7 +45,7 @@ from fencing.handler import HandlerContext, build_handler, declaration_of
 from fencing.types import Token, TopicPartition
 from ops.operator.handler_record import SINK_FLAGS, SINK_HANDLER, handler_from_flags, record_of
 from ops.reference import pg as reference_pg
-from ops.worker import startup
+from ops.worker import startup, supervisor
 from ops.worker.observability import ObsOptions, WorkerObservability
 from ops.worker.observability import add_arguments as add_obs_arguments
 from ops.worker.observability import options_from_args as obs_options_from_args
@@ -108,6 +110,9 @@ def register(sub: Any) -> None:
                    help=f"most records in one transaction (default {DEFAULT_BATCH_MAX_RECORDS}; "
                         f"{SINK_BATCH_MAX_RECORDS} with --sink)")
     p.add_argument("--batch-max-bytes", type=int, default=1 << 20)
+    p.add_argument("--batch-linger-ms", type=float, default=DEFAULT_BATCH_LINGER_S * 1000,
+                   help="longest a batch that is not full waits for more records after its "
+                        f"oldest arrived (default {DEFAULT_BATCH_LINGER_S * 1000:g}; 0: never)")
     p.add_argument("--queue-max-batches", type=int, default=16,
                    help="pause a partition once this many batches wait locally")
     p.add_argument("--db-concurrency", type=int, default=4)
@@ -146,6 +151,10 @@ def register(sub: Any) -> None:
     p.add_argument("--max-attempts", type=int, default=3,
                    help="durable attempts of one record (e.g. process deaths) before it is "
                         "quarantined")
+    p.add_argument("--processes", default=None, metavar="N|auto",
+                   help="run N members of the group, each its own process, supervised as "
+                        "one set (auto: the cores this process may use); member i serves "
+                        "HTTP on --http-port + i (docs/operations.md)")
     p.add_argument("--log-level", default=None,
                    help=f"{' | '.join(n.lower() for n in _LOG_LEVELS)} (default "
                         "$FENCE_LOG_LEVEL or info)")
@@ -166,6 +175,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
         group_protocol=GroupProtocol(args.group_protocol),
         assignment_strategy=args.assignment_strategy, auto_offset_reset=args.auto_offset_reset,
         batch_max_records=_batch_max_records(args), batch_max_bytes=args.batch_max_bytes,
+        batch_linger_s=args.batch_linger_ms / 1000,
         queue_max_batches=args.queue_max_batches, db_concurrency=args.db_concurrency,
         shutdown_timeout_s=args.shutdown_timeout_s, allow_retention_gap=args.allow_retention_gap,
         restart_lifetimes=args.restart_lifetimes, outage_bound_s=args.outage_bound_s,
@@ -231,11 +241,20 @@ def main(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args, os.environ)
         obs_options = obs_options_from_args(args)
+        if (index := supervisor.member_index(os.environ)) is not None and obs_options.http_port:
+            # inside a set, member i serves HTTP on the set's port + i (0: any free port)
+            obs_options = dataclasses.replace(obs_options,
+                                              http_port=obs_options.http_port + index)
         check_consumer_settings(kafka_settings(cfg))  # librdkafka's own refusals, up front
         crash = crashpoints.armed()  # FENCE_CRASH_AT (the crash-point matrix)
+        members = supervisor.members_asked(args.processes, os.environ)
     except ConfigError as exc:
         print(f"fencectl run: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
         return int(ExitCode.CONFIG)
+    if members is not None:  # a member drains, leaves the group, closes: past that, killed
+        return supervisor.run_set(getattr(args, "argv", None), members, cfg.group_id,
+                                  grace_s=cfg.shutdown_timeout_s + cfg.budget_s + 20,
+                                  stop_early=_EARLY_STOP.is_set())
     if crash is not None:
         log.warning("crash point armed: %s@%d (SIG%s, marker %s)", crash.point, crash.nth,
                     crash.signal_name, crash.marker)

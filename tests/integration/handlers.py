@@ -15,7 +15,9 @@ The others misbehave on purpose, each the way one liveness or exit-code test nee
 ``swallowing_handler`` (catches a PostgreSQL error without a SAVEPOINT), ``ending_handler``
 (ends the store's transaction itself), ``raising_handler`` (raises ``ValueError``),
 ``undefined_table_handler`` (selects from a table that does not exist) and
-``stubborn_handler`` (ignores cancellation while ``$FENCE_TEST_HOLD_DIR/hold`` exists);
+``stubborn_handler`` (ignores cancellation while ``$FENCE_TEST_HOLD_DIR/hold`` exists),
+``bad_member_handler`` (in the member of a ``--processes`` set whose index is
+``$FENCE_TEST_BAD_MEMBER``, ``undefined_table_handler``; elsewhere the reference handler);
 ``stopping_raising_handler`` is ``raising_handler`` declared ``on_failure="stop"``.
 
 ``failing_handler`` (handler failures): counts each record's committed applications in
@@ -62,6 +64,7 @@ from fencing.types import ACCEPT, SourceRecord, Verdict
 from ops.reference.pg import ensure_tables, make_pg_handler
 
 __all__ = [
+    "bad_member_handler",
     "best_effort_handler",
     "convergent_handler",
     "ending_handler",
@@ -157,6 +160,12 @@ async def _undefined(inner: HandlerFn, conn: Any, records: Sequence[SourceRecord
     return await inner(conn, records)
 
 
+async def _bad_member(inner: HandlerFn, conn: Any, records: Sequence[SourceRecord]) -> Any:
+    if os.environ.get("FENCE_MEMBER_INDEX", "-") == os.environ.get("FENCE_TEST_BAD_MEMBER"):
+        return await _undefined(inner, conn, records)
+    return await inner(conn, records)
+
+
 async def _stubborn(inner: HandlerFn, conn: Any, records: Sequence[SourceRecord]) -> Any:
     hold_dir = os.environ.get("FENCE_TEST_HOLD_DIR")
     hold = Path(hold_dir) / "hold" if hold_dir else None
@@ -179,6 +188,7 @@ ending_handler = _factory(_end)
 raising_handler = _factory(_raise)
 undefined_table_handler = _factory(_undefined)
 stubborn_handler = _factory(_stubborn)
+bad_member_handler = _factory(_bad_member)
 stopping_raising_handler = _factory(_raise, on_failure="stop")
 
 
