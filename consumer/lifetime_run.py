@@ -55,18 +55,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from consumer import events as ev
 from consumer.batching import Flow, InFlight, PartitionBuffer, in_flight_of
+from consumer.config import WorkerConfig
 from consumer.decisions import LifetimeState
 from consumer.exits import ExitCode, exit_code_for
-from consumer.failure_run import RetryInterrupted
-from consumer.kafka.adapter import call_on_loop
+from consumer.failure_run import FailureRun, RetryInterrupted
+from consumer.kafka.adapter import Rebalancer, call_on_loop
 from consumer.kafka.source import build_checks
 from consumer.outage import OutageWatch, kafka_gave_up, retry_outage_async
-from consumer.ports import KafkaPort, LifecyclePort, Partition
+from consumer.ports import FactsPort, KafkaPort, LifecyclePort, Partition
 from fencing.crashpoints import crash_point
 from fencing.errors import (
     Fenced,
@@ -80,24 +82,39 @@ from fencing.errors import (
 )
 from fencing.types import SourceFacts, SourceRecord, Token, TopicPartition
 
-if TYPE_CHECKING:
-    from consumer.worker import Worker
-
-__all__ = ["LifetimeRun"]
+__all__ = ["LifetimeRun", "RunContext"]
 
 log = logging.getLogger("fenceworker.worker")
 
 WATCH_INTERVAL_S = 1.0  # how often an open Kafka outage episode is compared with its bound
 
 
+@dataclass(frozen=True, slots=True)
+class RunContext:
+    """What a lifetime takes from its process, built once by ``consumer.worker.Worker``:
+    the configuration, the Kafka facts source, the injected clock and sleep, where events
+    go, the producer-span links of a batch (None: none), the handler-failure handling of a
+    lifetime (a ``FailureRun`` per lifecycle, sharing the process's gate), and whether a
+    run is still the process's current one (only the current run's callbacks are served)."""
+
+    config: WorkerConfig
+    source: FactsPort
+    clock: Callable[[], float]
+    wait: Callable[[float], Awaitable[None]]
+    emit: Callable[[ev.WorkerEvent], None]
+    trace_links: Callable[[Sequence[SourceRecord]], Sequence[object]] | None
+    failure_run: Callable[[LifecyclePort], FailureRun]
+    is_current: Callable[[LifetimeRun], bool]
+
+
 class LifetimeRun:
     """One lifetime of a ``Worker``; ``run()`` returns its exit code. It is also the
     ``Rebalancer`` its Kafka thread reports to (``consumer.kafka.adapter``)."""
 
-    def __init__(self, worker: Worker, lifetime_id: str, lifecycle: LifecyclePort,
-                 kafka_factory: Callable[[LifetimeRun], KafkaPort]) -> None:
-        self._w = worker
-        self._cfg = worker.config
+    def __init__(self, context: RunContext, lifetime_id: str, lifecycle: LifecyclePort,
+                 kafka_factory: Callable[[Rebalancer], KafkaPort]) -> None:
+        self._ctx = context
+        self._cfg = context.config
         self.lifetime_id = lifetime_id
         self._lc = lifecycle
         self._loop = asyncio.get_running_loop()
@@ -111,8 +128,8 @@ class LifetimeRun:
         # or loss meanwhile sets False: no runner is started)
         self._reclaims: dict[TopicPartition, bool] = {}
         self._reclaim_tasks: set[asyncio.Task[None]] = set()
-        self.failures = worker.failure_run(lifecycle)
-        self.kafka_watch = OutageWatch(bound_s=self._cfg.outage_bound_s, clock=worker.clock)
+        self.failures = context.failure_run(lifecycle)
+        self.kafka_watch = OutageWatch(bound_s=self._cfg.outage_bound_s, clock=context.clock)
         self.kafka = kafka_factory(self)
 
     @property
@@ -144,7 +161,7 @@ class LifetimeRun:
         """End the run once a Kafka outage outlived the bound (see Rules)."""
         cfg = self._cfg
         while True:
-            await self._w.wait(WATCH_INTERVAL_S)
+            await self._ctx.wait(WATCH_INTERVAL_S)
             over = self.kafka_watch.over()
             if over is not None:
                 elapsed_s, last = over
@@ -157,7 +174,7 @@ class LifetimeRun:
     def watched_facts(self, tps: list[TopicPartition]) -> dict[TopicPartition, SourceFacts]:
         """``source.facts`` for a lag sample (any thread), its outcome reported to the watch."""
         try:
-            facts = self._w.source.facts(tps)
+            facts = self._ctx.source.facts(tps)
         except SourceUnavailable as exc:
             self.kafka_watch.failed(f"lag sample: {exc}")
             raise
@@ -166,7 +183,7 @@ class LifetimeRun:
 
     def kafka_outcome(self, answered: bool, what: str) -> None:
         """The Kafka thread's report of a request to the cluster (a mirror commit)."""
-        if self._w.current is not self:
+        if not self._ctx.is_current(self):
             return
         if answered:
             self.kafka_watch.answered()
@@ -194,7 +211,7 @@ class LifetimeRun:
                       self._cfg.shutdown_timeout_s,
                       "" if code is ExitCode.OK else f" instead of {int(code)}",
                       "; ".join(i.describe() for i in stuck) or "(between batches)")
-            self._w.emit(ev.ShutdownTimedOut(tuple(stuck)))
+            self._ctx.emit(ev.ShutdownTimedOut(tuple(stuck)))
             code = ExitCode.SHUTDOWN_TIMEOUT  # final: work was abandoned
             self.abandoned = True
             self._stop_lifecycle()  # cancel the stuck calls before leaving the group
@@ -228,14 +245,14 @@ class LifetimeRun:
                   f" [cause: {type(cause).__name__}: {cause}]" if cause is not None else "",
                   exc_info=exc if code is ExitCode.INTERNAL else None)
         if first:
-            self._w.emit(ev.Failed(type(exc).__name__, int(code)))
+            self._ctx.emit(ev.Failed(type(exc).__name__, int(code)))
             self.kafka.freeze_mirror()  # its frontiers may be stale (fenced): stop mirroring
         self._failed.set()
 
     # ---- Rebalancer (called from the Kafka thread) ---------------------------------------
 
     def _current(self, what: str) -> bool:
-        if self._w.current is self:
+        if self._ctx.is_current(self):
             return True
         log.warning("ignored %s callback of earlier lifetime %s", what, self.lifetime_id)
         return False
@@ -283,9 +300,9 @@ class LifetimeRun:
         if self._stopping:
             return None
         if not tps:
-            self._w.emit(ev.Assigned(()))
+            self._ctx.emit(ev.Assigned(()))
             return {}
-        self._w.emit(ev.RebalanceBegan("assign", tuple(tps)))
+        self._ctx.emit(ev.RebalanceBegan("assign", tuple(tps)))
         facts = await self._facts(tps)
         checks = build_checks(facts, allow_retention_gap=self._cfg.allow_retention_gap)
         try:
@@ -294,11 +311,11 @@ class LifetimeRun:
         except BaseException as exc:
             self._fail(exc)
             return None
-        if self._stopping or self._w.current is not self:
+        if self._stopping or not self._ctx.is_current(self):
             return None  # the run ended meanwhile: hold the partitions paused
         for tp in tps:
             self._start_partition(tp, positions[tp])
-        self._w.emit(ev.Assigned(tuple(tps)))
+        self._ctx.emit(ev.Assigned(tuple(tps)))
         return positions
 
     async def _facts(self, tps: list[TopicPartition]) -> dict[TopicPartition, SourceFacts]:
@@ -311,11 +328,11 @@ class LifetimeRun:
                         cfg.outage_bound_s)
 
         facts = await retry_outage_async(
-            lambda: asyncio.to_thread(self._w.source.facts, tps), bound_s=cfg.outage_bound_s,
+            lambda: asyncio.to_thread(self._ctx.source.facts, tps), bound_s=cfg.outage_bound_s,
             retry_on=(SourceUnavailable,),
             give_up=kafka_gave_up(where=cfg.bootstrap_source, servers=cfg.bootstrap_servers,
                                   bound_s=cfg.outage_bound_s),
-            clock=self._w.clock, sleep=self._w.wait, stopped=lambda: self._stopping,
+            clock=self._ctx.clock, sleep=self._ctx.wait, stopped=lambda: self._stopping,
             on_retry=retrying)
         self.kafka_watch.answered()
         return facts
@@ -326,21 +343,21 @@ class LifetimeRun:
                                  max_bytes=cfg.batch_max_bytes,
                                  queue_max_records=cfg.queue_max_records,
                                  queue_max_bytes=cfg.queue_max_bytes)
-        part = Partition(tp, buffer, progress_s=self._w.clock())
+        part = Partition(tp, buffer, progress_s=self._ctx.clock())
         part.task = asyncio.create_task(self._run_partition(part), name=f"partition {tp}")
         self._parts[tp] = part
 
     async def _revoked(self, tps: list[TopicPartition]) -> None:
-        self._w.emit(ev.RebalanceBegan("revoke", tuple(tps)))
+        self._ctx.emit(ev.RebalanceBegan("revoke", tuple(tps)))
         tasks = self._close_partitions(tps)
         if tasks and not self.abandoned:  # abandoned work is not waited for twice
             await asyncio.wait(tasks, timeout=self._cfg.budget_s)
         if self._live():
             await self._lc.revoke(tps)
-        self._w.emit(ev.Revoked(tuple(tps)))
+        self._ctx.emit(ev.Revoked(tuple(tps)))
 
     async def _lost(self, tps: list[TopicPartition]) -> None:
-        self._w.emit(ev.RebalanceBegan("lost", tuple(tps)))
+        self._ctx.emit(ev.RebalanceBegan("lost", tuple(tps)))
         self._close_partitions(tps)
         if self._live():
             self._lc.lost(tps)
@@ -378,7 +395,7 @@ class LifetimeRun:
                 part = self._parts.get(tp)
                 if part is not None and not part.closing and not self._stopping:
                     if part.buffer.add(records[start:end], now_s) < end - start:
-                        part.progress_s = self._w.clock()
+                        part.progress_s = self._ctx.clock()
                     self._apply_flow(part)
                     part.wake.set()
                 start = end
@@ -415,7 +432,7 @@ class LifetimeRun:
                 self._apply_flow(part)
                 part.inflight = inflight = in_flight_of(batch)
                 try:
-                    links = self._w.trace_links(batch) if self._w.trace_links else ()
+                    links = self._ctx.trace_links(batch) if self._ctx.trace_links else ()
                     token = await self.failures.submit(part.tp, batch, links=links, stopped=lambda:
                                                        part.closing or self._stopping)
                 except asyncio.CancelledError:
@@ -447,7 +464,7 @@ class LifetimeRun:
                     return
                 finally:
                     part.inflight = None
-            part.progress_s = self._w.clock()
+            part.progress_s = self._ctx.clock()
             crash_point("after-commit", partition=str(part.tp), epoch=token.epoch,
                         first_offset=inflight.first_offset, last_offset=inflight.last_offset,
                         batch_end=token.frontier)
@@ -485,7 +502,7 @@ class LifetimeRun:
                 part.wake.set()
                 if part.task is not None and not part.task.done():
                     await asyncio.wait([part.task], timeout=self._cfg.budget_s)
-            facts = await asyncio.to_thread(self._w.source.facts, [tp])
+            facts = await asyncio.to_thread(self._ctx.source.facts, [tp])
             checks = build_checks(facts, allow_retention_gap=self._cfg.allow_retention_gap)
             token = await self._lc.reclaim(checks[0])
             current = token or self._lc.token(tp)
@@ -522,7 +539,7 @@ class LifetimeRun:
                 self._fail(KafkaClientFailed(f"{tp}: seek to {frontier} failed: {result}"))
             return
         if not result or not self._reclaims.get(tp) or self._stopping \
-                or self._w.current is not self or tp in self._parts \
+                or not self._ctx.is_current(self) or tp in self._parts \
                 or self._lc.token(tp) is None:
             return
         self._start_partition(tp, frontier)

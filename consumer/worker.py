@@ -28,7 +28,8 @@ from consumer.batching import InFlight
 from consumer.config import WorkerConfig
 from consumer.exits import ExitCode
 from consumer.failure_run import FailureRun
-from consumer.lifetime_run import LifetimeRun
+from consumer.kafka.adapter import Rebalancer
+from consumer.lifetime_run import LifetimeRun, RunContext
 from consumer.mirror import MirrorState
 from consumer.observability.instruments import Instruments
 from consumer.ports import FactsPort, KafkaPort, LifecyclePort
@@ -51,7 +52,7 @@ class Worker:
 
     def __init__(self, *, config: WorkerConfig, handler: HandlerFn,
                  lifecycle_factory: Callable[[str], LifecyclePort],
-                 kafka_factory: Callable[[LifetimeRun], KafkaPort], source: FactsPort,
+                 kafka_factory: Callable[[Rebalancer], KafkaPort], source: FactsPort,
                  on_event: Callable[[ev.WorkerEvent], None] | None = None,
                  trace_links: TraceLinks | None = None,
                  clock: Callable[[], float] = time.monotonic,
@@ -79,6 +80,10 @@ class Worker:
         self.abandoned = False  # a run's in-flight work outlived the shutdown bound
         self.lifetimes: list[str] = []
         self._gate = AloneGate()  # process-wide: a record tried alone is alone in the process
+        self._context = RunContext(
+            config=config, source=source, clock=clock, wait=wait, emit=self.emit,
+            trace_links=trace_links, failure_run=self.failure_run,
+            is_current=lambda run: self.current is run)
 
     def failure_run(self, lifecycle: LifecyclePort) -> FailureRun:
         """The handler-failure handling of one lifetime (``consumer.failure_run``), with the
@@ -161,7 +166,7 @@ class Worker:
         lifetime_id = f"lt-{uuid.uuid4().hex[:12]}"
         self.lifetimes.append(lifetime_id)
         self._lifecycle = lifecycle = self._lifecycle_factory(lifetime_id)
-        self.current = run = LifetimeRun(self, lifetime_id, lifecycle, self._kafka_factory)
+        self.current = run = LifetimeRun(self._context, lifetime_id, lifecycle, self._kafka_factory)
         self.emit(ev.LifetimeStarted(lifetime_id))
         code = await run.run(self._stop_requested)
         self.abandoned = self.abandoned or run.abandoned

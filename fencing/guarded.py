@@ -143,10 +143,8 @@ async def guarded_process(
 
     async def one_call() -> Token:
         try:
-            if clear_attempts:
-                return await store.process(tp, token, records, handler,  # type: ignore[call-arg]
-                                           clear_attempts=True)
-            return await store.process(tp, token, records, handler)
+            return await store.process(tp, token, records, handler,
+                                       clear_attempts=clear_attempts)
         except OutcomeUnknown:
             pass
         except NotCommitted as exc:

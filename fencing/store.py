@@ -85,6 +85,8 @@ class FenceStore(Protocol):
         token: Token,
         records: Sequence[SourceRecord],
         handler: HandlerFn,
+        *,
+        clear_attempts: bool = False,
     ) -> Token: ...
 
     async def skip(

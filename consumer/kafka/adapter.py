@@ -108,7 +108,8 @@ _UNRELEASED_INSTANCE = KafkaError(KafkaError.UNRELEASED_INSTANCE_ID).str()
 
 
 class Rebalancer(Protocol):
-    """The loop side the Kafka thread reports to (implemented by ``consumer.worker``)."""
+    """The loop side the Kafka thread reports to (implemented by
+    ``consumer.lifetime_run.LifetimeRun``, one per lifetime)."""
 
     def assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int] | None:
         """Blocking: positions for ``tps``, or None to hold them paused (refused/stopping)."""

@@ -168,8 +168,8 @@ class direct_and_proxied:
         self.group_id = direct.group_id
         self._proxied, self._direct = proxied, direct
 
-    async def process(self, *args: Any) -> Token:
-        return await self._proxied.process(*args)
+    async def process(self, *args: Any, **kwargs: Any) -> Token:
+        return await self._proxied.process(*args, **kwargs)
 
     async def observe(self, tps: Sequence[TopicPartition], *, settled: bool = False) -> Any:
         return await self._direct.observe(tps, settled=settled)

@@ -108,8 +108,6 @@ def test_no_module_is_over_300_lines_without_a_reason() -> None:
 
 # -- the import graph -------------------------------------------------------------------------
 PACKAGES = ("consumer", "fencing", "ops")
-#: the one cycle left, removed by issue 26's worker step (LifetimeRun's back-pointer)
-KNOWN = frozenset({"consumer.lifetime_run", "consumer.worker"})
 
 
 def modules(root: Path, packages: Iterable[str] = PACKAGES) -> dict[str, Path]:
@@ -196,13 +194,6 @@ def reach(g: dict[str, set[str]], starts: Iterable[str]) -> set[str]:
     return seen
 
 
-def test_no_import_cycle_besides_the_known_one() -> None:
-    assert [sorted(c) for c in cycles(graph()) if c != KNOWN] == []
-
-
-@pytest.mark.xfail(strict=True, reason="consumer.worker <-> consumer.lifetime_run: LifetimeRun "
-                   "keeps a back-pointer to Worker (issue 26 item 4, the worker step); remove "
-                   "this mark when that cycle is cut")
 def test_no_import_cycle_at_all() -> None:
     assert cycles(graph()) == []
 

@@ -82,8 +82,10 @@ class FakeKafka:
 
 
 class Facts:
+    topic_id = "tid"  # a test sets another id to stand for a recreated topic
+
     def facts(self, tps: list[TopicPartition]) -> dict[TopicPartition, SourceFacts]:
-        return {tp: SourceFacts("tid", 0, 10_000) for tp in tps}
+        return {tp: SourceFacts(self.topic_id, 0, 10_000) for tp in tps}
 
 
 def records(tp: TopicPartition, start: int, count: int) -> list[SourceRecord]:
@@ -218,11 +220,9 @@ async def test_refused_source_ends_with_exit_4() -> None:
     await until_async(lambda: fakes[0].committed(TP0) == 5)
     await asyncio.to_thread(fakes[-1].rb.revoked, [TP0])
 
-    class Recreated(Facts):
-        def facts(self, tps: list[TopicPartition]) -> dict[TopicPartition, SourceFacts]:
-            return {tp: SourceFacts("other-id", 0, 100) for tp in tps}
-
-    worker._source = Recreated()
+    source = worker.source
+    assert isinstance(source, Facts)
+    source.topic_id = "other-id"  # the topic was recreated
     assert await asyncio.to_thread(fakes[-1].rb.assigned, [TP0]) is None  # held paused, not claimed
     assert await run is ExitCode.SOURCE_REFUSED
 

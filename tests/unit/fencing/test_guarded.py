@@ -47,7 +47,7 @@ class FakeStore:
         return {TP: await self._next("observe")}
 
     async def process(self, tp: TopicPartition, token: Token, records: Sequence[SourceRecord],
-                      handler: Any) -> Token:
+                      handler: Any, *, clear_attempts: bool = False) -> Token:
         return await self._next("process")  # type: ignore[no-any-return,unused-ignore]
 
     async def claim(self, claims: Sequence[ClaimRequest], *,
@@ -208,7 +208,7 @@ class HandlerStore(FakeStore):
     """Like ``FakeStore``, but a scripted reply ``("after", reply)`` first runs the handler."""
 
     async def process(self, tp: TopicPartition, token: Token, records: Sequence[SourceRecord],
-                      handler: Any) -> Token:
+                      handler: Any, *, clear_attempts: bool = False) -> Token:
         reply = self.script["process"][0]
         if isinstance(reply, tuple):
             self.script["process"][0] = reply[1]
