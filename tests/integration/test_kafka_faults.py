@@ -153,7 +153,12 @@ def _two_nodes_down(g: FaultGroup) -> dict[str, Any]:
 @pytest.mark.parametrize(("scenario", "protocol"), CELLS, ids=[f"{s}-{p}" for s, p in CELLS])
 def test_kafka_fault_under_load(groups: Callable[..., FaultGroup], scenario: str,
                                 protocol: str) -> None:
+    # a node is killed once every member owns partitions and committed: members started one
+    # by one on an idle machine process ~4,000 records by then, so a kill needs a backlog
+    # well past twice that to land under load
+    kill = {"records": 15000}
     sizes: dict[str, dict[str, Any]] = {
+        "coordinator-kill": kill, "controller-kill": kill, "leader-kill": kill,
         "rolling-restart": {"records": 3000, "feed": 60000},
         # more than the members can process within the bound (prefetched records are
         # processed while two nodes are down)

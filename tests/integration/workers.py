@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -222,6 +223,13 @@ class WorkerProc:
             os.kill(self.pid, sig)
 
     def terminate(self) -> None:
+        """SIGTERM once the worker's ``main`` runs (its first log line: its SIGTERM handler
+        is installed before it). Earlier, while Python still imports, SIGTERM's default
+        action would end it (-15) instead of the worker's stop (exit 0). Waits at most 60 s."""
+        deadline = time.monotonic() + 60
+        while self.proc.poll() is None and self.log_path.stat().st_size == 0 \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
         self.signal(signal.SIGTERM)
 
     def kill(self) -> None:
