@@ -48,6 +48,7 @@ from ops.operator.handler_record import (
     choose,
     handler_from_flags,
     read_member_rows,
+    with_registry,
 )
 from ops.operator.quarantine import (
     Outcome,
@@ -196,7 +197,8 @@ async def _handler_choice(conn: Any, args: argparse.Namespace) -> HandlerChoice:
     if given is not None:
         return given
     now, members = await read_member_rows(conn, schema=args.schema, group=args.group)
-    return choose(members, group=args.group, now=now, overrides=settings)
+    return with_registry(choose(members, group=args.group, now=now, overrides=settings),
+                         os.environ.get("SCHEMA_REGISTRY_URL", ""))
 
 
 async def _replay(conn: Any, args: argparse.Namespace,

@@ -6,7 +6,11 @@ Rules
   ``--sink table=T --sink-key K`` is recorded as what it is sugar for (the sink's factory
   and its settings). A setting whose name looks secret (password, secret, token,
   credential, dsn, api key, private) or whose value holds a URL password is left out and
-  its name listed under ``redacted``: member rows are read by operators.
+  its name listed under ``redacted``: member rows are read by operators. The table sink's
+  ``registry`` (the schema registry's URL, which may carry credentials) is never recorded:
+  it comes from ``SCHEMA_REGISTRY_URL`` in the environment of the command that builds the
+  sink (``with_registry``), and only for a format that needs the registry. Rows also carry
+  the handler's declaration (``durability``, ``effects``, ``on_failure``).
 - ``choose`` (pure) picks the group's handler from its member rows: the handler of its
   live members (observed now, neither stopped nor retired), which must agree; with none
   live, that of the member seen last. Rows without a record (older workers) are ignored.
@@ -18,6 +22,7 @@ Rules
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -28,6 +33,7 @@ from typing import Any
 from fencing.errors import ConfigError
 from fencing.postgres import sink as sink_module
 from fencing.postgres.schema import quote_schema
+from fencing.postgres.sink.keys import Format
 from ops.operator.member_view import FINAL_STATES, Availability, MemberRow, classify_member
 
 __all__ = [
@@ -38,12 +44,15 @@ __all__ = [
     "handler_from_flags",
     "read_member_rows",
     "record_of",
+    "with_registry",
 ]
 
 #: ``--sink table=NAME [--sink-key COL]``, spelled from the imported factory
 SINK_HANDLER = f"{sink_module.__name__}:{sink_module.table_sink.__name__}"
 _SECRET_NAME = re.compile(r"pass|secret|token|credential|dsn|api[-_.]?key|private", re.I)
 _URL_PASSWORD = re.compile(r"://[^/@\s:]*:[^@\s]+@")
+#: the sink's formats that decode through the schema registry (``sink.keys.Format.registry``)
+_REGISTRY_FORMATS = frozenset(f.value for f in Format if f.registry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +72,24 @@ class HandlerChoice:
 
 def record_of(spec: str, settings: Mapping[str, str]) -> dict[str, Any]:
     """What a member row records of its handler (see the module Rules)."""
+    settings = {k: v for k, v in settings.items() if not (spec == SINK_HANDLER
+                                                          and k == "registry")}
     kept = {k: v for k, v in settings.items()
             if not _SECRET_NAME.search(k) and not _URL_PASSWORD.search(v)}
     return {"spec": spec, "settings": kept,
             "redacted": sorted(k for k in settings if k not in kept)}
+
+
+def with_registry(choice: HandlerChoice, registry: str) -> HandlerChoice:
+    """``choice`` with the schema registry's URL (``SCHEMA_REGISTRY_URL``) added when it is
+    the table sink with a format that needs the registry; unchanged otherwise."""
+    if choice.spec != SINK_HANDLER or not registry.strip() or "registry" in choice.settings:
+        return choice
+    formats = (choice.settings.get("format"), choice.settings.get("key_format"))
+    if not any(f in _REGISTRY_FORMATS for f in formats):
+        return choice
+    return dataclasses.replace(choice, settings={**choice.settings,
+                                                 "registry": registry.strip()})
 
 
 #: the sink's flags beside ``--sink``: (argparse attribute, flag, the factory's setting)
@@ -101,10 +124,9 @@ def handler_from_flags(*, handler: str | None, settings: Mapping[str, str],
     for attr, _flag, setting in SINK_FLAGS:
         if attr in options:
             chosen[setting] = options[attr].strip()
-    if registry.strip():
-        chosen["registry"] = registry.strip()
-    sink_module.SinkSpec.from_settings(chosen)
-    return HandlerChoice(SINK_HANDLER, chosen)
+    choice = with_registry(HandlerChoice(SINK_HANDLER, chosen), registry)
+    sink_module.SinkSpec.from_settings(choice.settings)
+    return choice
 
 
 async def read_member_rows(conn: Any, *, schema: str, group: str

@@ -193,5 +193,8 @@ def test_a_running_worker_records_its_handler_without_secrets(services: Any) -> 
     assert rows and all("hunter2" not in r["d"] for r in rows)
     assert {json.dumps(json.loads(r["d"])["handler"], sort_keys=True) for r in rows} == {
         json.dumps({"spec": "tests.integration.quarantine_handlers:effects_handler",
-                    "settings": {"reject": "x"}, "redacted": ["db_password"]},
+                    "settings": {"reject": "x"}, "redacted": ["db_password"],
+                    # and its declaration (the default: effects_handler declares none)
+                    "durability": "durable-critical", "effects": "transactional",
+                    "on_failure": "quarantine"},
                    sort_keys=True)}

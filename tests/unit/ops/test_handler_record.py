@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 from fencing.errors import ConfigError
-from ops.operator.handler_record import SINK_HANDLER, choose, handler_from_flags, record_of
+from ops.operator.handler_record import (
+    SINK_HANDLER,
+    HandlerChoice,
+    choose,
+    handler_from_flags,
+    record_of,
+    with_registry,
+)
 from ops.operator.member_view import MemberRow
 
 NOW = datetime(2026, 11, 29, 8, 0, 0, tzinfo=UTC)
@@ -74,3 +81,21 @@ def test_flags_name_the_sink_or_a_handler_or_nothing() -> None:
         SINK_HANDLER, {"table": "o", "key": "id"})
     with pytest.raises(ConfigError, match="the sink is the handler"):
         handler_from_flags(handler="m:f", settings={}, sink="table=o")
+
+
+def test_the_registry_url_is_never_recorded_and_added_only_for_a_schemad_format() -> None:
+    url = "http://user:pw@127.0.0.1:18081/apis/ccompat/v7"
+    avro = handler_from_flags(handler=None, settings={}, sink="table=o",
+                              sink_options={"sink_key": "id", "sink_format": "avro"},
+                              registry=url)
+    assert avro is not None and avro.settings["registry"] == url
+    assert record_of(avro.spec, avro.settings) == {
+        "spec": SINK_HANDLER, "settings": {"table": "o", "key": "id", "format": "avro"},
+        "redacted": []}
+    plain = handler_from_flags(handler=None, settings={}, sink="table=o", registry=url)
+    assert plain is not None and "registry" not in plain.settings
+    recorded = HandlerChoice(SINK_HANDLER, {"table": "o", "format": "avro"}, "recorded")
+    assert with_registry(recorded, url).settings["registry"] == url
+    assert with_registry(recorded, "") == recorded
+    assert with_registry(HandlerChoice("m:f", {"format": "avro"}), url).settings == {
+        "format": "avro"}
