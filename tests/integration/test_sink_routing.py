@@ -54,7 +54,9 @@ def _stream(topic: str, seed: int) -> tuple[list[GeneratedRecord], dict[str, int
     """Records of ``topic``: key k always in partition k % PARTITIONS, value {"id", "n"};
     every 23rd a tombstone, every 37th not JSON. Its fold (id -> n) and the (partition,
     offset) of each record that must be quarantined."""
-    out, fold, unfit = [], {}, set()
+    out: list[GeneratedRecord] = []
+    fold: dict[str, int] = {}
+    unfit: set[tuple[int, int]] = set()
     offsets = [0] * PARTITIONS
     for i in range(COUNT):
         k = 1 + (i * 7919 + seed) % KEYS
