@@ -11,7 +11,8 @@ PYTEST_ARGS ?=
 
 .PHONY: setup stack-up stack-down stack-status test test-unit test-integration test-monitoring \
         test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
-        demo migrate clean crash-matrix docs test-kafka-faults test-handler-blame bench-blame sink-churn
+        demo migrate clean crash-matrix docs test-kafka-faults test-handler-blame bench-blame sink-churn \
+        sink-routing
 
 setup: $(STAMP)
 
@@ -60,6 +61,12 @@ test-sim-worker: setup
 sink-churn: setup
 	FENCE_SINK_CHURN=full $(BIN)/pytest -q tests/integration/test_sink_rebalance.py \
 	  -k upsert_sink $(PYTEST_ARGS)
+
+# routing (--sink table='{topic}') under a kill, a join and lost COMMITs: every group
+# protocol, FENCE_SINK_ROUTING_REPEAT times each (default 5)
+sink-routing: setup
+	FENCE_SINK_ROUTING=full $(BIN)/pytest -q tests/integration/test_sink_routing.py \
+	  -k pattern_routed $(PYTEST_ARGS)
 
 # the crash-point matrix: every point x every group protocol (make test runs one protocol per
 # point); prints the table, writes artifacts/crash-matrix/full.json, keeps failed cells' logs

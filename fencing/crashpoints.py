@@ -32,6 +32,7 @@ from fencing.errors import ConfigError
 
 __all__ = [
     "POINTS",
+    "TOOL_POINTS",
     "CrashSpec",
     "armed",
     "crash_point",
@@ -53,6 +54,12 @@ POINTS: Mapping[str, str] = {
     "in-heartbeat": "consumer.observability.heartbeat: member row written",
     "in-shutdown": "consumer.lifetime_run: after SIGTERM, fetching stopped, batches in flight",
 }
+#: points in the operator tools, armed the same way; each is proven by its tool's own tests
+#: (not by the worker's crash matrix, which covers ``POINTS``)
+TOOL_POINTS: Mapping[str, str] = {
+    "relay-after-ack": "ops.commands.relay: the broker acknowledged the dead letters, before "
+                       "their rows are marked relayed",
+}
 
 _SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP}
 
@@ -71,8 +78,9 @@ def parse_spec(at: str, *, signal_name: str = "KILL",
                marker: str = "fence-crash-marker.jsonl") -> CrashSpec:
     """``<point>[@<n>]`` -> ``CrashSpec``; ``ValueError`` names what is wrong."""
     point, sep, nth_text = at.strip().partition("@")
-    if point not in POINTS:
-        raise ValueError(f"unknown crash point {point!r}; known: {', '.join(POINTS)}")
+    if point not in POINTS and point not in TOOL_POINTS:
+        raise ValueError(f"unknown crash point {point!r}; known: "
+                         f"{', '.join([*POINTS, *TOOL_POINTS])}")
     nth = 1
     if sep:
         if not nth_text.isdigit() or int(nth_text) < 1:

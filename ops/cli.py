@@ -29,6 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ops.commands.status",
     "ops.commands.reset",
     "ops.commands.quarantine",
+    "ops.commands.sink",
     "ops.commands.trace",
     "ops.commands.sim",
 )

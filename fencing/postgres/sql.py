@@ -98,16 +98,21 @@ WHERE group_id = $1 AND topic = $2 AND partition = $3""",
             quarantine=f"""
 INSERT INTO {s}.quarantine AS q
     (group_id, topic, partition, "offset", key, value, headers, reason, epoch,
-     error_type, error_message, traceback_digest)
-SELECT $1, $2, $3, o, k, v, h::jsonb, r, $4, et, em, td
+     error_type, error_message, traceback_digest, record_timestamp_ms, attempts)
+SELECT $1, $2, $3, o, k, v, h::jsonb, r, $4, et, em, td, ts,
+       greatest(1, (SELECT a.attempts FROM {s}.attempts a WHERE a.group_id = $1
+                    AND a.topic = $2 AND a.partition = $3 AND a."offset" = o))
 FROM unnest($5::bigint[], $6::bytea[], $7::bytea[], $8::text[], $9::text[], $10::text[],
-            $11::text[], $12::text[]) AS t(o, k, v, h, r, et, em, td)
+            $11::text[], $12::text[], $13::bigint[]) AS t(o, k, v, h, r, et, em, td, ts)
 ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE
     SET key = EXCLUDED.key, value = EXCLUDED.value, headers = EXCLUDED.headers,
         reason = EXCLUDED.reason, epoch = EXCLUDED.epoch, at = now(),
         state = 'quarantined',
         error_type = EXCLUDED.error_type, error_message = EXCLUDED.error_message,
-        traceback_digest = EXCLUDED.traceback_digest""",
+        traceback_digest = EXCLUDED.traceback_digest,
+        record_timestamp_ms = EXCLUDED.record_timestamp_ms, attempts = EXCLUDED.attempts,
+        relayed_at = NULL, relayed_to = NULL, relayed_partition = NULL,
+        relayed_offset = NULL""",
             skip=f"""
 WITH upd AS (
     UPDATE {s}.partitions SET frontier = $6, updated_at = now()

@@ -360,7 +360,8 @@ class PgFenceStore:
                 [r.value for r, _ in rejected], [_headers_json(r.headers) for r, _ in rejected],
                 [v.reason for _, v in rejected], [v.error_type for _, v in rejected],
                 [v.error_message for _, v in rejected],
-                [v.traceback_digest for _, v in rejected])
+                [v.traceback_digest for _, v in rejected],
+                [r.timestamp_ms for r, _ in rejected])
 
     async def skip(self, tp: TopicPartition, token: Token, *, to_offset: int, reason: str) -> Token:
         if to_offset < token.frontier:

@@ -8,6 +8,7 @@
       [--sink-key-format F]] [--handler-setting K=V ...]
       [--limit N] [--json]
   fencectl quarantine purge  --group G --before TIMESTAMP [--topic T] [--json]
+  fencectl quarantine relay  --group G --topic DLQ [--follow] ...   (``ops.commands.relay``)
 
 ``replay`` re-drives the selected quarantined records through the group's own handler, as
 its members recorded it (``ops.operator.handler_record``: the live members', which must
@@ -39,6 +40,7 @@ from consumer.config import parse_x_options, redact
 from fencing.errors import ConfigError, SchemaMismatch
 from fencing.handler import HandlerContext, build_handler
 from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
+from ops.commands import relay
 from ops.commands.reset import operator_identity
 from ops.hints import schema_advice
 from ops.operator.db import connection, dsn_from_env, require_known_group
@@ -114,6 +116,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
         a.add_argument("--json", action="store_true", help="machine-readable output")
         a.add_argument("--schema", default=os.environ.get("FENCE_SCHEMA", DEFAULT_SCHEMA))
         a.set_defaults(func=_main, quarantine_action=name)
+    relay.add_parser(actions, schema_default=os.environ.get("FENCE_SCHEMA", DEFAULT_SCHEMA))
 
 
 def _timestamp(text: str) -> datetime:

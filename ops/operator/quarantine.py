@@ -46,6 +46,7 @@ __all__ = [
     "Selection",
     "State",
     "grant_operator_sql",
+    "headers_of",
     "judge",
     "purge",
     "record_of",
@@ -116,7 +117,7 @@ def judge(verdicts: Sequence[Verdict] | None, error: BaseException | None) -> tu
     return Outcome.APPLIED, "accepted"
 
 
-def _headers(raw: Any) -> tuple[tuple[str, bytes | None], ...]:
+def headers_of(raw: Any) -> tuple[tuple[str, bytes | None], ...]:
     items = json.loads(raw) if isinstance(raw, str) else (raw or [])
     out: list[tuple[str, bytes | None]] = []
     for key, value in items:
@@ -130,7 +131,7 @@ def _headers(raw: Any) -> tuple[tuple[str, bytes | None], ...]:
 def record_of(row: Any) -> SourceRecord:
     """The ``SourceRecord`` a quarantine row holds, as the handler saw it (no timestamp)."""
     return SourceRecord(row["topic"], row["partition"], row["offset"], row["key"],
-                        row["value"], _headers(row["headers"]), None)
+                        row["value"], headers_of(row["headers"]), None)
 
 
 def _where(sel: Selection, first: int = 1) -> tuple[str, list[Any]]:

@@ -195,12 +195,13 @@ def committed_total(dsn: str, schema: str, group: str, topic: str) -> int:
 class WorkerProc:
     """One ``fencectl run`` subprocess; its log goes to ``artifacts/test-workers/``."""
 
-    def __init__(self, *, topic: str, group: str, schema: str, setup: GroupSetup,
+    def __init__(self, *, topic: str | None, group: str, schema: str, setup: GroupSetup,
                  extra: Sequence[str] = (), env: dict[str, str] | None = None,
                  name: str = "w", log_dir: Path | None = None,
                  command: Sequence[str] = FENCECTL) -> None:
         """``command``: the ``fencectl`` to run (a test may run a patched one);
-        ``log_dir``: where the log goes (default ``artifacts/test-workers/``)."""
+        ``log_dir``: where the log goes (default ``artifacts/test-workers/``); ``topic``
+        None: no ``--topic`` (``extra`` gives a ``--topic-pattern``)."""
         log_dir = log_dir or ARTIFACTS
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{group}-{name}-{uuid.uuid4().hex[:6]}.log"
@@ -208,7 +209,8 @@ class WorkerProc:
         full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
         full_env.setdefault("OTEL_TRACES_EXPORTER", "none")
         full_env.update(env or {})
-        self.argv = [*command, "run", "--topic", topic, "--group", group, "--schema", schema,
+        named = ("--topic", topic) if topic is not None else ()
+        self.argv = [*command, "run", *named, "--group", group, "--schema", schema,
                      "--shutdown-timeout-s", "10", *setup.args, *extra]
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=full_env, stdout=self._log,

@@ -8,18 +8,20 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fencing.errors import ConfigError, Unavailable
 from fencing.postgres.schema import quote_ident
 from fencing.postgres.sink.keys import Format
 from fencing.postgres.sink.registry import Registry
+from fencing.postgres.sink.routes import check_template, is_routed, route
 from fencing.postgres.sink.rows import RESERVED, Column, Layout, supported
 from fencing.postgres.sink.schemas import Field, fits
 from fencing.postgres.sink.values import Misfit
 
-__all__ = ["Method", "SinkSpec", "Target", "create_ddl", "ensure_table", "read_layout"]
+__all__ = ["Method", "SinkSpec", "Target", "create_ddl", "ensure_in_batch", "ensure_table",
+           "read_layout"]
 
 log = logging.getLogger("fenceworker.sink")
 
@@ -57,6 +59,7 @@ class SinkSpec:
         parts = table.split(".")
         if not table or len(parts) > 2 or not all(parts):
             raise ConfigError(f"--sink table={table}: expected table=NAME or table=SCHEMA.NAME")
+        check_template(table)
         unknown = set(settings) - set(_SETTINGS)
         if unknown:
             raise ConfigError(f"--handler-setting {sorted(unknown)[0]}: the table sink knows "
@@ -83,6 +86,15 @@ class SinkSpec:
     @property
     def quoted(self) -> str:
         return ".".join(quote_ident(p) for p in self.table.split("."))
+
+    @property
+    def routed(self) -> bool:
+        """Whether ``table`` is a template naming a table per topic (``routes``)."""
+        return is_routed(self.table)
+
+    def for_topic(self, topic: str) -> SinkSpec:
+        """This spec with the table of ``topic`` (itself when not routed)."""
+        return replace(self, table=route(self.table, topic)) if self.routed else self
 
 
 def _choice(kind: Any, settings: Any, name: str, default: Any, *, flag: str | None = None
@@ -133,6 +145,8 @@ SELECT EXISTS (
              AND a.attnum = ANY((i.indkey::int2[])[0:i.indnkeyatts - 1]))
         = (SELECT array_agg(k ORDER BY k) FROM unnest($2::text[]) k))
 """
+_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = " \
+          "c.relnamespace WHERE c.relname = $1 AND n.nspname = coalesce($2, current_schema()))"
 _WHERE = "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n " \
          "ON n.oid = c.relnamespace WHERE c.oid = $1::regclass"
 
@@ -187,10 +201,11 @@ async def read_layout(conn: Any, spec: SinkSpec) -> tuple[Target | None, list[st
     return Target(where["nspname"], where["relname"], layout), problems
 
 
-async def _writer_fields(spec: SinkSpec, topics: Sequence[str]
+async def _writer_fields(spec: SinkSpec, topics: Sequence[str], *, at_start: bool = True
                          ) -> tuple[list[Field], str, list[str]] | None:
     """The latest value schema of the first topic that has one, its name, and the subjects
-    asked; None with JSON values. Raises ``ConfigError`` when the registry does not answer."""
+    asked; None with JSON values. A registry that does not answer raises ``ConfigError``
+    at start (``at_start``), else ``Unavailable`` (a batch waits for it)."""
     if not spec.value_format.registry or spec.registry is None:
         return None
     registry = Registry(spec.registry)
@@ -202,6 +217,8 @@ async def _writer_fields(spec: SinkSpec, topics: Sequence[str]
             if got is not None:
                 return got[0], got[1], subjects
     except (Unavailable, Misfit) as exc:
+        if not at_start and isinstance(exc, Unavailable):
+            raise
         raise ConfigError(f"SCHEMA_REGISTRY_URL {registry.where}: {exc}; check the URL (the "
                           "Confluent-compatible API, e.g. .../apis/ccompat/v7 for Apicurio) "
                           "and that the registry runs") from None
@@ -231,7 +248,21 @@ async def ensure_table(conn: Any, spec: SinkSpec, *, topics: Sequence[str] = ())
     validate it; raises ``ConfigError`` when it does not fit (see the module Rules). With a
     schema'd value format the table is created from, and checked against, the latest schema
     registered for the first of ``topics`` that has one (subject ``<topic>-value``)."""
-    writer = await _writer_fields(spec, topics)
+    return (await _ensure(conn, spec, topics, in_batch=False))[0]
+
+
+async def ensure_in_batch(conn: Any, spec: SinkSpec, topic: str) -> tuple[Target, bool]:
+    """``ensure_table`` for ``topic``'s table on its first sight, inside the batch's own
+    (fenced) transaction: the advisory lock and a created table last until that transaction
+    ends, so a batch rolled back takes its table back with it. Returns the target and
+    whether this transaction created it; raises ``ConfigError`` when the table does not
+    fit and ``Unavailable`` when the registry does not answer."""
+    return await _ensure(conn, spec, (topic,), in_batch=True)
+
+
+async def _ensure(conn: Any, spec: SinkSpec, topics: Sequence[str], *, in_batch: bool
+                  ) -> tuple[Target, bool]:
+    writer = await _writer_fields(spec, topics, at_start=not in_batch)
     created = False
     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", spec.quoted):
         if writer is not None and not writer[0]:
@@ -240,14 +271,12 @@ async def ensure_table(conn: Any, spec: SinkSpec, *, topics: Sequence[str] = ())
                 f"registered under {', '.join(writer[2]) or 'a subject (no --topic given)'} "
                 "to create it from: create the table, or start the sink after the first "
                 "record was produced with a registry serializer")
-        async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))",
-                               f"fenceworker.sink:{spec.table}")
-            if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", spec.quoted):
-                # another member may have won the lock
-                await conn.execute(create_ddl(spec) if writer is None
-                                   else schema_ddl(spec, writer[0]))
-                created = True
+        ddl = create_ddl(spec) if writer is None else schema_ddl(spec, writer[0])
+        if in_batch:
+            created = await _create(conn, spec, ddl)
+        else:
+            async with conn.transaction():
+                created = await _create(conn, spec, ddl)
     target, problems = await read_layout(conn, spec)
     if created and target is not None:
         log.info("table sink: created table %s.%s (%s)", quote_ident(target.schema),
@@ -259,4 +288,18 @@ async def ensure_table(conn: Any, spec: SinkSpec, *, topics: Sequence[str] = ())
     if problems or target is None:
         raise ConfigError(f"--sink table={spec.table}: the table does not fit: "
                           f"{'; '.join(problems)}")
-    return target
+    return target, created
+
+
+async def _create(conn: Any, spec: SinkSpec, ddl: str) -> bool:
+    """Run ``ddl`` under the table's transaction-scoped advisory lock unless another member
+    created the table first; whether this call created it."""
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))",
+                       f"fenceworker.sink:{spec.table}")
+    # pg_class read with this statement's snapshot: to_regclass may answer from a catalog
+    # cache that waiting on an advisory lock (no relation lock) did not refresh
+    schema, _, name = spec.table.rpartition(".")
+    if await conn.fetchval(_EXISTS, name, schema or None):
+        return False  # another member held the lock and created it
+    await conn.execute(ddl)
+    return True

@@ -120,12 +120,25 @@ class Registry:
         """The registry's subjects (a request that proves it answers as a registry)."""
         return list(await self.call("list subjects", self.client.get_subjects))
 
-    async def latest_fields(self, fmt: Format, subject: str) -> tuple[list[Field], str] | None:
-        """The columns of the latest schema registered under ``subject`` and a name for it
-        (None: no such subject); raises ``Misfit`` for a schema of another type."""
+    async def versions(self, subject: str) -> list[int]:
+        """The versions registered under ``subject`` (none: no such subject)."""
+        try:
+            return list(await self.call(f"subject {subject}",
+                                        lambda: self.client.get_versions(subject),
+                                        absent=(_NO_SUBJECT, _NO_VERSION)))
+        except Misfit:
+            return []
+
+    async def latest_fields(self, fmt: Format, subject: str, version: int | None = None
+                            ) -> tuple[list[Field], str] | None:
+        """The columns of the latest schema registered under ``subject`` (or of ``version``)
+        and a name for it (None: no such subject); raises ``Misfit`` for a schema of another
+        type."""
         try:
             got = await self.call(f"subject {subject}",
-                                  lambda: self.client.get_latest_version(subject),
+                                  (lambda: self.client.get_latest_version(subject))
+                                  if version is None else
+                                  (lambda: self.client.get_version(subject, version)),
                                   absent=(_NO_SUBJECT, _NO_VERSION))
         except Misfit:
             return None

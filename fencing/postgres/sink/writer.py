@@ -1,0 +1,157 @@
+"""The table sink's SQL for one target table: the fast path of a batch (binary COPY, staged
+upserts in sets, pipelined ``executemany`` for the rest) and a single operation (the rules
+are ``fencing.postgres.sink.table``'s; this is its writing half, split from the handler)."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from operator import attrgetter
+from typing import Any
+
+from fencing.postgres.schema import quote_ident as _quote
+from fencing.postgres.sink.catalog import Method, Target
+from fencing.postgres.sink.keys import KeyReader
+from fencing.postgres.sink.order import sets_then_rest
+from fencing.postgres.sink.rows import EPOCH_MS, Delete, Upsert, converter, in_epoch_ms
+
+__all__ = ["Writer"]
+
+#: the smallest set of a repeated key's later operations written by a set statement (a DELETE,
+#: COPY + INSERT … SELECT: about four round trips); smaller ones and all after them go by
+#: pipelined ``executemany`` runs (one round trip each, one statement per row in PostgreSQL)
+_SET_MIN = 200
+_BY_KEY = attrgetter("key")  # sorts upserts and deletes by the key columns' values
+
+
+class Writer:
+    """The SQL of one target; ``write`` runs the fast path, ``one`` a single operation."""
+
+    def __init__(self, target: Target, method: Method, *, kafka_key: KeyReader | None = None
+                 ) -> None:
+        self.t = target
+        self.method = method
+        self.keys = target.layout.keys
+        # the staged upsert passes a timestamptz kafka_timestamp as milliseconds, converted
+        # by its SQL (rows.EPOCH_MS): the stage holds them as int8
+        staged = bool(self.keys) and method is Method.COPY
+        self.ms = next((c.name for c in target.layout.columns if in_epoch_ms(c)),
+                       None) if staged else None
+        self.convert = converter(target.layout, epoch_ms=self.ms is not None,
+                                 kafka_key=kafka_key)
+        self.stage = f"fence_sink_stage_{zlib.crc32(target.quoted.encode()):08x}"
+        cols = ", ".join(f"NULL::int8 AS {_quote(c.name)}" if c.name == self.ms else
+                         _quote(c.name) for c in target.layout.columns)
+        self.make_stage = (f"SET LOCAL client_min_messages = warning; CREATE TEMP TABLE IF NOT "
+                           f"EXISTS {_quote(self.stage)} AS SELECT {cols} FROM {target.quoted} "
+                           "WITH NO DATA")
+        self.key_list = ", ".join(map(_quote, self.keys))
+        if len(self.keys) == 1:
+            self.delete = f"DELETE FROM {target.quoted} WHERE {self.key_list} = ANY($1)"
+        elif self.keys:
+            arrays = ", ".join(f"${i}::{_quote(target.layout.column(k).type_name)}[]"
+                               for i, k in enumerate(self.keys, 1))
+            self.delete = (f"DELETE FROM {target.quoted} WHERE ({self.key_list}) IN "
+                           f"(SELECT * FROM unnest({arrays}))")
+        self.delete_one = f"DELETE FROM {target.quoted} WHERE " + " AND ".join(
+            f"{_quote(k)} = ${i}" for i, k in enumerate(self.keys, 1))
+
+    def _conflict(self) -> str:
+        """Upsert replaces the whole row: a column the record lacks gets its default (the
+        proposed row, EXCLUDED, holds it), never the previous record's value."""
+        if not self.keys:
+            return ""
+        sets = [f"{_quote(c.name)} = EXCLUDED.{_quote(c.name)}"
+                for c in self.t.layout.columns if c.name not in self.keys]
+        action = f"DO UPDATE SET {', '.join(sets)}" if sets else "DO NOTHING"
+        return f" ON CONFLICT ({self.key_list}) {action}"
+
+    def _delete_args(self, keys: list[Any]) -> list[Any]:
+        """``self.delete``'s arguments: the keys, or one array per column of a composite."""
+        if len(self.keys) == 1:
+            return [keys]
+        return [list(column) for column in zip(*keys, strict=True)]
+
+    def _value(self, name: str, expr: str) -> str:
+        """``expr`` as the value of column ``name`` (the milliseconds converted, see ms)."""
+        return EPOCH_MS.format(expr) if name == self.ms else expr
+
+    def insert_values(self, columns: Sequence[str]) -> str:
+        marks = ", ".join(self._value(c, f"${i}::int8" if c == self.ms else f"${i}")
+                          for i, c in enumerate(columns, 1))
+        return (f"INSERT INTO {self.t.quoted} ({', '.join(map(_quote, columns))}) "
+                f"VALUES ({marks}){self._conflict()}")
+
+    async def write(self, conn: Any, ops: Sequence[Upsert | Delete], savepoint: str) -> None:
+        """The fast path inside SAVEPOINT ``savepoint``: opened by the first statement and
+        released by the last. Every operation is applied, in order: with key columns they go
+        in sets (``order.sets_then_rest``: a key's n-th operation in the n-th set), each one
+        DELETE of its tombstones and one set statement per column set, upserts in key order,
+        while a set holds ``_SET_MIN`` operations; the rest in their order, each run of one
+        kind and column set by one pipelined ``executemany``. An upsert by COPY sends the
+        SAVEPOINT with the staging table's statement and the RELEASE with its last set
+        statement (one simple query each: a batch of upserts without a repeated key costs
+        four round trips, the COPY's two included, not six); a refusal inside leaves the
+        savepoint open, for ``ROLLBACK TO``."""
+        sets, rest = sets_then_rest(ops, min_set=_SET_MIN) if self.keys else ([list(ops)], [])
+        staged = bool(self.keys) and self.method is Method.COPY and any(
+            isinstance(op, Upsert) for one in sets for op in one)
+        opened = f"SAVEPOINT {savepoint}"
+        release = f"RELEASE SAVEPOINT {savepoint}"
+        await conn.execute(f"{opened}; {self.make_stage}" if staged else opened)
+        released = False
+        for g, one in enumerate(sets, 1):
+            groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+            deletes = []
+            for op in sorted(one, key=_BY_KEY) if self.keys else one:
+                if isinstance(op, Delete):
+                    deletes.append(op.key)
+                else:
+                    groups.setdefault(op.columns, []).append(op.values)
+            if deletes:
+                await conn.execute(self.delete, *self._delete_args(deletes))
+            for n, (columns, rows) in enumerate(groups.items(), 1):
+                if self.method is Method.EXECUTEMANY:
+                    await conn.executemany(self.insert_values(columns), rows)
+                elif not self.keys:
+                    await conn.copy_records_to_table(self.t.name, schema_name=self.t.schema,
+                                                     columns=list(columns), records=rows)
+                else:
+                    await conn.copy_records_to_table(self.stage, schema_name="pg_temp",
+                                                     columns=list(columns), records=rows)
+                    names = ", ".join(map(_quote, columns))
+                    values = ", ".join(self._value(c, _quote(c)) for c in columns)
+                    released = not rest and g == len(sets) and n == len(groups)
+                    tail = f"; {release}" if released else ""
+                    await conn.execute(
+                        f"INSERT INTO {self.t.quoted} ({names}) SELECT {values} FROM pg_temp."
+                        f"{_quote(self.stage)} ORDER BY {self.key_list}{self._conflict()}; "
+                        f"DELETE FROM pg_temp.{_quote(self.stage)}{tail}")
+        for run in _runs(rest):
+            if isinstance(run[0], Delete):
+                await conn.executemany(self.delete_one, [
+                    op.key if len(self.keys) > 1 else (op.key,) for op in run])
+            else:
+                await conn.executemany(self.insert_values(run[0].columns),
+                                       [op.values for op in run])  # type: ignore[union-attr]
+        if not released:
+            await conn.execute(release)
+
+    async def one(self, conn: Any, op: Upsert | Delete) -> None:
+        if isinstance(op, Delete):
+            await conn.execute(self.delete_one, *(op.key if len(self.keys) > 1 else (op.key,)))
+        else:
+            await conn.execute(self.insert_values(op.columns), *op.values)
+
+
+def _runs(ops: Sequence[Upsert | Delete]) -> list[list[Upsert | Delete]]:
+    """``ops`` in order, cut where the kind (or an upsert's column set) changes."""
+    out: list[list[Upsert | Delete]] = []
+    for op in ops:
+        if out and type(op) is type(out[-1][0]) and (
+                isinstance(op, Delete) or op.columns == out[-1][0].columns):  # type: ignore[union-attr]
+            out[-1].append(op)
+        else:
+            out.append([op])
+    return out
+
