@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 .PHONY: setup stack-up stack-down stack-status test test-unit test-integration test-monitoring \
         test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
         demo migrate clean crash-matrix docs test-kafka-faults test-handler-blame bench-blame sink-churn \
-        sink-routing
+        sink-routing test-bench
 
 setup: $(STAMP)
 
@@ -39,6 +39,11 @@ test-unit: setup
 
 test-integration: setup
 	$(BIN)/pytest -q tests/integration $(PYTEST_ARGS)
+
+# make bench's quick mode whole (make test runs it without the scaling, latency and peer
+# sections, which take minutes even at quick sizes)
+test-bench: setup
+	FENCE_BENCH_SMOKE=full $(BIN)/pytest -q tests/integration/test_bench_smoke.py $(PYTEST_ARGS)
 
 # the alert rules (promtool check and test), the dashboard's and rules' metric names against a
 # running worker, the stall alert firing and resolving in the local stack's Prometheus
