@@ -251,17 +251,21 @@ def _reap(procs: list[subprocess.Popen[bytes]], out: dict[int, tuple[int, int]],
 
 
 def _pg_over_span(first: tuple[float, float | None] | None, after: float | None,
-                  got: dict[str, Any]) -> float | None:
+                  got: dict[str, Any], start: float | None = None) -> float | None:
     """PostgreSQL's CPU seconds over a run's span: read from the first poll that saw a mark
     (up to a poll and a marks flush after the first handler call) to the end, and scaled
     from that interval to the whole span at the same rate (the database is idle after the
-    last return, which the end reading follows)."""
-    if first is None or first[1] is None or after is None or not got.get("last"):
+    last return, which the end reading follows). A run whose every record was handled
+    before a poll saw one (a short run on a loaded machine) falls back to ``start``, read
+    before its records were produced: that interval holds the whole span and only idle
+    time besides."""
+    if after is None:
         return None
-    covered = got["last"] - first[0]  # both on CLOCK_MONOTONIC
-    if covered <= 0:
-        return None
-    return (after - first[1]) * got["elapsed_s"] / covered
+    if first is not None and first[1] is not None and got.get("last"):
+        covered = got["last"] - first[0]  # both on CLOCK_MONOTONIC
+        if covered > 0:
+            return (after - first[1]) * got["elapsed_s"] / covered
+    return None if start is None else after - start
 
 
 def execute(run: Run, topic: str, total: int, dsn: str, *,
@@ -300,6 +304,7 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
     deadline = time.monotonic() + timeout_s
     ended: dict[int, tuple[int, int]] = {}
     peaks: dict[int, int] = {}
+    pg_start = pg.seconds()  # the fallback of _pg_over_span: before any record is produced
     if ready is not None:
         ready(schema, group)
     got = clock.combined(marks())
@@ -323,7 +328,7 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
     steal = steal_share(ticks, cpu_ticks())
     quiesce(dsn, drop=schema)
     elapsed = got["elapsed_s"]
-    pg_s = _pg_over_span(pg_first, pg_after, got)
+    pg_s = _pg_over_span(pg_first, pg_after, got, pg_start)
     if member_peaks:  # a set: its members' peaks, not the supervising parent's
         reaped = [(c, max(member_peaks.values())) for c, _ in reaped]
     return {"records": got["records"], "elapsed_s": round(elapsed, 3),

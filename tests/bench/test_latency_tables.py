@@ -174,3 +174,7 @@ def test_postgres_cpu_is_scaled_from_the_polled_interval_to_the_span() -> None:
     assert _pg_over_span((10.5, 100.0), 103.5, got) == pytest.approx(4.0)
     assert _pg_over_span(None, 103.5, got) is None  # no mark seen while polling
     assert _pg_over_span((10.5, None), 103.5, got) is None  # the server is not local
+    # every record handled before a poll saw one: the reading before the records holds it
+    assert _pg_over_span(None, 103.5, got, start=99.0) == pytest.approx(4.5)
+    assert _pg_over_span((14.5, 103.0), 103.5, got, start=99.0) == pytest.approx(4.5)
+    assert _pg_over_span((10.5, None), None, got, start=None) is None
