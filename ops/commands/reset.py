@@ -27,24 +27,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import getpass
 import json
 import os
 import socket
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from fencing import crashpoints
 from fencing.crashpoints import crash_point
 from fencing.errors import ConfigError, NotCommitted, OutcomeUnknown, SchemaMismatch
-from fencing.postgres.classify import Phase, connection_suspect, translate
+from fencing.postgres.classify import Phase
 from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
 from fencing.types import OPERATOR_OWNER_PREFIX, SourceFacts, TopicPartition
 from ops.hints import fencectl, schema_advice
-from ops.operator.db import connection, dsn_from_env, require_known_group
+from ops.operator.db import (
+    DEFAULT_TIMEOUT_S,
+    Progress,
+    connection,
+    dsn_from_env,
+    one_transaction,
+    require_known_group,
+)
 from ops.operator.reset_plan import (
     JOURNAL_EVENT,
     Action,
@@ -59,18 +64,10 @@ from ops.operator.reset_plan import (
     plan_reset,
 )
 
-__all__ = ["EXIT_OUTCOME_UNKNOWN", "Progress", "apply_reset", "operator_identity", "register"]
+__all__ = ["EXIT_OUTCOME_UNKNOWN", "apply_reset", "operator_identity", "register"]
 
 CONFIRM = "--yes-i-understand"
 EXIT_OUTCOME_UNKNOWN = 3
-DEFAULT_TIMEOUT_S = 30.0
-
-
-@dataclass(slots=True)
-class Progress:
-    """How far ``apply_reset`` got: ``Phase.IN_FLIGHT`` once COMMIT may have been sent."""
-
-    phase: Phase = Phase.BEFORE_COMMIT
 
 
 def operator_identity() -> str:
@@ -166,32 +163,11 @@ async def apply_reset(conn: Any, *, schema: str, group: str, plans: Sequence[Pla
     holds, re-plan, bump epochs, write, journal, COMMIT. Raises ``ResetRefused`` (also
     ``ResetApplied``), ``NotCommitted`` (failed before COMMIT: nothing changed) or
     ``OutcomeUnknown`` (COMMIT sent, reply lost or timed out); a cancellation propagates
-    (``progress.phase`` says whether COMMIT was in flight)."""
-    progress = progress if progress is not None else Progress()
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await _transaction(conn, schema=schema, group=group, plans=plans,
-                                      facts=facts, args=args, operator=operator,
-                                      operation=operation, progress=progress)
-    except ResetRefused:
-        raise
-    except BaseException as exc:
-        if connection_suspect(exc):
-            _discard(conn)  # never wait for a cancelled or lost statement's reply
-        err = translate(exc, progress.phase, f"reset {operation}")
-        if err is exc:
-            raise
-        raise err from exc
-
-
-async def _transaction(conn: Any, *, schema: str, group: str, plans: Sequence[Plan],
-                       facts: Mapping[TopicPartition, SourceFacts], args: argparse.Namespace,
-                       operator: str, operation: str, progress: Progress) -> list[Plan]:
+    (``progress.phase`` says whether COMMIT was in flight): ``ops.operator.db.one_transaction``."""
     q = quote_schema(schema)
     tp0 = plans[0].tp
-    tr = conn.transaction()
-    await tr.start()
-    try:
+
+    async def body() -> list[Plan]:
         locked = await _rows(conn, q, group, tp0.topic, args.partition, lock=True)
         await _refuse_if_applied(conn, q, group, tp0.topic, operation)
         fresh = _plans(locked, facts, args)
@@ -212,21 +188,10 @@ async def _transaction(conn: Any, *, schema: str, group: str, plans: Sequence[Pl
         crash_point("in-reset", operation=operation, partitions=[str(p.tp) for p in fresh],
                     epochs={str(p.tp): p.new_epoch for p in fresh},
                     frontiers={str(p.tp): [p.old_frontier, p.new_frontier] for p in fresh})
-    except BaseException as exc:
-        if connection_suspect(exc):
-            _discard(conn)  # the server rolls back when the session ends
-        else:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(tr.rollback()), timeout=5.0)
-        raise
-    progress.phase = Phase.IN_FLIGHT
-    await tr.commit()
-    return fresh
+        return fresh
 
-
-def _discard(conn: Any) -> None:
-    with contextlib.suppress(Exception):
-        conn.terminate()
+    return await one_transaction(conn, body, what=f"reset {operation}", timeout_s=timeout_s,
+                                 progress=progress)
 
 
 async def _refuse_if_applied(conn: Any, q: str, group: str, topic: str, operation: str) -> None:
