@@ -96,6 +96,7 @@ class _Run:
         self.batch_results: dict[int, tuple[str, FenceError | None]] = {}
         self.heartbeats = Heartbeats(self)
         self.pending: list[asyncio.Future[None]] = []
+        self.ended_in_flight: dict[int, dict[str, Any]] = {}  # lifetime -> the attempt
 
     # -- hooks ---------------------------------------------------------------------------
     def _dead(self) -> frozenset[str]:
@@ -219,6 +220,8 @@ class _Run:
         failure: FenceError | None = None
         refusable = self._refusable(step.partitions) if step.actor == "assign" else []
         writes_before = len(self.store.writes)
+        known = set(self.lifecycles)
+        live_before = {w for w, x in self.lifecycles.items() if x.state is LifetimeState.LIVE}
         try:
             attempt["result"] = await self._act(step)
         except FenceError as exc:
@@ -234,6 +237,7 @@ class _Run:
             except FenceError as exc:
                 attempt["interleaves"].append({"revoke": _error_text(exc)})
         self.pending.clear()
+        self._left_in_flight(step, live_before, known)
         self._token_checks(step, attempt["result"], held, failure)
         label = str(step.worker)
         lc = self.lifecycles.get(step.worker)
@@ -269,6 +273,18 @@ class _Run:
                            f"{step.worker})")
         self.current = None
         return attempt
+
+    def _left_in_flight(self, step: Step, live_before: set[int], known: set[int]) -> None:
+        """Record the lifetimes that left LIVE during this attempt with a call in flight:
+        every one but the target of a ``stop`` step (stopped between calls), also a
+        replacement started inside the attempt."""
+        for w, x in self.lifecycles.items():
+            if x.state is LifetimeState.LIVE or w in self.ended_in_flight:
+                continue
+            if w in live_before or w not in known:
+                if step.actor == "stop" and w == step.worker:
+                    continue
+                self.ended_in_flight[w] = {"attempt": self.attempt_index, "actor": step.actor}
 
     def _token_checks(self, step: Step, result: str, held: dict[int, Token | None],
                       exc: BaseException | None) -> None:
@@ -424,6 +440,7 @@ async def finish(run: _Run, trace: Trace) -> dict[str, Any]:
     boundary_before = run_boundary(run)
     complete_before = all(b["frontier"] == b["end"] for b in boundary_before.values())
     violations_before = len(run.checker.violations)
+    lifetimes = _lifetimes(run)
     drained = blocked = False
     if trace.drain:
         drained = await run.drain()
@@ -440,7 +457,14 @@ async def finish(run: _Run, trace: Trace) -> dict[str, Any]:
                         complete_before=complete_before, boundary_before=boundary_before,
                         boundary=run_boundary(run), drained=drained, blocked=blocked,
                         excluded=run.checker.excluded, diagnostics=run.diagnostics,
-                        checks=run.checker.checks)
+                        checks=run.checker.checks, lifetimes=lifetimes)
+
+
+def _lifetimes(run: _Run) -> list[dict[str, Any]]:
+    """Every lifetime's end state before the drain stops them (``ops.sim.report``)."""
+    return [{"lifetime": str(w), "state": lc.state.value, "reason": lc.retired_reason,
+             "ended_in_flight": run.ended_in_flight.get(w)}
+            for w, lc in sorted(run.lifecycles.items())]
 
 
 def new_run(trace: Trace, *, checking: bool = False) -> _Run:
