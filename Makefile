@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 .PHONY: setup stack-up stack-down stack-status test test-unit test-integration test-monitoring \
         test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
-        demo migrate clean crash-matrix docs
+        demo migrate clean crash-matrix docs test-kafka-faults test-handler-blame bench-blame sink-churn
 
 setup: $(STAMP)
 
@@ -44,13 +44,38 @@ test-integration: setup
 test-monitoring: setup
 	$(BIN)/pytest -q tests/monitoring $(PYTEST_ARGS)
 
+# handler blame under process deaths: the killers/poison/flaky scenario 5 times under each
+# group protocol and the outcome-uncertain one 5 times (make test runs each once); each
+# run's counts go to artifacts/handler-blame/*.jsonl
+BLAME_RUNS ?= 5
+test-handler-blame: setup
+	FENCE_BLAME_RUNS=$(BLAME_RUNS) $(BIN)/pytest -q tests/integration/test_handler_blame.py $(PYTEST_ARGS)
+
 test-sim-worker: setup
 	$(BIN)/pytest -q tests/sim tests/unit/consumer/test_lifecycle*.py tests/unit/consumer/test_decisions.py tests/unit/fencing/test_memstore*.py $(PYTEST_ARGS)
+
+# the table sink's churn scenario (upsert, bigint key, tombstones; kills, lost COMMIT
+# replies) for JSON and Avro under all three group protocols, FENCE_SINK_CHURN_REPEAT times
+# each (default 5; make test runs one protocol per format)
+sink-churn: setup
+	FENCE_SINK_CHURN=full $(BIN)/pytest -q tests/integration/test_sink_rebalance.py \
+	  -k upsert_sink $(PYTEST_ARGS)
 
 # the crash-point matrix: every point x every group protocol (make test runs one protocol per
 # point); prints the table, writes artifacts/crash-matrix/full.json, keeps failed cells' logs
 crash-matrix: setup
 	FENCE_CRASH_MATRIX=full $(BIN)/pytest -q tests/integration/test_crash_matrix.py $(PYTEST_ARGS)
+
+# Kafka faults on the three-node cluster (started for these tests, stopped after): every fault
+# scenario x group protocol, static membership, librdkafka's failover behaviour pinned, the
+# crash matrix's three-node column, start-up while PostgreSQL is down. Outcomes append to
+# artifacts/kafka-faults/results.jsonl; `$(BIN)/python -m tests.faults.report` prints the
+# table (`--docs docs/kafka-failures.md` writes it into the page). make test runs a subset.
+test-kafka-faults: setup
+	FENCE_KAFKA_FAULTS=full $(BIN)/pytest -q tests/integration/test_kafka_faults.py \
+	  tests/integration/test_static_membership.py tests/integration/test_kafka_facts_failover.py \
+	  tests/integration/test_startup_outage.py \
+	  tests/integration/test_crash_matrix.py::test_crash_point_cell_on_three_nodes $(PYTEST_ARGS)
 
 sim-worker: setup
 	mkdir -p artifacts
@@ -93,11 +118,20 @@ lint: setup
 bench-store: setup
 	$(BIN)/python -m ops.bench.store
 
-# worker benchmark: baselines a/b/b'/e, fenceworker c/d, scale -> artifacts/bench/worker.json
-# and PNG charts next to it; BENCH_ARGS=--quick for small sizes (the smoke test's mode)
+# what blaming the right record costs: draining suspect windows after an unclean handover
+# (alone, side by side, clean) and the intent of an outcome-uncertain batch
+# -> artifacts/bench/blame.json (uses FENCE_DSN, else starts the stack's PostgreSQL)
+bench-blame: setup
+	$(BIN)/python -m ops.bench.blame
+
+# worker benchmark: baselines a/b/b'/e, fenceworker c/d, the table sink, one process per core
+# (--processes 1..cores), latency at 25/50/90% of the capacity, the peer (Quix Streams, from
+# its own .venv-peer) and scale -> artifacts/bench/worker.json and PNG charts next to it;
+# BENCH_ARGS=--quick for small sizes (the smoke test's mode)
 BENCH_ARGS ?=
 bench: stack-up
 	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python -m ops.bench.peer --ensure-venv
 	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.worker $(BENCH_ARGS)
 
 # the table sink alone: its write methods per batch (printed), then its b/b'/e/c runs (same
@@ -125,4 +159,4 @@ migrate: setup
 	$(BIN)/fencectl migrate
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-peer .pytest_cache .mypy_cache .ruff_cache

@@ -7,6 +7,10 @@ Rules
 - ``take_batch`` cuts at most ``max_records`` records and at most ``max_bytes`` bytes of
   key+value, but always at least one record (a single record larger than the byte bound
   forms a batch of one).
+- Linger: a batch may wait for more records only while it is not full (count or bytes),
+  and never past ``linger_s`` after its oldest buffered record arrived (``linger_left_s``):
+  a partition with records buffered and nothing else coming starts its batch within the
+  linger (Kafka's producer lingers the same way, ``linger.ms``).
 - Backpressure has hysteresis: ``PAUSE`` once the buffer reaches the queue bound (records
   or bytes), ``RESUME`` only once it has drained to half of both; a partition therefore
   never flaps and its memory is bounded by the queue bound plus one consume() call.
@@ -60,13 +64,14 @@ class InFlight:
 class PartitionBuffer:
     """Records fetched for one partition and not yet taken into a batch."""
 
-    __slots__ = ("_bytes", "_records", "max_bytes", "max_records", "next_offset", "paused",
-                 "queue_max_bytes", "queue_max_records")
+    __slots__ = ("_bytes", "_records", "_since_s", "max_bytes", "max_records", "next_offset",
+                 "paused", "queue_max_bytes", "queue_max_records")
 
     def __init__(self, *, next_offset: int, max_records: int, max_bytes: int,
                  queue_max_records: int, queue_max_bytes: int) -> None:
         self._records: deque[tuple[SourceRecord, int]] = deque()
         self._bytes = 0
+        self._since_s: float | None = None  # when the oldest buffered record arrived
         self.next_offset = next_offset
         self.max_records = max_records
         self.max_bytes = max_bytes
@@ -81,8 +86,9 @@ class PartitionBuffer:
     def buffered_bytes(self) -> int:
         return self._bytes
 
-    def add(self, records: Iterable[SourceRecord]) -> int:
-        """Append records in order; return how many were dropped as stale."""
+    def add(self, records: Iterable[SourceRecord], now_s: float = 0.0) -> int:
+        """Append records in order, arrived at ``now_s``; return how many were dropped as
+        stale."""
         dropped = added = 0
         append, next_offset = self._records.append, self.next_offset  # per record: locals
         for rec in records:
@@ -94,6 +100,8 @@ class PartitionBuffer:
             append((rec, size))
             added += size
             next_offset = offset + 1
+        if added and self._since_s is None:
+            self._since_s = now_s
         self._bytes += added
         self.next_offset = next_offset
         return dropped
@@ -111,7 +119,18 @@ class PartitionBuffer:
             batch.append(rec)
             size_total += size
         self._bytes -= size_total
+        if not queue:
+            self._since_s = None  # what stays arrived before: its linger already runs
         return batch
+
+    def linger_left_s(self, now_s: float, linger_s: float) -> float:
+        """Seconds the next batch may still wait for more records: 0 when it is full (by
+        count or bytes) or its oldest record arrived ``linger_s`` ago (see the Rules)."""
+        if self._since_s is None or linger_s <= 0:
+            return 0.0
+        if len(self._records) >= self.max_records or self._bytes >= self.max_bytes:
+            return 0.0
+        return max(self._since_s + linger_s - now_s, 0.0)
 
     def flow(self) -> Flow:
         """Decide pause/resume from the buffer's fill, remembering the decision."""
@@ -130,6 +149,7 @@ class PartitionBuffer:
     def clear(self) -> None:
         self._records.clear()
         self._bytes = 0
+        self._since_s = None
 
 
 def in_flight_of(records: Sequence[SourceRecord]) -> InFlight:

@@ -33,11 +33,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from consumer.decisions import AUTO_OFFSET_RESETS
+from consumer.outage import DEFAULT_BOUND_S
 from fencing.errors import ConfigError
 from fencing.failures import RetryPolicy
 
 __all__ = [
     "DEFAULT_ASSIGNMENT_STRATEGY",
+    "DEFAULT_BATCH_LINGER_S",
     "DEFAULT_BATCH_MAX_RECORDS",
     "PREFETCH",
     "GroupProtocol",
@@ -51,6 +53,7 @@ __all__ = [
 
 DEFAULT_BATCH_MAX_RECORDS = 500  # --sink's own: ops.commands.run.SINK_BATCH_MAX_RECORDS
 DEFAULT_ASSIGNMENT_STRATEGY = "cooperative-sticky"
+DEFAULT_BATCH_LINGER_S = 0.005
 #: librdkafka's prefetch: at most 4 MiB over all partitions, and once there, the next fetch
 #: 10 ms later (its default, 1 s, starved the worker of records; docs/benchmarks.md)
 PREFETCH = {"queued.max.messages.kbytes": "4096", "fetch.queue.backoff.ms": "10"}
@@ -108,6 +111,10 @@ class WorkerConfig:
     """Most records in one transaction (``--batch-max-records``, default 500; 2000 with --sink)."""
     batch_max_bytes: int = 1 << 20
     """Most key+value bytes in one transaction (``--batch-max-bytes``, default 1 MiB)."""
+    batch_linger_s: float = DEFAULT_BATCH_LINGER_S
+    """Longest a batch that is not full waits for more records after its oldest record
+    arrived (``--batch-linger-ms``, default 5 ms, the Kafka producer's ``linger.ms``
+    default; 0: never wait)."""
     queue_max_batches: int = 16
     """A partition is paused once this many full batches wait locally (default 16). Pausing
     makes librdkafka drop the partition's prefetched records and fetch them again on resume,
@@ -119,7 +126,8 @@ class WorkerConfig:
     """Bound for finishing in-flight batches after SIGTERM/SIGINT (default 15 s)."""
     budget_s: float = 20.0
     """Budget of every guarded lifecycle call (assign, seek, process, revoke), counted from
-    before the mutex wait; rebalance callbacks wait this plus a margin (20 s)."""
+    before the mutex wait; rebalance callbacks wait this plus a margin (``--call-budget-s``,
+    default 20 s). A handler call may last 75 % of it (``fencing.slow.handler_limit_s``)."""
     poll_timeout_s: float = 0.05
     """Longest single consume() wait on the Kafka thread (default 50 ms)."""
     allow_retention_gap: bool = False
@@ -127,9 +135,20 @@ class WorkerConfig:
     db_idle_in_transaction_timeout_s: float = 8.0
     """PostgreSQL ends a worker session idle inside a transaction this long (default 8 s): a
     stopped or hung zombie would otherwise hold its partition row lock and block the next
-    owner's claim past the 20 s budget."""
+    owner's claim past the call budget. A handler call may last 90 % of it: a longer one
+    is stopped and its batch split (``consumer.failure_run``)."""
     restart_lifetimes: int = 0
     """Fresh lifetimes to start after a retirement before exiting 3 (default 0)."""
+    outage_bound_s: float = DEFAULT_BOUND_S
+    """Seconds one episode of Kafka not answering (a broker, controller or coordinator
+    failover), or of PostgreSQL not answering at start, is retried with backoff before the
+    lifetime ends with exit 5 naming the service (``--outage-bound-s``, default 60;
+    ``consumer.outage``)."""
+    instance_id: str | None = None
+    """Static group membership: librdkafka's ``group.instance.id`` (``--instance-id`` or
+    ``FENCE_INSTANCE_ID``; default none). A restarted member with the same id gets its
+    partitions back without a rebalance while the group still holds its membership (see
+    docs/kafka-failures.md); each running member needs its own id."""
     x_options: Mapping[str, str] = field(default_factory=dict)
     """Extra librdkafka properties from ``-X key=value``."""
     handler_settings: Mapping[str, str] = field(default_factory=dict)
@@ -161,16 +180,27 @@ class WorkerConfig:
                             ("--db-concurrency", self.db_concurrency)):
             if value < 1:
                 raise ConfigError(f"{name} must be >= 1 (got {value})")
+        if self.budget_s <= 0:
+            raise ConfigError(f"--call-budget-s must be > 0 (got {self.budget_s:g})")
+        if not 0 <= self.batch_linger_s <= 1:
+            raise ConfigError(f"--batch-linger-ms {self.batch_linger_s * 1000:g}: use 0..1000 "
+                              "(how long a batch that is not full may wait for more records)")
         if self.shutdown_timeout_s <= 0:
             raise ConfigError(f"--shutdown-timeout-s must be > 0 (got {self.shutdown_timeout_s})")
         if not 0 < self.db_idle_in_transaction_timeout_s < self.budget_s:
             raise ConfigError(
                 f"--db-idle-in-transaction-timeout-s {self.db_idle_in_transaction_timeout_s:g}: "
-                f"use more than 0 and less than the {self.budget_s:g} s lifetime budget (a "
-                "stopped member's open transaction must end before the next owner's claim "
-                "gives up; default 8)")
+                f"use more than 0 and less than the {self.budget_s:g} s lifetime budget "
+                "(--call-budget-s; a stopped member's open transaction must end before the "
+                "next owner's claim gives up; default 8)")
         if self.restart_lifetimes < 0:
             raise ConfigError("--restart-lifetimes must be >= 0")
+        if not self.outage_bound_s >= 0:
+            raise ConfigError(f"--outage-bound-s must be >= 0 (got {self.outage_bound_s:g})")
+        if self.instance_id is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,249}",
+                                                             self.instance_id):
+            raise ConfigError(f"--instance-id {self.instance_id!r}: use 1 to 249 letters, "
+                              "digits, '.', '_' or '-' (e.g. the pod or host name)")
         if self.auto_offset_reset not in AUTO_OFFSET_RESETS:
             raise ConfigError(f"--auto-offset-reset must be earliest or latest, "
                               f"not {self.auto_offset_reset!r}")
@@ -265,10 +295,13 @@ def kafka_settings(cfg: WorkerConfig) -> dict[str, str]:
             raise ConfigError(
                 f"-X {key}={x[key]} conflicts with the worker: it commits offsets itself after "
                 "each PostgreSQL commit; remove the option")
+    if "group.instance.id" in x and cfg.instance_id is None:
+        raise ConfigError("-X group.instance.id: use --instance-id (or FENCE_INSTANCE_ID)")
     for key, mine, where in (
             ("group.id", cfg.group_id, "--group"),
             ("bootstrap.servers", cfg.bootstrap_servers,
-             "--bootstrap-servers or KAFKA_BOOTSTRAP_SERVERS")):
+             "--bootstrap-servers or KAFKA_BOOTSTRAP_SERVERS"),
+            ("group.instance.id", cfg.instance_id or "", "--instance-id")):
         if key in x and x[key] != mine:
             raise ConfigError(f"-X {key}={x[key]} conflicts with the worker's {key} {mine!r}; "
                               f"set it once, with {where}, and drop the -X")
@@ -289,6 +322,8 @@ def kafka_settings(cfg: WorkerConfig) -> dict[str, str]:
         **PREFETCH,
         "group.protocol": cfg.group_protocol.value,
     }
+    if cfg.instance_id is not None:
+        settings["group.instance.id"] = cfg.instance_id
     if cfg.group_protocol is GroupProtocol.CONSUMER:
         for key in _KIP848_FORBIDDEN:
             if key in x:

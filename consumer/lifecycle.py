@@ -54,8 +54,8 @@ from consumer.decisions import LifetimeState
 from consumer.lifetime_frame import LifetimeFrame
 from consumer.observability.instruments import Instruments
 from fencing.crashpoints import crash_point
-from fencing.errors import Fenced, FenceError, ResetByOperator, TokenDropped
-from fencing.failures import Attempts
+from fencing.errors import Fenced, FenceError, ResetByOperator, TokenDropped, TooSlow
+from fencing.failures import SUSPECT_OPEN, Attempts
 from fencing.guarded import (
     CallHooks,
     guarded_claim,
@@ -64,6 +64,7 @@ from fencing.guarded import (
     guarded_skip,
 )
 from fencing.policy import with_policy
+from fencing.slow import handler_limit_s
 from fencing.store import AttemptStore, FenceStore, HandlerFn, ResetStore
 from fencing.tracing import NO_TRACING, SpanHandle, Tracing
 from fencing.types import (
@@ -92,7 +93,10 @@ class Lifecycle(LifetimeFrame):
         allow_retention_gap: bool = False,
         instruments: Instruments | None = None,
         tracing: Tracing = NO_TRACING,
+        idle_in_transaction_s: float | None = None,
     ) -> None:
+        """``idle_in_transaction_s``: the store sessions' idle-in-transaction timeout (None:
+        none), which bounds a handler call with the budget (``handler_limit_s``)."""
         d.check_auto_offset_reset(auto_offset_reset)
         self.lifetime_id = lifetime_id
         self.group_id = store.group_id
@@ -102,6 +106,7 @@ class Lifecycle(LifetimeFrame):
         self._clock = clock
         self._wait = wait
         self._budget_s = budget_s
+        self._idle_s = idle_in_transaction_s
         self._reset = auto_offset_reset
         self._allow_gap = allow_retention_gap
         self._metrics = instruments  # optional: metrics of retries, resolutions, batches
@@ -110,6 +115,7 @@ class Lifecycle(LifetimeFrame):
         self._guards: dict[TopicPartition, asyncio.Lock] = {}
         self._tokens: dict[TopicPartition, Token] = {}
         self._marks: dict[TopicPartition, Attempts] = {}
+        self._suspect_open: set[TopicPartition] = set()
         self._tasks: set[asyncio.Task[object]] = set()
 
     # -- local state -------------------------------------------------------------------
@@ -121,6 +127,16 @@ class Lifecycle(LifetimeFrame):
         """The durable failure marks ``assign`` read for ``tp``, once (None: none, not read,
         or already taken)."""
         return self._marks.pop(tp, None) if self._marks else None
+
+    def suspect_window(self, tp: TopicPartition, open_: bool) -> None:
+        """Whether ``tp``'s suspect window is open (from ``assign`` on, for a partition with
+        suspect marks, until the failure handling closes it): while it is, the release or
+        retire row of ``tp`` says so, and its next owner stays suspicious
+        (``fencing.failures``)."""
+        if open_:
+            self._suspect_open.add(tp)
+        else:
+            self._suspect_open.discard(tp)
 
     def _hooks(self, operation: str) -> CallHooks:
         """Retry and resolution callbacks (metrics) and spans of the guarded calls."""
@@ -233,8 +249,10 @@ class Lifecycle(LifetimeFrame):
                                   check_live=live)
         for tp in retained:
             mark = marks.get(tp)
-            if mark is not None and mark.suspect:
+            if mark is not None and mark.marked:
                 self._marks[tp] = mark
+                if mark.suspect:  # open until the failure handling closes it: a revoke
+                    self._suspect_open.add(tp)  # before the first batch keeps it suspect
             else:
                 self._marks.pop(tp, None)
 
@@ -289,9 +307,14 @@ class Lifecycle(LifetimeFrame):
     # -- process -------------------------------------------------------------------------
     async def process(self, tp: TopicPartition, records: Sequence[SourceRecord],
                       handler: HandlerFn, *, links: Sequence[object] = (),
-                      context: object | None = None, clear_attempts: bool = False) -> Token:
+                      context: object | None = None, clear_attempts: bool = False,
+                      uncertain: bool = False) -> Token:
         """Commit one batch under the retained token; return the advanced token.
-        ``clear_attempts``: the same transaction deletes the attempt counts it moves past.
+        ``clear_attempts``: the same transaction deletes the attempt counts it moves past;
+        ``uncertain`` (an ``outcome-uncertain`` handler): its intent is written first, in its
+        own committed write, and the handler runs at most once (``EffectUncertain``).
+        A handler that outlives its limit (``fencing.slow.handler_limit_s``) is stopped:
+        ``TooSlow``, nothing applied, the lifetime stays live.
 
         Records below the retained frontier are already durable and are dropped (no I/O
         when none is left); records of another partition or out of order raise
@@ -302,12 +325,14 @@ class Lifecycle(LifetimeFrame):
             raise Fenced(f"process {tp}: lifetime {self.lifetime_id} holds no token for it")
         return await self._guarded(
             lambda deadline_s: self._process(tp, records, handler, deadline_s, links, context,
-                                             clear_attempts))
+                                             clear_attempts, uncertain))
 
     async def _process(self, tp: TopicPartition, records: Sequence[SourceRecord],
                        handler: HandlerFn, deadline_s: float, links: Sequence[object],
-                       context: object | None, clear_attempts: bool = False) -> Token:
+                       context: object | None, clear_attempts: bool = False,
+                       uncertain: bool = False) -> Token:
         live = self._live_until(deadline_s)
+        started_s = deadline_s - self._budget_s
 
         async def check() -> None:
             live()
@@ -323,7 +348,7 @@ class Lifecycle(LifetimeFrame):
                 raise TokenDropped(f"process {tp}: token dropped while waiting for the guard")
             try:
                 return await self._process_guarded(tp, token, records, handler, live, links,
-                                                   context, clear_attempts)
+                                                   context, clear_attempts, uncertain, started_s)
             except Fenced as exc:
                 await self._raise_if_reset(tp, token, live, exc)
                 raise
@@ -337,11 +362,14 @@ class Lifecycle(LifetimeFrame):
     async def _process_guarded(self, tp: TopicPartition, token: Token,
                                records: Sequence[SourceRecord], handler: HandlerFn,
                                live: Callable[[], None], links: Sequence[object],
-                               context: object | None, clear_attempts: bool) -> Token:
+                               context: object | None, clear_attempts: bool,
+                               uncertain: bool, started_s: float) -> Token:
         live()
         batch = d.submittable(token, records)
         if not batch:
             return token
+        if uncertain:
+            await self._record_intent(tp, token, batch[-1].offset, live)
         attrs = {"messaging.kafka.offset": batch[0].offset,
                  "fence.first_offset": batch[0].offset, "fence.last_offset": batch[-1].offset,
                  "fence.epoch": token.epoch, "fence.frontier": token.frontier,
@@ -353,7 +381,17 @@ class Lifecycle(LifetimeFrame):
         rejected = [0]  # of the handler's last call: the committed transaction's
 
         async def barrier(conn: Any, recs: Sequence[SourceRecord]) -> Sequence[Verdict]:
-            verdicts = await inner(conn, recs)
+            limit_s = handler_limit_s(budget_s=self._budget_s, idle_in_transaction_s=self._idle_s,
+                                      elapsed_s=self._clock() - started_s)
+            try:
+                async with asyncio.timeout(max(0.0, limit_s)) as timer:
+                    verdicts = await inner(conn, recs)
+            except TimeoutError as exc:
+                if not timer.expired():
+                    raise  # the handler's own
+                raise TooSlow(f"process {tp} offsets {recs[0].offset}..{recs[-1].offset}: the "
+                              f"handler was stopped after {limit_s:.1f} s", limit_s=limit_s
+                              ) from exc
             self._check_live()  # retired meanwhile: roll back instead of committing
             rejected[0] = d.rejects(verdicts)
             return verdicts
@@ -361,6 +399,8 @@ class Lifecycle(LifetimeFrame):
         with self._span("fence.process", tp, attrs, links=links, context=context) as sp:
             try:
                 extra = {"clear_attempts": True} if clear_attempts else {}  # hot path: none
+                if uncertain:
+                    extra["replay"] = False
                 new = await guarded_process(
                     self._store, tp, token, batch, barrier,
                     wait=self._wait, check_live=live, hooks=self._hooks("process"), **extra)
@@ -380,11 +420,21 @@ class Lifecycle(LifetimeFrame):
             self._tokens[tp] = new
         return new
 
+    async def _record_intent(self, tp: TopicPartition, token: Token, last_offset: int,
+                             live: Callable[[], None]) -> None:
+        store = self._store
+        if not isinstance(store, AttemptStore):
+            raise TypeError(f"{type(store).__name__} keeps no intents: an outcome-uncertain "
+                            "handler needs them")
+        await with_policy(lambda: store.record_intent(tp, token, last_offset=last_offset),
+                          wait=self._wait, check_live=live)
+
     async def record_attempt(self, tp: TopicPartition, *, offset: int, max_attempts: int,
                              error: str | None, next_retry_in_s: float | None,
-                             at_least: int = 1) -> Attempts:
+                             at_least: int = 1, alone: bool = False) -> Attempts:
         """Count one more attempt of ``offset`` under the retained token (committed before
-        the attempt runs; at least ``at_least``); return the durable count. Fails like
+        the attempt runs; at least ``at_least``; ``alone``: an attempt of the record with
+        nothing else of the process in flight); return the durable counts. Fails like
         ``process``."""
         self._check_live()
         store = self._store
@@ -405,8 +455,8 @@ class Lifecycle(LifetimeFrame):
                 try:
                     return await with_policy(lambda: store.record_attempt(
                         tp, token, offset=offset, max_attempts=max_attempts, error=error,
-                        next_retry_in_s=next_retry_in_s, at_least=at_least), wait=self._wait,
-                        check_live=live)
+                        next_retry_in_s=next_retry_in_s, at_least=at_least, alone=alone),
+                        wait=self._wait, check_live=live)
                 except Fenced as exc:
                     await self._raise_if_reset(tp, token, live, exc)
                     raise
@@ -506,9 +556,11 @@ class Lifecycle(LifetimeFrame):
                 if token is not None:
                     released[tp] = token
             for tp, token in released.items():
+                detail = SUSPECT_OPEN if tp in self._suspect_open else ""
+                self._suspect_open.discard(tp)
                 try:
                     await self._store.journal([tp], lifetime=self.lifetime_id,
-                                              event="release", epoch=token.epoch)
+                                              event="release", epoch=token.epoch, detail=detail)
                 except FenceError:
                     pass  # best effort
 

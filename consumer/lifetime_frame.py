@@ -12,7 +12,8 @@ Rules (used by ``consumer.lifecycle.Lifecycle``; see its module Rules)
 - ``_fail`` retires for an error and returns what to raise (``consumer.decisions``
   classifies). ``_retire``: the call that moves LIVE -> RETIRING writes the one best-effort
   ``retire`` journal row (after the other partitions' in-flight batches ended, so it is the
-  lifetime's last write); RETIRING -> RETIRED follows. Budget exhaustion and cancellation
+  lifetime's last write; a partition whose suspect window is open gets a row of its own
+  saying so); RETIRING -> RETIRED follows. Budget exhaustion and cancellation
   retire without journaling.
 """
 
@@ -25,6 +26,7 @@ from typing import TypeVar
 from consumer import decisions as d
 from consumer.decisions import LifetimeState
 from fencing.errors import BudgetExceeded, Fenced, FenceError, Retired
+from fencing.failures import SUSPECT_OPEN
 from fencing.store import FenceStore
 from fencing.types import Token, TopicPartition
 
@@ -49,6 +51,7 @@ class LifetimeFrame:
     _tokens: dict[TopicPartition, Token]
     _tasks: set[asyncio.Task[object]]
     _guards: dict[TopicPartition, asyncio.Lock]
+    _suspect_open: set[TopicPartition]
 
     def _move(self, to: LifetimeState) -> None:
         self.state = d.transition(self.state, to)
@@ -144,9 +147,11 @@ class LifetimeFrame:
 
     async def _settle_others(self, holding: TopicPartition | None) -> None:
         """Wait, bounded by the budget, until no other partition's batch is in flight."""
+        # a list, not a generator: wait_for runs the coroutine later, when another call may
+        # have added a guard (a generator over the dict then raised RuntimeError)
+        others = [tp for tp in self._guards if tp != holding]
         try:
-            await asyncio.wait_for(self._settle(tp for tp in self._guards if tp != holding),
-                                   timeout=self._budget_s)
+            await asyncio.wait_for(self._settle(others), timeout=self._budget_s)
         except TimeoutError:
             pass  # each batch is bounded by its own budget; journaling is best effort
 
@@ -155,11 +160,16 @@ class LifetimeFrame:
         held = sorted(self._tokens)
         if self._begin_retiring(reason) and journal and held:
             await self._settle_others(holding)  # the retire row is the last write
-            try:
-                await self._store.journal(held, lifetime=self.lifetime_id, event="retire",
-                                          detail=reason[:500])
-            except FenceError:
-                pass  # best effort: the journal decides nothing
+            suspect = [tp for tp in held if tp in self._suspect_open]
+            for tps, detail in ((suspect, f"{SUSPECT_OPEN}; {reason}"),
+                                ([tp for tp in held if tp not in suspect], reason)):
+                if not tps:
+                    continue
+                try:
+                    await self._store.journal(tps, lifetime=self.lifetime_id, event="retire",
+                                              detail=detail[:500])
+                except FenceError:
+                    pass  # best effort: the next owner then sees an unclean end
         if self.state is LifetimeState.RETIRING:
             self._move(LifetimeState.RETIRED)
         self._tokens.clear()

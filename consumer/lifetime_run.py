@@ -13,6 +13,9 @@ Rules (the worker's; see ``consumer.worker`` for the process around it)
   current lifetime's tokens or partitions.
 - One runner task per owned partition takes batches from its buffer and submits them with
   ``lifecycle.process``; at most ``db_concurrency`` batches are in flight across partitions.
+  A batch that is not full waits for more records at most ``batch_linger_s`` after its
+  oldest record arrived (``PartitionBuffer.linger_left_s``, on the loop's clock), then it
+  waits only for a slot.
   After each commit the frontier is queued for Kafka (advisory; ``consumer.kafka.committer``),
   also when the batch's COMMIT reply was lost and the re-read resolved it as committed:
   ``lifecycle.process`` returns the resolved token either way.
@@ -25,6 +28,16 @@ Rules (the worker's; see ``consumer.worker`` for the process around it)
   it again (``lifecycle.reclaim``), seeks the consumer to the new frontier
   (``kafka.reposition``) and starts a fresh runner there; the lifetime goes on. A revoke or
   loss meanwhile ends the re-claim without a runner.
+- Kafka's facts of an assignment (topic ids, watermarks) are read with the failover bound:
+  a broker, controller or coordinator moving is retried within ``--outage-bound-s``
+  (``consumer.outage``); only past it does the run end (exit 5 naming the cluster). The
+  assignment callback waits that bound on top of the lifecycle's budget.
+- Between assignments Kafka is watched (``kafka_watch``, an ``OutageWatch``): a failed lag
+  sample (``watched_facts``), a failed offset-mirror commit (``kafka_outcome``) or a lost
+  group session opens an episode; any answer -- facts read, a commit confirmed, an
+  assignment -- closes it. An episode older than the bound ends the run with exit 5 naming
+  the cluster (e.g. two of three nodes down: no quorum, no leader for some partitions, no
+  coordinator); a quiet member has nothing that fails and is never ended by it.
 - A failure ends the run with ``exit_code_for(exc)``: stop fetching, leave the group
   (``Consumer.close()`` on the Kafka thread, outside any callback), stop the lifecycle. The
   Kafka thread never dies silently: ``failed`` ends the run (2 for a consumer that cannot
@@ -40,6 +53,7 @@ Rules (the worker's; see ``consumer.worker`` for the process around it)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
@@ -51,6 +65,7 @@ from consumer.exits import ExitCode, exit_code_for
 from consumer.failure_run import RetryInterrupted
 from consumer.kafka.adapter import call_on_loop
 from consumer.kafka.source import build_checks
+from consumer.outage import OutageWatch, kafka_gave_up, retry_outage_async
 from consumer.ports import KafkaPort, LifecyclePort, Partition
 from fencing.crashpoints import crash_point
 from fencing.errors import (
@@ -60,9 +75,10 @@ from fencing.errors import (
     ResetByOperator,
     Retired,
     SourceRefused,
+    SourceUnavailable,
     TokenDropped,
 )
-from fencing.types import SourceRecord, Token, TopicPartition
+from fencing.types import SourceFacts, SourceRecord, Token, TopicPartition
 
 if TYPE_CHECKING:
     from consumer.worker import Worker
@@ -70,6 +86,8 @@ if TYPE_CHECKING:
 __all__ = ["LifetimeRun"]
 
 log = logging.getLogger("fenceworker.worker")
+
+WATCH_INTERVAL_S = 1.0  # how often an open Kafka outage episode is compared with its bound
 
 
 class LifetimeRun:
@@ -94,7 +112,14 @@ class LifetimeRun:
         self._reclaims: dict[TopicPartition, bool] = {}
         self._reclaim_tasks: set[asyncio.Task[None]] = set()
         self.failures = worker.failure_run(lifecycle)
+        self.kafka_watch = OutageWatch(bound_s=self._cfg.outage_bound_s, clock=worker.clock)
         self.kafka = kafka_factory(self)
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The failure that ended (or is ending) this run; None while it runs or when a stop
+        was requested."""
+        return self._failure
 
     @property
     def in_flight(self) -> list[InFlight]:
@@ -108,11 +133,45 @@ class LifetimeRun:
         """Run until ``stop_requested`` or a failure; then end (see the module Rules)."""
         self.kafka.start()
         waiters = [asyncio.ensure_future(stop_requested.wait()),
-                   asyncio.ensure_future(self._failed.wait())]
+                   asyncio.ensure_future(self._failed.wait()),
+                   asyncio.ensure_future(self._watch_kafka())]
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         for w in waiters:
             w.cancel()
         return await self._end()
+
+    async def _watch_kafka(self) -> None:
+        """End the run once a Kafka outage outlived the bound (see Rules)."""
+        cfg = self._cfg
+        while True:
+            await self._w.wait(WATCH_INTERVAL_S)
+            over = self.kafka_watch.over()
+            if over is not None:
+                elapsed_s, last = over
+                self._fail(kafka_gave_up(where=cfg.bootstrap_source,
+                                         servers=cfg.bootstrap_servers,
+                                         bound_s=cfg.outage_bound_s)(
+                    SourceUnavailable(last), elapsed_s))
+                return
+
+    def watched_facts(self, tps: list[TopicPartition]) -> dict[TopicPartition, SourceFacts]:
+        """``source.facts`` for a lag sample (any thread), its outcome reported to the watch."""
+        try:
+            facts = self._w.source.facts(tps)
+        except SourceUnavailable as exc:
+            self.kafka_watch.failed(f"lag sample: {exc}")
+            raise
+        self.kafka_watch.answered()
+        return facts
+
+    def kafka_outcome(self, answered: bool, what: str) -> None:
+        """The Kafka thread's report of a request to the cluster (a mirror commit)."""
+        if self._w.current is not self:
+            return
+        if answered:
+            self.kafka_watch.answered()
+        else:
+            self.kafka_watch.failed(what)
 
     async def _end(self) -> ExitCode:
         self._stopping = True
@@ -182,14 +241,18 @@ class LifetimeRun:
         return False
 
     def assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int] | None:
-        return self._blocking(self._assigned(tps), "assign") if self._current("assign") \
-            else None
+        self.kafka_watch.answered()  # the group coordinator answered
+        return self._blocking(self._assigned(tps), "assign",
+                              extra_s=self._cfg.outage_bound_s) \
+            if self._current("assign") else None
 
     def revoked(self, tps: list[TopicPartition]) -> None:
         if self._current("revoke"):
             self._blocking(self._revoked(tps), "revoke")
 
     def lost(self, tps: list[TopicPartition]) -> None:
+        self.kafka_watch.failed("the group session was lost (no answer from the group "
+                                "coordinator within the session timeout, or a poll too late)")
         if self._current("lost"):
             self._blocking(self._lost(tps), "lost")
 
@@ -204,10 +267,11 @@ class LifetimeRun:
         if self._current("failure"):
             self._loop.call_soon_threadsafe(self._fail, exc)
 
-    def _blocking(self, coro: Any, what: str) -> Any:
-        """Run ``coro`` on the loop and wait; a failure ends the run and gives None."""
+    def _blocking(self, coro: Any, what: str, *, extra_s: float = 0.0) -> Any:
+        """Run ``coro`` on the loop and wait (the budget, ``extra_s`` and a margin); a
+        failure ends the run and gives None."""
         try:
-            return call_on_loop(self._loop, coro, timeout_s=self._cfg.budget_s + 5)
+            return call_on_loop(self._loop, coro, timeout_s=self._cfg.budget_s + extra_s + 5)
         except BaseException as exc:  # a callback must never raise into librdkafka
             self._loop.call_soon_threadsafe(self._fail, exc)
             log.debug("%s callback failed: %r", what, exc)
@@ -222,7 +286,7 @@ class LifetimeRun:
             self._w.emit(ev.Assigned(()))
             return {}
         self._w.emit(ev.RebalanceBegan("assign", tuple(tps)))
-        facts = await asyncio.to_thread(self._w.source.facts, tps)
+        facts = await self._facts(tps)
         checks = build_checks(facts, allow_retention_gap=self._cfg.allow_retention_gap)
         try:
             await self._lc.assign(checks)
@@ -236,6 +300,25 @@ class LifetimeRun:
             self._start_partition(tp, positions[tp])
         self._w.emit(ev.Assigned(tuple(tps)))
         return positions
+
+    async def _facts(self, tps: list[TopicPartition]) -> dict[TopicPartition, SourceFacts]:
+        """Kafka's facts of ``tps``, a failover retried within the bound (see Rules)."""
+        cfg = self._cfg
+
+        def retrying(exc: BaseException, wait_s: float) -> None:
+            log.warning("kafka facts of %s unavailable (%s); retrying in %.1f s "
+                        "(--outage-bound-s %g)", ", ".join(map(str, tps)), exc, wait_s,
+                        cfg.outage_bound_s)
+
+        facts = await retry_outage_async(
+            lambda: asyncio.to_thread(self._w.source.facts, tps), bound_s=cfg.outage_bound_s,
+            retry_on=(SourceUnavailable,),
+            give_up=kafka_gave_up(where=cfg.bootstrap_source, servers=cfg.bootstrap_servers,
+                                  bound_s=cfg.outage_bound_s),
+            clock=self._w.clock, sleep=self._w.wait, stopped=lambda: self._stopping,
+            on_retry=retrying)
+        self.kafka_watch.answered()
+        return facts
 
     def _start_partition(self, tp: TopicPartition, position: int) -> None:
         cfg = self._cfg
@@ -285,7 +368,7 @@ class LifetimeRun:
             except Exception as exc:  # never lost silently in the loop's exception handler
                 self._fail(exc)
                 return
-            start = 0
+            start, now_s = 0, self._loop.time()
             while start < len(records):
                 tp = records[start].tp
                 end = start + 1
@@ -294,7 +377,7 @@ class LifetimeRun:
                     end += 1
                 part = self._parts.get(tp)
                 if part is not None and not part.closing and not self._stopping:
-                    if part.buffer.add(records[start:end]) < end - start:
+                    if part.buffer.add(records[start:end], now_s) < end - start:
                         part.progress_s = self._w.clock()
                     self._apply_flow(part)
                     part.wake.set()
@@ -318,6 +401,12 @@ class LifetimeRun:
             if len(part.buffer) == 0:
                 part.wake.clear()
                 await part.wake.wait()
+                continue
+            linger_s = part.buffer.linger_left_s(self._loop.time(), self._cfg.batch_linger_s)
+            if linger_s > 0:  # not full: more records may come within the linger
+                part.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(part.wake.wait(), linger_s)
                 continue
             async with self._slots:
                 if part.closing or self._stopping:

@@ -5,9 +5,10 @@ Rules
   thread and consumer (``consumer.lifetime_run.LifetimeRun`` holds the rules of one run).
 - ``run()`` returns the process exit code (``consumer.exits``). After a retirement (3) or
   unavailability (5) it starts a fresh lifetime -- with a fresh lifecycle, consumer and
-  member id -- while ``restart_lifetimes`` allows, unless a stop was requested or a run
+  member id -- while ``restart_lifetimes`` allows, unless a stop was requested, a run
   abandoned work past the shutdown bound (its exit 6 is final: no fresh lifetime starts
-  beside abandoned work).
+  beside abandoned work) or Kafka fenced the static ``--instance-id`` (``InstanceFenced``:
+  another process holds it; a fresh lifetime would fence that one in turn).
 - A retired lifetime is never used again; only the current run's callbacks are served.
 - Events (``consumer.events``) go to ``on_event`` and are logged as they happen.
 """
@@ -22,6 +23,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from consumer import events as ev
+from consumer.alone_gate import AloneGate
 from consumer.batching import InFlight
 from consumer.config import WorkerConfig
 from consumer.exits import ExitCode
@@ -30,10 +32,12 @@ from consumer.lifetime_run import LifetimeRun
 from consumer.mirror import MirrorState
 from consumer.observability.instruments import Instruments
 from consumer.ports import FactsPort, KafkaPort, LifecyclePort
+from fencing.errors import InstanceFenced
 from fencing.handler import declaration_of
+from fencing.slow import handler_limit_s
 from fencing.store import HandlerFn
 from fencing.tracing import NO_TRACING, Tracing
-from fencing.types import SourceRecord, Token, TopicPartition
+from fencing.types import SourceFacts, SourceRecord, Token, TopicPartition
 
 __all__ = ["KafkaPort", "Worker"]
 
@@ -74,14 +78,20 @@ class Worker:
         self._lifecycle: LifecyclePort | None = None  # the current lifetime's
         self.abandoned = False  # a run's in-flight work outlived the shutdown bound
         self.lifetimes: list[str] = []
+        self._gate = AloneGate()  # process-wide: a record tried alone is alone in the process
 
     def failure_run(self, lifecycle: LifecyclePort) -> FailureRun:
-        """The handler-failure handling of one lifetime (``consumer.failure_run``)."""
+        """The handler-failure handling of one lifetime (``consumer.failure_run``), with the
+        process's one ``AloneGate`` (its lifetimes share it)."""
+        cfg = self.config
         return FailureRun(lifecycle=lifecycle, handler=self.handler,
-                          declaration=declaration_of(self.handler), policy=self.config.retry,
+                          declaration=declaration_of(self.handler), policy=cfg.retry,
                           rng=self._rng, clock=self.clock, wait=self.wait,
-                          suspect_window=self.config.batch_max_records,
-                          instruments=self._instruments, tracing=self._tracing)
+                          suspect_window=cfg.batch_max_records,
+                          instruments=self._instruments, tracing=self._tracing,
+                          gate=self._gate, limit_s=handler_limit_s(
+                              budget_s=cfg.budget_s,
+                              idle_in_transaction_s=cfg.db_idle_in_transaction_timeout_s))
 
     @property
     def source(self) -> FactsPort:
@@ -105,6 +115,12 @@ class Worker:
     def offset_mirror(self) -> dict[TopicPartition, MirrorState]:
         """Per positioned partition of the current lifetime: Kafka's offset mirror."""
         return {} if self.current is None else self.current.kafka.mirror()
+
+    def watched_facts(self, tps: list[TopicPartition]) -> dict[TopicPartition, SourceFacts]:
+        """Kafka's facts of ``tps`` for a lag sample, watched by the current lifetime
+        (``LifetimeRun.watched_facts``)."""
+        run = self.current
+        return self._source.facts(tps) if run is None else run.watched_facts(tps)
 
     def progress(self) -> dict[TopicPartition, float]:
         """Per owned partition of the current lifetime: its last fetch or commit progress."""
@@ -131,8 +147,11 @@ class Worker:
         restarts = self.config.restart_lifetimes
         while True:
             code = await self._run_lifetime()
+            fenced_id = self.current is not None and isinstance(self.current.failure,
+                                                                InstanceFenced)
             if code in (ExitCode.RETIRED, ExitCode.UNAVAILABLE) and restarts > 0 \
-                    and not self._stop_requested.is_set() and not self.abandoned:
+                    and not self._stop_requested.is_set() and not self.abandoned \
+                    and not fenced_id:
                 restarts -= 1
                 log.warning("starting a fresh lifetime (%d restarts left)", restarts)
                 continue

@@ -10,11 +10,13 @@ from __future__ import annotations
 __all__ = [
     "BudgetExceeded",
     "ConfigError",
+    "EffectUncertain",
     "FenceError",
     "Fenced",
     "HandlerDeclarationError",
     "HandlerFailed",
     "HandlerMisuse",
+    "InstanceFenced",
     "KafkaClientFailed",
     "NotCommitted",
     "OutcomeUnknown",
@@ -29,7 +31,9 @@ __all__ = [
     "StatementRejected",
     "StoreUnavailable",
     "TokenDropped",
+    "TooSlow",
     "Transient",
+    "Unavailable",
     "Unresolved",
 ]
 
@@ -52,6 +56,12 @@ class ResetByOperator(Fenced):
     holds, and no member claimed it since: nothing of the call was applied; the lifetime
     stays live and claims the partition again, from the operator's frontier (the
     operator's)."""
+
+
+class InstanceFenced(Fenced):
+    """Another process joined the group with this member's static ``--instance-id``; Kafka
+    fenced this one (the operator's: every running member needs its own id). Its lifetime
+    ends and is not restarted in-process: a fresh lifetime would fence the other one."""
 
 
 class StoreUnavailable(FenceError):
@@ -91,19 +101,48 @@ class Transient(Exception):
     succeed: the batch is rolled back and retried with backoff (the world's)."""
 
 
+class Unavailable(Transient):
+    """Raised by a handler when a service it needs does not answer (e.g. the schema registry):
+    the batch is rolled back and retried with backoff until the service answers, never
+    bisected, and the attempts are not counted against its records (the world's)."""
+
+
 class HandlerFailed(FenceError):
     """The handler raised while applying a batch: the transaction rolled back, nothing of
     the batch applied, the lifetime stays live. ``transient``: a retry may succeed (a
     ``Transient``, serialization failure, deadlock, lock timeout); otherwise
-    the batch holds a poison record (the handler's or its input's)."""
+    the batch holds a poison record (the handler's or its input's). ``unavailable``: an
+    ``Unavailable`` (retried until the service answers)."""
 
     def __init__(self, message: str, *, transient: bool, error_type: str,
-                 error_message: str, traceback_digest: str) -> None:
+                 error_message: str, traceback_digest: str, unavailable: bool = False) -> None:
         super().__init__(message)
-        self.transient = transient
+        self.transient = transient or unavailable
+        self.unavailable = unavailable
         self.error_type = error_type
         self.error_message = error_message
         self.traceback_digest = traceback_digest
+
+
+class TooSlow(HandlerFailed):
+    """The handler outlived its share of the call budget or of the session's
+    idle-in-transaction timeout and was stopped: the transaction rolled back (the batch is
+    split; the handler's, or its downstream's)."""
+
+    def __init__(self, message: str, *, limit_s: float) -> None:
+        super().__init__(message, transient=False, error_type="TooSlow",
+                         error_message=message, traceback_digest="")
+        self.limit_s = limit_s
+
+
+class EffectUncertain(HandlerFailed):
+    """An ``outcome-uncertain`` handler ran but its batch did not commit (a lost or refused
+    COMMIT, a store retry that would run it again): its external effects may or may not
+    have happened, so its records are never run again (the world's)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=False, error_type="OutcomeUnknown",
+                         error_message=message, traceback_digest="")
 
 
 class SourceUnavailable(FenceError):

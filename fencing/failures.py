@@ -4,7 +4,9 @@ Rules
 - A handler exception becomes ``HandlerFailed`` inside the store, before the rollback; it is
   transient when a ``Transient`` is the exception or in its cause/context chain, or when the
   store's classifier says so (PostgreSQL: SQLSTATE 40001, 40P01, 55P03 and lost
-  connections, ``fencing.postgres.classify.handler_transient``). Everything else is poison.
+  connections, ``fencing.postgres.classify.handler_transient``), and *unavailable* when
+  that ``Transient`` is an ``Unavailable`` (a service the handler needs does not answer).
+  Everything else is poison.
   A ``FenceError`` raised inside the handler (e.g. ``Retired`` from the retirement barrier)
   is never wrapped.
 - Backoff before attempt n+1 is tenacity's ``wait_exponential`` (``min(max, initial *
@@ -18,9 +20,22 @@ Rules
   costs at most ``ceil(log2(n))`` probe transactions; then one transaction tries the rest.
 - Durable attempt counts (``Attempts``) are read once per assignment. A partition is
   *suspect* when a count exists for its frontier or its previous epoch ended without a
-  ``release``/``retire`` journal row (a process death): its frontier record is then tried
-  alone, after its count was incremented in a committed write; a record whose count reached
-  ``max_attempts`` is quarantined instead of tried.
+  ``release``/``retire`` journal row (a process death), or with one saying its suspect
+  window was still open (``SUSPECT_OPEN``): its next records are then tried alone,
+  process-wide (no other batch of the process in flight), each after its ``alone`` count
+  was incremented in a committed write. Only ``alone`` counts deaths: a death while several
+  records were in flight is blamed on none of them, and transient retries count in
+  ``count``, never in ``alone``. A record whose ``alone`` count reached ``max_attempts`` is
+  quarantined instead of tried (``ProcessDeath``). An attempt alone after a retry was
+  counted and scheduled (the process died while backing off) is that retry: ``count`` does
+  not grow twice for one run; an attempt alone whose lifetime then ended cleanly (a release
+  or retire row: it did not die) is replaced by the next one instead of added to.
+- An ``outcome-uncertain`` batch is preceded by a durable intent (its partition, the
+  frontier it starts at and its last offset). An intent that starts at the durable frontier
+  was never followed by a commit: its records' outcome is unknown (``Attempts.uncertain_to``)
+  and they are never run again.
+- Slow handlers: ``fencing.slow``.
+- ``quarantine_cause`` names why a quarantined record is there, from its ``error_type``.
 """
 
 from __future__ import annotations
@@ -35,9 +50,11 @@ from typing import cast
 
 from tenacity import RetryCallState, wait_exponential
 
-from fencing.errors import ConfigError, FenceError, HandlerFailed, Transient
+from fencing.errors import ConfigError, FenceError, HandlerFailed, Transient, Unavailable
 
 __all__ = [
+    "CAUSES",
+    "SUSPECT_OPEN",
     "Attempts",
     "Bisection",
     "Probe",
@@ -46,16 +63,36 @@ __all__ = [
     "handler_failure",
     "marked_transient",
     "max_probes",
+    "quarantine_cause",
+    "too_slow_reason",
     "traceback_digest",
+    "unknown_reason",
 ]
 
+#: the journal detail of a release or retire row that leaves the next owner suspicious: the
+#: partition's suspect window was still open (its records were not all tried alone yet)
+SUSPECT_OPEN = "suspect window open"
+#: the causes of a quarantined record (``quarantine_cause``), for status and metrics
+CAUSES = ("rejected", "raised", "killed-the-process", "outcome-unknown", "too-slow")
+_CAUSE_OF_TYPE = {"ProcessDeath": "killed-the-process", "OutcomeUnknown": "outcome-unknown",
+                  "TooSlow": "too-slow"}
 
-def marked_transient(exc: BaseException) -> bool:
-    """True when ``exc`` or an exception in its cause/context chain is a ``Transient``."""
+
+def quarantine_cause(error_type: str | None) -> str:
+    """Why a record is quarantined: ``rejected`` (the handler's ``Reject``), ``raised``,
+    ``killed-the-process``, ``outcome-unknown`` or ``too-slow`` (see ``CAUSES``)."""
+    if error_type is None:
+        return "rejected"
+    return _CAUSE_OF_TYPE.get(error_type, "raised")
+
+
+
+def marked_transient(exc: BaseException, kind: type[Transient] = Transient) -> bool:
+    """True when ``exc`` or an exception in its cause/context chain is a ``kind``."""
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
-        if isinstance(cur, Transient):
+        if isinstance(cur, kind):
             return True
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
@@ -76,13 +113,14 @@ def handler_failure(exc: Exception, *, what: str,
     ``FenceError``, else ``HandlerFailed`` (raise it ``from exc``)."""
     if isinstance(exc, FenceError):
         return exc
+    unavailable = marked_transient(exc, Unavailable)
     is_transient = marked_transient(exc) or (transient is not None and transient(exc))
     message = str(exc)[:2000]
+    kind = "unavailable" if unavailable else "transient" if is_transient else "poison"
     return HandlerFailed(
-        f"{what}: handler raised {type(exc).__name__}: {message}"
-        f" ({'transient' if is_transient else 'poison'})",
+        f"{what}: handler raised {type(exc).__name__}: {message} ({kind})",
         transient=is_transient, error_type=type(exc).__qualname__, error_message=message,
-        traceback_digest=traceback_digest(exc))
+        traceback_digest=traceback_digest(exc), unavailable=unavailable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,19 +166,38 @@ class Attempts:
     """The durable failure marks of a partition at its frontier, read when it is claimed."""
 
     unclean: bool = False  # the previous epoch ended without release/retire (a death)
-    count: int = 0  # durable attempts recorded for the frontier offset
+    count: int = 0  # durable attempts recorded for the frontier offset (retries included)
     last_error: str | None = None
+    alone: int = 0  # of which attempts of the record alone, process-wide (deaths blamed)
+    uncertain_to: int | None = None  # an intent from the frontier to here never committed
 
     @property
     def suspect(self) -> bool:
         return self.unclean or self.count > 0
 
+    @property
+    def marked(self) -> bool:
+        """Anything for the failure handling to act on."""
+        return self.suspect or self.uncertain_to is not None
+
 
 def death_reason(count: int, last_error: str | None) -> str:
-    """Quarantine reason of a record whose ``count`` attempts never completed."""
-    tail = f"; last handler error: {last_error}" if last_error else \
-        " (the process died during each: it killed the process)"
-    return f"quarantined after {count} attempts that did not complete{tail}"
+    """Quarantine reason of a record whose ``count`` attempts alone never completed: each
+    time it was the only record in flight, so each death was its."""
+    tail = f"; last handler error: {last_error}" if last_error else ""
+    return (f"quarantined after {count} attempts that did not complete, each with it alone "
+            f"in flight (the process died during each: it killed the process){tail}")
+
+
+def unknown_reason(why: str) -> str:
+    """Quarantine reason of an ``outcome-uncertain`` record that is never run again."""
+    return f"outcome unknown: {why}; an outcome-uncertain effect is never run again"
+
+
+def too_slow_reason(limit_s: float, settings: str) -> str:
+    """Quarantine reason of a record whose handler alone outlived ``limit_s``."""
+    return (f"too slow: the handler took longer than {limit_s:g} s for this record alone "
+            f"({settings})")
 
 
 def max_probes(n: int) -> int:

@@ -10,6 +10,10 @@ Rules
 - ``guarded_claim``: ``OutcomeUnknown`` is followed by an observe (three-call policy)
   and then, only while ``check_live`` passes, a fresh claim as the next call. The
   observed epoch is never adopted: only a claim reply installs a token.
+- ``guarded_process(..., replay=False)`` (an ``outcome-uncertain`` handler) runs the
+  handler at most once: a call that fails before the handler ran is retried as above, but
+  once it ran, ``NotCommitted`` and an unknown outcome resolved as not committed raise
+  ``EffectUncertain`` instead of calling it again.
 - ``check_live`` runs before every call and after every wait.
 - ``guarded_skip`` logs one warning once the frontier moved (the journal has its
   ``gap-skip`` row): records were skipped unprocessed and an operator should know.
@@ -22,12 +26,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fencing.crashpoints import crash_point
-from fencing.errors import Fenced, NotCommitted, OutcomeUnknown, ReadFailed, Unresolved
+from fencing.errors import (
+    EffectUncertain,
+    Fenced,
+    NotCommitted,
+    OutcomeUnknown,
+    ReadFailed,
+    Unresolved,
+)
 from fencing.policy import Wait, with_policy
 from fencing.resolution import Resolution, resolve_process
 from fencing.store import FenceStore, HandlerFn
 from fencing.tracing import NO_TRACING, Tracing
-from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition
+from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition, Verdict
 
 __all__ = [
     "NO_HOOKS",
@@ -105,16 +116,30 @@ async def guarded_process(
     check_live: Callable[[], None],
     hooks: CallHooks = NO_HOOKS,
     clear_attempts: bool = False,
+    replay: bool = True,
 ) -> Token:
     """Commit one batch under ``token``; return the advanced token. ``clear_attempts``:
-    the same transaction deletes the partition's attempt counts below the batch end.
+    the same transaction deletes the partition's attempt counts below the batch end;
+    ``replay=False``: the handler runs at most once (see the module Rules).
 
     Raises ``Fenced`` (nothing of this call applied), ``NotCommitted`` after three calls,
-    ``Unresolved`` when an unknown outcome cannot be re-read, or whatever ``check_live`` raises.
+    ``Unresolved`` when an unknown outcome cannot be re-read, ``EffectUncertain`` (only with
+    ``replay=False``), or whatever ``check_live`` raises.
     """
     if not records:
         raise ValueError("guarded_process needs at least one record")
     batch_end = records[-1].offset + 1
+    ran = [False]
+    if not replay:
+        inner = handler
+
+        async def once(conn: object, recs: Sequence[SourceRecord]) -> Sequence[Verdict]:
+            if ran[0]:
+                raise AssertionError(f"process {tp}: an outcome-uncertain handler ran twice")
+            ran[0] = True
+            return await inner(conn, recs)
+
+        handler = once
 
     async def one_call() -> Token:
         try:
@@ -124,6 +149,11 @@ async def guarded_process(
             return await store.process(tp, token, records, handler)
         except OutcomeUnknown:
             pass
+        except NotCommitted as exc:
+            if ran[0]:
+                raise EffectUncertain(f"process {tp}: not committed after the handler ran "
+                                      f"({exc})") from exc
+            raise
         with hooks.tracing.span("fence.resolve", {
                 "fence.operation": "process", "messaging.destination.name": tp.topic,
                 "messaging.destination.partition.id": str(tp.partition),
@@ -135,6 +165,9 @@ async def guarded_process(
             span.set_attribute("fence.outcome", resolution.value)
         if hooks.on_resolve is not None:
             hooks.on_resolve("process", resolution.value)
+        if ran[0] and not replay and resolution is Resolution.NOT_COMMITTED:
+            raise EffectUncertain(f"process {tp}: lost COMMIT reply resolved as not committed "
+                                  "after the handler ran")
         return _settle(resolution, token, batch_end, observed, what=f"process {tp}")
 
     return await with_policy(one_call, wait=wait, check_live=check_live,

@@ -8,14 +8,19 @@ Rules
   given connection). Durability ``durable-critical`` | ``derived-reconcilable`` |
   ``best-effort``; effects ``transactional`` | ``idempotent-or-observable`` |
   ``outcome-uncertain`` | ``convergent`` | ``loss-tolerant``. ``INCOHERENT`` lists the pairs
-  refused at start with their reason (``loss-tolerant`` requires ``best-effort``).
+  refused at start with their reason (``loss-tolerant`` requires ``best-effort``;
+  ``derived-reconcilable`` cannot be ``outcome-uncertain``). A ``best-effort`` handler's
+  frontier never claims completeness (``Declaration.claims_completeness``: status and
+  metrics say so).
   ``@handler(...)`` only records what was declared (so importing a module never fails
   because of one handler, and its other handlers still load); ``declaration_of`` /
   ``load_handler`` check it and name the handler and the pair.
 - ``on_failure``: ``quarantine`` (default: poison records are isolated and quarantined) or
   ``stop`` (a failure that survives its retries fail-stops the lifetime, exit 1).
   ``outcome-uncertain`` handlers are never replayed after a failure (``consumer.failure_run``).
-- A handler marks an exception transient by raising ``Transient`` (or one caused by it).
+- A handler marks an exception transient by raising ``Transient`` (or one caused by it);
+  ``Unavailable`` (a ``Transient``) says a service it needs does not answer: retried until it
+  does, never bisected (``consumer.failure_run``).
 - A handler must return exactly one verdict per record; anything else raises
   ``HandlerDeclarationError`` inside the transaction, which then rolls back.
 - ``--handler module:name`` names a handler or a *factory*: a callable marked with
@@ -36,7 +41,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from fencing.errors import ConfigError, HandlerDeclarationError, Transient
+from fencing.errors import ConfigError, HandlerDeclarationError, Transient, Unavailable
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, Accept, Reject, Verdict
 
@@ -50,6 +55,7 @@ __all__ = [
     "LoadedHandler",
     "OnFailure",
     "Transient",
+    "Unavailable",
     "accepted_all",
     "build_from",
     "build_handler",
@@ -94,6 +100,11 @@ INCOHERENT: dict[tuple[Durability, Effects], str] = {
     (Durability.DERIVED_RECONCILABLE, Effects.LOSS_TOLERANT):
         "loss-tolerant effects require best-effort durability: a derived-reconcilable "
         "effect is reconciled, not lost",
+    (Durability.DERIVED_RECONCILABLE, Effects.OUTCOME_UNCERTAIN):
+        "a derived-reconcilable effect converges when its records are applied again, but an "
+        "outcome-uncertain effect is never applied again (its records are quarantined): "
+        "declare its effects convergent or idempotent-or-observable, or its durability "
+        "durable-critical",
 }
 
 
@@ -102,6 +113,17 @@ class Declaration:
     durability: Durability = Durability.DURABLE_CRITICAL
     effects: Effects = Effects.TRANSACTIONAL
     on_failure: OnFailure = OnFailure.QUARANTINE
+
+    @property
+    def claims_completeness(self) -> bool:
+        """Whether a frontier means "every record below it applied or quarantined": never
+        for ``best-effort``, whose effects may be dropped after the frontier moved."""
+        return self.durability is not Durability.BEST_EFFORT
+
+    def as_dict(self) -> dict[str, str]:
+        """The declaration as its three values (member rows, metrics)."""
+        return {"durability": self.durability.value, "effects": self.effects.value,
+                "on_failure": self.on_failure.value}
 
     def check(self) -> None:
         """Raise ``HandlerDeclarationError`` when the pair is incoherent (``INCOHERENT``)."""

@@ -22,7 +22,11 @@ Rules
   error such as an undefined table). ``process(..., clear_attempts=True)`` also deletes the
   partition's durable attempt counts below the batch end, in the same transaction.
 - ``AttemptStore`` (both stores): ``record_attempt`` counts one attempt of an offset under
-  the token in its own committed write; ``attempts`` reads the failure marks at claim.
+  the token in its own committed write (``alone``: an attempt of the record with nothing
+  else of its process in flight); ``record_intent`` writes the intent of an
+  ``outcome-uncertain`` batch (from the token's frontier to its last offset) under the token
+  in its own committed write, replacing the partition's previous one; ``attempts`` reads the
+  failure marks at claim (``fencing.failures.Attempts``).
 - ``ResetStore`` (both stores): ``operator_reset`` reads whether every epoch of a
   partition above a given one was installed by an operator's ``fencectl reset`` (the row's
   owner is an operator and no member journaled a claim above that epoch), so a live owner
@@ -100,12 +104,16 @@ class FenceStore(Protocol):
 
 @runtime_checkable
 class AttemptStore(Protocol):
-    """Durable attempt counts of failing offsets (``fencing.failures``)."""
+    """Durable attempt counts of failing offsets and intents of outcome-uncertain batches
+    (``fencing.failures``)."""
 
     async def record_attempt(self, tp: TopicPartition, token: Token, *, offset: int,
                              max_attempts: int, error: str | None,
                              next_retry_in_s: float | None,
-                             at_least: int = 1) -> Attempts: ...
+                             at_least: int = 1, alone: bool = False) -> Attempts: ...
+
+    async def record_intent(self, tp: TopicPartition, token: Token, *,
+                            last_offset: int) -> None: ...
 
     async def attempts(self, tokens: Mapping[TopicPartition, Token]
                        ) -> Mapping[TopicPartition, Attempts]: ...

@@ -59,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # argparse would print the top-level usage: say it with the command's own
         args.usage_parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # fencectl run --processes
     try:
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here at the latest, not at interpreter exit

@@ -2,10 +2,11 @@
 
 The ``services`` fixture yields one ``ServiceSettings``, chosen in this order:
 
-1. all of KAFKA_BOOTSTRAP_SERVERS, FENCE_DSN, OTEL_EXPORTER_OTLP_ENDPOINT and
-   JAEGER_QUERY_URL set in the environment (an existing stack, e.g. ``compose/``
-   or ``eval "$(fencectl stack env)"``);
-2. testcontainers when a Docker engine answers (Kafka, PostgreSQL, Jaeger);
+1. all of KAFKA_BOOTSTRAP_SERVERS, FENCE_DSN, OTEL_EXPORTER_OTLP_ENDPOINT,
+   JAEGER_QUERY_URL and SCHEMA_REGISTRY_URL set in the environment (an existing stack,
+   e.g. ``compose/`` or ``eval "$(fencectl stack env)"``);
+2. testcontainers when a Docker engine answers (Kafka, PostgreSQL, Jaeger, Apicurio
+   Registry);
 3. the local stack (``ops.stack.control``), started once for the session. Services a test
    session started stop when the last concurrent session ends (``ops.stack.lease``;
    set FENCE_KEEP_STACK=1 to keep them); services that were already running, e.g.
@@ -14,6 +15,13 @@ The ``services`` fixture yields one ``ServiceSettings``, chosen in this order:
 The chosen settings are exported into ``os.environ`` for the session, so worker
 subprocesses (``.venv/bin/fencectl run ...``) inherit them. A missing service
 never skips a test: the fixture starts it or fails saying why.
+
+The ``kafka_cluster`` fixture is the local stack's three-node Kafka cluster
+(``ops.stack.kafka_cluster``; always local: it needs java and mvn like the one-node stack),
+started on first use beside whatever Kafka ``services`` chose and held by a lease of its own
+(scope ``kafka-cluster``). The tests that use it run last (``pytest_collection_modifyitems``),
+so the session stops the nodes it started right after them, not at the end of a suite that
+no longer needs them.
 """
 
 from __future__ import annotations
@@ -35,11 +43,15 @@ from ops.stack.config import ServiceSettings
 
 __all__ = ["ServiceSettings"]
 
+CLUSTER_FIXTURE = "kafka_cluster"
+CLUSTER_SCOPE = "kafka-cluster"
+
 # Redpanda (the issue's first choice) has no KIP-848 `consumer` group protocol
 # (redpanda-data/redpanda#29223), which the suite exercises; use Apache Kafka.
 KAFKA_IMAGE = os.environ.get("FENCE_TEST_KAFKA_IMAGE", "apache/kafka:4.1.1")
 POSTGRES_IMAGE = os.environ.get("FENCE_TEST_POSTGRES_IMAGE", "postgres:15")
 JAEGER_IMAGE = os.environ.get("FENCE_TEST_JAEGER_IMAGE", "jaegertracing/jaeger:2.13.0")
+REGISTRY_IMAGE = os.environ.get("FENCE_TEST_REGISTRY_IMAGE", "apicurio/apicurio-registry:3.3.3")
 _READY_TIMEOUT_S = 120.0
 
 
@@ -82,7 +94,7 @@ def _wait_http_json(url: str, *, timeout_s: float) -> None:
 
 @contextmanager
 def _containers() -> Iterator[ServiceSettings]:
-    """Kafka (KRaft), PostgreSQL and Jaeger containers for the session."""
+    """Kafka (KRaft), PostgreSQL, Jaeger and schema registry containers for the session."""
     from testcontainers.community.postgres import PostgresContainer
     from testcontainers.core.container import DockerContainer
 
@@ -116,14 +128,20 @@ def _containers() -> Iterator[ServiceSettings]:
         stack.enter_context(kafka)
         jaeger = DockerContainer(JAEGER_IMAGE).with_exposed_ports(4317, 16686)
         stack.enter_context(jaeger)
+        registry = DockerContainer(REGISTRY_IMAGE).with_exposed_ports(8080)
+        stack.enter_context(registry)
         host = jaeger.get_container_host_ip()
+        registry_url = (f"http://{registry.get_container_host_ip()}:"
+                        f"{registry.get_exposed_port(8080)}/apis/ccompat/v7")
         settings = ServiceSettings(
             kafka_bootstrap=f"127.0.0.1:{kafka_port}",
             dsn=pg.get_connection_url(),
             otlp_endpoint=f"http://{host}:{jaeger.get_exposed_port(4317)}",
             jaeger_query_url=f"http://{host}:{jaeger.get_exposed_port(16686)}",
+            schema_registry_url=registry_url,
         )
         _wait_http_json(settings.jaeger_query_url + "/api/services", timeout_s=_READY_TIMEOUT_S)
+        _wait_http_json(registry_url + "/subjects", timeout_s=_READY_TIMEOUT_S)
         _wait_kafka(settings.kafka_bootstrap, timeout_s=_READY_TIMEOUT_S)
         yield settings
 
@@ -199,7 +217,8 @@ def _exported(settings: ServiceSettings) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def services(request: pytest.FixtureRequest) -> Iterator[ServiceSettings]:
-    """Where Kafka, PostgreSQL and Jaeger are for this session (see the module docstring)."""
+    """Where Kafka, PostgreSQL, Jaeger and the schema registry are for this session (see the
+    module docstring)."""
     with ExitStack() as stack:
         settings = ServiceSettings.from_env(os.environ)
         if settings is None and _docker_engine_answers():
@@ -232,6 +251,24 @@ async def fence_schema(pg_dsn: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture
+async def schema(pg_dsn: str) -> AsyncIterator[str]:
+    """A freshly migrated fence schema without test tables (the table sink's tests), dropped
+    after the test."""
+    import asyncpg
+
+    from fencing.postgres.schema import migrate
+
+    name = f"sink_t_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await migrate(conn, name)
+        yield name
+    finally:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        await conn.close()
+
+
+@pytest.fixture
 async def pg_store(pg_dsn: str, fence_schema: str) -> AsyncIterator[Any]:
     """A ``PgFenceStore`` on ``fence_schema`` with a group id of its own."""
     from fencing.postgres.store import PgFenceStore
@@ -242,3 +279,55 @@ async def pg_store(pg_dsn: str, fence_schema: str) -> AsyncIterator[Any]:
         yield store
     finally:
         await store.close()
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``kafka_faults`` only under ``FENCE_KAFKA_FAULTS=full`` (``make
+    test-kafka-faults``; ``make test`` runs a subset of the Kafka fault scenarios); the tests
+    on the three-node cluster last, in their collected order (see the module docstring)."""
+    if os.environ.get("FENCE_KAFKA_FAULTS") != "full":
+        deselected = [i for i in items if i.get_closest_marker("kafka_faults") is not None]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [i for i in items if i.get_closest_marker("kafka_faults") is None]
+    on_cluster = [i for i in items if CLUSTER_FIXTURE in getattr(i, "fixturenames", ())]
+    if on_cluster:
+        rest = [i for i in items if CLUSTER_FIXTURE not in getattr(i, "fixturenames", ())]
+        items[:] = rest + on_cluster
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(services: ServiceSettings,
+                  request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The three-node Kafka cluster (``tests.integration.cluster.Cluster``), every node
+    (``cluster``: every node healthy and in sync at the start of the test)."""
+    from ops.stack import control as stack
+    from ops.stack import lease as stack_lease
+    from ops.stack.config import KAFKA_NODES, settings_from
+    from tests.integration.cluster import Cluster
+
+    progress = _progress_printer(request.config)
+    try:
+        settings = settings_from()
+        stack_lease.acquire(settings, scope=CLUSTER_SCOPE)
+    except stack.StackError as exc:
+        pytest.fail(f"local stack misconfigured: {exc}", pytrace=False)
+    try:
+        failure = ""
+        try:
+            report = stack.up(settings, services=KAFKA_NODES, out=progress)
+            if not os.environ.get("FENCE_KEEP_STACK"):
+                stack_lease.record_started(settings, report.started, scope=CLUSTER_SCOPE)
+        except stack.StackError as exc:
+            failure = f"could not start the three-node Kafka cluster: {exc}"
+        if failure:
+            pytest.fail(failure, pytrace=False)
+        yield Cluster(settings)
+    finally:
+        stack_lease.release(settings, out=progress, scope=CLUSTER_SCOPE)
+
+
+@pytest.fixture
+def cluster(kafka_cluster: Any) -> Any:
+    """``kafka_cluster`` with every node running, healthy and in sync (a test before may
+    have stopped one)."""
+    kafka_cluster.start_all()
+    return kafka_cluster

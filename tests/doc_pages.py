@@ -30,17 +30,25 @@ _PLACEHOLDERS = {"G": "g", "T": "t", "P": "0", "N": "10", "E": "1", "ROLE": "wor
 
 
 def _code_lines(text: str) -> list[str]:
-    """Lines of fenced blocks and of indented blocks (4+ spaces after a blank line)."""
+    """Lines of fenced blocks and of indented blocks (4+ spaces after a blank line); a line
+    ending in a backslash is continued by the next one (a shell continuation), so a command
+    shown over several lines is one line here."""
     lines: list[str] = []
     fenced = indented = False
     prev_blank = True
+    continued = False
     for line in text.splitlines():
         if line.startswith("```"):
             fenced = not fenced
             continue
         indented = line.startswith("    ") and (indented or prev_blank)
         if fenced or indented:
-            lines.append(line.strip())
+            code = re.sub(r"\s+#\s.*$", "", line).strip()
+            if continued:
+                lines[-1] = f"{lines[-1][:-1].rstrip()} {code}"
+            else:
+                lines.append(code)
+            continued = code.endswith("\\")
         prev_blank = not line.strip()
     return lines
 

@@ -14,7 +14,8 @@ Threading model (deliberate; see docs/librdkafka.md)
   Consumer is not thread-safe, so concurrent access ... is serialized"): a ``pause`` or
   ``commit`` from the event-loop thread would wait for a running ``consume()``. Hence every
   Consumer call happens on this thread: the loop sends commands (pause, resume, commit)
-  through a queue drained between two short ``consume()`` calls (``poll_timeout_s``).
+  through a queue drained between two short ``consume()`` calls (``poll_timeout_s``), each
+  of which returns as soon as records are there (``_consume``).
 - Rebalance callbacks run here and hand the lifecycle work to the asyncio loop with
   ``asyncio.run_coroutine_threadsafe(...).result(timeout)``: the callback returns only when
   the lifecycle finished (bounded by the budget), exactly as the protocol requires.
@@ -45,7 +46,11 @@ Threading model (deliberate; see docs/librdkafka.md)
   offset), and anything else unexpected as itself; each through ``Rebalancer.failed``.
 - librdkafka errors are translated here and never leave this module: a position out of
   range is ``RetentionGap``, a fatal error ``KafkaClientFailed``; transient ones are logged
-  (librdkafka retries them).
+  (librdkafka retries them: a broker that goes down makes it refresh the metadata of the
+  topics it fetches, ``rd_kafka_broker_fail`` "broker down", and a lost coordinator is
+  looked up again; pinned by tests/integration/test_kafka_faults.py). A fatal error reaches
+  ``consume()`` as a message error with code ``_FATAL`` -- whose ``fatal()`` is False --
+  and the text of the underlying error; both are checked.
 - ``reposition`` (an operator's reset was picked up: the partition was claimed again at a
   new frontier) seeks an assigned partition on this thread, resumes it, and converges the
   mirror there. librdkafka's seek bumps the partition's version barrier in the calling
@@ -54,6 +59,15 @@ Threading model (deliberate; see docs/librdkafka.md)
   so no message fetched before the seek is delivered after it. The caller's ``then`` runs
   on this thread right after the seek, before the next ``consume()``: what it schedules on
   the loop lands after every delivery of the old position and before any of the new one.
+- Static membership (``group.instance.id``; ``consumer.config.WorkerConfig.instance_id``):
+  a fatal FENCED_INSTANCE_ID (classic: a newer process joined with the same id) is
+  ``InstanceFenced``. With KIP-848 a member joining while the group still holds the id for
+  an earlier process (killed, its session not yet expired) gets UNRELEASED_INSTANCE_ID,
+  which librdkafka makes fatal (rdkafka_cgrp.c, ConsumerGroupHeartbeat response); a consumer
+  that was never assigned in this lifetime then closes and joins again with a fresh handle
+  after a backoff, within ``outage_bound_s`` (``consumer.outage``), until the broker expires
+  the old session (``group.consumer.session.timeout.ms``). One that had been assigned was
+  replaced by another process with its id: ``InstanceFenced``.
 - Kafka commits mirror the durable frontier (``consumer.kafka.committer``): converged once per
   assignment after positioning, asynchronous per batch with results through ``on_commit``,
   synchronous on revoke and on graceful shutdown, dropped (counted) on a lost assignment.
@@ -77,15 +91,20 @@ from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
 from consumer.kafka.committer import Committer, OnFailure
-from consumer.mirror import MirrorState
+from consumer.mirror import CommitFailure, MirrorState, classify_commit_error
+from consumer.outage import DEFAULT_BOUND_S, OutageBound
 from fencing.crashpoints import crash_point
-from fencing.errors import ConfigError, KafkaClientFailed, RetentionGap
+from fencing.errors import ConfigError, InstanceFenced, KafkaClientFailed, RetentionGap
 from fencing.types import SourceRecord, TopicPartition
 
 __all__ = ["KafkaThread", "Rebalancer", "call_on_loop", "check_consumer_settings", "to_record",
            "translated"]
 
 log = logging.getLogger("fenceworker.adapter")
+
+# the texts librdkafka gives the two static-membership errors (rd_kafka_err2str)
+_FENCED_INSTANCE = KafkaError(KafkaError.FENCED_INSTANCE_ID).str()
+_UNRELEASED_INSTANCE = KafkaError(KafkaError.UNRELEASED_INSTANCE_ID).str()
 
 
 class Rebalancer(Protocol):
@@ -107,6 +126,9 @@ class Rebalancer(Protocol):
 
     def failed(self, exc: BaseException) -> None:
         """Non-blocking: this thread cannot go on; the lifetime must end (see Rules)."""
+
+    def kafka_outcome(self, answered: bool, what: str) -> None:
+        """Non-blocking: the cluster answered a request (a commit), or did not (``what``)."""
 
 
 # ``to_record`` runs once per consumed record, on the loop (``translated``). ``SourceRecord`` is a
@@ -157,7 +179,8 @@ class KafkaThread:
                  rebalancer: Rebalancer, poll_timeout_s: float = 0.05,
                  consume_max_records: int = 1000, max_outstanding: int = 2,
                  clock: Callable[[], float] = time.monotonic,
-                 on_commit_failure: OnFailure | None = None) -> None:
+                 on_commit_failure: OnFailure | None = None,
+                 outage_bound_s: float = DEFAULT_BOUND_S) -> None:
         self._settings = settings
         # a topic, or the subscription list (names, and regexes with librdkafka's leading ^)
         self._subscription = [topic] if isinstance(topic, str) else list(topic)
@@ -176,6 +199,13 @@ class KafkaThread:
         # assignment generation per partition: commands of an older one are dropped
         self._generation: dict[TopicPartition, int] = {}
         self.member_id: str | None = None  # the group member id, read at each assignment
+        self._clock = clock
+        self._outage_bound_s = outage_bound_s
+        self._ever_assigned = False
+        self._rejoin: OutageBound | None = None  # the episode of an unreleased instance id
+        self._rejoins = 0
+        self._rejoin_wait_s = 0.0
+        self._rejoin_due = False
         self._thread = threading.Thread(target=self._main, name="kafka-consumer", daemon=True)
 
     # ---- called from the loop (thread-safe, non-blocking) ----------------------------------
@@ -241,18 +271,25 @@ class KafkaThread:
 
     # ---- the thread ------------------------------------------------------------------------
 
+    def _join(self) -> Consumer:
+        consumer = _build_consumer({**self._settings, "on_commit": self._on_commit})
+        consumer.subscribe(self._subscription, on_assign=self._on_assign,
+                           on_revoke=self._on_revoke, on_lost=self._on_lost)
+        return consumer
+
     def _main(self) -> None:
         consumer: Consumer | None = None
         try:
-            consumer = _build_consumer({**self._settings, "on_commit": self._on_commit})
-            consumer.subscribe(self._subscription, on_assign=self._on_assign,
-                               on_revoke=self._on_revoke, on_lost=self._on_lost)
+            consumer = self._join()
             while not self._close.is_set():
+                if self._rejoin_due:
+                    consumer = self._join_again(consumer)
+                    continue
                 self._drain(consumer)
                 if not self._outstanding.acquire(timeout=self._poll_timeout_s):
                     continue
                 try:
-                    msgs = consumer.consume(self._consume_max, self._poll_timeout_s)
+                    msgs = self._consume(consumer)
                 except KafkaException as exc:
                     self._outstanding.release()
                     self._consumer_error(exc.args[0] if exc.args else exc, None)
@@ -274,6 +311,33 @@ class KafkaThread:
             if not self._closed.done():
                 self._closed.set_result(None)
 
+    def _join_again(self, consumer: Consumer) -> Consumer:
+        """The static instance id is still held (see Rules): close this handle, wait out the
+        episode's next backoff (a close request ends the wait) and join with a fresh one."""
+        self._rejoin_due = False
+        try:
+            consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.debug("closing the consumer before joining again: %s", exc)
+        self._close.wait(self._rejoin_wait_s)
+        return self._join()
+
+    def _consume(self, consumer: Consumer) -> list[Any]:
+        """The records librdkafka holds now (at most ``consume_max_records``); when it holds
+        none, the first one to arrive within ``poll_timeout_s`` and what came with it. Never
+        ``consume(n, timeout)`` alone: librdkafka returns from it only once it has ``n``
+        records or the timeout passed (``rd_kafka_q_serve_rkmessages``), so a record that
+        arrived first waited up to the whole timeout for others (pinned by
+        tests/integration/test_worker_kafka_facts.py). How long a batch may wait for more
+        records is the partition runner's linger (``consumer.batching``)."""
+        msgs = consumer.consume(self._consume_max, 0)
+        if msgs or self._close.is_set():
+            return list(msgs)
+        first = consumer.consume(1, self._poll_timeout_s)
+        if not first or self._consume_max == 1:
+            return list(first)
+        return [*first, *consumer.consume(self._consume_max - 1, 0)]
+
     def _hand_over(self, msgs: Sequence[Any]) -> None:
         good: list[Any] = []
         for msg in msgs:
@@ -292,10 +356,13 @@ class KafkaThread:
 
     def _consumer_error(self, err: object, tp: TopicPartition | None) -> None:
         """Translate a consumer error: a position out of range (``auto.offset.reset`` is
-        ``error``) is a ``RetentionGap``, a fatal error ``KafkaClientFailed``; anything
-        else librdkafka retries by itself and is only logged."""
+        ``error``) is a ``RetentionGap``, a fatal error ``KafkaClientFailed`` (static
+        membership's: see Rules); anything else librdkafka retries by itself and is only
+        logged."""
         if not isinstance(err, KafkaError):
             self._rb.failed(KafkaClientFailed(f"consumer error: {err}"))
+        elif err.fatal() or err.code() == KafkaError._FATAL:
+            self._fatal(err)
         elif err.code() == KafkaError._AUTO_OFFSET_RESET and tp not in self._positioned:
             # a partition this lifetime never positioned (its assignment was refused, e.g. a
             # recreated topic): librdkafka reports it has no offset; there is nothing to lose
@@ -305,10 +372,40 @@ class KafkaThread:
                 f"{tp}: the consumer position fell out of range while consuming (records "
                 f"were deleted before processing: {err.str()}); decide, then restart with or "
                 "without --allow-retention-gap"))
-        elif err.fatal():
-            self._rb.failed(KafkaClientFailed(f"fatal Kafka error: {err.str()}"))
         else:
             log.warning("kafka: %s", err.str())
+
+    def _fatal(self, err: KafkaError) -> None:
+        text = err.str()
+        instance = self._settings.get("group.instance.id")
+        if _UNRELEASED_INSTANCE in text and not self._ever_assigned:
+            now = self._clock()
+            if self._rejoin is None:
+                self._rejoin, self._rejoins = OutageBound(bound_s=self._outage_bound_s,
+                                                          started_s=now), 0
+            self._rejoins += 1
+            wait_s = self._rejoin.next_wait_s(attempt=self._rejoins, now_s=now)
+            if wait_s is not None:
+                log.warning("--instance-id %s is still held by an earlier member of the group "
+                            "(until the broker expires its session, "
+                            "group.consumer.session.timeout.ms); joining again in %.1f s",
+                            instance, wait_s)
+                self._rejoin_wait_s, self._rejoin_due = wait_s, True
+                return
+            self._stop_fetching.set()
+            self._rb.failed(KafkaClientFailed(
+                f"--instance-id {instance}: still held by another member of the group after "
+                f"{self._rejoin.elapsed_s(now):.0f} s (--outage-bound-s "
+                f"{self._outage_bound_s:g}); is a process with the same id running? "
+                f"({text})"))
+        elif _FENCED_INSTANCE in text or _UNRELEASED_INSTANCE in text:
+            self._stop_fetching.set()
+            self._rb.failed(InstanceFenced(
+                f"--instance-id {instance}: another process joined the group with this id and "
+                f"Kafka fenced this one ({text}); give every running member its own id"))
+        else:
+            self._stop_fetching.set()
+            self._rb.failed(KafkaClientFailed(f"fatal Kafka error: {text}"))
 
     def _drain(self, consumer: Consumer) -> None:
         self._run_commands(consumer)
@@ -329,12 +426,24 @@ class KafkaThread:
         """librdkafka's answer to an (advisory) offset commit, served inside consume(): the
         mirror's bookkeeping (``consumer.kafka.committer``), then the crash point."""
         self._committer.results(err, partitions)
+        self._report_outcome(err, partitions)
         if err is not None:
             return
         for p in partitions:
             if p.error is None and p.offset >= 0:
                 crash_point("after-kafka-commit", partition=f"{p.topic}[{p.partition}]",
                             frontier=p.offset)
+
+    def _report_outcome(self, err: Any, partitions: Sequence[KafkaTP]) -> None:
+        """A commit's answer to the outage watch: confirmed, or the cluster unavailable (a
+        refusal such as a stale generation is an answer)."""
+        errors = [e for e in (err, *(p.error for p in partitions)) if e is not None]
+        down = [e for e in errors if isinstance(e, KafkaError)
+                and classify_commit_error(e.name()) is CommitFailure.UNAVAILABLE]
+        if down:
+            self._rb.kafka_outcome(False, f"offset commit: {down[0].str()}")
+        elif partitions or err is None:
+            self._rb.kafka_outcome(True, "offset commit")
 
     def _pause_all(self, consumer: Consumer) -> None:
         if self._assigned:
@@ -355,6 +464,8 @@ class KafkaThread:
 
     def _on_assign(self, consumer: Consumer, partitions: list[KafkaTP]) -> None:
         self.member_id = consumer.memberid()
+        self._ever_assigned = True
+        self._rejoin = None
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
         for tp in tps:  # before the loop builds the new buffers: older commands are stale
             self._generation[tp] = self._generation.get(tp, 0) + 1

@@ -4,13 +4,30 @@ Rules
 - ``topic_id`` comes from ``AdminClient.describe_topics`` (``TopicDescription.topic_id``,
   a KIP-516 Uuid, rendered as its base64 string); it changes when a topic is deleted and
   recreated under the same name.
+- librdkafka sends ``describe_topics`` to the broker its cached metadata names as controller
+  (in KRaft a live broker the answering broker picks) and waits for *that* broker to be up
+  (``rd_kafka_broker_controller_async``, rdkafka_broker.c); it refreshes the controller id
+  only with the next metadata response, and an AdminClient without topics of its own sends
+  none when a broker goes down. So once that broker dies, every ``describe_topics`` fails
+  with ``_TIMED_OUT`` "Timed out waiting for controller" until the broker is back (measured:
+  still failing 90 s after a SIGKILL). After a failed call this module therefore sends one
+  metadata request (``list_topics``) so the next attempt goes to a live broker
+  (tests/integration/test_kafka_facts_failover.py pins both); after ``REBUILD_AFTER``
+  failures in a row it also replaces the AdminClient with a fresh one (a worker's long-lived
+  handle was seen failing for over 60 s while its consumer fetched from the new leaders).
 - Watermarks come from ``AdminClient.list_offsets`` with ``OffsetSpec.earliest()`` and
-  ``OffsetSpec.latest()`` (the low watermark is the first offset still stored).
+  ``OffsetSpec.latest()`` (the low watermark is the first offset still stored). While a
+  partition has no live leader, librdkafka answers ``list_offsets`` for it with offset
+  -1001 (``OFFSET_INVALID``) and no error after the request timeout; such an answer is
+  ``SourceUnavailable``, never a watermark.
 - The AdminClient is its own librdkafka handle, so these calls are safe from any thread,
   including while the consumer's thread sits inside a rebalance callback.
-- ``committed_offsets`` reads a group's committed offsets with
-  ``AdminClient.list_consumer_group_offsets`` (one group per request); a partition without
-  a committed offset reads as None.
+- ``committed_offsets`` reads a group's committed offsets with ``Consumer.committed`` of a
+  consumer that never joins the group (an OffsetFetch to its coordinator); a partition
+  without a committed offset reads as None. Not ``AdminClient.list_consumer_group_offsets``:
+  librdkafka's coordinator-bound admin requests can abort the process when the coordinator
+  connection drops (librdkafka #4605, fix proposed in #5397: an assertion in
+  ``rd_kafka_enq_once_del_source_return``), seen here during a coordinator kill.
 - ``matching_topics`` lists the topics a ``--topic-pattern`` matches now (for the start-up
   log and metrics only: librdkafka itself resolves the subscription, also for later topics).
 - Foreign errors become ``SourceUnavailable`` (a ``StoreUnavailable``-like transient error
@@ -23,7 +40,7 @@ import re
 from collections.abc import Sequence
 
 from confluent_kafka import (
-    ConsumerGroupTopicPartitions,
+    Consumer,
     KafkaError,
     KafkaException,
     TopicCollection,
@@ -34,7 +51,10 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from fencing.errors import SourceRefused, SourceUnavailable
 from fencing.types import SourceCheck, SourceFacts, TopicPartition
 
-__all__ = ["KafkaSource", "build_checks"]
+__all__ = ["REBUILD_AFTER", "KafkaSource", "build_checks"]
+
+#: failed calls in a row after which the AdminClient is replaced by a fresh one
+REBUILD_AFTER = 3
 
 
 _MISSING_CODES = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
@@ -54,8 +74,23 @@ class KafkaSource:
         # librdkafka's informational lines (e.g. "Purging 1 unserved events from background
         # queue" when the client is destroyed) are noise on a command's output: warnings up
         conf = {"log_level": "4", **admin_conf}
-        self._admin = AdminClient(dict[str, str | int | float | bool](conf))
+        self._conf = dict(admin_conf)
+        self._admin_conf = dict[str, str | int | float | bool](conf)
+        self._admin = AdminClient(self._admin_conf)
         self._timeout_s = request_timeout_s
+        self._failures = 0  # failed calls in a row (any thread; a rough count is enough)
+
+    def _refresh_metadata(self) -> None:
+        """After a failed call: one metadata request (librdkafka takes the controller id and
+        the leaders from its answer), and a fresh AdminClient after ``REBUILD_AFTER`` failures
+        in a row (see Rules); a failure here is the caller's next attempt's to report."""
+        self._failures += 1
+        if self._failures % REBUILD_AFTER == 0:
+            self._admin = AdminClient(self._admin_conf)
+        try:
+            self._admin.list_topics(timeout=min(self._timeout_s, 5.0))
+        except KafkaException:
+            pass
 
     def topic_id(self, topic: str) -> tuple[str | None, int]:
         """``(topic_id, partition_count)``; raises ``SourceRefused`` if the topic is gone."""
@@ -68,8 +103,10 @@ class KafkaSource:
             if err is not None and getattr(err, "code", lambda: None)() in _MISSING_CODES:
                 raise SourceRefused(f"topic {topic!r} does not exist; create it or fix --topic") \
                     from exc
+            self._refresh_metadata()
             raise SourceUnavailable(f"describe_topics({topic!r}) failed: {exc}") from exc
         except TimeoutError as exc:
+            self._refresh_metadata()
             raise SourceUnavailable(f"describe_topics({topic!r}) timed out") from exc
         tid = getattr(desc, "topic_id", None)
         return (str(tid) if tid is not None else None), len(desc.partitions)
@@ -89,6 +126,7 @@ class KafkaSource:
         for tp in tps:
             out[tp] = SourceFacts(topic_id=ids[tp.topic][0], low_watermark=low[tp],
                                   high_watermark=high[tp])
+        self._failures = 0
         return out
 
     def _offsets(self, tps: Sequence[TopicPartition],
@@ -100,8 +138,14 @@ class KafkaSource:
             try:
                 info = fut.result(timeout=self._timeout_s + 1)
             except (KafkaException, TimeoutError) as exc:
+                self._refresh_metadata()
                 raise SourceUnavailable(f"list_offsets({ktp.topic}[{ktp.partition}]) failed: "
                                         f"{exc}") from exc
+            if int(info.offset) < 0:  # no live leader answered (see Rules)
+                self._refresh_metadata()
+                raise SourceUnavailable(f"list_offsets({ktp.topic}[{ktp.partition}]) answered "
+                                        f"no offset ({info.offset}): the partition has no "
+                                        "reachable leader")
             out[TopicPartition(ktp.topic, ktp.partition)] = int(info.offset)
         return out
 
@@ -110,19 +154,22 @@ class KafkaSource:
         """Kafka's committed offset of ``group`` per partition (None: none committed)."""
         if not tps:
             return {}
-        req = ConsumerGroupTopicPartitions(group, [KafkaTP(tp.topic, tp.partition)
-                                                   for tp in tps])
-        futures = self._admin.list_consumer_group_offsets([req],
-                                                          request_timeout=self._timeout_s)
         try:
-            got = futures[group].result(timeout=self._timeout_s + 1)
-        except (KafkaException, TimeoutError) as exc:
-            raise SourceUnavailable(f"list_consumer_group_offsets({group!r}) failed: "
-                                    f"{exc}") from exc
+            reader = Consumer({**self._conf, "group.id": group, "enable.auto.commit": False,
+                               "log_level": "0"})
+        except KafkaException as exc:
+            raise SourceUnavailable(f"committed offsets of {group!r}: {exc}") from exc
+        try:
+            got = reader.committed([KafkaTP(tp.topic, tp.partition) for tp in tps],
+                                   timeout=self._timeout_s)
+        except KafkaException as exc:
+            raise SourceUnavailable(f"committed offsets of {group!r} failed: {exc}") from exc
+        finally:
+            reader.close()
         out: dict[TopicPartition, int | None] = {}
-        for p in got.topic_partitions or ():
+        for p in got:
             if p.error is not None:
-                raise SourceUnavailable(f"list_consumer_group_offsets({group!r}): "
+                raise SourceUnavailable(f"committed offsets of {group!r}: "
                                         f"{p.topic}[{p.partition}]: {p.error}")
             out[TopicPartition(p.topic, p.partition)] = p.offset if p.offset >= 0 else None
         return out

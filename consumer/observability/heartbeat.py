@@ -128,6 +128,8 @@ class MemberHeartbeat:
         detail: Mapping[str, Any] | None = None,
         on_operator_owned: Callable[[Collection[TopicPartition]], None] | None = None,
     ) -> None:
+        """``detail``: written in every row of this lifetime (e.g. the handler's
+        declaration, which ``fencectl status`` reads)."""
         if interval_s <= 0 or min_gap_s < 0 or unavailable_factor < 1:
             raise ValueError("heartbeat: interval_s > 0, min_gap_s >= 0, unavailable_factor >= 1")
         self._store = store
@@ -141,7 +143,7 @@ class MemberHeartbeat:
         self._fixed = dict(detail or {})  # written in every row (e.g. the run's handler)
         self._on_operator_owned = on_operator_owned
         self._wanted = MemberState.STARTING
-        self._extra: dict[str, Any] = {}
+        self._extra: dict[str, Any] = dict(detail or {})
         self._written: MemberState | None = None
         self._last_write_s: float | None = None
         self._failed = False

@@ -8,14 +8,8 @@ Rules
   and ownership gauges); never record keys, offsets or lifetime ids.
 - ``fence.kafka.commits.failed`` is exported from the start with 0 for every reason
   (``consumer.mirror.CommitFailure``), so an alert on its rate needs no first failure.
-- Lag is a gauge read at collection time from the last value set per partition; a partition
-  whose lag is cleared (revoked, lost, retired) disappears from the next scrape.
-- The observer sets the state gauges: ``fence.partition.owned`` (``set_owned``) is 1 for a
-  partition this process owns (claimed, positioned), 0 for one it knows (``export_zeros``,
-  or owned once) but does not own, so ``max by (group, topic, partition)`` over the members
-  is 0 exactly when no live member owns it; ``fence.worker.ready`` (1 while ``/readyz``
-  answers 200) and ``fence.worker.phase`` (1 for the current readiness phase, 0 for the
-  others; ``set_readiness``); ``fence.partitions.mirror_lagging`` (``set_mirror_lagging``).
+- The state gauges (lag, ownership, readiness, stalls, the offset mirror, the handler's
+  declaration) are ``consumer.observability.gauges.Gauges``, which ``Instruments`` extends.
 - Every method is cheap and never raises on telemetry failure paths it does not own.
 - Every counter is exported from the start at 0, so a dashboard or alert sees "none yet"
   rather than "no data": label values known in advance (unknown outcomes by operation and
@@ -27,16 +21,17 @@ Rules
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from opentelemetry import metrics
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.metrics import Meter
 
 from consumer.mirror import CommitFailure
-from consumer.observability.readiness import Phase
+from consumer.observability.gauges import Gauges
+from consumer.observability.gauges import tp_attrs as _tp_attrs
 from fencing.errors import Fenced, OutcomeUnknown, RecreatedTopic, RetentionGap, Retired
+from fencing.failures import CAUSES
 from fencing.resolution import Resolution
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, Reject, SourceRecord, TopicPartition, Verdict
@@ -62,20 +57,16 @@ RETIREMENT_REASONS = tuple(c.__name__ for c in (Fenced, Retired, OutcomeUnknown,
                                                 RetentionGap))
 
 
-def _tp_attrs(tp: TopicPartition) -> dict[str, str | int]:
-    return {"topic": tp.topic, "partition": tp.partition}
+FAILURE_KINDS = ("attempt", "retry", "bisection", "quarantine", "split", "too-slow")
 
 
-FAILURE_KINDS = ("attempt", "retry", "bisection", "quarantine")
-
-
-class Instruments:
-    """Counters, histograms and the lag gauge; the lifecycle and the worker call these methods."""
+class Instruments(Gauges):
+    """Counters, histograms and (``Gauges``) the state gauges; the lifecycle and the worker
+    call these methods."""
 
     def __init__(self, meter: Meter | None = None, *, group_id: str = "") -> None:
         """``group_id``: the consumer group of this process (the ``group`` label)."""
         m = meter if meter is not None else metrics.get_meter(METER_NAME)
-        self._group = group_id
         self._records = m.create_counter(
             "fence.records.processed", unit="{record}",
             description="Records whose batch committed (accepted and rejected)")
@@ -100,11 +91,16 @@ class Instruments:
             description="Store calls retried under the three-call policy, by operation")
         self._failures = m.create_counter(
             "fence.handler.failures", unit="{event}",
-            description="Handler failure handling, by kind: attempt (a durable attempt count "
-                        "written), retry (a transient retry), bisection (a probe transaction), "
-                        "quarantine (a poison or exhausted record quarantined)")
+            description="Handler failure handling, by kind: attempt (a durable count written "
+                        "before a suspect record is tried alone), retry (a transient retry), "
+                        "bisection (a probe transaction), split (a batch too slow for the "
+                        "handler's time limit, split), too-slow (records whose handler alone "
+                        "outlived it), quarantine (records quarantined, by cause: raised, "
+                        "killed-the-process, outcome-unknown, too-slow)")
         for kind in FAILURE_KINDS:
             self._failures.add(0, {"kind": kind})
+        for cause in CAUSES:
+            self._failures.add(0, {"kind": "quarantine", "cause": cause})
         self._batch_duration = m.create_histogram(
             "fence.batch.duration", unit="s",
             description="Wall time of one guarded batch commit, including retries",
@@ -120,36 +116,8 @@ class Instruments:
                         "not-assigned)")
         for failure in CommitFailure:
             self._kafka_commits_failed.add(0, {"reason": failure.value})
-        self._lock = threading.Lock()
-        self._lag: dict[TopicPartition, int] = {}
+        super().__init__(m, group_id=group_id)
         self._last_rejects: dict[TopicPartition, int] = {}
-        m.create_observable_gauge(
-            "fence.partition.lag", callbacks=[self._observe_lag], unit="{record}",
-            description="Kafka high watermark minus the durable frontier, per owned partition")
-        self._stalled: frozenset[TopicPartition] = frozenset()
-        m.create_observable_gauge(
-            "fence.partitions.stalled", callbacks=[self._observe_stalled], unit="{partition}",
-            description="Owned partitions with lag and no fetch or commit progress for "
-                        "--stall-timeout-s")
-        self._known: set[TopicPartition] = set()
-        self._owned: frozenset[TopicPartition] = frozenset()
-        m.create_observable_gauge(
-            "fence.partition.owned", callbacks=[self._observe_owned],
-            description="1 for a partition this process owns (claimed and positioned), 0 for "
-                        "a partition of its topics it does not own")
-        self._ready, self._phase = False, Phase.STARTING
-        m.create_observable_gauge(
-            "fence.worker.ready", callbacks=[self._observe_ready],
-            description="1 while the worker is ready (/readyz answers 200), else 0")
-        m.create_observable_gauge(
-            "fence.worker.phase", callbacks=[self._observe_phase],
-            description="1 for the readiness phase the worker is in, 0 for the others")
-        self._mirror_lagging = 0
-        m.create_observable_gauge(
-            "fence.partitions.mirror_lagging", callbacks=[self._observe_mirror],
-            unit="{partition}",
-            description="Owned partitions whose Kafka committed offset has lagged the durable "
-                        "frontier for --offset-mirror-warn-s")
         for operation, resolution in UNKNOWN_OUTCOME_LABELS:
             self._unknown.add(0, {"operation": operation, "resolution": resolution})
         for operation in RETRY_OPERATIONS:
@@ -236,9 +204,14 @@ class Instruments:
         """A lifetime retired (``fenced``, ``unresolved``, ``source-refused``, ``stopped`` ...)."""
         self._retirements.add(1, {"reason": reason})
 
-    def handler_failure(self, tp: TopicPartition, *, kind: str, count: int = 1) -> None:
-        """``count`` handler-failure events of ``kind`` (``FAILURE_KINDS``) on ``tp``."""
-        self._failures.add(count, {"kind": kind, **_tp_attrs(tp)})
+    def handler_failure(self, tp: TopicPartition, *, kind: str, count: int = 1,
+                        cause: str | None = None) -> None:
+        """``count`` handler-failure events of ``kind`` (``FAILURE_KINDS``) on ``tp``; a
+        ``quarantine`` names its ``cause`` (``fencing.failures.CAUSES``)."""
+        attrs: dict[str, str | int] = {"kind": kind, **_tp_attrs(tp)}
+        if cause is not None:
+            attrs["cause"] = cause
+        self._failures.add(count, attrs)
 
     def retry(self, *, operation: str) -> None:
         """One store call of ``operation`` is retried after a not-committed or read error."""
@@ -256,75 +229,8 @@ class Instruments:
         """Kafka commits of ``partitions`` partitions failed or were dropped (the mirror)."""
         self._kafka_commits_failed.add(partitions, {"reason": reason.value})
 
-    # rebalance and lag -------------------------------------------------------------------
+    # rebalances ----------------------------------------------------------------------------
 
     def rebalance(self, *, kind: str, duration_s: float) -> None:
         """A rebalance callback (``assign``, ``revoke``, ``lost``) took ``duration_s``."""
         self._rebalance.record(duration_s, {"kind": kind})
-
-    def set_lag(self, tp: TopicPartition, *, high_watermark: int, frontier: int) -> None:
-        """Record lag = max(0, high watermark - durable frontier) for an owned partition."""
-        with self._lock:
-            self._lag[tp] = max(0, high_watermark - frontier)
-
-    def clear_lag(self, tps: Iterable[TopicPartition] | None = None) -> None:
-        """Forget lag for ``tps`` (all partitions when None): they are no longer owned."""
-        with self._lock:
-            if tps is None:
-                self._lag.clear()
-            else:
-                for tp in tps:
-                    self._lag.pop(tp, None)
-
-    def lag(self) -> dict[TopicPartition, int]:
-        """A snapshot of the current lag values."""
-        with self._lock:
-            return dict(self._lag)
-
-    def set_stalled(self, tps: frozenset[TopicPartition]) -> None:
-        """The partitions currently stalled (``consumer.observability.stall``)."""
-        with self._lock:
-            self._stalled = tps
-
-    def set_owned(self, tps: frozenset[TopicPartition]) -> None:
-        """The partitions this process owns now (claimed and positioned)."""
-        with self._lock:
-            self._owned = tps
-            self._known.update(tps)
-
-    def set_readiness(self, *, ready: bool, phase: Phase) -> None:
-        """Whether the worker is ready, and its phase (``consumer.observability.readiness``)."""
-        with self._lock:
-            self._ready, self._phase = ready, phase
-
-    def set_mirror_lagging(self, count: int) -> None:
-        """How many owned partitions' Kafka offsets lag past the bound (``consumer.mirror``)."""
-        with self._lock:
-            self._mirror_lagging = count
-
-    def _observe_stalled(self, _options: CallbackOptions) -> Iterable[Observation]:
-        with self._lock:
-            return [Observation(len(self._stalled))]
-
-    def _observe_owned(self, _options: CallbackOptions) -> Iterable[Observation]:
-        with self._lock:
-            owned, known = self._owned, sorted(self._known)
-        return [Observation(int(tp in owned), {"group": self._group, **_tp_attrs(tp)})
-                for tp in known]
-
-    def _observe_ready(self, _options: CallbackOptions) -> Iterable[Observation]:
-        with self._lock:
-            return [Observation(int(self._ready))]
-
-    def _observe_phase(self, _options: CallbackOptions) -> Iterable[Observation]:
-        with self._lock:
-            current = self._phase
-        return [Observation(int(phase is current), {"phase": phase.value}) for phase in Phase]
-
-    def _observe_mirror(self, _options: CallbackOptions) -> Iterable[Observation]:
-        with self._lock:
-            return [Observation(self._mirror_lagging)]
-
-    def _observe_lag(self, _options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(v, {"group": self._group, **_tp_attrs(tp)})
-                for tp, v in sorted(self.lag().items())]

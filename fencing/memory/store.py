@@ -23,8 +23,8 @@ Rules
   faults and events but no interleave hook);
   cancellation is honoured at each of these points.
 - Handler exceptions become ``HandlerFailed`` (transient only for a ``Transient``);
-  attempt counts live in ``attempt_rows`` (``AttemptStore``), read and written without
-  faults or events (the simulator models no handler failures).
+  attempt counts live in ``attempt_rows`` and intents in ``intent_rows`` (``AttemptStore``),
+  read and written without faults or events (the simulator models no handler failures).
 - ``writes`` lists every durable write (claim, process, skip, journal) in order.
 """
 
@@ -43,7 +43,7 @@ from fencing.errors import (
     OutcomeUnknown,
     ReadFailed,
 )
-from fencing.failures import Attempts, handler_failure
+from fencing.failures import SUSPECT_OPEN, Attempts, handler_failure
 from fencing.handler import check_verdicts
 from fencing.memory.faults import Fault, FaultOutcome, InterleavePoint, Operation
 from fencing.memory.rows import (
@@ -124,7 +124,10 @@ class MemoryFenceStore:
         self.members: dict[str, MemberRow] = {}
         self.writes: list[WriteRecord] = []
         self.events: list[StoreEvent] = []
-        self.attempt_rows: dict[tuple[TopicPartition, int], tuple[int, str | None]] = {}
+        self.attempt_rows: dict[tuple[TopicPartition, int], Attempts] = {}
+        self.retry_scheduled: dict[tuple[TopicPartition, int], bool] = {}  # next_retry_at set
+        self.alone_epochs: dict[tuple[TopicPartition, int], int] = {}  # of the last one
+        self.intent_rows: dict[TopicPartition, tuple[int, int, int]] = {}  # first, last, epoch
         self._tables: dict[str, dict[Any, Any]] = {}
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._base = _Frame("-", (), self)
@@ -353,6 +356,8 @@ class MemoryFenceStore:
                 if clear_attempts:
                     for key in [k for k in self.attempt_rows if k[0] == tp and k[1] < end]:
                         del self.attempt_rows[key]
+                        self.retry_scheduled.pop(key, None)
+                        self.alone_epochs.pop(key, None)
                 state["applied"] = True
             await self._point(Operation.PROCESS, call, "after", fault, label)
             if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_COMMITTED:
@@ -444,33 +449,68 @@ class MemoryFenceStore:
 
     async def record_attempt(self, tp: TopicPartition, token: Token, *, offset: int,
                              max_attempts: int, error: str | None,
-                             next_retry_in_s: float | None, at_least: int = 1) -> Attempts:
+                             next_retry_in_s: float | None, at_least: int = 1,
+                             alone: bool = False) -> Attempts:
         """``AttemptStore.record_attempt``: one more attempt of ``offset`` under ``token``."""
         async with self._lock(tp):
             self._require(tp, token)
-            count, last = self.attempt_rows.get((tp, offset), (0, None))
-            last = error if error is not None else last
-            count = max(count + 1, at_least)
-            self.attempt_rows[(tp, offset)] = (count, last)
-            return Attempts(count=count, last_error=last)
+            key = (tp, offset)
+            was, scheduled = self.attempt_rows.get(key, Attempts()), None
+            if key in self.attempt_rows:
+                scheduled = self.retry_scheduled.get(key)
+            count = was.count if alone and scheduled else max(was.count + 1, at_least)
+            self.retry_scheduled[key] = next_retry_in_s is not None
+            deaths = was.alone
+            if alone:
+                last = self.alone_epochs.get(key)
+                if last is not None and self._ended_cleanly(tp, last):
+                    deaths -= 1  # the last attempt alone was no death: replaced, not added to
+                deaths += 1
+                self.alone_epochs[key] = token.epoch
+            now = Attempts(count=count,
+                           last_error=error if error is not None else was.last_error,
+                           alone=deaths)
+            self.attempt_rows[key] = now
+            return now
+
+    async def record_intent(self, tp: TopicPartition, token: Token, *, last_offset: int) -> None:
+        """``AttemptStore.record_intent``: the partition's intent, from the token's frontier
+        to ``last_offset``, under ``token``."""
+        if last_offset < token.frontier:
+            raise ValueError(f"intent {tp}: {last_offset} is below the frontier {token.frontier}")
+        async with self._lock(tp):
+            self._require(tp, token)
+            self.intent_rows[tp] = (token.frontier, last_offset, token.epoch)
 
     async def attempts(self, tokens: Mapping[TopicPartition, Token]
                        ) -> Mapping[TopicPartition, Attempts]:
         """``AttemptStore.attempts``: unclean = the previous epoch's claimer journaled no
-        release/retire after its claim."""
+        release/retire after its claim (or one saying its suspect window was open)."""
         out: dict[TopicPartition, Attempts] = {}
         for tp, token in tokens.items():
-            count, last = self.attempt_rows.get((tp, token.frontier), (0, None))
-            out[tp] = Attempts(unclean=self._unclean(tp, token.epoch - 1), count=count,
-                               last_error=last)
+            got = self.attempt_rows.get((tp, token.frontier), Attempts())
+            intent = self.intent_rows.get(tp)
+            out[tp] = Attempts(unclean=self._unclean(tp, token.epoch - 1), count=got.count,
+                               last_error=got.last_error, alone=got.alone,
+                               uncertain_to=intent[1] if intent is not None
+                               and intent[0] == token.frontier else None)
         return out
+
+    def _ended_cleanly(self, tp: TopicPartition, epoch: int) -> bool:
+        """The lifetime that claimed ``epoch`` journaled a release or retire after it."""
+        rows = [r for r in self.journal_rows if r.tp == tp]
+        for i, r in enumerate(rows):
+            if r.event == "claim" and r.epoch == epoch:
+                return any(x.lifetime == r.lifetime and x.event in ("release", "retire")
+                           for x in rows[i + 1:])
+        return False
 
     def _unclean(self, tp: TopicPartition, epoch: int) -> bool:
         rows = [r for r in self.journal_rows if r.tp == tp]
         for i, r in enumerate(rows):
             if r.event == "claim" and r.epoch == epoch:
                 return not any(x.lifetime == r.lifetime and x.event in ("release", "retire")
-                               for x in rows[i + 1:])
+                               and not x.detail.startswith(SUSPECT_OPEN) for x in rows[i + 1:])
         return False
 
     async def operator_reset(self, tp: TopicPartition, *, epoch: int) -> bool:

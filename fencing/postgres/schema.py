@@ -145,4 +145,5 @@ def grant_worker_sql(schema: str, role: str) -> list[str]:
         f"GRANT SELECT, INSERT, UPDATE ON {q}.partitions, {q}.members, {q}.quarantine TO {r}",
         f"GRANT SELECT, INSERT ON {q}.journal TO {r}",
         f"GRANT SELECT, INSERT, UPDATE, DELETE ON {q}.attempts TO {r}",
+        f"GRANT SELECT, INSERT, UPDATE ON {q}.intents TO {r}",
     ]

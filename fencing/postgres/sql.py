@@ -48,6 +48,7 @@ class Statements:
     clear_attempts: str
     attempts: str
     operator_reset: str
+    record_intent: str
 
     @classmethod
     def for_schema(cls, schema: str) -> Statements:
@@ -148,22 +149,51 @@ WITH p AS (
     WHERE group_id = $1 AND topic = $2 AND partition = $3 AND epoch = $4 AND frontier = $5
     FOR SHARE
 )
-INSERT INTO {s}.attempts AS a (group_id, topic, partition, "offset", attempts, max_attempts,
-                               last_error, next_retry_at, epoch)
-SELECT $1, $2, $3, $6, $10, $7, $8, now() + make_interval(secs => $9), $4 FROM p
+INSERT INTO {s}.attempts AS a (group_id, topic, partition, "offset", attempts, alone,
+                               alone_epoch, max_attempts, last_error, next_retry_at, epoch)
+SELECT $1, $2, $3, $6, $10, $11, CASE WHEN $11 = 1 THEN $4 END, $7, $8,
+       now() + make_interval(secs => $9), $4 FROM p
 ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE
-    SET attempts = greatest(a.attempts + 1, EXCLUDED.attempts),
+    SET attempts = CASE WHEN EXCLUDED.alone = 1 AND a.next_retry_at IS NOT NULL
+                        THEN a.attempts  -- this attempt alone is the retry counted already
+                        ELSE greatest(a.attempts + 1, EXCLUDED.attempts) END,
+        alone = a.alone + EXCLUDED.alone - CASE WHEN EXCLUDED.alone = 1 AND EXISTS (
+            -- the last attempt alone was no death: its lifetime ended cleanly after it
+            SELECT 1 FROM {s}.journal c
+            WHERE c.group_id = $1 AND c.topic = $2 AND c.partition = $3 AND c.event = 'claim'
+              AND c.epoch = a.alone_epoch AND EXISTS (
+                  SELECT 1 FROM {s}.journal x
+                  WHERE x.group_id = $1 AND x.topic = $2 AND x.partition = $3
+                    AND x.lifetime = c.lifetime AND x.id > c.id
+                    AND x.event IN ('release', 'retire'))) THEN 1 ELSE 0 END,
+        alone_epoch = CASE WHEN EXCLUDED.alone = 1 THEN EXCLUDED.epoch ELSE a.alone_epoch END,
         max_attempts = EXCLUDED.max_attempts,
         last_error = coalesce(EXCLUDED.last_error, a.last_error),
         next_retry_at = EXCLUDED.next_retry_at, epoch = EXCLUDED.epoch, updated_at = now()
-RETURNING a.attempts, a.last_error""",
+RETURNING a.attempts, a.alone, a.last_error""",
+            # FOR SHARE as above; one row per partition, overwritten by the next batch's
+            record_intent=f"""
+WITH p AS (
+    SELECT 1 FROM {s}.partitions
+    WHERE group_id = $1 AND topic = $2 AND partition = $3 AND epoch = $4 AND frontier = $5
+    FOR SHARE
+)
+INSERT INTO {s}.intents AS i (group_id, topic, partition, first_offset, last_offset, epoch)
+SELECT $1, $2, $3, $5, $6, $4 FROM p
+ON CONFLICT (group_id, topic, partition) DO UPDATE
+    SET first_offset = EXCLUDED.first_offset, last_offset = EXCLUDED.last_offset,
+        epoch = EXCLUDED.epoch, at = now()
+RETURNING i.first_offset""",
             clear_attempts=f"""
 DELETE FROM {s}.attempts WHERE group_id = $1 AND topic = $2 AND partition = $3
     AND "offset" < $4""",
             # unclean: the lifetime that claimed the previous epoch journaled no release or
-            # retire for the partition after that claim (it died, or lost it silently)
+            # retire for the partition after that claim (it died, or lost it silently), or
+            # one saying the partition's suspect window was still open ($6); uncertain_to:
+            # the last offset of an intent that starts at the frontier (never committed)
             attempts=f"""
 SELECT r.topic, r.partition, coalesce(a.attempts, 0) AS attempts, a.last_error,
+    coalesce(a.alone, 0) AS alone, i.last_offset AS uncertain_to,
     EXISTS (
         SELECT 1 FROM {s}.journal c
         WHERE c.group_id = $1 AND c.topic = r.topic AND c.partition = r.partition
@@ -172,9 +202,12 @@ SELECT r.topic, r.partition, coalesce(a.attempts, 0) AS attempts, a.last_error,
               SELECT 1 FROM {s}.journal x
               WHERE x.group_id = $1 AND x.topic = r.topic AND x.partition = r.partition
                 AND x.lifetime = c.lifetime AND x.id > c.id
-                AND x.event IN ('release', 'retire'))) AS unclean
+                AND x.event IN ('release', 'retire')
+                AND left(coalesce(x.detail, ''), length($6)) <> $6)) AS unclean
 FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[]) AS r(topic, partition, epoch,
                                                                    frontier)
 LEFT JOIN {s}.attempts a ON a.group_id = $1 AND a.topic = r.topic
-    AND a.partition = r.partition AND a."offset" = r.frontier""",
+    AND a.partition = r.partition AND a."offset" = r.frontier
+LEFT JOIN {s}.intents i ON i.group_id = $1 AND i.topic = r.topic
+    AND i.partition = r.partition AND i.first_offset = r.frontier""",
         )

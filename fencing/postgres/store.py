@@ -42,7 +42,7 @@ import asyncpg
 
 from fencing.crashpoints import crash_point, is_armed_for
 from fencing.errors import Fenced, HandlerFailed, HandlerMisuse
-from fencing.failures import Attempts
+from fencing.failures import SUSPECT_OPEN, Attempts
 from fencing.handler import accepted_all
 from fencing.postgres.classify import Phase, connection_suspect, translate, wrap_handler_error
 from fencing.postgres.schema import DEFAULT_SCHEMA, check_version
@@ -375,19 +375,36 @@ class PgFenceStore:
 
     async def record_attempt(self, tp: TopicPartition, token: Token, *, offset: int,
                              max_attempts: int, error: str | None,
-                             next_retry_in_s: float | None, at_least: int = 1) -> Attempts:
+                             next_retry_in_s: float | None, at_least: int = 1,
+                             alone: bool = False) -> Attempts:
         """Under ``token``, count one more attempt of ``offset`` (committed before the attempt
-        runs; the count becomes at least ``at_least``); returns the count and last error.
-        Raises ``Fenced`` when the token no longer matches."""
+        runs; the count becomes at least ``at_least``; ``alone``: also one more attempt of the
+        record alone); returns the counts and last error. Raises ``Fenced`` when the token
+        no longer matches."""
         rows = await self._fetch(
             Phase.IN_FLIGHT, f"record attempt {tp}@{offset}", self._sql.record_attempt,
             self.group_id, tp.topic, tp.partition, token.epoch, token.frontier, offset,
             max_attempts, None if error is None else error[:2000],
-            None if next_retry_in_s is None else float(next_retry_in_s), max(1, int(at_least)))
+            None if next_retry_in_s is None else float(next_retry_in_s), max(1, int(at_least)),
+            1 if alone else 0)
         if not rows:
             raise Fenced(f"record attempt {tp}: token epoch={token.epoch} "
                          f"frontier={token.frontier} no longer matches")
-        return Attempts(count=int(rows[0]["attempts"]), last_error=rows[0]["last_error"])
+        return Attempts(count=int(rows[0]["attempts"]), last_error=rows[0]["last_error"],
+                        alone=int(rows[0]["alone"]))
+
+    async def record_intent(self, tp: TopicPartition, token: Token, *, last_offset: int) -> None:
+        """Under ``token``, record that a batch from its frontier to ``last_offset`` is about
+        to run an ``outcome-uncertain`` handler (one autocommit statement, replacing the
+        partition's previous intent). Raises ``Fenced`` when the token no longer matches."""
+        if last_offset < token.frontier:
+            raise ValueError(f"intent {tp}: {last_offset} is below the frontier {token.frontier}")
+        rows = await self._fetch(
+            Phase.IN_FLIGHT, f"record intent {tp}", self._sql.record_intent, self.group_id,
+            tp.topic, tp.partition, token.epoch, token.frontier, last_offset)
+        if not rows:
+            raise Fenced(f"record intent {tp}: token epoch={token.epoch} "
+                         f"frontier={token.frontier} no longer matches")
 
     async def attempts(self, tokens: Mapping[TopicPartition, Token]
                        ) -> Mapping[TopicPartition, Attempts]:
@@ -398,9 +415,10 @@ class PgFenceStore:
         rows = await self._fetch(
             Phase.READ, "attempts", self._sql.attempts, self.group_id, [tp.topic for tp in tps],
             [tp.partition for tp in tps], [tokens[tp].epoch for tp in tps],
-            [tokens[tp].frontier for tp in tps])
+            [tokens[tp].frontier for tp in tps], SUSPECT_OPEN)
         return {TopicPartition(r["topic"], r["partition"]): Attempts(
-            unclean=bool(r["unclean"]), count=int(r["attempts"]), last_error=r["last_error"])
+            unclean=bool(r["unclean"]), count=int(r["attempts"]), last_error=r["last_error"],
+            alone=int(r["alone"]), uncertain_to=r["uncertain_to"])
             for r in rows}
 
     async def journal(

@@ -23,8 +23,21 @@ Rules
   with ``handler=accept`` one that accepts every record and writes nothing (memory runs
   with 1 MiB records), or with ``handler=sink`` the built-in table sink
   (``fencing.postgres.sink:table_sink``) with the remaining settings (``table``, ``key``,
-  ``method``) passed through as ``fencectl run --sink`` passes them; an unqualified
-  ``table`` is placed in the run's schema, so every run writes a fresh table.
+  ``method``, ``format``, ``registry``) passed through as ``fencectl run --sink`` passes
+  them; an unqualified ``table`` is placed in the run's schema, so every run writes a fresh
+  table. ``layout=typed`` first creates that table with ``ops.bench.sink.TYPED_DDL`` (the
+  table the Avro run creates from its schema), for the JSON run beside it. A ``{pid}`` in
+  ``clock_file`` becomes the process id: the members of one ``fencectl run --processes N``
+  share their settings and each writes its own file.
+- With ``latency=1`` (the latency runs, ``ops.bench.latency``) each process also records, per
+  record, its latency from produce to commit: the worker's wall clock (``time.time()``) when
+  the reply to the batch's ``COMMIT`` was read (asyncpg's query logger on the batch's
+  connection, which runs on the loop's next turn after the reply) minus the record's Kafka
+  timestamp (the producer's ``CreateTime``, set by librdkafka at ``produce()`` on the same
+  machine's clock). Also from produce to the batch's handler call (``lat_begin``: what the
+  record waited before its transaction began). Both as 1 ms histograms per second of produce
+  time, so a harness picks its window; with ``batches=1`` also one entry per committed batch
+  (partition, commit time, records, largest latency): when a partition paused.
 """
 
 from __future__ import annotations
@@ -41,9 +54,11 @@ from fencing.handler import HandlerContext, declaration_of, handler, handler_fac
 from fencing.postgres.sink import SinkSpec, ensure_table, make_table_sink
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, SourceRecord, Verdict
+from ops.bench.sink import TYPED_DDL
 from ops.reference.pg import ensure_tables, make_pg_handler
 
-__all__ = ["FLUSH_S", "Marks", "accept_all", "clocked", "combined", "sink_spec", "wrap"]
+__all__ = ["FLUSH_S", "Latency", "Marks", "accept_all", "clocked", "combined", "member_files",
+           "sink_spec", "wrap"]
 
 FLUSH_S = 0.5  # a flush costs ~1 ms: 0.1 s took ~1% of the measured CPU (py-spy)
 
@@ -64,6 +79,7 @@ class Marks:
         self._cpu = cpu
         self._written = 0.0
         self._pending: asyncio.TimerHandle | None = None
+        self.latency: Latency | None = None
 
     def begin(self) -> None:
         if self.first is None:
@@ -75,7 +91,11 @@ class Marks:
         self.cpu_last = self._cpu()
         self.records += records
         self.batches += 1
-        if self.last - self._written >= FLUSH_S:
+        self.changed()
+
+    def changed(self) -> None:
+        """Something to write: now if the last write is ``FLUSH_S`` old, else in ``FLUSH_S``."""
+        if self._clock() - self._written >= FLUSH_S:
             self.flush()
         elif self._pending is None:
             try:
@@ -91,11 +111,75 @@ class Marks:
             self._pending = None
         self._written = self._clock()
         tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"first": self.first, "last": self.last,
-                                   "records": self.records, "batches": self.batches,
-                                   "cpu_first": self.cpu_first, "cpu_last": self.cpu_last,
-                                   "pid": os.getpid()}))
+        out = {"first": self.first, "last": self.last, "records": self.records,
+               "batches": self.batches, "cpu_first": self.cpu_first, "cpu_last": self.cpu_last,
+               "pid": os.getpid()}
+        if self.latency is not None:
+            out.update(self.latency.report())
+        tmp.write_text(json.dumps(out))
         os.replace(tmp, self.path)
+
+
+Histogram = dict[int, dict[int, int]]  # second of produce time -> latency ms -> records
+
+
+class Latency:
+    """Produce-to-commit latencies of one process (see the module Rules)."""
+
+    def __init__(self, *, batches: bool = False, wall: Callable[[], float] = time.time,
+                 changed: Callable[[], None] = lambda: None) -> None:
+        self.commit: Histogram = {}
+        self.begin: Histogram = {}
+        self.batch_log: list[tuple[int, float, int, int]] | None = [] if batches else None
+        self._wall = wall
+        self._changed = changed  # the marks write the commits too (a commit follows end())
+        self._open: dict[int, tuple[int, list[int]]] = {}  # backend pid -> the batch in it
+        self._watched: set[int] = set()
+
+    def began(self, conn: Any, records: Sequence[SourceRecord]) -> None:
+        """A batch's handler call began on ``conn``; its COMMIT reply ends it."""
+        pid = conn.get_server_pid()
+        if pid not in self._watched:
+            conn.add_query_logger(lambda q, pid=pid: self._logged(pid, q))
+            self._watched.add(pid)
+        now_ms = self._wall() * 1000
+        stamps = [r.timestamp_ms for r in records if r.timestamp_ms is not None]
+        _add(self.begin, stamps, now_ms)
+        self._open[pid] = (records[0].partition, stamps)
+
+    def _logged(self, pid: int, query: Any) -> None:
+        if query.query not in ("COMMIT", "ROLLBACK"):
+            return
+        batch = self._open.pop(pid, None)
+        if batch is None or query.query != "COMMIT" or query.exception is not None:
+            return
+        now_s = self._wall()
+        partition, stamps = batch
+        worst = _add(self.commit, stamps, now_s * 1000)
+        if self.batch_log is not None:
+            self.batch_log.append((partition, round(now_s, 4), len(stamps), worst))
+        self._changed()
+
+    def report(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"lat": _plain(self.commit), "lat_begin": _plain(self.begin)}
+        if self.batch_log is not None:
+            out["batch_log"] = self.batch_log
+        return out
+
+
+def _add(hist: Histogram, stamps: Sequence[int], now_ms: float) -> int:
+    """Add each stamp's latency to ``now_ms`` (whole ms, at least 0); the largest."""
+    worst = 0
+    for ts in stamps:
+        ms = max(int(now_ms - ts), 0)
+        worst = max(worst, ms)
+        per = hist.setdefault(ts // 1000, {})
+        per[ms] = per.get(ms, 0) + 1
+    return worst
+
+
+def _plain(hist: Histogram) -> dict[str, dict[str, int]]:
+    return {str(s): {str(ms): n for ms, n in per.items()} for s, per in hist.items()}
 
 
 def wrap(inner: HandlerFn, marks: Marks) -> HandlerFn:
@@ -103,6 +187,8 @@ def wrap(inner: HandlerFn, marks: Marks) -> HandlerFn:
 
     async def timed(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
         marks.begin()
+        if marks.latency is not None:
+            marks.latency.began(conn, records)
         out = await inner(conn, records)
         marks.end(len(records))
         return list(out)
@@ -117,7 +203,7 @@ async def accept_all(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict
     return [ACCEPT] * len(records)
 
 
-_OWN = ("clock_file", "handler")  # the clock's settings; the rest belong to the sink
+_OWN = ("clock_file", "handler", "layout", "latency", "batches")  # the rest: the sink's
 
 
 def sink_spec(settings: Mapping[str, str], schema: str) -> SinkSpec:
@@ -130,7 +216,10 @@ def sink_spec(settings: Mapping[str, str], schema: str) -> SinkSpec:
 
 async def _ensure(conn: Any, context: HandlerContext) -> None:
     if context.settings.get("handler") == "sink":
-        await ensure_table(conn, sink_spec(context.settings, context.schema))
+        spec = sink_spec(context.settings, context.schema)
+        if context.settings.get("layout") == "typed":  # the JSON run's twin of the Avro table
+            await conn.execute(TYPED_DDL.format(spec.quoted))
+        await ensure_table(conn, spec, topics=context.topics)
     else:
         await ensure_tables(conn, context.schema)
 
@@ -142,7 +231,11 @@ def clocked(context: HandlerContext) -> HandlerFn:
     inner = (accept_all if kind == "accept"
              else make_table_sink(sink_spec(context.settings, context.schema)) if kind == "sink"
              else make_pg_handler(schema=context.schema))
-    return wrap(inner, Marks(context.settings["clock_file"]))
+    settings = context.settings
+    marks = Marks(settings["clock_file"].replace("{pid}", str(os.getpid())))
+    if settings.get("latency") == "1":
+        marks.latency = Latency(batches=settings.get("batches") == "1", changed=marks.changed)
+    return wrap(inner, marks)
 
 
 def read(paths: Iterable[Path]) -> list[dict[str, Any]]:
@@ -153,6 +246,11 @@ def read(paths: Iterable[Path]) -> list[dict[str, Any]]:
         except (FileNotFoundError, json.JSONDecodeError):
             continue
     return out
+
+
+def member_files(folder: Path) -> list[Path]:
+    """The marks files of a run whose ``clock_file`` was ``folder/member-{pid}.json``."""
+    return sorted(folder.glob("member-*.json"))
 
 
 def combined(paths: Iterable[Path]) -> dict[str, Any]:

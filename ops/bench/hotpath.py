@@ -33,7 +33,7 @@ from ops.reference.generate import generate, to_source_records
 SINK_LAYOUT = Layout((Column("id", "text", True), Column("payload", "jsonb", True),
                       Column("kafka_topic", "text", True), Column("kafka_partition", "int4", True),
                       Column("kafka_offset", "int8", True), Column("kafka_key", "text"),
-                      Column("kafka_timestamp", "timestamptz")), key="id")
+                      Column("kafka_timestamp", "timestamptz")), keys=("id",))
 
 
 def messages(n: int) -> list[Any]:

@@ -5,6 +5,8 @@
   ``--sink-only`` (``make bench-sink``), so it never replaces ``make bench``'s chart.
 - ``scale.png``: assignment cost (claim + seek) against partitions per member, and
   records/s against members on 12 partitions.
+- ``latency.png``: produce-to-commit latency (p50, p95, p99, max) against the offered rate,
+  one panel per handler, the rate also as a share of that handler's capacity.
 Without matplotlib it writes nothing and says so (the JSON is the result; the charts show it).
 """
 
@@ -77,4 +79,28 @@ def write_all(result: dict[str, Any], folder: Path, suffix: str = "") -> list[Pa
         written.append(folder / "scale.png")
         fig.savefig(written[-1], dpi=110)
         plt.close(fig)
+    steady = (result.get("latency") or {}).get("steady")
+    if steady:
+        written.append(_latency_chart(plt, steady, folder / "latency.png"))
     return written
+
+
+def _latency_chart(plt: Any, steady: list[dict[str, Any]], path: Path) -> Path:
+    handlers = list(dict.fromkeys(r["handler"] for r in steady))
+    fig, axes = plt.subplots(1, len(handlers), figsize=(5 * len(handlers), 4), squeeze=False)
+    for ax, handler in zip(axes[0], handlers, strict=True):
+        runs = [r for r in steady if r["handler"] == handler]
+        rates = [r["rate"] for r in runs]
+        for key, style in (("p50", "o-"), ("p95", "s--"), ("p99", "^-"), ("max", "x:")):
+            ax.plot(rates, [r["commit_ms"][key] for r in runs], style, label=key)
+        ax.set_yscale("log")
+        ax.set_xlabel("offered records/s")
+        ax.set_ylabel("produce -> commit (ms)")
+        ax.set_xticks(rates, [f"{r:,}\n({x['share']:.0%})" for r, x in zip(rates, runs,
+                                                                         strict=True)])
+        ax.set_title(f"{handler}: latency against the offered rate", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -156,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     p.add_argument("--sink", action="store_true", help="profile the table sink's run")
+    p.add_argument("--run", default=None, metavar="NAME",
+                   help="profile this run of ops.bench.worker's RUNS instead (e.g. "
+                        "c_sink_typed_avro) -> profile_<NAME>.json")
     p.add_argument("--gil", action="store_true",
                    help="sample only the thread holding the GIL (py-spy --gil): where the "
                         "one resource the loop and the Kafka thread share goes")
@@ -168,13 +171,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _profile(a: argparse.Namespace) -> int:
-    from ops.bench.worker import SINK_RUNS, produce_topics
+    from ops.bench.worker import RUNS, SINK_RUNS, produce_topics
 
     dsn = os.environ["FENCE_DSN"]
-    run = (next(r for r in SINK_RUNS if r.name == "c_sink_fenceworker") if a.sink
+    run = (next(r for r in RUNS if r.name == a.run) if a.run
+           else next(r for r in SINK_RUNS if r.name == "c_sink_fenceworker") if a.sink
            else Run("profile", "profile", "worker"))
     topic, _ = produce_topics([run.topic], a.count, a.count, a.partitions)[run.topic]
-    a.out = a.out or OUT.with_name("profile" + "_sink" * a.sink + "_gil" * a.gil + ".json")
+    name = f"_{a.run}" if a.run else "_sink" * a.sink
+    a.out = a.out or OUT.with_name("profile" + name + "_gil" * a.gil + ".json")
     tmp = Path(tempfile.mkdtemp(prefix="bench-profile-"))
     marks, raw = tmp / "marks.json", a.out.with_suffix(".raw.txt")
     a.out.parent.mkdir(parents=True, exist_ok=True)

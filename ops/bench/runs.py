@@ -1,5 +1,8 @@
 """How one benchmark run is started and timed: baselines and workers, one clock.
 
+Long because starting, timing, sampling memory and CPU (the machine's, the processes', the
+database's) and stopping one run are one procedure that every section of the bench shares.
+
 Rules
 - A run is a ``Run`` in a registry (``ops.bench.worker.RUNS``): a name (the JSON key), a
   label (the chart and docs/benchmarks.md), a kind (``baseline``: ``ops.bench.baselines MODE``;
@@ -36,6 +39,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +48,7 @@ import asyncpg
 
 from fencing.postgres.schema import quote_ident
 from ops.bench import clock
+from ops.bench.pgcpu import PgCpu
 from ops.operator.db import connection
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +66,9 @@ class Run:
     kind: str  # "baseline" | "worker"
     args: tuple[str, ...] = ()
     topic: str = "main"  # which produced topic: "main", "single" (the batch-1 subset), "sink"
+    #                      (100-byte JSON values) or "sink_avro" (the same records in Avro)
     members: int = 1
+    processes: int = 0  # > 0: one ``fencectl run --processes N`` (a set) instead of members
     repeat: bool = True  # alternates with the other repeated runs ``--repeat`` times
     handler: str = "reference"  # "reference", "accept" (only the fence) or "sink" (table sink)
     settings: tuple[str, ...] = field(default_factory=tuple)  # extra --handler-setting
@@ -152,12 +159,16 @@ def fresh_schema(dsn: str) -> str:
 
 
 def worker_argv(run: Run, topic: str, group: str, schema: str, clock_file: Path) -> list[str]:
+    """``fencectl run`` of ``run``; a set's members mark ``clock_file`` with their pid."""
+    sets = ("--processes", str(run.processes)) if run.processes else ()
     return [PY, "-m", "ops.cli", "run", "--topic", topic, "--group", group, "--schema", schema,
-            "--log-level", "WARNING", *COOPERATIVE,
+            "--log-level", "WARNING", *COOPERATIVE, *sets,
             "--handler", f"{clock.__name__}:{clock.clocked.__name__}",
             "--handler-setting", f"clock_file={clock_file}",
             "--handler-setting", f"handler={run.handler}",
-            *(x for s in run.settings for x in ("--handler-setting", s)), *run.args]
+            *(x for s in run.settings for x in ("--handler-setting", s)),
+            *(("--handler-setting", f"registry={os.environ['SCHEMA_REGISTRY_URL']}")
+              if "format=avro" in run.settings else ()), *run.args]
 
 
 def hwm_kib(pid: int) -> int:
@@ -239,16 +250,38 @@ def _reap(procs: list[subprocess.Popen[bytes]], out: dict[int, tuple[int, int]],
     return [out[p.pid] for p in procs]
 
 
+def _pg_over_span(first: tuple[float, float | None] | None, after: float | None,
+                  got: dict[str, Any]) -> float | None:
+    """PostgreSQL's CPU seconds over a run's span: read from the first poll that saw a mark
+    (up to a poll and a marks flush after the first handler call) to the end, and scaled
+    from that interval to the whole span at the same rate (the database is idle after the
+    last return, which the end reading follows)."""
+    if first is None or first[1] is None or after is None or not got.get("last"):
+        return None
+    covered = got["last"] - first[0]  # both on CLOCK_MONOTONIC
+    if covered <= 0:
+        return None
+    return (after - first[1]) * got["elapsed_s"] / covered
+
+
 def execute(run: Run, topic: str, total: int, dsn: str, *,
-            timeout_s: float = 1800, root: Path = ROOT) -> dict[str, Any]:
+            timeout_s: float = 1800, root: Path = ROOT,
+            ready: Callable[[str, str], None] | None = None) -> dict[str, Any]:
     """Start ``run`` on ``topic``, wait until its processes handled ``total`` records (by
     their marks), stop them; the run's span, rate, peak RSS and exit codes. ``root``: the
-    tree whose code the processes run (``ops.bench.trees``: another commit's)."""
+    tree whose code the processes run (``ops.bench.trees``: another commit's); ``ready``:
+    called with the run's schema and group once the processes started (the scaling runs
+    produce their records there, once every member owns partitions). PostgreSQL's CPU per
+    record is over the span (``_pg_over_span``)."""
     schema, group = fresh_schema(dsn), uid("gb" if run.kind == "baseline" else "gw")
     quiesce(dsn)
+    pg = PgCpu(dsn)
     ticks = cpu_ticks()
+    pg_first: tuple[float, float | None] | None = None  # (monotonic, PostgreSQL CPU s)
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-{run.name}-"))
     files = [tmp / f"member-{i}.json" for i in range(run.members)]
+    if run.processes:  # one set: its members write member-<pid>.json
+        files = [tmp / "member-{pid}.json"]
     procs: list[subprocess.Popen[bytes]] = []
     for f in files:
         if run.kind == "baseline":
@@ -258,17 +291,30 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
         else:
             argv = worker_argv(run, topic, group, schema, f)
         procs.append(subprocess.Popen(argv, env=env(root), cwd=root, stdout=subprocess.DEVNULL))
+    if run.processes:
+        files = []  # read by marks() below: the members' own files
+
+    def marks() -> list[Path]:
+        return files or clock.member_files(tmp)
+
     deadline = time.monotonic() + timeout_s
     ended: dict[int, tuple[int, int]] = {}
     peaks: dict[int, int] = {}
-    got = clock.combined(files)
+    if ready is not None:
+        ready(schema, group)
+    got = clock.combined(marks())
     while got["records"] < total and time.monotonic() < deadline:
         if _collect(procs, ended, peaks):
             break
         time.sleep(0.2)
-        got = clock.combined(files)
+        got = clock.combined(marks())
+        if pg_first is None and got["records"]:
+            pg_first = (time.monotonic(), pg.seconds())
     time.sleep(2 * clock.FLUSH_S)  # the last flush of every member
-    got = clock.combined(files)
+    got = clock.combined(marks())
+    pg_after = pg.seconds()  # before the stop: a backend's CPU then still counts as the run's
+    members = clock.read(marks())
+    member_peaks = {m["pid"]: hwm_kib(m["pid"]) for m in members if run.processes}
     _sample(procs, peaks, ended)  # the peak so far of each process still running
     for p in procs:
         if p.pid not in ended:
@@ -277,6 +323,9 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
     steal = steal_share(ticks, cpu_ticks())
     quiesce(dsn, drop=schema)
     elapsed = got["elapsed_s"]
+    pg_s = _pg_over_span(pg_first, pg_after, got)
+    if member_peaks:  # a set: its members' peaks, not the supervising parent's
+        reaped = [(c, max(member_peaks.values())) for c, _ in reaped]
     return {"records": got["records"], "elapsed_s": round(elapsed, 3),
             "records_per_s": round(got["records"] / elapsed) if elapsed > 0 else 0,
             "mean_batch": got.get("mean_batch"),
@@ -286,4 +335,10 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
             "peak_rss_mib": round(max(r for _, r in reaped) / 1024, 1),
             "steal_share": steal,
             "exit": [c for c, _ in reaped] if run.members > 1 else reaped[0][0],
-            "members": run.members}
+            "members": run.members,
+            "member_cpu_s": [round((m.get("cpu_last") or 0.0) - (m.get("cpu_first") or 0.0), 3)
+                             for m in members],
+            "member_records": [m.get("records", 0) for m in members],
+            "pg_cpu_s": None if pg_s is None else round(pg_s, 3),
+            "pg_cpu_us_per_record": (round(pg_s * 1e6 / got["records"], 2)
+                                     if pg_s is not None and got["records"] else None)}

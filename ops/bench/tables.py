@@ -1,6 +1,11 @@
-"""The benchmark tables of ``docs/benchmarks.md``, generated from the JSON in ``docs/bench/``.
+"""The benchmark tables of ``docs/benchmarks.md`` (and the table sink's of
+``docs/table-sink-formats.md``, ``ops.bench.sink_tables``), generated from the JSON in
+``docs/bench/``.
 
-``python -m ops.bench.tables`` rewrites every generated region of the page; ``--check``
+Long because each generated region of the pages has its renderer here (the table sink's in
+``ops.bench.sink_tables``), beside the registry that names them.
+
+``python -m ops.bench.tables`` rewrites every generated region of those pages; ``--check``
 only compares and exits 1 naming the regions that differ. A region is the text between
 
     <!-- generated: NAME -->
@@ -27,10 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PAGE", "REGIONS", "main", "render_page"]
+from ops.bench import sink_tables
+
+__all__ = ["PAGE", "PAGES", "REGIONS", "main", "render_page"]
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "benchmarks.md"
+SINK_PAGE = "table-sink-formats.md"
 BENCH = ROOT / "docs" / "bench"
 
 _REGION = re.compile(r"(<!-- generated: ([\w-]+) -->\n)(.*?)(<!-- end generated -->)", re.S)
@@ -42,6 +50,7 @@ Report = dict[str, Any]
 class Region:
     source: str  # file name under docs/bench/
     render: Callable[[Report], list[str]]
+    page: str = "benchmarks.md"  # the page under docs/ that holds the region
 
 
 def _n(value: float) -> str:
@@ -65,13 +74,19 @@ def _tries(run: Report) -> str:
     return f"{_n(run['records_per_s'])} ({'; '.join(_n(t) for t in tries)})"
 
 
+def _us(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.1f}"
+
+
 def _runs_table(report: Report, names: Sequence[str]) -> list[str]:
-    lines = ["| run | records/s (median; all tries) | CPU µs per record (median) | mean batch "
-             "| peak RSS |", "|---|---|---:|---:|---:|"]
+    lines = ["| run | records/s (median; all tries) | CPU µs per record (median) "
+             "| PostgreSQL CPU µs per record | mean batch | peak RSS |",
+             "|---|---|---:|---:|---:|---:|"]
     for name in names:
         run = report["runs"][name]
         cpu = run.get("median_cpu_us_per_record", run["cpu_us_per_record"])
-        lines.append(f"| {run['label']} | {_tries(run)} | {cpu:,.1f} | {_n(run['mean_batch'])} "
+        lines.append(f"| {run['label']} | {_tries(run)} | {_us(cpu)} "
+                     f"| {_us(run.get('median_pg_cpu_us_per_record'))} | {_n(run['mean_batch'])} "
                      f"| {run['peak_rss_mib']:.0f} MiB |")
     return lines
 
@@ -102,6 +117,13 @@ def sink_runs(report: Report) -> list[str]:
         got = report["runs"]["c_sink_fenceworker"]["records_per_s"]
         lines += ["", f"Target: one member upserting ≥ {_n(target)} records/s — "
                       f"{'**met**' if got >= target else '**not met**'} ({_n(got)})."]
+    upsert = report["runs"].get("c_sink_fenceworker") or {}
+    worker_us = upsert.get("median_cpu_us_per_record")
+    pg_us = upsert.get("median_pg_cpu_us_per_record")
+    if worker_us is not None and pg_us is not None:
+        met = "**met**" if worker_us <= pg_us else "**not met**"
+        lines += ["", f"Target: the worker's CPU per record at most PostgreSQL's for the same "
+                      f"upsert — {met} ({worker_us:,.1f} against {pg_us:,.1f} µs)."]
     return lines
 
 
@@ -148,7 +170,7 @@ def assignment(report: Report) -> list[str]:
 def rebalances(report: Report) -> list[str]:
     scale = report["scale"]
     joins = {r["setup"]: r for r in scale["join_3x48"]}
-    moves = {r["setup"]: r for r in scale["rebalance"]}
+    moves = {r["setup"]: r for r in scale.get("rebalance", [])}  # not in --quick
     lines = [f"Measured by {_made(report, 'worker-quiet.json')}", "",
              "| group setup | 3 members start on 48 partitions: all owned and committed "
              "| 1 member joins a running one: first commit on a moved partition |",
@@ -228,6 +250,123 @@ def store(report: Report) -> list[str]:
                         + "; ".join(verdicts) + "."]
 
 
+_NOT_YET = ("Not measured in `docs/bench/worker-quiet.json` yet: the next `make bench` on a "
+            "quiet machine writes this table.")
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.0f} ms"
+
+
+def latency_runs(report: Report) -> list[str]:
+    lat = report.get("latency")
+    if not lat or not lat.get("steady"):
+        return [_NOT_YET]
+    lines = [f"Measured by {_made(report, 'worker-quiet.json')} One member, "
+             f"{report['partitions']} partitions; the capacity is (c) of the same run.", "",
+             "| handler | offered rate (share of capacity) | commit p50 | p95 | p99 | max "
+             "| waited before the transaction: p50 / p99 | mean batch | CPU µs per record |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in lat["steady"]:
+        c, h = r["commit_ms"], r["handler_call_ms"]
+        lines.append(f"| {r['handler']} | {_n(r['rate'])}/s ({r['share']:.0%}) "
+                     f"| {_ms(c['p50'])} | {_ms(c['p95'])} | {_ms(c['p99'])} | {_ms(c['max'])} "
+                     f"| {_ms(h['p50'])} / {_ms(h['p99'])} | {r['mean_batch']:,.1f} "
+                     f"| {_us(r.get('cpu_us_per_record'))} |")
+    return [*lines, "", "![commit latency against the offered rate](bench/latency.png)"]
+
+
+def _pause(p: Report) -> str:
+    if not p.get("partitions"):
+        return "—"
+    return f"{p['max_s']:.2f} s (median {p['median_s']:.2f} s, {p['partitions']} partitions)"
+
+
+def moves(report: Report) -> list[str]:
+    lat = report.get("latency")
+    if not lat or not lat.get("moves"):
+        return [_NOT_YET]
+    lines = [f"Measured by {_made(report, 'worker-quiet.json')}", "",
+             "| group setup | rate | a member joins: longest pause of a moved partition "
+             "| partitions that stayed: longest gap between commits "
+             "| a member is SIGKILLed: its partitions resume after | session timeout |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for m in lat["moves"]:
+        stayed = m.get("stayed_longest_gap_s")
+        lines.append(f"| {m['setup']} | {_n(m['rate'])}/s | {_pause(m['join'])} "
+                     f"| {'—' if stayed is None else f'{stayed:.2f} s'} | {_pause(m['kill'])} "
+                     f"| {m['session_timeout_s']:g} s |")
+    return lines
+
+
+def scaling_runs(report: Report) -> list[str]:
+    sc = report.get("scaling")
+    if not sc or not sc.get("runs"):
+        return [_NOT_YET]
+    lines = [f"Measured by {_made(report, 'worker-quiet.json')} {sc['cores']} cores.", "",
+             "| handler | processes | records/s | speed-up | each process: CPU s (µs per "
+             "record) | PostgreSQL CPU µs per record |", "|---|---:|---:|---:|---|---:|"]
+    base: dict[str, float] = {}
+    for r in sc["runs"]:
+        base.setdefault(r["handler"], r["records_per_s"])
+        each = "; ".join(f"{c:.2f} s ({c * 1e6 / n:,.1f})" if n else "—"
+                         for c, n in zip(r["member_cpu_s"], r["member_records"], strict=True))
+        lines.append(f"| {r['handler']} | {r['processes']} | {_n(r['records_per_s'])} "
+                     f"| {r['records_per_s'] / base[r['handler']]:.2f} | {each} "
+                     f"| {_us(r.get('pg_cpu_us_per_record'))} |")
+    return lines
+
+
+def prediction(report: Report) -> list[str]:
+    from ops.bench.scaling import predict
+
+    sc = report.get("scaling")
+    if not sc or not sc.get("runs"):
+        return [_NOT_YET]
+    lines = [f"From the one-process runs of {_made(report, 'worker-quiet.json')}", "",
+             "| handler | worker CPU µs per record | PostgreSQL CPU µs per record "
+             + "".join(f"| {c} cores " for c in (sc["cores"], 8, 16, 32)) + "|",
+             "|---|---:|---:|" + "---:|" * 4]
+    for handler in dict.fromkeys(r["handler"] for r in sc["runs"]):
+        got = [predict(sc["runs"], c, handler) for c in (sc["cores"], 8, 16, 32)]
+        if got[0] is None:
+            continue
+        cells = "".join(f"| {_n(g['records_per_s'])}/s ({g['members']} "
+                        f"process{'es' if g['members'] > 1 else ''}) "
+                        for g in got if g is not None)
+        lines.append(f"| {handler} | {got[0]['worker_us_per_record']:,.1f} "
+                     f"| {got[0]['pg_us_per_record']:,.1f} {cells}|")
+    return lines
+
+
+def peer_runs(report: Report) -> list[str]:
+    pr = report.get("peer")
+    if not pr or not pr.get("runs"):
+        return [_NOT_YET if not pr else f"Not measured: {pr.get('skipped')}."]
+    lines = [f"Measured by {_made(report, 'worker-quiet.json')} {_n(pr['records'])} records, "
+             f"{pr['requirement']} from its own virtualenv.", "",
+             "| tool | mode | records/s (median; all tries) | CPU µs per record "
+             "| PostgreSQL CPU µs per record |", "|---|---|---|---:|---:|"]
+    for r in sorted(pr["runs"].values(), key=lambda r: (r["mode"], r["tool"])):
+        tries = r["all_records_per_s"]
+        rate = (f"{_n(r['records_per_s'])} (one try)" if len(tries) == 1 else
+                f"{_n(r['records_per_s'])} ({'; '.join(_n(t) for t in tries)})")
+        lines.append(f"| {r['tool']} | {r['mode']} | {rate} "
+                     f"| {_us(r['median_cpu_us_per_record'])} "
+                     f"| {_us(r.get('pg_cpu_us_per_record'))} |")
+    lines += ["", "| tool | upsert at a fixed rate: row written p50 | p99 | max "
+                  "| SIGKILL at 40% and a restart (insert): rows | duplicates | missing |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    kills = {k["tool"]: k for k in pr.get("kill", [])}
+    for lat in pr.get("latency", []):
+        k = kills.get(lat["tool"], {})
+        ms = lat["row_ms"]
+        lines.append(f"| {lat['tool']} ({_n(lat['rate'])}/s) | {_ms(ms['p50'])} "
+                     f"| {_ms(ms['p99'])} | {_ms(ms['max'])} | {_n(k.get('rows', 0))} "
+                     f"| {_n(k.get('duplicates', 0))} | {_n(k.get('missing', 0))} |")
+    return lines
+
+
 REGIONS: dict[str, Region] = {
     "store": Region("store.json", store),
     "worker-runs": Region("worker-quiet.json", worker_runs),
@@ -237,7 +376,17 @@ REGIONS: dict[str, Region] = {
     "rebalances": Region("worker-quiet.json", rebalances),
     "members": Region("worker-quiet.json", members),
     "memory": Region("worker-quiet.json", memory_bound),
+    "latency": Region("worker-quiet.json", latency_runs),
+    "moves": Region("worker-quiet.json", moves),
+    "scaling": Region("worker-quiet.json", scaling_runs),
+    "prediction": Region("worker-quiet.json", prediction),
+    "peer": Region("worker-quiet.json", peer_runs),
+    "sink-in-order": Region("sink-in-order.json", sink_tables.in_order, SINK_PAGE),
+    "sink-decode": Region("sink-decode.json", sink_tables.decode, SINK_PAGE),
+    "sink-avro": Region("sink-avro.json", sink_tables.avro_runs, SINK_PAGE),
 }
+#: every page with generated regions
+PAGES = tuple(sorted({ROOT / "docs" / r.page for r in REGIONS.values()}))
 
 
 def render_page(text: str, bench_dir: Path = BENCH) -> str:
@@ -270,19 +419,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--check", action="store_true",
                    help="compare only; exit 1 naming the regions that differ from their JSON")
-    p.add_argument("--page", type=Path, default=PAGE)
+    p.add_argument("--page", type=Path, action="append", default=None,
+                   help="only this page (repeatable; default every page with regions)")
     a = p.parse_args(argv)
-    text = a.page.read_text(encoding="utf-8")
-    if a.check:
-        stale = stale_regions(text)
-        if stale:
-            print(f"{a.page}: generated tables differ from docs/bench: {', '.join(stale)}; "
-                  "run `python -m ops.bench.tables`", file=sys.stderr)
-            return 1
-        return 0
-    a.page.write_text(render_page(text), encoding="utf-8")
-    print(f"wrote {a.page}")
-    return 0
+    code = 0
+    for page in a.page or PAGES:
+        text = page.read_text(encoding="utf-8")
+        if a.check:
+            stale = stale_regions(text)
+            if stale:
+                print(f"{page}: generated tables differ from docs/bench: {', '.join(stale)}; "
+                      "run `python -m ops.bench.tables`", file=sys.stderr)
+                code = 1
+            continue
+        page.write_text(render_page(text), encoding="utf-8")
+        print(f"wrote {page}")
+    return code
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@ the summary ``make bench`` gives a run (``ops.bench.worker.summarize``: the medi
 CPU per record): how a change is measured before it is called faster.
 Alternating in one process is what makes the pair comparable on a shared VM, where single
 tries move by ±15% (docs/benchmarks.md).
+
+``--latency reference|sink --rates R,R`` compares latency instead: the steady run of
+``ops.bench.latency`` (one member under a paced producer) from both trees, and from this
+tree with each ``--also`` flag set, alternating ``--pairs`` times per rate (default out
+``artifacts/bench/trees-latency.json``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ops.bench.latency import steady
+from ops.bench.provenance import provenance
 from ops.bench.runs import ROOT, delete_topics, execute
 from ops.bench.worker import RUNS, produce_topics, summarize
 
@@ -32,7 +39,13 @@ OUT = ROOT / "artifacts" / "bench" / "trees.json"
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ops.bench.trees")
     p.add_argument("--before", required=True, help="the commit to compare this tree with")
-    p.add_argument("--only", required=True, help="comma-separated run names of make bench")
+    p.add_argument("--only", default="", help="comma-separated run names of make bench")
+    p.add_argument("--latency", choices=["reference", "sink"], default=None,
+                   help="compare latency under a paced producer instead (see the docstring)")
+    p.add_argument("--rates", default="300,1000", help="--latency: records/s, comma-separated")
+    p.add_argument("--also", action="append", default=[],
+                   help="--latency: also this tree with these fencectl run flags (repeatable)")
+    p.add_argument("--seconds", type=float, default=8.0, help="--latency: seconds measured")
     p.add_argument("--pairs", type=int, default=4)
     p.add_argument("--count", type=int, default=200_000)
     p.add_argument("--single-count", type=int, default=6_000,
@@ -40,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--out", type=Path, default=OUT)
     a = p.parse_args(argv)
+    if a.latency is not None:
+        return _latency(a, argv)
     names = [n for n in a.only.split(",") if n]
+    if not names:
+        p.error("--only: the runs to compare (or --latency KIND)")
     chosen = [r for r in RUNS if r.name in names]
     if unknown := sorted(set(names) - {r.name for r in chosen}):
         p.error(f"unknown runs {unknown}; known: {', '.join(r.name for r in RUNS)}")
@@ -77,6 +94,41 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{n} {t}: median {s['records_per_s']} records/s {s['all_records_per_s']}, "
                   f"CPU {s['median_cpu_us_per_record']} µs per record")
     print(f"wrote {a.out}")
+    return 0
+
+
+def _latency(a: argparse.Namespace, argv: list[str] | None) -> int:
+    out = a.out if a.out != OUT else OUT.with_name("trees-latency.json")
+    dsn = os.environ["FENCE_DSN"]
+    measured = provenance("python -m ops.bench.trees " + " ".join(
+        sys.argv[1:] if argv is None else argv))
+    tries: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-trees-") as tmp:
+        before = Path(tmp) / "before"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(before),
+                        a.before], check=True, stdout=subprocess.DEVNULL)
+        variants = [(f"before ({a.before})", before, ()), ("this tree", ROOT, ()),
+                    *((f"this tree {x}", ROOT, tuple(x.split())) for x in a.also)]
+        try:
+            for rate in (float(r) for r in a.rates.split(",")):
+                for i in range(a.pairs):
+                    for label, root, extra in variants:
+                        got = steady(a.latency, rate, seconds=a.seconds, warmup_s=2.0,
+                                     dsn=dsn, partitions=a.partitions, root=root, extra=extra)
+                        tries.append({"tree": label, "try": i + 1,
+                                      "load_average_1m": round(os.getloadavg()[0], 1), **got})
+                        c = got["commit_ms"]
+                        print(f"{rate:g}/s #{i + 1} {label}: p50 {c['p50']} p95 {c['p95']} "
+                              f"p99 {c['p99']} max {c['max']} ms, batch {got['mean_batch']}, "
+                              f"CPU {got['cpu_us_per_record']} µs per record", flush=True)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                            str(before)], check=False)
+            delete_topics()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"provenance": measured, "before": a.before, "kind": a.latency,
+                               "pairs": a.pairs, "tries": tries}, indent=2) + "\n")
+    print(f"wrote {out}")
     return 0
 
 

@@ -11,7 +11,10 @@ of one on the first ``--single-count`` records of a second topic (a rate). The t
 (``fencectl run --sink``) gets the same b/b'/e/c runs on a third topic of ``--count``
 100-byte JSON values (``ops.bench.sink.produce_values``), upserting on ``id`` into a fresh
 table per run, and one worker run in insert mode (no key); ``--sink-only`` runs just those
-(``make bench-sink``); the sink also runs with 2 and 3 members (one try each). The repeated
+(``make bench-sink``); the sink also runs with 2 and 3 members (one try each). The Avro sink
+runs beside a JSON sink run on the same records (a fourth topic holds them in Avro,
+``ops.bench.sink.produce_avro_values``) into the same typed table (``TYPED_DDL``: a column
+per field), alternating: ``c_sink_avro_over_json`` is their ratio. The repeated
 runs alternate ``--repeat`` times on the same data; the median by records/s is reported.
 Then scale (``ops.bench.scale``): assignment cost, join → first commit, members 1..3, the
 backlog drain and memory; each reported peak RSS is checked against the memory
@@ -33,7 +36,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ops.bench import memory, scale
+from ops.bench import latency, memory, peer, scale, scaling
 from ops.bench.provenance import provenance
 from ops.bench.runs import (
     ROOT,
@@ -45,7 +48,7 @@ from ops.bench.runs import (
     interpreter_mib,
     new_topic,
 )
-from ops.bench.sink import produce_values
+from ops.bench.sink import produce_avro_values, produce_values
 from ops.commands.run import SINK_BATCH_MAX_RECORDS
 
 OUT = ROOT / "artifacts" / "bench" / "worker.json"
@@ -77,10 +80,12 @@ SINK = ("--sink", "bench_sink", "--sink-key", "id", *BATCH)
 
 
 def _sink_worker(name: str, label: str, *, args: tuple[str, ...] = BATCH, key: bool = True,
-                 members: int = 1, repeat: bool = False) -> Run:
+                 members: int = 1, repeat: bool = False, topic: str = "sink",
+                 table: str = "bench_sink", more: tuple[str, ...] = ()) -> Run:
     """A worker run of the table sink into ``bench_sink`` (upsert on ``id``; insert without)."""
-    return Run(name, label, "worker", args, topic="sink", handler="sink", members=members,
-               repeat=repeat, settings=("table=bench_sink", *(("key=id",) if key else ())))
+    return Run(name, label, "worker", args, topic=topic, handler="sink", members=members,
+               repeat=repeat, settings=(f"table={table}", *(("key=id",) if key else ()),
+                                        *more))
 
 
 #: the table sink's runs: same clock, 100-byte JSON values, upsert on ``id`` (insert: no key)
@@ -97,6 +102,10 @@ SINK_RUNS: list[Run] = [
                  args=("--batch-max-records", "500")),
     _sink_worker("c_sink_2_members", "(c) sink: 2 members, upsert", members=2),
     _sink_worker("c_sink_3_members", "(c) sink: 3 members, upsert", members=3),
+    _sink_worker("c_sink_typed_json", "(c) sink: JSON into columns", repeat=True,
+                 table="bench_sink_typed", more=("layout=typed",)),
+    _sink_worker("c_sink_typed_avro", "(c) sink: Avro into columns", repeat=True,
+                 topic="sink_avro", table="bench_sink_typed", more=("format=avro",)),
 ]
 RUNS += SINK_RUNS
 #: ratio name -> (numerator run, denominator run), of records/s
@@ -111,9 +120,10 @@ RATIOS: dict[str, tuple[str, str]] = {
     "c_sink_over_b_sink": ("c_sink_fenceworker", "b_sink_pipelined"),
     "c_sink_over_b_prime_sink": ("c_sink_fenceworker", "b_prime_sink_stop_and_wait"),
     "c_sink_over_e_sink": ("c_sink_fenceworker", "e_sink_db_ceiling"),
+    "c_sink_avro_over_json": ("c_sink_typed_avro", "c_sink_typed_json"),
 }
 TARGETS = {"c_over_b": 0.95, "c_over_e": 0.8, "c_over_d": 10,
-           "c_sink_fenceworker_records_per_s": 60_000}
+           "c_sink_fenceworker_records_per_s": 60_000, "c_sink_avro_over_json": 0.9}
 
 
 def produce(topic: str, count: int, partitions: int, seed: int) -> None:
@@ -143,7 +153,9 @@ def summarize(tries: list[dict[str, Any]]) -> dict[str, Any]:
     upper median of CPU per record (``ops.bench.trees`` reports its trees' tries the same)."""
     ordered = sorted(tries, key=lambda x: x["records_per_s"])
     cpu = [x["cpu_us_per_record"] for x in tries if x.get("cpu_us_per_record")]
+    pg = [x["pg_cpu_us_per_record"] for x in tries if x.get("pg_cpu_us_per_record")]
     return {**ordered[len(ordered) // 2],
+            "median_pg_cpu_us_per_record": statistics.median_high(pg) if pg else None,
             "all_records_per_s": [x["records_per_s"] for x in tries],
             "all_cpu_us_per_record": [x.get("cpu_us_per_record") for x in tries],
             "all_steal_share": [x.get("steal_share") for x in tries],
@@ -155,14 +167,19 @@ def produce_topics(kinds: Iterable[str], count: int, single_count: int,
                    partitions: int) -> dict[str, tuple[str, int]]:
     """A fresh topic per kind of ``Run.topic`` asked (``main``: ``count`` reference records;
     ``single``: the batch-1 subset, ``single_count`` of another seed; ``sink``: ``count``
-    100-byte JSON values), produced: kind -> (topic, records)."""
-    prefixes = {"main": "bench", "single": "bench1", "sink": "benchsink"}
+    100-byte JSON values; ``sink_avro``: the same records in Avro), produced: kind ->
+    (topic, records)."""
+    prefixes = {"main": "bench", "single": "bench1", "sink": "benchsink",
+                "sink_avro": "benchsinkavro"}
     topics = {kind: (new_topic(prefixes[kind]), single_count if kind == "single" else count)
               for kind in sorted(set(kinds))}
     for kind, (name, n) in topics.items():
         print(f"producing {n} records to {name} ...", flush=True)
         if kind == "sink":
             produce_values(name, n, partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"])
+        elif kind == "sink_avro":
+            produce_avro_values(name, n, partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"],
+                                os.environ["SCHEMA_REGISTRY_URL"])
         else:
             produce(name, n, partitions, 1 if kind == "main" else 2)
     return topics
@@ -212,6 +229,26 @@ def ratios(runs: dict[str, Any], how: str = "rate") -> dict[str, float | None]:
     return out
 
 
+def _extra(a: argparse.Namespace, dsn: str, runs: dict[str, Any],
+           topics: dict[str, tuple[str, int]]) -> dict[str, Any]:
+    """The scaling, latency and peer sections, on the topics and capacity just measured."""
+    capacity = {kind: runs[name]["records_per_s"] for kind, name in
+                (("reference", "c_fenceworker"), ("sink", "c_sink_fenceworker")) if name in runs}
+    def fill(kind: str, topic: str, count: int, partitions: int) -> None:
+        if kind == "sink":
+            produce_values(topic, count, partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"])
+        else:
+            produce(topic, count, partitions, 1)
+
+    out = {"scaling": scaling.run_all(dsn, a.count, fill),
+           "latency": latency.run_all(capacity, dsn=dsn, quick=a.quick,
+                                      partitions=a.partitions)}
+    if "sink" in topics:
+        out["peer"] = peer.run_all(dsn, *topics["sink"], partitions=a.partitions,
+                                   repeat=a.repeat, quick=a.quick)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ops.bench.worker")
     p.add_argument("--count", type=int, default=200_000)
@@ -224,13 +261,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sink-only", action="store_true",
                    help="only the table sink's runs, no scale section (make bench-sink)")
     p.add_argument("--no-scale", action="store_true", help="skip the scale section")
+    p.add_argument("--no-extra", action="store_true",
+                   help="skip the scaling, latency and peer sections")
     p.add_argument("--out", type=Path, default=OUT)
     a = p.parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)
     if a.quick:
         a.count, a.single_count, a.repeat = min(a.count, 6_000), min(a.single_count, 300), 1
     if a.sink_only:
-        a.only, a.no_scale = ",".join(r.name for r in SINK_RUNS), True
+        a.only, a.no_scale, a.no_extra = ",".join(r.name for r in SINK_RUNS), True, True
         if a.out == OUT:
             a.out = OUT.with_name("worker_sink.json")
     try:
@@ -257,11 +296,14 @@ def _bench(a: argparse.Namespace) -> int:
         "count": a.count, "partitions": a.partitions, "repeat": a.repeat, "quick": a.quick,
         "clock": "CLOCK_MONOTONIC, first handler call -> last handler return (ops.bench.clock)",
         "sink": "table sink: 100-byte JSON values, upsert on id (c_sink_insert: no key), "
-                "binary COPY (the default method)",
+                "binary COPY (the default method); c_sink_typed_json and c_sink_typed_avro: "
+                "the same records as JSON and as Avro into one typed table",
         "runs": runs, "ratios": ratios(runs), "paired_ratios": ratios(runs, "paired"),
         "cpu_ratios": ratios(runs, "cpu"), "targets": TARGETS,
         "interpreter_mib": interpreter,
     }
+    if not a.no_extra:  # one process per core, latency at shares of (c), the peer
+        result.update(_extra(a, dsn, runs, topics))
     if not a.no_scale:
         result["scale"] = scale.run_all(dsn, quick=a.quick, produce=produce)
     result["memory"] = memory.checks(result)  # the documented bound against each peak

@@ -4,7 +4,8 @@
       [--json]
   fencectl quarantine show   --group G --topic T --partition P --offset O [--json]
   fencectl quarantine replay --group G [--topic T] [--partition P] [--offset O ...]
-      [--handler module:name | --sink table=NAME [--sink-key COL]] [--handler-setting K=V ...]
+      [--handler module:name | --sink table=NAME [--sink-key COL] [--sink-format F]
+      [--sink-key-format F]] [--handler-setting K=V ...]
       [--limit N] [--json]
   fencectl quarantine purge  --group G --before TIMESTAMP [--topic T] [--json]
 
@@ -44,6 +45,7 @@ from ops.commands.reset import EXIT_OUTCOME_UNKNOWN, operator_identity
 from ops.hints import schema_advice
 from ops.operator.db import DEFAULT_TIMEOUT_S, connection, dsn_from_env, require_known_group
 from ops.operator.handler_record import (
+    SINK_FLAGS,
     HandlerChoice,
     choose,
     handler_from_flags,
@@ -89,8 +91,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                                 "the group's members recorded)")
             a.add_argument("--sink", default=None, metavar="table=NAME",
                            help="the built-in table sink, as for run")
-            a.add_argument("--sink-key", default=None, metavar="COLUMN",
-                           help="with --sink: its key column, as for run")
+            a.add_argument("--sink-key", default=None, metavar="COLUMN[,COLUMN...]",
+                           help="with --sink: its key columns, as for run")
+            a.add_argument("--sink-format", default=None, metavar="FORMAT",
+                           help="with --sink: how values are encoded, as for run")
+            a.add_argument("--sink-key-format", default=None, metavar="FORMAT",
+                           help="with --sink: how the Kafka key is encoded, as for run")
             a.add_argument("--handler-setting", action="append", default=[],
                            metavar="KEY=VALUE",
                            help="a setting for a handler factory (with the recorded handler: "
@@ -191,8 +197,10 @@ async def _handler_choice(conn: Any, args: argparse.Namespace) -> HandlerChoice:
     """``--handler``/``--sink`` when given, else the group's recorded handler."""
     settings = parse_x_options(args.handler_setting, flag="--handler-setting",
                                strip_values=False)
-    given = handler_from_flags(handler=args.handler, settings=settings, sink=args.sink,
-                               sink_key=args.sink_key)
+    given = handler_from_flags(
+        handler=args.handler, settings=settings, sink=args.sink,
+        sink_options={attr: getattr(args, attr) for attr, _flag, _setting in SINK_FLAGS},
+        registry=os.environ.get("SCHEMA_REGISTRY_URL", ""))
     if given is not None:
         return given
     now, members = await read_member_rows(conn, schema=args.schema, group=args.group)

@@ -1,8 +1,12 @@
 """``fencectl run``: the worker process (flags + environment -> ``consumer.worker.Worker``).
 
+Long because every flag of ``fencectl run`` is declared here with its help text, next to
+the translation of flags and environment into a ``WorkerConfig``.
+
 Settings: flags below; ``KAFKA_BOOTSTRAP_SERVERS``, ``FENCE_DSN`` (never a flag: a secret
-must not appear in argv), ``FENCE_SCHEMA``, standard ``OTEL_*``. Exit codes: see
-``consumer.exits`` (0 stopped, 2 configuration, 3 retired, 4 source refused,
+must not appear in argv), ``SCHEMA_REGISTRY_URL`` (``--sink`` with a schema'd format; it
+may carry credentials, so never a flag either), ``FENCE_SCHEMA``, standard ``OTEL_*``.
+Exit codes: see ``consumer.exits`` (0 stopped, 2 configuration, 3 retired, 4 source refused,
 5 unavailable, 6 shutdown bound exceeded).
 """
 
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -20,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from consumer.config import (
+    DEFAULT_BATCH_LINGER_S,
     DEFAULT_BATCH_MAX_RECORDS,
     GroupProtocol,
     WorkerConfig,
@@ -27,20 +33,19 @@ from consumer.config import (
     parse_x_options,
     redact,
 )
-from consumer.exits import ExitCode
+from consumer.exits import ExitCode, exit_code_for
 from consumer.kafka.adapter import KafkaThread, check_consumer_settings
 from consumer.kafka.source import KafkaSource
+from consumer.outage import DEFAULT_BOUND_S
 from consumer.worker import Worker
 from fencing import crashpoints
-from fencing.errors import (
-    ConfigError,
-)
+from fencing.errors import ConfigError, SourceUnavailable, StoreUnavailable
 from fencing.failures import RetryPolicy
-from fencing.handler import HandlerContext, build_handler
+from fencing.handler import HandlerContext, build_handler, declaration_of
 from fencing.types import Token, TopicPartition
-from ops.operator.handler_record import SINK_HANDLER, handler_from_flags, record_of
+from ops.operator.handler_record import SINK_FLAGS, SINK_HANDLER, handler_from_flags, record_of
 from ops.reference import pg as reference_pg
-from ops.worker import startup
+from ops.worker import startup, supervisor
 from ops.worker.observability import ObsOptions, WorkerObservability
 from ops.worker.observability import add_arguments as add_obs_arguments
 from ops.worker.observability import options_from_args as obs_options_from_args
@@ -79,11 +84,20 @@ def register(sub: Any) -> None:
                    help=f"effect handler, or handler factory, as module:name (default "
                         f"{DEFAULT_HANDLER})")
     p.add_argument("--sink", default=None, metavar="table=NAME",
-                   help="the built-in table sink instead of a handler: write each JSON value "
+                   help="the built-in table sink instead of a handler: write each value "
                         "into the PostgreSQL table NAME (created if missing)")
-    p.add_argument("--sink-key", default=None, metavar="COLUMN",
-                   help="with --sink: upsert on this unique column (last record wins, a "
-                        "tombstone deletes); without it every record is inserted")
+    p.add_argument("--sink-key", default=None, metavar="COLUMN[,COLUMN...]",
+                   help="with --sink: upsert on these columns (a primary key or unique index "
+                        "on exactly them; a tombstone deletes); without it every record is "
+                        "inserted")
+    p.add_argument("--sink-format", default=None, metavar="FORMAT",
+                   help="with --sink: how values are encoded: json (default), avro, protobuf "
+                        "or json-schema (the last three through the schema registry at "
+                        "$SCHEMA_REGISTRY_URL)")
+    p.add_argument("--sink-key-format", default=None, metavar="FORMAT",
+                   help="with --sink: how the Kafka key is encoded, for tombstones and "
+                        "records whose value lacks a key column: string (default), json, "
+                        "avro, protobuf or json-schema")
     p.add_argument("--handler-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting given to a handler factory (repeatable)")
     p.add_argument("-X", dest="x", action="append", default=[], metavar="KEY=VALUE",
@@ -96,6 +110,9 @@ def register(sub: Any) -> None:
                    help=f"most records in one transaction (default {DEFAULT_BATCH_MAX_RECORDS}; "
                         f"{SINK_BATCH_MAX_RECORDS} with --sink)")
     p.add_argument("--batch-max-bytes", type=int, default=1 << 20)
+    p.add_argument("--batch-linger-ms", type=float, default=DEFAULT_BATCH_LINGER_S * 1000,
+                   help="longest a batch that is not full waits for more records after its "
+                        f"oldest arrived (default {DEFAULT_BATCH_LINGER_S * 1000:g}; 0: never)")
     p.add_argument("--queue-max-batches", type=int, default=16,
                    help="pause a partition once this many batches wait locally")
     p.add_argument("--db-concurrency", type=int, default=4)
@@ -110,9 +127,22 @@ def register(sub: Any) -> None:
                    help="skip (and journal) records deleted before processing")
     p.add_argument("--db-idle-in-transaction-timeout-s", type=float, default=8.0,
                    help="PostgreSQL idle_in_transaction_session_timeout of worker sessions, "
-                        "seconds (default 8; must be below the 20 s lifetime budget)")
+                        "seconds (default 8; must be below --call-budget-s); a handler call "
+                        "may last 90 %% of it")
+    p.add_argument("--call-budget-s", type=float, default=20.0,
+                   help="budget of every guarded call (assign, seek, process, revoke), "
+                        "seconds (default 20); a handler call may last 75 %% of it")
     p.add_argument("--restart-lifetimes", type=int, default=0,
                    help="start up to N fresh lifetimes after a retirement before exiting 3")
+    p.add_argument("--outage-bound-s", type=float, default=DEFAULT_BOUND_S, metavar="SECONDS",
+                   help="how long Kafka not answering (a broker, controller or coordinator "
+                        "failover), or PostgreSQL not answering at start, is retried with "
+                        f"backoff before exit 5 (default {DEFAULT_BOUND_S:g})")
+    p.add_argument("--instance-id", default=None, metavar="ID",
+                   help="static group membership (librdkafka group.instance.id): a restarted "
+                        "member with the same ID gets its partitions back without waiting for "
+                        "the session timeout; one ID per member (default $FENCE_INSTANCE_ID, "
+                        "else none)")
     p.add_argument("--retry-initial-ms", type=int, default=200,
                    help="first backoff of a transient handler failure (jittered, doubling)")
     p.add_argument("--retry-max-ms", type=int, default=10_000, help="longest retry backoff")
@@ -121,6 +151,10 @@ def register(sub: Any) -> None:
     p.add_argument("--max-attempts", type=int, default=3,
                    help="durable attempts of one record (e.g. process deaths) before it is "
                         "quarantined")
+    p.add_argument("--processes", default=None, metavar="N|auto",
+                   help="run N members of the group, each its own process, supervised as "
+                        "one set (auto: the cores this process may use); member i serves "
+                        "HTTP on --http-port + i (docs/operations.md)")
     p.add_argument("--log-level", default=None,
                    help=f"{' | '.join(n.lower() for n in _LOG_LEVELS)} (default "
                         "$FENCE_LOG_LEVEL or info)")
@@ -130,7 +164,7 @@ def register(sub: Any) -> None:
 
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
     """A checked ``WorkerConfig``; raises ``ConfigError`` naming the bad setting."""
-    handler, settings = _handler_of(args)
+    handler, settings = _handler_of(args, env)
     cfg = WorkerConfig(
         topics=tuple(args.topic), topic_pattern=args.topic_pattern, group_id=args.group,
         bootstrap_servers=args.bootstrap_servers or env.get("KAFKA_BOOTSTRAP_SERVERS", ""),
@@ -141,10 +175,13 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
         group_protocol=GroupProtocol(args.group_protocol),
         assignment_strategy=args.assignment_strategy, auto_offset_reset=args.auto_offset_reset,
         batch_max_records=_batch_max_records(args), batch_max_bytes=args.batch_max_bytes,
+        batch_linger_s=args.batch_linger_ms / 1000,
         queue_max_batches=args.queue_max_batches, db_concurrency=args.db_concurrency,
         shutdown_timeout_s=args.shutdown_timeout_s, allow_retention_gap=args.allow_retention_gap,
-        restart_lifetimes=args.restart_lifetimes,
+        restart_lifetimes=args.restart_lifetimes, outage_bound_s=args.outage_bound_s,
+        instance_id=args.instance_id or env.get("FENCE_INSTANCE_ID") or None,
         db_idle_in_transaction_timeout_s=args.db_idle_in_transaction_timeout_s,
+        budget_s=args.call_budget_s,
         x_options=parse_x_options(args.x),
         retry=RetryPolicy(initial_ms=args.retry_initial_ms, max_ms=args.retry_max_ms,
                           retry_max_attempts=args.retry_max_attempts,
@@ -154,13 +191,17 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
     return cfg
 
 
-def _handler_of(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+def _handler_of(args: argparse.Namespace, env: Mapping[str, str]
+                ) -> tuple[str, dict[str, str]]:
     """The handler spec and factory settings: ``--handler``/``--handler-setting``, or the
-    table sink's factory for ``--sink table=NAME [--sink-key COL]``."""
+    table sink's factory for ``--sink table=NAME [--sink-key COL] [--sink-format F]
+    [--sink-key-format F]`` (and ``SCHEMA_REGISTRY_URL`` as its ``registry``)."""
     settings = parse_x_options(args.handler_setting, flag="--handler-setting",
                                strip_values=False)
-    chosen = handler_from_flags(handler=args.handler, settings=settings, sink=args.sink,
-                                sink_key=args.sink_key)
+    chosen = handler_from_flags(
+        handler=args.handler, settings=settings, sink=args.sink,
+        sink_options={attr: getattr(args, attr) for attr, _flag, _setting in SINK_FLAGS},
+        registry=env.get("SCHEMA_REGISTRY_URL", ""))
     if chosen is None:
         return DEFAULT_HANDLER, settings
     return chosen.spec, dict(chosen.settings)
@@ -200,11 +241,20 @@ def main(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args, os.environ)
         obs_options = obs_options_from_args(args)
+        if (index := supervisor.member_index(os.environ)) is not None and obs_options.http_port:
+            # inside a set, member i serves HTTP on the set's port + i (0: any free port)
+            obs_options = dataclasses.replace(obs_options,
+                                              http_port=obs_options.http_port + index)
         check_consumer_settings(kafka_settings(cfg))  # librdkafka's own refusals, up front
         crash = crashpoints.armed()  # FENCE_CRASH_AT (the crash-point matrix)
+        members = supervisor.members_asked(args.processes, os.environ)
     except ConfigError as exc:
         print(f"fencectl run: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
         return int(ExitCode.CONFIG)
+    if members is not None:  # a member drains, leaves the group, closes: past that, killed
+        return supervisor.run_set(getattr(args, "argv", None), members, cfg.group_id,
+                                  grace_s=cfg.shutdown_timeout_s + cfg.budget_s + 20,
+                                  stop_early=_EARLY_STOP.is_set())
     if crash is not None:
         log.warning("crash point armed: %s@%d (SIG%s, marker %s)", crash.point, crash.nth,
                     crash.signal_name, crash.marker)
@@ -214,6 +264,12 @@ def main(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             print(f"fencectl run: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
             return int(ExitCode.CONFIG)
+        except (SourceUnavailable, StoreUnavailable) as exc:  # a service did not answer
+            if _EARLY_STOP.is_set():
+                log.info("stopped during start-up (%s)", redact(str(exc), dsn=dsn))
+                return int(ExitCode.OK)
+            print(f"fencectl run: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
+            return int(exit_code_for(exc))
         if code is ExitCode.SHUTDOWN_TIMEOUT:
             # Work that ignored cancellation is still on the loop: closing the runner would
             # wait for it forever. The bound is final: leave without waiting.
@@ -233,9 +289,9 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
     loaded = build_handler(cfg.handler, HandlerContext(
         schema=cfg.schema, group_id=cfg.group_id, topics=tuple(dict.fromkeys(cfg.topics)),
         settings=cfg.handler_settings))  # a --topic-pattern's topics are not known up front
-    partition_counts = await startup.probe_kafka(cfg)
+    partition_counts = await startup.probe_kafka(cfg, stopped=_EARLY_STOP.is_set)
     source = KafkaSource(startup.admin_conf(cfg))
-    store = await startup.open_store(cfg)
+    store = await startup.open_store(cfg, stopped=_EARLY_STOP.is_set)
     telemetry = setup_telemetry()  # OTEL_SERVICE_NAME, default fenceworker
 
     async def own_frontiers(tps: Sequence[TopicPartition]) -> dict[TopicPartition, Token | None]:
@@ -245,9 +301,11 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
 
     obs = WorkerObservability(options=obs_options or ObsOptions(), telemetry=telemetry,
                               store=store, cooperative=cfg.cooperative,
-                              lag_facts=source.facts, observe=own_frontiers,
+                              lag_facts=lambda tps: worker.watched_facts(tps),
+                              observe=own_frontiers,
                               group_id=cfg.group_id, member_detail={
-                                  "handler": record_of(cfg.handler, cfg.handler_settings)})
+                                  "handler": record_of(cfg.handler, cfg.handler_settings)},
+                              declaration=declaration_of(loaded.fn))
     obs.instruments.export_zeros(TopicPartition(topic, p)
                                  for topic, count in partition_counts.items()
                                  for p in range(count))
@@ -260,11 +318,13 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
                 store=store, lifetime_id=lid, clock=time.monotonic, wait=asyncio.sleep,
                 budget_s=cfg.budget_s, auto_offset_reset=cfg.auto_offset_reset,
                 allow_retention_gap=cfg.allow_retention_gap, instruments=obs.instruments,
-                tracing=OtelTracing()),
+                tracing=OtelTracing(),
+                idle_in_transaction_s=cfg.db_idle_in_transaction_timeout_s),
             kafka_factory=lambda rb: KafkaThread(
                 settings=settings, topic=cfg.subscription, cooperative=cfg.cooperative,
                 rebalancer=rb, poll_timeout_s=cfg.poll_timeout_s, clock=time.monotonic,
-                on_commit_failure=obs.instruments.kafka_commit_failed),
+                on_commit_failure=obs.instruments.kafka_commit_failed,
+                outage_bound_s=cfg.outage_bound_s),
             on_event=obs.on_event, instruments=obs.instruments, tracing=OtelTracing(),
             trace_links=links_for_records if telemetry.exporting else None)
         obs.member_id_source = lambda: worker.member_id

@@ -1,4 +1,6 @@
-"""``fencectl stack up | down | status | env``: the local PostgreSQL, Kafka, Jaeger, Prometheus.
+"""``fencectl stack up | down | status | env | stop-node | start-node``: the local PostgreSQL,
+Kafka (one node, or three with ``--kafka-nodes 3`` / ``FENCE_KAFKA_NODES=3``), Jaeger and
+Prometheus.
 
 Exit codes: 0 success (``status``: every service up), 1 a service failed or is not
 up, 2 bad configuration (e.g. an invalid ``FENCE_*_PORT``).
@@ -7,11 +9,12 @@ up, 2 bad configuration (e.g. an invalid ``FENCE_*_PORT``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from ops.hints import fencectl
 from ops.stack import control as stack
-from ops.stack.config import StackError, env_lines, settings_from
+from ops.stack.config import KAFKA_NODE_COUNTS, KAFKA_NODES, StackError, env_lines, settings_from
 
 __all__ = ["register"]
 
@@ -24,11 +27,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Local services under .stack/ (data, logs, pids); builds cached per user.",
     )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    actions.add_parser("up", help="start what is not running; return when all are healthy")
+    nodes_help = ("Kafka nodes: 1, or 3 for a three-node cluster (every node broker + "
+                  "controller, replication 3, min ISR 2) on ports of its own (default "
+                  "$FENCE_KAFKA_NODES or 1)")
+    up = actions.add_parser("up", help="start what is not running; return when all are healthy")
     down = actions.add_parser("down", help="stop the processes `up` started (by pid)")
     down.add_argument("--grace-s", type=float, default=30.0, help="seconds before SIGKILL (30)")
-    actions.add_parser("status", help="each service: up, down or unhealthy, with pid and port")
-    actions.add_parser("env", help='print export lines: eval "$(fencectl stack env)"')
+    status = actions.add_parser("status", help="each service (each Kafka node): up, down or "
+                                "unhealthy, with pid and port")
+    env = actions.add_parser("env", help='print export lines: eval "$(fencectl stack env)"')
+    for p in (up, status, env):
+        p.add_argument("--kafka-nodes", type=int, choices=KAFKA_NODE_COUNTS, default=None,
+                       help=nodes_help)
+    stop = actions.add_parser("stop-node", help="stop one node of the three-node Kafka cluster "
+                              "(a failover rehearsal)")
+    stop.add_argument("node", type=int, choices=range(1, len(KAFKA_NODES) + 1), metavar="N",
+                      help="the node: 1, 2 or 3")
+    stop.add_argument("--kill", action="store_true",
+                      help="SIGKILL at once (a crash) instead of a controlled shutdown")
+    stop.add_argument("--grace-s", type=float, default=30.0, help="seconds before SIGKILL (30)")
+    start = actions.add_parser("start-node", help="start one node of the three-node Kafka "
+                               "cluster; return once it is healthy and in sync")
+    start.add_argument("node", type=int, choices=range(1, len(KAFKA_NODES) + 1), metavar="N",
+                       help="the node: 1, 2 or 3")
     parser.set_defaults(func=run)
 
 
@@ -38,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     except StackError as exc:
         print(f"fencectl stack: {exc}", file=sys.stderr)
         return 2
+    if getattr(args, "kafka_nodes", None) is not None:
+        settings = dataclasses.replace(settings, kafka_nodes=args.kafka_nodes,
+                                       kafka_nodes_chosen=True)
     try:
         if args.action == "up":
             stack.up(settings)
@@ -47,6 +71,14 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.action == "status":
             return _status(settings)
+        if args.action == "stop-node":
+            if stack.stop_node(args.node, settings=settings, kill=args.kill,
+                               grace_s=args.grace_s) is None:
+                print(f"kafka-{args.node}: not running", file=sys.stderr)
+            return 0
+        if args.action == "start-node":
+            stack.start_node(args.node, settings=settings)
+            return 0
         for line in env_lines(stack.env(settings)):
             print(line)
         return 0

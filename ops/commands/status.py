@@ -21,24 +21,22 @@ from datetime import datetime
 from typing import Any
 
 from fencing.errors import ConfigError, FenceError, SchemaMismatch, SourceRefused
+from fencing.failures import quarantine_cause
 from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
 from fencing.types import SourceFacts, TopicPartition
 from ops.hints import schema_advice
 from ops.librdkafka_logs import add_log_level_argument, client_log_settings
 from ops.operator.db import connection, dsn_from_env, require_known_group
+from ops.operator.member_view import DEFAULT_BOUND_S, FINAL_STATES, MemberRow, classify_member
+from ops.operator.status_text import render_history, render_text
 from ops.operator.status_view import (
-    DEFAULT_BOUND_S,
     DEFAULT_MIRROR_WARN_S,
-    FINAL_STATES,
     KafkaCommitted,
-    MemberRow,
     PartitionRow,
-    classify_member,
     view_partition,
 )
 
-__all__ = ["build_status", "kafka_committed", "read_history", "read_rows", "register",
-           "render_text"]
+__all__ = ["build_status", "kafka_committed", "read_history", "read_rows", "register"]
 
 Facts = Mapping[TopicPartition, SourceFacts]
 Committed = Mapping[tuple[str, TopicPartition], int | None]
@@ -81,9 +79,11 @@ async def read_rows(
         prow = await conn.fetch(
             f"SELECT p.group_id, p.topic, p.partition, p.epoch, p.frontier, p.owner,"
             f" p.topic_id, p.updated_at, a.attempts, a.max_attempts, a.next_retry_at,"
-            f" a.last_error, (SELECT count(*) FROM {q}.quarantine x WHERE x.group_id ="
-            f" p.group_id AND x.topic = p.topic AND x.partition = p.partition"
-            f" AND x.state = 'quarantined') AS quarantined"  # replayed rows are handled
+            f" a.last_error, a.alone, (SELECT coalesce(jsonb_object_agg(t, n), '{{}}')::text"
+            f" FROM (SELECT coalesce(x.error_type, '') AS t, count(*) AS n"
+            f" FROM {q}.quarantine x WHERE x.group_id = p.group_id AND x.topic = p.topic"
+            f" AND x.partition = p.partition AND x.state = 'quarantined'"  # replayed: handled
+            f" GROUP BY 1) c) AS quarantined"
             f" FROM {q}.partitions p LEFT JOIN {q}.attempts a ON a.group_id = p.group_id"
             f" AND a.topic = p.topic AND a.partition = p.partition AND a.\"offset\" = p.frontier"
             f" WHERE $1::text IS NULL OR p.group_id = $1"
@@ -95,10 +95,17 @@ async def read_rows(
             f" AND (last_seen >= now() - make_interval(secs => $2) OR lifetime_id IN"
             f" (SELECT owner FROM {q}.partitions WHERE $1::text IS NULL OR group_id = $1))"
             f" ORDER BY group_id, started_at, lifetime_id", group, members_since_s)
-    parts = [PartitionRow(r["group_id"], r["topic"], r["partition"], r["epoch"], r["frontier"],
-                          r["owner"], r["topic_id"], r["updated_at"], r["quarantined"],
-                          r["attempts"], r["max_attempts"], r["next_retry_at"], r["last_error"])
-             for r in prow]
+    parts = []
+    for r in prow:
+        causes: dict[str, int] = {}
+        for error_type, n in json.loads(r["quarantined"]).items():
+            cause = quarantine_cause(error_type or None)
+            causes[cause] = causes.get(cause, 0) + int(n)
+        parts.append(PartitionRow(
+            r["group_id"], r["topic"], r["partition"], r["epoch"], r["frontier"], r["owner"],
+            r["topic_id"], r["updated_at"], sum(causes.values()), r["attempts"],
+            r["max_attempts"], r["next_retry_at"], r["last_error"], alone=r["alone"],
+            quarantine_causes=causes))
     members = [MemberRow(r["lifetime_id"], r["group_id"], r["member_id"], r["host"], r["pid"],
                          r["state"], r["started_at"], r["last_seen"], json.loads(r["detail"]))
                for r in mrow]
@@ -218,60 +225,6 @@ def topic_totals(partitions: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
     return list(out.values())
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    cells = [[("-" if c is None else str(c)) for c in row] for row in [header, *rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-            for r in cells]
-
-
-def render_text(status: Mapping[str, Any]) -> str:
-    """Human-readable tables of ``build_status`` output."""
-    out = [f"fence status at {status['at']}", "", "PARTITIONS"]
-    prow = [(p["group"], p["topic"], p["partition"], p["epoch"], p["frontier"],
-             _kafka_cell(p), p["high_watermark"], p["lag"], p["owner"],
-             p["owner_availability"] if p["owner_state"] is None
-             else f"{p['owner_availability']}/{p['owner_state']}")
-            for p in status["partitions"]]
-    out += _table(("GROUP", "TOPIC", "PART", "EPOCH", "FRONTIER", "KAFKA", "HIGH", "LAG",
-                   "OWNER", "OWNER-STATE"), prow) if prow else ["(no partition rows)"]
-    trow = [(t["group"], t["topic"], t["partitions"], t["owned_live"], t["lag"],
-             t["stalled"]) for t in status["topics"]]
-    if trow:
-        out += ["", "TOPICS", *_table(("GROUP", "TOPIC", "PARTITIONS", "OWNED", "LAG",
-                                        "STALLED"), trow)]
-    notes = [f"  {p['topic']}[{p['partition']}]: {n}" for p in status["partitions"]
-             for n in p["notes"]]
-    if notes:
-        out += ["", "NOTES", *dict.fromkeys(notes)]
-    out += ["", "MEMBERS"]
-    mrow = []
-    for m in status["members"]:
-        last = m["last_observed"]
-        mrow.append((m["group"], m["lifetime"], m["host"], m["pid"], m["availability"],
-                     m["state"], f"{m['last_seen_age_s']:.1f}s ago",
-                     None if last is None else f"{last['state']} at {last['at']}"))
-    out += _table(("GROUP", "LIFETIME", "HOST", "PID", "AVAILABILITY", "STATE", "LAST-SEEN",
-                   "LAST-OBSERVED"), mrow) if mrow else ["(no members seen recently)"]
-    return "\n".join(out)
-
-
-def _kafka_cell(p: Mapping[str, Any]) -> str:
-    """KAFKA column: the committed offset (``none``, ``?`` unknown), ``!`` on a mismatch."""
-    if p["kafka_mirror"] == "unknown":
-        return "?"
-    value = "none" if p["kafka_committed"] is None else str(p["kafka_committed"])
-    return f"{value} !" if p["kafka_mirror"] == "mismatch" else value
-
-
-def _render_history(rows: Sequence[Mapping[str, Any]]) -> str:
-    if not rows:
-        return "(no journal rows)"
-    return "\n".join(_table(("ID", "AT", "GROUP", "EVENT", "EPOCH", "LIFETIME", "DETAIL"),
-                            [(r["id"], r["at"], r["group"], r["event"], r["epoch"],
-                              r["lifetime"], r["detail"]) for r in rows]))
-
-
 async def _collect(dsn: str, args: argparse.Namespace) -> dict[str, Any] | list[dict[str, Any]]:
     async with connection(dsn, schema=args.schema) as conn:
         if args.group is not None:
@@ -317,7 +270,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     elif isinstance(result, list):
-        print(_render_history(result))
+        print(render_history(result))
     else:
         print(render_text(result))
     return 0

@@ -15,6 +15,10 @@ Rules
   changed), ``OutcomeUnknown`` once it was (reply lost, timed out); a cancellation
   propagates, ``Progress.phase`` saying whether COMMIT was in flight. A connection left in
   an unknown state is terminated, never waited on.
+- ``server_not_answering`` tells the failures a long-running worker retries at start (the
+  server refused or dropped the connection, timed out, is starting up or shutting down,
+  has no connection slot left) from the configuration mistakes above (a refused login, an
+  unknown database or host name, a malformed DSN).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ __all__ = [
     "dsn_from_env",
     "one_transaction",
     "require_known_group",
+    "server_not_answering",
 ]
 
 T = TypeVar("T")
@@ -123,6 +128,41 @@ def connect_mistake(exc: BaseException, *, dsn: str) -> str | None:
         if isinstance(seen, asyncpg.ClientConfigurationError | ValueError) \
                 and not isinstance(seen, ConfigError):
             return redact(f"FENCE_DSN: not a usable PostgreSQL DSN: {seen}", dsn=dsn)
+        seen = seen.__cause__
+    return None
+
+
+# SQLSTATEs of a server that cannot take the connection now: 57P01 admin_shutdown,
+# 57P02 crash_shutdown, 57P03 cannot_connect_now (starting up or shutting down),
+# 53300 too_many_connections
+_NOT_NOW_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+
+def server_not_answering(exc: BaseException, *, dsn: str) -> str | None:
+    """One line naming ``FENCE_DSN`` when ``exc`` (or its cause) shows a server that does not
+    answer or dropped the connection -- worth retrying -- else None (a configuration mistake
+    or any other failure). The password never appears in it."""
+    import socket
+
+    import asyncpg
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        state = str(getattr(seen, "sqlstate", "") or "")
+        if isinstance(seen, asyncpg.PostgresError):
+            if state in _NOT_NOW_SQLSTATES:
+                return redact(f"FENCE_DSN: PostgreSQL cannot take connections now "
+                              f"(SQLSTATE {state}: {seen})", dsn=dsn)
+            return None  # refused login, unknown database, or another server answer
+        if isinstance(seen, asyncpg.ClientConfigurationError | ValueError):
+            return None  # a malformed DSN
+        if isinstance(seen, socket.gaierror):
+            if seen.errno == socket.EAI_AGAIN:
+                return redact(f"FENCE_DSN: the host name did not resolve now ({seen})", dsn=dsn)
+            return None  # an unknown host name: a mistake
+        if isinstance(seen, OSError | TimeoutError | asyncpg.InterfaceError):
+            return redact(f"FENCE_DSN: PostgreSQL did not answer or dropped the connection "
+                          f"({type(seen).__name__}: {seen or 'no detail'})", dsn=dsn)
         seen = seen.__cause__
     return None
 

@@ -26,11 +26,12 @@ from datetime import datetime
 from typing import Any
 
 from fencing.errors import ConfigError
-from fencing.postgres import sink
+from fencing.postgres import sink as sink_module
 from fencing.postgres.schema import quote_schema
-from ops.operator.status_view import FINAL_STATES, Availability, MemberRow, classify_member
+from ops.operator.member_view import FINAL_STATES, Availability, MemberRow, classify_member
 
 __all__ = [
+    "SINK_FLAGS",
     "SINK_HANDLER",
     "HandlerChoice",
     "choose",
@@ -40,7 +41,7 @@ __all__ = [
 ]
 
 #: ``--sink table=NAME [--sink-key COL]``, spelled from the imported factory
-SINK_HANDLER = f"{sink.__name__}:{sink.table_sink.__name__}"
+SINK_HANDLER = f"{sink_module.__name__}:{sink_module.table_sink.__name__}"
 _SECRET_NAME = re.compile(r"pass|secret|token|credential|dsn|api[-_.]?key|private", re.I)
 _URL_PASSWORD = re.compile(r"://[^/@\s:]*:[^@\s]+@")
 
@@ -68,13 +69,25 @@ def record_of(spec: str, settings: Mapping[str, str]) -> dict[str, Any]:
             "redacted": sorted(k for k in settings if k not in kept)}
 
 
+#: the sink's flags beside ``--sink``: (argparse attribute, flag, the factory's setting)
+SINK_FLAGS = (("sink_key", "--sink-key", "key"), ("sink_format", "--sink-format", "format"),
+              ("sink_key_format", "--sink-key-format", "key_format"))
+
+
 def handler_from_flags(*, handler: str | None, settings: Mapping[str, str],
-                       sink: str | None, sink_key: str | None) -> HandlerChoice | None:
-    """The handler ``--handler``/``--handler-setting`` or ``--sink``/``--sink-key`` name;
-    None when neither ``--handler`` nor ``--sink`` is given. Raises ``ConfigError``."""
+                       sink: str | None, sink_options: Mapping[str, str | None] | None = None,
+                       registry: str = "") -> HandlerChoice | None:
+    """The handler ``--handler``/``--handler-setting`` or ``--sink`` with its
+    ``sink_options`` (``SINK_FLAGS``' attributes -> values: ``--sink-key``,
+    ``--sink-format``, ``--sink-key-format``) name; ``registry`` (``SCHEMA_REGISTRY_URL``)
+    becomes the sink's ``registry`` setting. None when neither ``--handler`` nor ``--sink``
+    is given. Raises ``ConfigError``, naming the sink's mistakes before anything starts."""
+    options: dict[str, str] = {attr: value for attr, value in (sink_options or {}).items()
+                               if value is not None}
     if sink is None:
-        if sink_key is not None:
-            raise ConfigError(f"--sink-key {sink_key}: needs --sink table=NAME")
+        for attr, flag, _setting in SINK_FLAGS:
+            if attr in options:
+                raise ConfigError(f"{flag} {options[attr]}: needs --sink table=NAME")
         return None if handler is None else HandlerChoice(handler, dict(settings))
     kind, sep, name = sink.partition("=")
     if kind.strip() != "table" or not sep or not name.strip():
@@ -85,8 +98,12 @@ def handler_from_flags(*, handler: str | None, settings: Mapping[str, str],
     if settings:
         raise ConfigError("--handler-setting: not for --sink (use --sink-key)")
     chosen = {"table": name.strip()}
-    if sink_key is not None:
-        chosen["key"] = sink_key.strip()
+    for attr, _flag, setting in SINK_FLAGS:
+        if attr in options:
+            chosen[setting] = options[attr].strip()
+    if registry.strip():
+        chosen["registry"] = registry.strip()
+    sink_module.SinkSpec.from_settings(chosen)
     return HandlerChoice(SINK_HANDLER, chosen)
 
 

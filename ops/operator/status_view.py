@@ -1,14 +1,7 @@
-"""Pure views for ``fencectl status``: member availability, partition lag and source notes.
+"""Pure views for ``fencectl status``: partition lag, owners and source notes.
 
 Rules
-- A member row whose state is final (``stopped``, ``retired``) is *observed* in that state
-  at any age: a final state is never revised, so it cannot be stale.
-- Any other member row is *observed* only while ``now - last_seen`` is within the row's own
-  bound (``detail.unavailable_after_s``, else ``default_bound_s``). Past it the member is
-  *unavailable*: ``state`` is None and the last row is reported under ``last_observed``,
-  never in ``state``.
-- ``now`` is the database's clock (read with the rows), so client clock skew cannot make a
-  member look alive or dead.
+- Member availability is ``ops.operator.member_view``'s (observed or unavailable).
 - Lag is ``high watermark - durable frontier``, None when Kafka did not answer, never
   negative: a frontier above the high watermark is reported as a note instead (the topic
   was recreated or truncated). A frontier below the low watermark is a retention gap note;
@@ -19,12 +12,17 @@ Rules
   frontier last moved), *mismatch* (flagged with a note) when it differs longer than that,
   *unknown* when Kafka did not answer. No committed offset at all differs too.
 - A partition whose frontier offset has a durable attempt count is *retrying* (attempt n of
-  m, the next retry's time) or a *suspect* being tried alone; the quarantined count is shown
-  per partition (``fencing.failures``).
+  m, the next retry's time) or a *suspect* being tried alone; the quarantined records are
+  counted per partition and by cause (``fencing.failures.quarantine_cause``: rejected,
+  raised, killed the process, outcome unknown, too slow), so a killer tells from a victim.
 - A partition whose owner is an operator (``fencectl reset`` wrote the row last) shows
   OWNER-STATE ``operator`` and a note: no member has claimed it since the reset. A running
   owner claims it again at its next heartbeat; without one, the next member assigned
   it starts from the new frontier. Its offset-mirror note names the reset.
+- Completeness: the owner's member row names its handler's declaration
+  (``detail.handler``); a ``best-effort`` partition's frontier counts records attempted,
+  not effects applied: ``completeness`` is ``not-claimed`` and a note says so (``unknown``
+  without a member row naming it).
 - A partition is *stalled* while its owner is observed and lists it in its member row's
   ``detail.stalled`` (``consumer.observability.stall``); OWNER-STATE then reads
   ``observed/running/stalled`` and a note says so.
@@ -34,112 +32,23 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from fencing.types import SourceFacts, operator_owned
+from ops.operator.member_view import MemberView
 
 __all__ = [
-    "FINAL_STATES",
-    "Availability",
     "KafkaCommitted",
-    "MemberRow",
-    "MemberView",
     "MirrorView",
     "PartitionRow",
     "PartitionView",
-    "classify_member",
     "classify_mirror",
     "view_partition",
 ]
 
-FINAL_STATES = frozenset({"stopped", "retired"})
-DEFAULT_BOUND_S = 15.0
 DEFAULT_MIRROR_WARN_S = 30.0
-
-
-class Availability(enum.Enum):
-    OBSERVED = "observed"  # the state field is current
-    UNAVAILABLE = "unavailable"  # no heartbeat within the bound: the state is unknown now
-
-
-@dataclass(frozen=True, slots=True)
-class MemberRow:
-    """One ``members`` row as read."""
-
-    lifetime_id: str
-    group_id: str
-    member_id: str | None
-    host: str
-    pid: int | None
-    state: str
-    started_at: datetime
-    last_seen: datetime
-    detail: Mapping[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class MemberView:
-    lifetime_id: str
-    group_id: str
-    member_id: str | None
-    host: str
-    pid: int | None
-    started_at: datetime
-    availability: Availability
-    state: str | None  # current state; None when unavailable
-    last_seen_age_s: float
-    unavailable_after_s: float
-    last_observed: tuple[str, datetime] | None  # (state, at) when unavailable
-    detail: Mapping[str, Any]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "lifetime": self.lifetime_id,
-            "group": self.group_id,
-            "member_id": self.member_id,
-            "host": self.host,
-            "pid": self.pid,
-            "started_at": self.started_at.isoformat(),
-            "availability": self.availability.value,
-            "state": self.state,
-            "last_seen_age_s": round(self.last_seen_age_s, 3),
-            "unavailable_after_s": self.unavailable_after_s,
-            "last_observed": None if self.last_observed is None else {
-                "state": self.last_observed[0], "at": self.last_observed[1].isoformat()},
-            "reason": self.detail.get("reason"),
-        }
-
-
-def _bound_s(detail: Mapping[str, Any], default_bound_s: float) -> float:
-    value = detail.get("unavailable_after_s")
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    return default_bound_s
-
-
-def classify_member(
-    row: MemberRow, *, now: datetime, default_bound_s: float = DEFAULT_BOUND_S
-) -> MemberView:
-    """Pure: observed (with its current state) or unavailable (with its last observation)."""
-    age_s = max(0.0, (now - row.last_seen).total_seconds())
-    bound_s = _bound_s(row.detail, default_bound_s)
-    observed = row.state in FINAL_STATES or age_s <= bound_s
-    return MemberView(
-        lifetime_id=row.lifetime_id,
-        group_id=row.group_id,
-        member_id=row.member_id,
-        host=row.host,
-        pid=row.pid,
-        started_at=row.started_at,
-        availability=Availability.OBSERVED if observed else Availability.UNAVAILABLE,
-        state=row.state if observed else None,
-        last_seen_age_s=age_s,
-        unavailable_after_s=bound_s,
-        last_observed=None if observed else (row.state, row.last_seen),
-        detail=row.detail,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +68,8 @@ class PartitionRow:
     max_attempts: int | None = None
     next_retry_at: datetime | None = None  # None: not backing off (a suspect attempt)
     last_error: str | None = None
+    alone: int | None = None  # of the attempts, those of the record alone (deaths blamed)
+    quarantine_causes: Mapping[str, int] = field(default_factory=dict)  # cause -> records
 
 
 class MirrorView(enum.Enum):
@@ -211,12 +122,28 @@ def _failure_notes(row: PartitionRow) -> list[str]:
                          f"{row.max_attempts}, next retry at {row.next_retry_at.isoformat()}"
                          f"{error}")
         else:
-            notes.append(f"suspect offset {row.frontier}: attempt {row.attempts} of "
-                         f"{row.max_attempts} before quarantine (earlier attempts did not "
-                         f"complete: process deaths?){error}")
+            notes.append(f"suspect offset {row.frontier}: tried alone {row.alone or 0} time(s) "
+                         f"of {row.max_attempts} before quarantine (earlier attempts alone did "
+                         f"not complete: process deaths?){error}")
     if row.quarantined:
-        notes.append(f"{row.quarantined} record(s) quarantined")
+        causes = ", ".join(f"{n} {_CAUSE_TEXT.get(c, c)}"
+                           for c, n in sorted(row.quarantine_causes.items()))
+        notes.append(f"{row.quarantined} record(s) quarantined"
+                     + (f": {causes}" if causes else ""))
     return notes
+
+
+_CAUSE_TEXT = {"killed-the-process": "killed the process", "outcome-unknown": "outcome unknown",
+               "too-slow": "too slow"}
+
+
+def _completeness(owner: MemberView | None) -> tuple[str | None, str]:
+    """The owner's declared durability and whether its frontier claims completeness."""
+    declared = None if owner is None else owner.detail.get("handler")
+    durability = declared.get("durability") if isinstance(declared, Mapping) else None
+    if not isinstance(durability, str):
+        return None, "unknown"
+    return durability, "not-claimed" if durability == "best-effort" else "claimed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +159,8 @@ class PartitionView:
     stalled: bool = False  # its owner (observed now) reports it stalled
     kafka_committed: int | None = None  # the group's committed offset in Kafka
     mirror: MirrorView = MirrorView.UNKNOWN
+    durability: str | None = None  # the owner's handler's (None: not known)
+    completeness: str = "unknown"  # claimed | not-claimed (best-effort) | unknown
 
     def as_dict(self) -> dict[str, Any]:
         r = self.row
@@ -243,9 +172,11 @@ class PartitionView:
             "lag": self.lag, "topic_id": r.topic_id, "updated_at": r.updated_at.isoformat(),
             "kafka_committed": self.kafka_committed, "kafka_mirror": self.mirror.value,
             "stalled": self.stalled, "notes": list(self.notes),
-            "quarantined": r.quarantined, "retrying": None if r.attempts is None else {
+            "durability": self.durability, "completeness": self.completeness,
+            "quarantined": r.quarantined, "quarantine_causes": dict(r.quarantine_causes),
+            "retrying": None if r.attempts is None else {
                 "offset": r.frontier, "attempt": r.attempts, "max_attempts": r.max_attempts,
-                "next_retry_at": None if r.next_retry_at is None
+                "alone": r.alone, "next_retry_at": None if r.next_retry_at is None
                 else r.next_retry_at.isoformat(), "last_error": r.last_error},
         }
 
@@ -286,6 +217,11 @@ def view_partition(
         notes.append("stalled: its owner reports lag and no fetch or commit progress for "
                      "--stall-timeout-s (see the owner's /readyz and log)")
     notes += _failure_notes(row)
+    durability, completeness = _completeness(owner)
+    if completeness == "not-claimed":
+        notes.append("best-effort handler: the frontier counts records attempted, not "
+                     "effects applied (they may have been dropped); completeness is not "
+                     "claimed")
     mirror = classify_mirror(row.frontier, committed, updated_at=row.updated_at,
                              now=row.updated_at if now is None else now, bound_s=mirror_warn_s)
     if mirror is MirrorView.MISMATCH and committed is not None and now is not None:
@@ -303,4 +239,6 @@ def view_partition(
         notes=tuple(notes),
         kafka_committed=None if committed is None else committed.offset,
         mirror=mirror,
+        durability=durability,
+        completeness=completeness,
     )

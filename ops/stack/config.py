@@ -3,11 +3,17 @@
 Rules:
 - Data directories, logs and pid files live under ``.stack/`` in the checkout
   (override: ``FENCE_STACK_DIR``).
-- Resolved jars, the Jaeger and Prometheus binaries and build caches live in a user-level cache
-  (``FENCE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fenceworker``, else
+- Resolved jars, the Jaeger and Prometheus binaries, the schema registry's app and build
+  caches live in a user-level cache (``FENCE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fenceworker``, else
   ``~/.cache/fenceworker``) so a fresh clone on the same machine reuses them.
 - Every port binds 127.0.0.1 and can be overridden by an environment variable
   (see ``PORT_ENV``); nothing here reads the clock or starts a process.
+- Kafka runs as one node (``Service.KAFKA``, the default) or as a three-node cluster
+  (``KAFKA_NODES``: ``kafka-1`` .. ``kafka-3``, each broker + controller) on ports of its
+  own, so both can run side by side (the test suite keeps the one-node cluster for most
+  tests and starts the three nodes only for the failover tests). ``FENCE_KAFKA_NODES``
+  (1 or 3; ``fencectl stack up --kafka-nodes``) chooses which one ``up`` starts and
+  ``env`` points at.
 """
 
 from __future__ import annotations
@@ -24,9 +30,12 @@ __all__ = [
     "DB_USER",
     "HOST",
     "JAEGER_VERSION",
+    "KAFKA_NODES",
+    "KAFKA_NODE_COUNTS",
     "KAFKA_VERSION",
     "PORT_ENV",
     "PROMETHEUS_VERSION",
+    "REGISTRY_VERSION",
     "SERVICE_ENV",
     "SERVICE_PORTS",
     "Service",
@@ -36,7 +45,10 @@ __all__ = [
     "StackPorts",
     "StackSettings",
     "connection_env",
+    "default_services",
     "env_lines",
+    "kafka_bootstrap",
+    "node_number",
     "settings_from",
 ]
 
@@ -46,6 +58,9 @@ JAEGER_VERSION = "v1.76.0"  # same commit as Jaeger v2.13.0; newest reachable by
 # the Go module version of Prometheus 3.16.0 (its VERSION file): the newest non-rc version the
 # Go module proxy serves; its go.mod has no replace directive and wants Go >= 1.26.7
 PROMETHEUS_VERSION = "v0.316.0"
+#: Apicurio Registry: its runnable app is on Maven Central (seen to serve confluent-kafka's
+#: Avro, Protobuf and JSON Schema serdes through /apis/ccompat/v7)
+REGISTRY_VERSION = "3.3.3"
 DB_NAME = "fenceworker"
 DB_USER = "fenceworker"
 
@@ -55,12 +70,35 @@ class StackError(Exception):
 
 
 class Service(enum.Enum):
-    """The services of the local stack, in start order."""
+    """The services of the local stack, in start order: Kafka is either ``KAFKA`` (one
+    node) or the three nodes ``KAFKA_1`` .. ``KAFKA_3`` of a cluster."""
 
     POSTGRES = "postgres"
     KAFKA = "kafka"
+    KAFKA_1 = "kafka-1"
+    KAFKA_2 = "kafka-2"
+    KAFKA_3 = "kafka-3"
     JAEGER = "jaeger"
     PROMETHEUS = "prometheus"
+    REGISTRY = "registry"  # the schema registry (Confluent-compatible REST API)
+
+
+#: the nodes of the three-node Kafka cluster, node 1 first
+KAFKA_NODES: tuple[Service, ...] = (Service.KAFKA_1, Service.KAFKA_2, Service.KAFKA_3)
+#: the Kafka node counts the stack runs (``FENCE_KAFKA_NODES``, ``--kafka-nodes``)
+KAFKA_NODE_COUNTS = (1, 3)
+
+
+def node_number(service: Service) -> int:
+    """1..3 for a node of the three-node cluster; raises ValueError for any other service."""
+    return KAFKA_NODES.index(service) + 1
+
+
+def default_services(kafka_nodes: int) -> tuple[Service, ...]:
+    """What ``up`` starts: PostgreSQL, Kafka with ``kafka_nodes`` nodes, Jaeger, Prometheus,
+    the schema registry."""
+    kafka = (Service.KAFKA,) if kafka_nodes == 1 else KAFKA_NODES
+    return (Service.POSTGRES, *kafka, Service.JAEGER, Service.PROMETHEUS, Service.REGISTRY)
 
 
 #: port field -> (environment variable, default)
@@ -68,12 +106,20 @@ PORT_ENV: dict[str, tuple[str, int]] = {
     "postgres": ("FENCE_PG_PORT", 55432),
     "kafka": ("FENCE_KAFKA_PORT", 19092),
     "kafka_controller": ("FENCE_KAFKA_CONTROLLER_PORT", 19093),
+    "kafka_1": ("FENCE_KAFKA_1_PORT", 19192),
+    "kafka_1_controller": ("FENCE_KAFKA_1_CONTROLLER_PORT", 19193),
+    "kafka_2": ("FENCE_KAFKA_2_PORT", 19194),
+    "kafka_2_controller": ("FENCE_KAFKA_2_CONTROLLER_PORT", 19195),
+    "kafka_3": ("FENCE_KAFKA_3_PORT", 19196),
+    "kafka_3_controller": ("FENCE_KAFKA_3_CONTROLLER_PORT", 19197),
     "otlp_grpc": ("FENCE_OTLP_GRPC_PORT", 4317),
     "otlp_http": ("FENCE_OTLP_HTTP_PORT", 4318),
     "jaeger_query": ("FENCE_JAEGER_QUERY_PORT", 16686),
     "jaeger_query_grpc": ("FENCE_JAEGER_QUERY_GRPC_PORT", 16685),
     "jaeger_health": ("FENCE_JAEGER_HEALTH_PORT", 13133),
     "prometheus": ("FENCE_PROMETHEUS_PORT", 9090),
+    "schema_registry": ("FENCE_SCHEMA_REGISTRY_PORT", 18081),
+    "schema_registry_management": ("FENCE_SCHEMA_REGISTRY_MANAGEMENT_PORT", 18082),
 }
 
 
@@ -81,9 +127,13 @@ PORT_ENV: dict[str, tuple[str, int]] = {
 SERVICE_PORTS: dict[Service, tuple[str, ...]] = {
     Service.POSTGRES: ("postgres",),
     Service.KAFKA: ("kafka", "kafka_controller"),
+    Service.KAFKA_1: ("kafka_1", "kafka_1_controller"),
+    Service.KAFKA_2: ("kafka_2", "kafka_2_controller"),
+    Service.KAFKA_3: ("kafka_3", "kafka_3_controller"),
     Service.JAEGER: ("jaeger_query", "otlp_grpc", "otlp_http", "jaeger_query_grpc",
                      "jaeger_health"),
     Service.PROMETHEUS: ("prometheus",),
+    Service.REGISTRY: ("schema_registry", "schema_registry_management"),
 }
 
 
@@ -94,12 +144,20 @@ class StackPorts:
     postgres: int
     kafka: int
     kafka_controller: int
+    kafka_1: int
+    kafka_1_controller: int
+    kafka_2: int
+    kafka_2_controller: int
+    kafka_3: int
+    kafka_3_controller: int
     otlp_grpc: int
     otlp_http: int
     jaeger_query: int
     jaeger_query_grpc: int
     jaeger_health: int
     prometheus: int
+    schema_registry: int
+    schema_registry_management: int
 
     def of(self, service: Service) -> tuple[int, ...]:
         """All ports ``service`` listens on, the client-facing one first."""
@@ -146,6 +204,10 @@ class StackPaths:
     def promtool_binary(self) -> Path:
         return self.cache / "bin" / f"promtool-{PROMETHEUS_VERSION}"
 
+    @property
+    def registry_app(self) -> Path:
+        return self.cache / f"apicurio-registry-{REGISTRY_VERSION}"
+
 
 @dataclass(frozen=True, slots=True)
 class StackSettings:
@@ -156,6 +218,15 @@ class StackSettings:
     cli: str = "fencectl"
     """How a hint names the CLI ("run `<cli> stack up`"): the caller passes it in
     (``fencectl stack`` gives ``ops.hints.fencectl()``; the stack imports nothing of it)."""
+    kafka_nodes: int = 1
+    """Kafka nodes ``up`` starts and ``env`` points at: 1 or 3 (``FENCE_KAFKA_NODES``)."""
+    kafka_nodes_chosen: bool = False
+    """True when ``FENCE_KAFKA_NODES`` (or ``--kafka-nodes``) chose ``kafka_nodes``."""
+
+    @property
+    def kafka_services(self) -> tuple[Service, ...]:
+        """The Kafka services of the chosen node count."""
+        return (Service.KAFKA,) if self.kafka_nodes == 1 else KAFKA_NODES
 
 
 def _checkout_root() -> Path:
@@ -190,18 +261,34 @@ def settings_from(env: Mapping[str, str] | None = None, *, cli: str = "fencectl"
     ports = StackPorts(**{field: _port(env, field) for field in PORT_ENV})
     if len({getattr(ports, f) for f in PORT_ENV}) != len(PORT_ENV):
         raise StackError(f"two stack ports are equal ({ports}); change the FENCE_*_PORT overrides")
+    raw_nodes = env.get("FENCE_KAFKA_NODES", "").strip()
+    nodes = 1
+    if raw_nodes:
+        if raw_nodes not in {str(n) for n in KAFKA_NODE_COUNTS}:
+            raise StackError(f"FENCE_KAFKA_NODES={raw_nodes!r}: give 1 (one node) or 3 (a "
+                             "three-node cluster)")
+        nodes = int(raw_nodes)
     return StackSettings(
-        paths=StackPaths(root=root.absolute(), cache=cache.absolute()), ports=ports, cli=cli
+        paths=StackPaths(root=root.absolute(), cache=cache.absolute()), ports=ports, cli=cli,
+        kafka_nodes=nodes, kafka_nodes_chosen=bool(raw_nodes),
     )
 
 
-def connection_env(ports: StackPorts, *, pg_password: str) -> dict[str, str]:
-    """The local stack's client-facing settings, keyed by ``SERVICE_ENV`` names."""
+def kafka_bootstrap(ports: StackPorts, services: tuple[Service, ...]) -> str:
+    """Bootstrap servers of the Kafka ``services`` (``KAFKA`` or the three nodes)."""
+    return ",".join(f"{HOST}:{ports.of(s)[0]}" for s in services)
+
+
+def connection_env(ports: StackPorts, *, pg_password: str,
+                   kafka: tuple[Service, ...] = (Service.KAFKA,)) -> dict[str, str]:
+    """The local stack's client-facing settings, keyed by ``SERVICE_ENV`` names; Kafka's
+    bootstrap lists every node of ``kafka``."""
     return ServiceSettings(
-        kafka_bootstrap=f"{HOST}:{ports.kafka}",
+        kafka_bootstrap=kafka_bootstrap(ports, kafka),
         dsn=f"postgresql://{DB_USER}:{pg_password}@{HOST}:{ports.postgres}/{DB_NAME}",
         otlp_endpoint=f"http://{HOST}:{ports.otlp_grpc}",
         jaeger_query_url=f"http://{HOST}:{ports.jaeger_query}",
+        schema_registry_url=f"http://{HOST}:{ports.schema_registry}/apis/ccompat/v7",
     ).as_env()
 
 
@@ -211,6 +298,7 @@ SERVICE_ENV: tuple[str, ...] = (
     "FENCE_DSN",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "JAEGER_QUERY_URL",
+    "SCHEMA_REGISTRY_URL",
 )
 
 
@@ -222,6 +310,7 @@ class ServiceSettings:
     dsn: str  #: PostgreSQL URL, postgresql://user:password@host:port/db
     otlp_endpoint: str  #: OTLP gRPC endpoint, http://host:port
     jaeger_query_url: str  #: Jaeger query API base URL, http://host:port
+    schema_registry_url: str  #: Confluent-compatible schema registry, http://host:port/path
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ServiceSettings | None:
@@ -231,7 +320,8 @@ class ServiceSettings:
 
     def as_env(self) -> dict[str, str]:
         """The settings keyed by ``SERVICE_ENV`` names."""
-        values = (self.kafka_bootstrap, self.dsn, self.otlp_endpoint, self.jaeger_query_url)
+        values = (self.kafka_bootstrap, self.dsn, self.otlp_endpoint, self.jaeger_query_url,
+                  self.schema_registry_url)
         return dict(zip(SERVICE_ENV, values, strict=True))
 
 

@@ -1,4 +1,9 @@
-"""The local service stack: PostgreSQL, Kafka (KRaft), Jaeger v2 and Prometheus without Docker.
+"""The local service stack: PostgreSQL, Kafka (KRaft), Jaeger v2, Prometheus and a schema
+registry (Apicurio Registry, Confluent-compatible API) without Docker.
+
+Long because up, down, status and the cluster's stop-node/start-node share one lock, one
+table of service modules and one health wait; each service's own start and check live in
+its module (``ops.stack.postgres``, ``kafka``, ``kafka_cluster``, ``jaeger``, ...).
 
 Rules:
 - ``up`` is idempotent: a service whose tracked pid is alive is only health-checked;
@@ -9,29 +14,38 @@ Rules:
 - ``down`` stops exactly the pids recorded under ``.stack/`` (verified against their
   command line), never by name; SIGKILL after ``grace_s``.
 - ``up`` and ``down`` hold ``.stack/stack.lock``, so concurrent callers serialise.
+- Kafka is one node or the three nodes of ``ops.stack.kafka_cluster`` (``settings.
+  kafka_nodes``); ``stop_node``/``start_node`` stop (SIGTERM, or SIGKILL as a crash) and
+  start one node of the cluster, ``start_node`` returning once it is healthy and in sync.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
+import signal
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from types import ModuleType
+from typing import Protocol
 
 from ops.stack import jaeger as stack_jaeger
 from ops.stack import kafka as stack_kafka
 from ops.stack import postgres as stack_postgres
 from ops.stack import prometheus as stack_prometheus
+from ops.stack import registry as stack_registry
 from ops.stack.config import (
+    KAFKA_NODES,
     PORT_ENV,
     SERVICE_PORTS,
     Service,
     StackError,
     StackSettings,
     connection_env,
+    default_services,
     settings_from,
 )
+from ops.stack.kafka_cluster import NodeOps
 from ops.stack.procs import alive, file_lock, log_tail, port_free, stop_pid, tracked_pid, wait_until
 
 __all__ = [
@@ -44,22 +58,39 @@ __all__ = [
     "UpReport",
     "down",
     "env",
+    "start_node",
     "status",
+    "stop_node",
     "up",
 ]
 
-_MODULES: dict[Service, ModuleType] = {
+
+class _ServiceOps(Protocol):
+    """What this module calls on a service (a module such as ``ops.stack.postgres``)."""
+
+    @property
+    def STOP_SIGNAL(self) -> signal.Signals: ...
+    def marker(self, settings: StackSettings) -> str: ...
+    def start(self, settings: StackSettings) -> int: ...
+    def check(self, settings: StackSettings) -> str | None: ...
+
+
+_MODULES: dict[Service, _ServiceOps] = {
     Service.POSTGRES: stack_postgres,
     Service.KAFKA: stack_kafka,
+    **{node: NodeOps(node) for node in KAFKA_NODES},
     Service.JAEGER: stack_jaeger,
     Service.PROMETHEUS: stack_prometheus,
+    Service.REGISTRY: stack_registry,
 }
 #: seconds each service may take from start to its first healthy answer
 HEALTH_TIMEOUT_S: dict[Service, float] = {
     Service.POSTGRES: 60.0,
     Service.KAFKA: 90.0,
+    **{node: 120.0 for node in KAFKA_NODES},
     Service.JAEGER: 60.0,
     Service.PROMETHEUS: 60.0,
+    Service.REGISTRY: 120.0,  # a JVM app: ~9-20 s to its first answer here, more under load
 }
 
 
@@ -105,26 +136,34 @@ def _check(settings: StackSettings, service: Service) -> str | None:
             stack_postgres.provision(settings)
         except StackError as exc:
             return str(exc)
-    reason: str | None = _MODULES[service].check(settings)
-    return reason
+    return _MODULES[service].check(settings)
 
 
 def _first_time_note(settings: StackSettings, service: Service) -> str:
-    cache = settings.paths.cache
-    if service is Service.JAEGER and not settings.paths.jaeger_binary.exists():
-        return f" (building Jaeger once into {cache}, several minutes; log {cache}/jaeger)"
-    if service is Service.PROMETHEUS and not settings.paths.prometheus_binary.exists():
-        return f" (building Prometheus and promtool once into {cache}, several minutes; log " \
-               f"{cache}/prometheus)"
-    if service is Service.KAFKA and not stack_kafka.cp_file(settings).exists():
+    cache, paths = settings.paths.cache, settings.paths
+    for go, name, binary in ((Service.JAEGER, "Jaeger", paths.jaeger_binary),
+                             (Service.PROMETHEUS, "Prometheus and promtool",
+                              paths.prometheus_binary)):
+        if service is go and not binary.exists():
+            return f" (building {name} once into {cache}, several minutes; log {cache}/{go.value})"
+    if service in (Service.KAFKA, *KAFKA_NODES) and not stack_kafka.cp_file(settings).exists():
         return f" (resolving the Kafka jars with mvn once into {cache}/m2)"
+    if service is Service.REGISTRY and not settings.paths.registry_app.exists():
+        return (f" (fetching {stack_registry.ARTIFACT}, ~160 MB, with mvn once into "
+                f"{settings.paths.registry_app})")
     return ""
+
+
+#: how long a port may stay bound after its process was stopped (a SIGKILLed JVM's threads
+#: close their sockets after the main thread already shows as a zombie)
+PORT_RELEASE_S = 10.0
 
 
 def _ensure_ports_free(settings: StackSettings, service: Service) -> None:
     for field in SERVICE_PORTS[service]:
         port = getattr(settings.ports, field)
-        if not port_free(port):
+        if not wait_until(functools.partial(port_free, port), timeout_s=PORT_RELEASE_S,
+                          poll_s=0.2):
             name = PORT_ENV[field][0]
             raise StackError(
                 f"{service.value}: port 127.0.0.1:{port} is taken by another process "
@@ -163,12 +202,15 @@ def _wait_healthy(settings: StackSettings, service: Service, pid: int) -> None:
 def up(
     settings: StackSettings | None = None,
     *,
-    services: Iterable[Service] = tuple(Service),
+    services: Iterable[Service] | None = None,
     out: Callable[[str], None] = _stderr,
 ) -> UpReport:
-    """Start what is not running, then wait until every service is healthy; raises StackError."""
+    """Start what is not running, then wait until every service is healthy; raises StackError.
+
+    ``services`` default: ``default_services(settings.kafka_nodes)``."""
     settings = settings or settings_from()
-    wanted = [s for s in Service if s in set(services)]
+    chosen = set(default_services(settings.kafka_nodes) if services is None else services)
+    wanted = [s for s in Service if s in chosen]
     started: list[Service] = []
     already: list[Service] = []
     with file_lock(settings.paths.lock_file):
@@ -227,12 +269,18 @@ def down(
 
 
 def status(settings: StackSettings | None = None) -> list[ServiceStatus]:
-    """Each service's state: down (no live tracked pid), up (answers), or unhealthy."""
+    """Each service's state: down (no live tracked pid), up (answers), or unhealthy: the
+    services of ``settings.kafka_nodes``, and any other Kafka that runs (per node)."""
     settings = settings or settings_from()
     result = []
+    chosen = set(default_services(len(_kafka_in_use(settings))))
+    if any(_tracked(settings, node) is not None for node in KAFKA_NODES):
+        chosen.update(KAFKA_NODES)  # a cluster node runs: show every node, down ones too
     for service in Service:
         port = settings.ports.of(service)[0]
         pid = _tracked(settings, service)
+        if service not in chosen and pid is None:
+            continue
         if pid is None:
             result.append(ServiceStatus(service, ServiceState.DOWN, None, port))
             continue
@@ -243,6 +291,51 @@ def status(settings: StackSettings | None = None) -> list[ServiceStatus]:
 
 
 def env(settings: StackSettings | None = None) -> dict[str, str]:
-    """Connection settings of the local stack, keyed by environment variable name."""
+    """Connection settings of the local stack, keyed by environment variable name. Kafka's
+    is the chosen node count's (``FENCE_KAFKA_NODES``); when none was chosen and only the
+    three-node cluster runs, the cluster's."""
     settings = settings or settings_from()
-    return connection_env(settings.ports, pg_password=stack_postgres.password(settings))
+    return connection_env(settings.ports, pg_password=stack_postgres.password(settings),
+                          kafka=_kafka_in_use(settings))
+
+
+def _kafka_in_use(settings: StackSettings) -> tuple[Service, ...]:
+    """The chosen node count's Kafka services; when no count was chosen and only the
+    three-node cluster runs, its nodes."""
+    if not settings.kafka_nodes_chosen and _tracked(settings, Service.KAFKA) is None \
+            and any(_tracked(settings, node) is not None for node in KAFKA_NODES):
+        return KAFKA_NODES
+    return settings.kafka_services
+
+
+def _node(number: int) -> Service:
+    if not 1 <= number <= len(KAFKA_NODES):
+        raise StackError(f"kafka node {number}: the cluster has nodes 1 to {len(KAFKA_NODES)}")
+    return KAFKA_NODES[number - 1]
+
+
+def stop_node(number: int, *, settings: StackSettings | None = None, kill: bool = False,
+              grace_s: float = 30.0, out: Callable[[str], None] = _stderr) -> int | None:
+    """Stop node ``number`` of the three-node cluster: SIGTERM (a controlled shutdown; SIGKILL
+    after ``grace_s``) or, with ``kill``, SIGKILL at once (a crash). Returns the pid stopped,
+    None when the node was not running."""
+    settings = settings or settings_from()
+    service = _node(number)
+    with file_lock(settings.paths.lock_file):
+        pid = _tracked(settings, service)
+        if pid is None:
+            return None
+        graceful = stop_pid(pid, sig=signal.SIGKILL if kill else _MODULES[service].STOP_SIGNAL,
+                            grace_s=grace_s)
+        how = "killed (SIGKILL)" if kill else ("stopped" if graceful else "stopped (SIGKILL)")
+        out(f"{service.value}: {how} pid {pid}")
+        settings.paths.pid_file(service).unlink(missing_ok=True)
+        return pid
+
+
+def start_node(number: int, *, settings: StackSettings | None = None,
+               out: Callable[[str], None] = _stderr) -> UpReport:
+    """Start node ``number`` of the three-node cluster (if it is not running) and return
+    once it is healthy and in the ISR of every partition it replicates; raises StackError."""
+    settings = settings or settings_from()
+    return up(settings, services=[_node(number)], out=out)

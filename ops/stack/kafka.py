@@ -1,4 +1,5 @@
-"""Apache Kafka for the local stack: one KRaft node (broker + controller) on loopback.
+"""Apache Kafka for the local stack: one KRaft node (broker + controller) on loopback; the
+three-node cluster's own rules are in ``ops.stack.kafka_cluster``.
 
 Rules:
 - The jars come from Maven Central through ``mvn`` and ``ops/stack/kafka-pom.xml`` (broker and
@@ -29,6 +30,7 @@ from ops.stack.procs import spawn
 
 __all__ = [
     "HEALTH_TOPIC",
+    "QUIET",
     "STOP_SIGNAL",
     "broker_settings",
     "check",
@@ -36,7 +38,9 @@ __all__ = [
     "cluster_id",
     "cp_file",
     "java_binary",
+    "launch",
     "marker",
+    "round_trip",
     "server_properties",
     "start",
 ]
@@ -45,9 +49,9 @@ STOP_SIGNAL = signal.SIGTERM
 HEALTH_TOPIC = "__fence_stack_health"
 HEAP = "512m"
 # librdkafka log sink: probes against a booting broker are expected to fail noisily.
-_QUIET = logging.getLogger("fenceworker.stack.kafka_probe")
-_QUIET.addHandler(logging.NullHandler())
-_QUIET.propagate = False
+QUIET = logging.getLogger("fenceworker.stack.kafka_probe")
+QUIET.addHandler(logging.NullHandler())
+QUIET.propagate = False
 POM = Path(__file__).resolve().parent / "kafka-pom.xml"
 
 
@@ -195,46 +199,41 @@ def java_binary() -> str:
     return java
 
 
-def _format(java: str, cp: str, props: Path, data: Path, log: Path) -> None:
+def _format(java: str, cp: str, props: Path, data: Path, log: Path, *,
+            cluster: str | None = None) -> None:
+    """Format ``data`` once: a one-node cluster with ``--standalone`` and a fresh id, a node
+    of a static-voter cluster with that cluster's id ``cluster``."""
     if (data / "meta.properties").exists():
         return
     if data.exists():
         shutil.rmtree(data)  # an interrupted format; ours to remove
-    argv = [
-        java,
-        "-Xmx256m",
-        "-cp",
-        cp,
-        "kafka.tools.StorageTool",
-        "format",
-        "--standalone",
-        "-t",
-        cluster_id(),
-        "-c",
-        str(props),
-    ]
+    mode = ["-t", cluster] if cluster is not None else ["--standalone", "-t", cluster_id()]
+    argv = [java, "-Xmx256m", "-cp", cp, "kafka.tools.StorageTool", "format", *mode,
+            "-c", str(props)]
     with open(log, "ab") as fh:
         done = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, check=False)
     if done.returncode != 0:
         raise StackError(f"kafka StorageTool format failed (exit {done.returncode}); see {log}")
 
 
-def start(settings: StackSettings) -> int:
-    """Resolve jars, write config, format storage once, start the broker detached; return pid."""
+def launch(settings: StackSettings, service: Service, properties: str, *, heap: str = HEAP,
+           cluster: str | None = None) -> int:
+    """Resolve jars, write ``properties`` into ``service``'s directory, format its storage
+    once (see ``_format``), start the broker detached; return its pid."""
     java = java_binary()
     cp = classpath(settings)
-    svc = _svc(settings)
+    svc = settings.paths.service_dir(service)
     svc.mkdir(parents=True, exist_ok=True)
     props = svc / "server.properties"
-    props.write_text(server_properties(settings))
+    props.write_text(properties)
     log4j = svc / "log4j2.properties"
     log4j.write_text(LOG4J2)
-    log = settings.paths.log_file(Service.KAFKA)
-    _format(java, cp, props, svc / "data", log)
+    log = settings.paths.log_file(service)
+    _format(java, cp, props, svc / "data", log, cluster=cluster)
     argv = [
         java,
-        f"-Xms{HEAP}",
-        f"-Xmx{HEAP}",
+        f"-Xms{heap}",
+        f"-Xmx{heap}",
         "-XX:+UseG1GC",
         "-XX:MaxGCPauseMillis=20",
         "-Djava.awt.headless=true",
@@ -245,22 +244,33 @@ def start(settings: StackSettings) -> int:
         "kafka.Kafka",
         str(props),
     ]
-    return spawn(argv, log_path=log, pid_path=settings.paths.pid_file(Service.KAFKA), cwd=svc)
+    return spawn(argv, log_path=log, pid_path=settings.paths.pid_file(service), cwd=svc)
+
+
+def start(settings: StackSettings) -> int:
+    """Start the one-node cluster's broker detached; return its pid."""
+    return launch(settings, Service.KAFKA, server_properties(settings))
 
 
 def check(settings: StackSettings, *, timeout_s: float = 10.0) -> str | None:
     """Produce one message and fetch it back; None when healthy, else the reason."""
+    return round_trip(f"{HOST}:{settings.ports.kafka}", replication=1, timeout_s=timeout_s)
+
+
+def round_trip(bootstrap: str, *, replication: int, timeout_s: float = 10.0) -> str | None:
+    """Produce one message to ``HEALTH_TOPIC`` (created with ``replication`` replicas when
+    missing; ``acks=all``) and fetch it back; None when that worked, else the reason."""
     from confluent_kafka import Consumer, KafkaException, Producer
     from confluent_kafka import TopicPartition as KTP
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    bootstrap = f"{HOST}:{settings.ports.kafka}"
-    quiet: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _QUIET}
+    quiet: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": QUIET}
     try:
         admin = AdminClient(quiet)
         topics = admin.list_topics(timeout=timeout_s).topics
         if HEALTH_TOPIC not in topics:
-            fut = admin.create_topics([NewTopic(HEALTH_TOPIC, 1, 1)], operation_timeout=timeout_s)
+            fut = admin.create_topics([NewTopic(HEALTH_TOPIC, 1, replication)],
+                                      operation_timeout=timeout_s)
             try:
                 fut[HEALTH_TOPIC].result(timeout=timeout_s)
             except KafkaException as exc:
@@ -268,7 +278,8 @@ def check(settings: StackSettings, *, timeout_s: float = 10.0) -> str | None:
                     raise
         value = uuid.uuid4().hex.encode()
         delivered: list[object] = []
-        producer = Producer({**quiet, "message.timeout.ms": int(timeout_s * 1000)})
+        producer = Producer({**quiet, "message.timeout.ms": int(timeout_s * 1000),
+                             "acks": "all"})
         producer.produce(
             HEALTH_TOPIC,
             value,

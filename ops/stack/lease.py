@@ -8,6 +8,9 @@ Rules:
   with ``fencectl stack up``) are never recorded, so never stopped by a session.
 - When the last live lease is released, the session-started services are stopped.
   Leases of dead pids are ignored, so a killed session cannot pin the stack forever.
+- A ``scope`` keeps its own leases and its own record (``.stack/leases-<scope>/``): the
+  three-node Kafka cluster (scope ``kafka-cluster``) is started by the tests that need it
+  and stopped when the last session holding it releases it, apart from the stack's lease.
 """
 
 from __future__ import annotations
@@ -23,26 +26,27 @@ from ops.stack.procs import alive, file_lock
 __all__ = ["acquire", "record_started", "release"]
 
 
-def _dir(settings: StackSettings) -> Path:
-    return settings.paths.root / "leases"
+def _dir(settings: StackSettings, scope: str = "") -> Path:
+    return settings.paths.root / (f"leases-{scope}" if scope else "leases")
 
 
-def _started_file(settings: StackSettings) -> Path:
-    return _dir(settings) / "started"
+def _started_file(settings: StackSettings, scope: str = "") -> Path:
+    return _dir(settings, scope) / "started"
 
 
-def acquire(settings: StackSettings, *, pid: int | None = None) -> None:
-    """Register a lease for ``pid`` (default: this process)."""
-    folder = _dir(settings)
+def acquire(settings: StackSettings, *, pid: int | None = None, scope: str = "") -> None:
+    """Register a lease for ``pid`` (default: this process) in ``scope``."""
+    folder = _dir(settings, scope)
     with file_lock(folder / "lock"):
         (folder / str(pid or os.getpid())).write_text("")
 
 
-def record_started(settings: StackSettings, services: Iterable[Service]) -> None:
-    """Remember that a session started ``services`` (they stop with the last lease)."""
-    folder = _dir(settings)
+def record_started(settings: StackSettings, services: Iterable[Service], *,
+                   scope: str = "") -> None:
+    """Remember that a session started ``services`` (they stop with the scope's last lease)."""
+    folder = _dir(settings, scope)
     with file_lock(folder / "lock"):
-        path = _started_file(settings)
+        path = _started_file(settings, scope)
         known = set(path.read_text().split()) if path.exists() else set()
         known.update(s.value for s in services)
         path.write_text("\n".join(sorted(known)) + "\n")
@@ -60,16 +64,17 @@ def _live_leases(folder: Path) -> list[int]:
 
 
 def release(
-    settings: StackSettings, *, pid: int | None = None, out: Callable[[str], None] = print
+    settings: StackSettings, *, pid: int | None = None, out: Callable[[str], None] = print,
+    scope: str = "",
 ) -> list[Service]:
-    """Drop the lease of ``pid``; if no live lease remains, stop the session-started
-    services and return them (else return [])."""
-    folder = _dir(settings)
+    """Drop the lease of ``pid`` in ``scope``; if no live lease remains there, stop the
+    services sessions started in it and return them (else return [])."""
+    folder = _dir(settings, scope)
     with file_lock(folder / "lock"):
         (folder / str(pid or os.getpid())).unlink(missing_ok=True)
         if _live_leases(folder):
             return []
-        path = _started_file(settings)
+        path = _started_file(settings, scope)
         names = set(path.read_text().split()) if path.exists() else set()
         services = [s for s in Service if s.value in names]
         if services:

@@ -31,6 +31,7 @@ from consumer.observability.instruments import Instruments
 from consumer.observability.observer import LagFacts, Observe, WorkerObserver
 from consumer.observability.readiness import LoopHeartbeat, ReadinessHolder
 from fencing.errors import ConfigError
+from fencing.handler import Declaration
 from fencing.types import TopicPartition
 from ops.worker.http import HttpServer, start_http_server
 from ops.worker.telemetry import Telemetry
@@ -129,10 +130,19 @@ class WorkerObservability:
         observe: Observe | None = None,
         group_id: str = "",
         member_detail: Mapping[str, Any] | None = None,
+        declaration: Declaration | None = None,
     ) -> None:
+        """``member_detail``: written in every member row (``detail.handler``: the handler's
+        record, ``ops.operator.handler_record``); ``declaration``: the handler's, added to
+        that ``detail.handler`` and to the metrics (``Instruments.declare``)."""
         self.options = options
         self.telemetry = telemetry
         self.instruments = Instruments(telemetry.meter(), group_id=group_id)
+        handler = dict((member_detail or {}).get("handler") or {})
+        if declaration is not None:
+            handler.update(declaration.as_dict())
+            self.instruments.declare(declaration)
+        handler_detail = {**(member_detail or {}), **({"handler": handler} if handler else {})}
         self.readiness = ReadinessHolder()
         self.loop_heartbeat = LoopHeartbeat(clock=time.monotonic, bound_s=options.health_bound_s)
         # the Kafka group member id for member rows (set once the worker exists)
@@ -145,7 +155,7 @@ class WorkerObservability:
             return MemberHeartbeat(
                 store=store, identity=MemberIdentity.of_this_process(lifetime),
                 clock=time.monotonic, interval_s=options.heartbeat_interval_s,
-                member_id=lambda: self.member_id_source(), detail=member_detail,
+                member_id=lambda: self.member_id_source(), detail=handler_detail,
                 on_operator_owned=lambda tps: self.on_operator_owned(tps))
 
         self.observer = WorkerObserver(

@@ -4,8 +4,14 @@ worker's session settings, the handler factory's tables ensured; then the heap s
 (``settle_heap``) right before the worker starts consuming.
 
 Rules
-- Every failure here is a ``ConfigError`` (exit 2) whose message names what to fix; the
-  password in ``FENCE_DSN`` never appears in it.
+- A configuration mistake is a ``ConfigError`` (exit 2, at once) whose message names what to
+  fix: a missing ``--topic``, a refused login, an unknown database or host name, a
+  malformed DSN, an unknown schema version. The password in ``FENCE_DSN`` never appears.
+- A service that does not answer (Kafka's metadata request times out; PostgreSQL refuses or
+  drops the connection, times out, is starting up or shutting down) is transient: retried
+  with backoff within ``--outage-bound-s`` (``consumer.outage``), each retry logged; past
+  the bound ``SourceUnavailable`` / ``StoreUnavailable`` (exit 5) names the service, how
+  long it did not answer and its last error. A stop requested meanwhile ends the retries.
 - The probe's own librdkafka log is off: its result is the one message.
 """
 
@@ -14,10 +20,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from consumer.config import WorkerConfig, redact
 from consumer.kafka.source import KafkaSource
+from consumer.outage import kafka_gave_up, retry_outage_async
 from fencing.errors import (
     ConfigError,
     SchemaMismatch,
@@ -27,7 +36,7 @@ from fencing.errors import (
 )
 from fencing.handler import LoadedHandler
 from ops.hints import schema_advice
-from ops.operator.db import connect_mistake, connection
+from ops.operator.db import connect_mistake, connection, server_not_answering
 
 __all__ = ["GC_YOUNG_THRESHOLD", "admin_conf", "ensure_handler_tables", "open_store",
            "probe_kafka", "settle_heap"]
@@ -36,17 +45,48 @@ log = logging.getLogger("fenceworker.run")
 
 _ADMIN_PREFIXES = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.")
 _PROBE_TIMEOUT_S = 5.0
+T = TypeVar("T")
 
 
-async def probe_kafka(cfg: WorkerConfig) -> dict[str, int]:
-    """Kafka answers within the probe timeout, and the partition counts of the topics
-    (``_probe_topics``)."""
+def _pg_gave_up(cfg: WorkerConfig) -> Callable[[BaseException, float], BaseException]:
+    def give_up(exc: BaseException, elapsed_s: float) -> BaseException:
+        return StoreUnavailable(
+            f"{exc} for {elapsed_s:.0f} s at start (--outage-bound-s "
+            f"{cfg.outage_bound_s:g}); check the host and port in FENCE_DSN and that the "
+            "server runs")
+    return give_up
+
+
+async def _within_bound(call: Callable[[], Awaitable[T]], cfg: WorkerConfig, *, service: str,
+                        retry_on: type[BaseException],
+                        give_up: Callable[[BaseException, float], BaseException],
+                        stopped: Callable[[], bool]) -> T:
+    def retrying(exc: BaseException, wait_s: float) -> None:
+        log.warning("%s not answering at start (%s); retrying in %.1f s (--outage-bound-s "
+                    "%g)", service, redact(str(exc), dsn=cfg.dsn), wait_s, cfg.outage_bound_s)
+
+    return await retry_outage_async(call, bound_s=cfg.outage_bound_s, retry_on=(retry_on,),
+                                    give_up=give_up, clock=time.monotonic, sleep=asyncio.sleep,
+                                    stopped=stopped, on_retry=retrying)
+
+
+async def probe_kafka(cfg: WorkerConfig, *,
+                      stopped: Callable[[], bool] = lambda: False) -> dict[str, int]:
+    """Kafka answers (retried within the bound, see Rules), and the partition counts of the
+    topics (``_probe_topics``)."""
     probe = KafkaSource(_probe_conf(cfg), request_timeout_s=_PROBE_TIMEOUT_S)
-    if not await asyncio.to_thread(probe.list_topics_ok, _PROBE_TIMEOUT_S):
-        raise ConfigError(f"{cfg.bootstrap_source} {cfg.bootstrap_servers}: cannot reach Kafka "
-                          f"(no answer within {_PROBE_TIMEOUT_S:g} s at start); check the host "
-                          "and port (and any -X security settings)")
-    return await _probe_topics(cfg, probe)
+
+    async def reach() -> dict[str, int]:
+        if not await asyncio.to_thread(probe.list_topics_ok, _PROBE_TIMEOUT_S):
+            raise SourceUnavailable(f"no answer to a metadata request within "
+                                    f"{_PROBE_TIMEOUT_S:g} s")
+        return await _probe_topics(cfg, probe)
+
+    return await _within_bound(reach, cfg, service="Kafka", retry_on=SourceUnavailable,
+                               give_up=kafka_gave_up(where=cfg.bootstrap_source,
+                                                     servers=cfg.bootstrap_servers,
+                                                     bound_s=cfg.outage_bound_s),
+                               stopped=stopped)
 
 
 def admin_conf(cfg: WorkerConfig) -> dict[str, str]:
@@ -61,7 +101,14 @@ def _probe_conf(cfg: WorkerConfig) -> dict[str, str]:
     return {**admin_conf(cfg), "log_level": "0"}
 
 
-async def open_store(cfg: WorkerConfig) -> Any:
+async def open_store(cfg: WorkerConfig, *, stopped: Callable[[], bool] = lambda: False) -> Any:
+    """The worker's store; a server not answering is retried within the bound (see Rules)."""
+    return await _within_bound(lambda: _open_store(cfg), cfg, service="PostgreSQL",
+                               retry_on=StoreUnavailable, give_up=_pg_gave_up(cfg),
+                               stopped=stopped)
+
+
+async def _open_store(cfg: WorkerConfig) -> Any:
     from fencing.postgres.store import APPLICATION_NAME, PgFenceStore
 
     try:
@@ -79,9 +126,12 @@ async def open_store(cfg: WorkerConfig) -> Any:
         raise ConfigError(f"{schema_advice(exc, cfg.schema)} (the worker never migrates)") \
             from exc
     except StoreUnavailable as exc:
+        transient = server_not_answering(exc, dsn=cfg.dsn)
+        if transient is not None:
+            raise StoreUnavailable(transient) from None
         raise ConfigError(connect_mistake(exc, dsn=cfg.dsn) or (
-            f"FENCE_DSN: PostgreSQL unreachable at start: {redact(str(exc), dsn=cfg.dsn)}")) \
-            from None
+            f"FENCE_DSN: PostgreSQL refused the worker at start: "
+            f"{redact(str(exc), dsn=cfg.dsn)}")) from None
 
 
 async def ensure_handler_tables(cfg: WorkerConfig, loaded: LoadedHandler) -> None:
@@ -101,24 +151,22 @@ async def ensure_handler_tables(cfg: WorkerConfig, loaded: LoadedHandler) -> Non
 async def _probe_topics(cfg: WorkerConfig, probe: KafkaSource) -> dict[str, int]:
     """Partition counts of every ``--topic`` (each must exist) and of the topics matching
     ``--topic-pattern`` now (none is fine: later ones are picked up while running). Raises
-    ``ConfigError`` naming the topic or the bootstrap setting."""
+    ``ConfigError`` naming a missing topic, ``SourceUnavailable`` when Kafka did not
+    answer."""
     topics = list(dict.fromkeys(cfg.topics))
-    try:
-        if cfg.topic_pattern is not None:
-            matched = await asyncio.to_thread(probe.matching_topics, cfg.topic_pattern)
-            topics += [t for t in matched if t not in topics]
-            log.info("--topic-pattern %s matches %d topic(s) now: %s", cfg.topic_pattern,
-                     len(matched), ", ".join(matched) or "none yet")
-        counts: dict[str, int] = {}
-        for topic in topics:
-            try:
-                counts[topic] = (await asyncio.to_thread(probe.topic_id, topic))[1]
-            except SourceRefused as exc:
-                if topic in cfg.topics:
-                    raise ConfigError(f"--topic {topic}: {exc}") from None
-                log.warning("topic %s matched --topic-pattern but is gone: %s", topic, exc)
-    except SourceUnavailable as exc:
-        raise ConfigError(f"{cfg.bootstrap_source} {cfg.bootstrap_servers}: {exc}") from None
+    if cfg.topic_pattern is not None:
+        matched = await asyncio.to_thread(probe.matching_topics, cfg.topic_pattern)
+        topics += [t for t in matched if t not in topics]
+        log.info("--topic-pattern %s matches %d topic(s) now: %s", cfg.topic_pattern,
+                 len(matched), ", ".join(matched) or "none yet")
+    counts: dict[str, int] = {}
+    for topic in topics:
+        try:
+            counts[topic] = (await asyncio.to_thread(probe.topic_id, topic))[1]
+        except SourceRefused as exc:
+            if topic in cfg.topics:
+                raise ConfigError(f"--topic {topic}: {exc}") from None
+            log.warning("topic %s matched --topic-pattern but is gone: %s", topic, exc)
     return counts
 
 

@@ -1,5 +1,6 @@
-"""The benchmark tables of docs/benchmarks.md are what ``ops.bench.tables`` renders from
-docs/bench/*.json: the page cannot drift from the JSON the benchmark wrote."""
+"""The benchmark tables of docs/benchmarks.md (and the table sink's of
+docs/table-sink-formats.md) are what ``ops.bench.tables`` renders from docs/bench/*.json: a
+page cannot drift from the JSON the benchmark wrote."""
 
 from __future__ import annotations
 
@@ -9,18 +10,22 @@ from pathlib import Path
 
 import pytest
 
-from ops.bench.tables import BENCH, PAGE, REGIONS, main, render_page, stale_regions
+from ops.bench.tables import BENCH, PAGE, PAGES, REGIONS, main, render_page, stale_regions
 
 
-def test_the_page_matches_its_json() -> None:
-    text = PAGE.read_text(encoding="utf-8")
-    assert stale_regions(text) == [], "run `python -m ops.bench.tables`"
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_the_pages_match_their_json(page: Path) -> None:
+    assert stale_regions(page.read_text(encoding="utf-8")) == [], "run `python -m ops.bench.tables`"
+
+
+def test_check_covers_every_page() -> None:
+    assert {p.name for p in PAGES} == {"benchmarks.md", "table-sink-formats.md"}
     assert main(["--check"]) == 0
 
 
 def test_every_region_is_on_the_page_and_every_json_is_used() -> None:
-    text = PAGE.read_text(encoding="utf-8")
-    for name in REGIONS:
+    for name, region in REGIONS.items():
+        text = (PAGE.parent / region.page).read_text(encoding="utf-8")
         assert f"<!-- generated: {name} -->" in text
     used = {r.source for r in REGIONS.values()}
     assert {p.name for p in BENCH.glob("*.json")} <= used

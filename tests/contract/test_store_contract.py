@@ -18,6 +18,7 @@ from fencing.errors import (
     RecreatedTopic,
     RetentionGap,
 )
+from fencing.failures import SUSPECT_OPEN
 from fencing.memory.store import MemoryFenceStore, MemoryTx
 from fencing.postgres.store import PgFenceStore
 from fencing.store import FenceStore
@@ -273,3 +274,82 @@ async def test_operator_reset_is_told_from_another_members_claim(h: Harness) -> 
     assert not await store.operator_reset(TP, epoch=4)
     assert await store.heartbeat(lifetime="A", **beat) == frozenset({TP1})
     assert not await store.operator_reset(TopicPartition("contract", 9), epoch=0)
+
+
+async def test_attempts_alone_count_deaths_and_a_scheduled_retry_is_not_counted_twice(
+        h: Harness) -> None:
+    store: Any = h.store
+    t1 = (await store.claim([ClaimRequest(TP, 0)], lifetime="A"))[TP]
+    got = await store.record_attempt(TP, t1, offset=0, max_attempts=3, error=None,
+                                     next_retry_in_s=None, alone=True)
+    assert (got.count, got.alone) == (1, 1)
+    # a transient failure schedules a retry (counted before it runs) ...
+    got = await store.record_attempt(TP, t1, offset=0, max_attempts=5, error="E: busy",
+                                     next_retry_in_s=1.0, at_least=2)
+    assert (got.count, got.alone, got.last_error) == (2, 1, "E: busy")
+    # ... the process dies while backing off; the next owner's attempt alone is that retry
+    t2 = (await store.claim([ClaimRequest(TP, 0)], lifetime="B"))[TP]
+    marks = (await store.attempts({TP: t2}))[TP]
+    assert (marks.unclean, marks.count, marks.alone, marks.uncertain_to) == (True, 2, 1, None)
+    got = await store.record_attempt(TP, t2, offset=0, max_attempts=3, error=None,
+                                     next_retry_in_s=None, alone=True)
+    assert (got.count, got.alone) == (2, 2)
+    got = await store.record_attempt(TP, t2, offset=0, max_attempts=3, error=None,
+                                     next_retry_in_s=None, alone=True)
+    assert (got.count, got.alone) == (3, 3)  # nothing scheduled any more: a new attempt
+    with pytest.raises(Fenced):
+        await store.record_attempt(TP, t1, offset=0, max_attempts=3, error=None,
+                                   next_retry_in_s=None, alone=True)
+
+
+async def test_an_intent_is_fenced_and_read_back_only_while_it_starts_at_the_frontier(
+        h: Harness) -> None:
+    store: Any = h.store
+    t1 = (await store.claim([ClaimRequest(TP, 0)], lifetime="A"))[TP]
+    await store.record_intent(TP, t1, last_offset=2)
+    t2 = (await store.claim([ClaimRequest(TP, 0)], lifetime="B"))[TP]  # A died
+    assert (await store.attempts({TP: t2}))[TP].uncertain_to == 2
+    with pytest.raises(Fenced):
+        await store.record_intent(TP, t1, last_offset=5)
+    with pytest.raises(ValueError):
+        await store.record_intent(TP, Token(t2.epoch, 3), last_offset=2)
+    # B settles them (the frontier moves past): the intent no longer counts
+    t2 = await store.process(TP, t2, make_records(TP, range(3)), h.handle)
+    assert (await store.attempts({TP: t2}))[TP].uncertain_to is None
+    await store.record_intent(TP, t2, last_offset=4)
+    t2 = await store.process(TP, t2, make_records(TP, range(3, 5)), h.handle)  # committed
+    t3 = (await store.claim([ClaimRequest(TP, 0)], lifetime="C"))[TP]
+    assert t3.frontier == 5 and (await store.attempts({TP: t3}))[TP].uncertain_to is None
+
+
+@pytest.mark.parametrize("detail, unclean", [("", False), (SUSPECT_OPEN, True),
+                                             (f"{SUSPECT_OPEN}; Fenced: moved", True)])
+async def test_a_release_with_an_open_suspect_window_leaves_the_next_owner_suspicious(
+        h: Harness, detail: str, unclean: bool) -> None:
+    store: Any = h.store
+    t1 = (await store.claim([ClaimRequest(TP, 0)], lifetime="A"))[TP]
+    await store.journal([TP], lifetime="A", event="release", epoch=t1.epoch, detail=detail)
+    t2 = (await store.claim([ClaimRequest(TP, 0)], lifetime="B"))[TP]
+    assert (await store.attempts({TP: t2}))[TP].unclean is unclean
+
+
+async def test_an_attempt_alone_by_a_lifetime_that_ended_cleanly_is_no_death(
+        h: Harness) -> None:
+    """A flaky suspect record whose owner is revoked while it backs off: the next owner's
+    attempt alone replaces that one (no death); after a real death it adds up."""
+    store: Any = h.store
+    t1 = (await store.claim([ClaimRequest(TP, 0)], lifetime="A"))[TP]
+    assert (await store.record_attempt(TP, t1, offset=0, max_attempts=3, error=None,
+                                       next_retry_in_s=None, alone=True)).alone == 1
+    await store.journal([TP], lifetime="A", event="release", epoch=t1.epoch,
+                        detail=SUSPECT_OPEN)  # revoked cleanly, mid-window
+    t2 = (await store.claim([ClaimRequest(TP, 0)], lifetime="B"))[TP]
+    assert (await store.record_attempt(TP, t2, offset=0, max_attempts=3, error=None,
+                                       next_retry_in_s=None, alone=True)).alone == 1
+    t3 = (await store.claim([ClaimRequest(TP, 0)], lifetime="C"))[TP]  # B died
+    assert (await store.record_attempt(TP, t3, offset=0, max_attempts=3, error=None,
+                                       next_retry_in_s=None, alone=True)).alone == 2
+    # a retry count by the same owner keeps the attempt alone where it is
+    got = await store.record_attempt(TP, t3, offset=0, max_attempts=5, error="E",
+                                     next_retry_in_s=1.0, at_least=3)
+    assert got.alone == 2

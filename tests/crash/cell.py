@@ -15,6 +15,10 @@ Rules
 - Processes are the cell's own, stopped by pid (``WorkerProc.ensure_dead``) whatever happens.
 - A failed cell keeps its folder under ``artifacts/crash-matrix/cells/``: both workers' logs,
   the marker and ``cell.json``; a passed cell's folder is removed.
+- On the three-node cluster (``cluster``: the matrix's three-node column) the topic has
+  replication 3, both workers use the cluster, and the node coordinating the cell's group is
+  SIGKILLed as soon as A's marker is written: B takes over during the coordinator's
+  failover. The node is started again after the drain (and in ``close`` whatever happens).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient
 
 from consumer.kafka.source import KafkaSource
+from fencing.errors import SourceUnavailable
 from fencing.postgres.store import PgFenceStore
 from fencing.testing.pgproxy import Action
 from fencing.types import ClaimRequest, SourceRecord, TopicPartition
@@ -97,6 +102,7 @@ class CellResult:
     bookkeeping: tuple[str, ...] = ()
     kept: str | None = None  # the folder kept for a failed cell
     successor: str = "fencectl"
+    three_nodes: bool = False  # the three-node column: a broker killed at the crash point
 
 
 class PhaseFailed(Exception):
@@ -142,12 +148,18 @@ async def _with_conn(dsn: str, fn: Callable[[Any], Any]) -> Any:
 class _Cell:
     """The state of one running cell (see the module Rules)."""
 
-    def __init__(self, services: Any, plan: CellPlan, protocol: str, successor: Successor):
+    def __init__(self, services: Any, plan: CellPlan, protocol: str, successor: Successor,
+                 cluster: Any = None):
         self.s, self.plan, self.successor = services, plan, successor
+        self.cluster = cluster
+        self.bootstrap = services.kafka_bootstrap if cluster is None else cluster.bootstrap
+        self.killed_node: int | None = None  # killed and not yet started again
+        self.killed: int | None = None  # the node killed at the crash point, for the record
         self.setup = next(g for g in GROUP_SETUPS if g.name == protocol)
         self.topic, self.group = unique("crash"), unique("gcrash")
         broken = "" if successor is CORRECT else f"--broken-{successor.name}"
-        self.dir = CELLS / f"{plan.point}--{protocol}{broken}--{uuid.uuid4().hex[:6]}"
+        column = protocol if cluster is None else f"3nodes-{protocol}"
+        self.dir = CELLS / f"{plan.point}--{column}{broken}--{uuid.uuid4().hex[:6]}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.marker = self.dir / "marker.jsonl"
         self.clock = _Clock()
@@ -163,15 +175,16 @@ class _Cell:
 
     # -- phases ----------------------------------------------------------------------------
     def prepare(self) -> None:
-        create_topic(self.s.kafka_bootstrap, self.topic, PARTITIONS)
+        create_topic(self.bootstrap, self.topic, PARTITIONS,
+                     replication=1 if self.cluster is None else -1)
         recs, self.source = generated(self.topic, count=RECORDS, partitions=PARTITIONS,
                                       klass="conflict", seed=SEED)
-        produce(self.s.kafka_bootstrap, recs)
+        produce(self.bootstrap, recs)
         self.schema = _db(fresh_schema(self.s.dsn), self.clock.left())
         _db(_with_conn(self.s.dsn, lambda c: install_audit(c, self.schema)), self.clock.left())
         if self.plan.retention_gap:
             _db(self._pre_claim(), self.clock.left())
-            admin = AdminClient({"bootstrap.servers": self.s.kafka_bootstrap})
+            admin = AdminClient({"bootstrap.servers": self.bootstrap})
             for fut in admin.delete_records([KafkaTP(self.topic, 0, GAP_TO)]).values():
                 fut.result(timeout=self.clock.left())
             self.gaps = {0: GAP_TO}
@@ -192,9 +205,13 @@ class _Cell:
     def _flags(self) -> tuple[str, ...]:
         return (*COMMON, *(("--allow-retention-gap",) if self.plan.retention_gap else ()))
 
+    def _kafka_env(self) -> dict[str, str]:
+        return {} if self.cluster is None else {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap}
+
     def start_a(self) -> None:
         env = {"FENCE_CRASH_AT": self.plan.arm, "FENCE_CRASH_SIGNAL": self.plan.signal_name,
-               "FENCE_CRASH_MARKER": str(self.marker), **dict(self.plan.a_env)}
+               "FENCE_CRASH_MARKER": str(self.marker), **dict(self.plan.a_env),
+               **self._kafka_env()}
         if self.proxy is not None:
             env["FENCE_DSN"] = self.proxy.dsn
         self.a = WorkerProc(topic=self.topic, group=self.group, schema=self.schema,
@@ -204,7 +221,7 @@ class _Cell:
     def start_b(self) -> None:
         self.b = WorkerProc(topic=self.topic, group=self.group, schema=self.schema,
                             setup=self.setup, extra=self._flags(), name="B", log_dir=self.dir,
-                            command=self.successor.command)
+                            command=self.successor.command, env=self._kafka_env())
 
     def _frontiers(self) -> dict[int, int]:
         rows = _db(_with_conn(self.s.dsn, lambda c: read_partitions(
@@ -227,6 +244,9 @@ class _Cell:
         if not _complete(self.marker):
             raise PhaseFailed(f"phase crash: A ended ({a.proc.returncode}) without firing "
                               f"{self.plan.arm}")
+        if self.cluster is not None:  # the broker kill at the crash point
+            self.killed = self.killed_node = self.cluster.coordinator(self.group)
+            self.cluster.kill(self.killed_node)
         if self.plan.signal_name == "STOP":
             self.a_stopped = bool(wait_until(lambda: _proc_state(a.pid) == "T",
                                              timeout_s=5, what="A frozen"))
@@ -262,11 +282,32 @@ class _Cell:
             assert self.a is not None
             self.a.signal(signal.SIGCONT)
             self.a.wait(self.clock.left())
+        self._restart_node()
+
+    def _restart_node(self) -> None:
+        if self.cluster is not None and self.killed_node is not None:
+            self.cluster.start(self.killed_node)
+            self.killed_node = None
 
     def _high_watermarks(self) -> dict[int, int]:
-        facts = KafkaSource({"bootstrap.servers": self.s.kafka_bootstrap}).facts(
-            [TopicPartition(self.topic, p) for p in range(PARTITIONS)])
-        return {tp.partition: f.high_watermark for tp, f in facts.items()}
+        """The topic's high watermarks; on the three-node column read again while a leader
+        is still moving (Kafka answers no offset for a leaderless partition meanwhile)."""
+        source = KafkaSource({"bootstrap.servers": self.bootstrap})
+        tps = [TopicPartition(self.topic, p) for p in range(PARTITIONS)]
+        got: dict[TopicPartition, Any] = {}
+
+        def read() -> bool:
+            nonlocal got
+            try:
+                got = source.facts(tps)
+            except SourceUnavailable:
+                if self.cluster is None:
+                    raise
+                return False
+            return True
+        wait_until(read, timeout_s=self.clock.left(), what="the topic's high watermarks",
+                   interval_s=1.0)
+        return {tp.partition: f.high_watermark for tp, f in got.items()}
 
     def _b_running(self) -> bool:
         assert self.b is not None
@@ -301,13 +342,15 @@ class _Cell:
                 w.ensure_dead()
         if self.proxy is not None:
             self.proxy.close()
+        self._restart_node()
 
 
 def run_cell(services: Any, point: str, protocol: str, *,
-             successor: Successor = CORRECT) -> CellResult:
-    """Run one cell; never raises for a failing cell (its problems say why)."""
+             successor: Successor = CORRECT, cluster: Any = None) -> CellResult:
+    """Run one cell (on ``cluster``, the three-node column); never raises for a failing cell
+    (its problems say why)."""
     plan = plan_for(point)
-    cell = _Cell(services, plan, protocol, successor)
+    cell = _Cell(services, plan, protocol, successor, cluster)
     problems: list[str] = []
     recovery: float | None = None
     bookkeeping: tuple[str, ...] = ()
@@ -335,13 +378,14 @@ def run_cell(services: Any, point: str, protocol: str, *,
     else:
         kept = str(cell.dir.relative_to(ROOT))
         (cell.dir / "cell.json").write_text(json.dumps({
-            "point": point, "protocol": protocol, "topic": cell.topic, "group": cell.group,
+            "point": point, "protocol": protocol, "three_nodes": cluster is not None,
+            "killed_node": cell.killed, "topic": cell.topic, "group": cell.group,
             "schema": cell.schema, "problems": problems, "phase_s": cell.clock.phase_s,
             "facts": None if facts is None else _jsonable(asdict(facts))}, indent=1,
             default=str))
     return CellResult(point, protocol, passed, None if recovery is None else round(recovery, 2),
                       tuple(problems), dict(cell.clock.phase_s), bookkeeping, kept,
-                      successor.name)
+                      successor.name, three_nodes=cluster is not None)
 
 
 def _complete(marker: Path) -> bool:

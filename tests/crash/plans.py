@@ -10,6 +10,8 @@ Rules
   committed something, it is asked to stop. ``ZOMBIE``: the successor starts while A is
   frozen at the point; A is continued once the successor drained.
 - ``ci_cells()`` gives every point one protocol, rotating by point so all three appear.
+- ``three_node_cells()``: the column on the three-node cluster (the group's coordinator
+  SIGKILLed at the crash point) for ``THREE_NODE_POINTS``, rotating the protocol the same way.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 
 from fencing.crashpoints import POINTS
 
-__all__ = ["PLANS", "PROTOCOLS", "CellPlan", "Trigger", "all_cells", "ci_cells", "plan_for"]
+__all__ = ["PLANS", "PROTOCOLS", "THREE_NODE_POINTS", "CellPlan", "Trigger", "all_cells",
+           "ci_cells", "plan_for", "three_node_cells"]
 
 PROTOCOLS = ("eager-range", "cooperative-sticky", "kip848-consumer")
 
@@ -89,6 +92,16 @@ def all_cells() -> list[tuple[str, str]]:
 def ci_cells() -> list[tuple[str, str]]:
     """Every point under one protocol, rotating by point."""
     return [(p.point, PROTOCOLS[i % len(PROTOCOLS)]) for i, p in enumerate(PLANS)]
+
+
+#: the points of the three-node column: the claim, the COMMIT in flight, the Kafka commit
+THREE_NODE_POINTS = ("after-claim", "commit-in-flight", "after-kafka-commit")
+
+
+def three_node_cells() -> list[tuple[str, str]]:
+    """Each three-node point under one protocol, rotating by point."""
+    return [(p, PROTOCOLS[i % len(PROTOCOLS)]) for i, p in enumerate(THREE_NODE_POINTS)]
+
 
 
 assert {p.arm.partition("@")[0] for p in PLANS} == set(POINTS), "a point without a plan"

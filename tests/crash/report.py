@@ -1,5 +1,6 @@
-"""The printed matrix and its JSON: rows = points, columns = protocols, cells = PASS/FAIL
-with recovery seconds (A's death to the successor's first commit on A's partitions).
+"""The printed matrix and its JSON: rows = points, columns = protocols (and the three-node
+column, its protocol named in the cell), cells = PASS/FAIL with recovery seconds (A's death
+to the successor's first commit on A's partitions).
 
 ``render`` is pure; ``write_json`` writes ``artifacts/crash-matrix/<name>.json``.
 """
@@ -39,21 +40,31 @@ def distribution(results: Sequence[CellResult]) -> dict[str, float | int]:
             "p90": p90, "max": xs[-1]}
 
 
+THREE = "3 nodes, coordinator killed at the point"
+
+
 def render(results: Sequence[CellResult]) -> str:
     """The matrix as a Markdown table, then failures and the recovery distribution."""
-    by = {(r.point, r.protocol): r for r in results}
-    lines = ["| point | " + " | ".join(PROTOCOLS) + " |",
-             "|---|" + "---|" * len(PROTOCOLS)]
+    by = {(r.point, r.protocol): r for r in results if not r.three_nodes}
+    three = {r.point: r for r in results if r.three_nodes}
+    lines = ["| point | " + " | ".join(PROTOCOLS) + (f" | {THREE} |" if three else " |"),
+             "|---|" + "---|" * (len(PROTOCOLS) + bool(three))]
     for plan in PLANS:
-        if not any((plan.point, g) in by for g in PROTOCOLS):
+        if not any((plan.point, g) in by for g in PROTOCOLS) and plan.point not in three:
             continue
+        extra = ""
+        if three:
+            r = three.get(plan.point)
+            extra = " | " + ("-" if r is None else f"{_cell_text(r)} ({r.protocol})")
         lines.append(f"| {plan.point} | "
-                     + " | ".join(_cell_text(by.get((plan.point, g))) for g in PROTOCOLS) + " |")
+                     + " | ".join(_cell_text(by.get((plan.point, g))) for g in PROTOCOLS)
+                     + extra + " |")
     passed = sum(r.passed for r in results)
     lines.append(f"\n{passed}/{len(results)} cells PASS; recovery seconds {distribution(results)}")
     for r in results:
         if not r.passed:
-            lines.append(f"FAIL {r.point} x {r.protocol} (kept {r.kept}): "
+            where = " on 3 nodes" if r.three_nodes else ""
+            lines.append(f"FAIL {r.point} x {r.protocol}{where} (kept {r.kept}): "
                          + "; ".join(r.problems[:5]))
     return "\n".join(lines)
 

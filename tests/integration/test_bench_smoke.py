@@ -1,20 +1,27 @@
 """``make bench`` cannot rot: its quick mode (``BENCH_ARGS=--quick``) runs every registered
-run and the scale section on small sizes against the real services, and must produce a
-complete result (every run handled every record and marked its CPU time, every ratio, no
-failed scale step), and delete the topics it made."""
+run, the scaling, latency and peer sections and the scale section on small sizes against the
+real services, and must produce a complete result (every run handled every record and
+marked its CPU time, every ratio, every latency, scaling and peer figure the page shows, no
+failed scale step), whose JSON renders every generated table of docs/benchmarks.md, and
+delete the topics it made."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from ops.bench import tables
+from ops.bench.latency import RATE_SHARES
 from ops.bench.worker import RATIOS, RUNS
+from ops.worker.supervisor import cores
 from tests.integration.workers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -26,7 +33,7 @@ def test_quick_bench_produces_every_run_ratio_and_scale_point(services, tmp_path
     out = tmp_path / "worker.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-m", "ops.bench.worker", "--quick", "--out",
-                           str(out)], cwd=ROOT, env=env, capture_output=True, timeout=600)
+                           str(out)], cwd=ROOT, env=env, capture_output=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
     result = json.loads(out.read_text())
     assert set(result["runs"]) == {r.name for r in RUNS}
@@ -59,8 +66,15 @@ def test_quick_bench_produces_every_run_ratio_and_scale_point(services, tmp_path
         "c_fenceworker", "1 member, 12 partitions", "3 members drain the backlog (largest)",
         "1 MiB records, 6 partitions"]
     assert all(m["within_bound"] for m in result["memory"]), result["memory"]
-    for chart in ("throughput.png", "scale.png"):
+    for chart in ("throughput.png", "scale.png", "latency.png"):
         assert (tmp_path / chart).stat().st_size > 1000, chart
+    _check_extra_sections(result)
+    # the page's generated tables render from this JSON, none of them a placeholder
+    bench = tmp_path / "docs-bench"
+    shutil.copytree(tables.BENCH, bench)
+    shutil.copy(out, bench / "worker-quiet.json")
+    page = tables.render_page(tables.PAGE.read_text(encoding="utf-8"), bench)
+    assert tables._NOT_YET not in page and "Not measured" not in page
     # every topic it made (the runs', the scale section's) is deleted when it ends
     made = set(result["topics"])
     assert {t.split("_")[0] for t in made} >= {"bench", "benchsink", "assign", "backlog", "large"}
@@ -88,3 +102,35 @@ def test_trees_runs_a_commit_and_this_tree_alternately(services, tmp_path: Path)
     listed = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True,
                             text=True, check=True).stdout
     assert "bench-trees-" not in listed
+
+
+def _check_extra_sections(result: dict[str, Any]) -> None:
+    """Scaling (1 .. the cores, both handlers), latency (every share, both handlers; one
+    move) and the peer (both tools, both modes; no duplicate or missing row of ours)."""
+    scaling = result["scaling"]["runs"]
+    assert [(r["handler"], r["processes"]) for r in scaling] == [
+        (h, n) for h in ("reference", "sink") for n in range(1, cores() + 1)]
+    for r in scaling:
+        assert r["records"] >= result["count"] and r["exit"] == 0, r
+        assert len(r["member_cpu_s"]) == r["processes"] and all(r["member_cpu_s"]), r
+        assert sum(r["member_records"]) == r["records"] and r["pg_cpu_us_per_record"] > 0, r
+    steady = result["latency"]["steady"]
+    assert [(r["handler"], r["share"]) for r in steady] == [
+        (h, s) for h in ("reference", "sink") for s in RATE_SHARES]
+    for r in steady:
+        assert r["exit"] == 0 and r["commit_ms"]["records"] > 0, r
+        assert 0 <= r["handler_call_ms"]["p50"] <= r["commit_ms"]["p50"], r
+        assert r["commit_ms"]["p50"] <= r["commit_ms"]["p99"] <= r["commit_ms"]["max"], r
+    [move] = result["latency"]["moves"]
+    assert move["join"]["partitions"] > 0 and move["kill"]["partitions"] > 0, move
+    assert move["exit_a"] == 0, move
+    peer = result["peer"]
+    assert set(peer["runs"]) == {f"{t}/{m}" for t in ("fenceworker", "quixstreams")
+                                 for m in ("insert", "upsert")}, peer
+    for r in peer["runs"].values():
+        assert r["rows"] >= r["records"] and r["ids"] == r["records"], r
+        assert r["records_per_s"] > 0 and r["pg_cpu_us_per_record"] > 0, r
+    assert all(x["row_ms"]["records"] > 0 for x in peer["latency"]), peer["latency"]
+    kills = {k["tool"]: k for k in peer["kill"]}
+    assert kills["fenceworker"]["duplicates"] == 0, kills  # exactly once through a SIGKILL
+    assert all(k["missing"] == 0 for k in kills.values()), kills  # nobody loses a record

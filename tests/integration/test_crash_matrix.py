@@ -6,6 +6,11 @@ protocol. Each cell asserts PASS; the module prints the matrix and writes it as 
 ``artifacts/crash-matrix/``. ``test_broken_successor_fails_the_cells_it_must`` shows the
 matrix can fail: a successor that takes its progress from Kafka's committed offsets turns
 the cells where Kafka lags PostgreSQL to FAIL, and leaves a cell with nothing to lose PASS.
+
+The three-node column (``test_crash_point_cell_on_three_nodes``, the ``cluster`` fixture)
+kills the group's coordinator at the crash point: ``make crash-matrix`` and ``make
+test-kafka-faults`` run its cells (``make test`` none: it runs the Kafka fault subset of
+``test_kafka_faults.py`` on the cluster instead).
 """
 
 from __future__ import annotations
@@ -18,13 +23,16 @@ from typing import Any
 import pytest
 
 from tests.crash.cell import BROKEN, CellResult, run_cell
-from tests.crash.plans import all_cells, ci_cells
+from tests.crash.plans import all_cells, ci_cells, three_node_cells
 from tests.crash.report import render, write_json
 
 pytestmark = pytest.mark.integration
 
 FULL = os.environ.get("FENCE_CRASH_MATRIX") == "full"
 CELLS = all_cells() if FULL else ci_cells()
+THREE_NODE_CELLS = three_node_cells()
+# make crash-matrix runs the column; otherwise only make test-kafka-faults does (conftest.py)
+_THREE_NODE_SELECTION = (lambda f: f) if FULL else pytest.mark.kafka_faults
 _RESULTS: list[CellResult] = []
 
 
@@ -46,6 +54,17 @@ def test_crash_point_cell(services: Any, point: str, protocol: str) -> None:
     _RESULTS.append(result)
     assert result.passed, (f"{point} x {protocol} FAILED (kept {result.kept}):\n  "
                            + "\n  ".join(result.problems))
+
+
+@_THREE_NODE_SELECTION
+@pytest.mark.parametrize(("point", "protocol"), THREE_NODE_CELLS,
+                         ids=[f"{p}-{g}-3nodes" for p, g in THREE_NODE_CELLS])
+def test_crash_point_cell_on_three_nodes(services: Any, cluster: Any, point: str,
+                                         protocol: str) -> None:
+    result = run_cell(services, point, protocol, cluster=cluster)
+    _RESULTS.append(result)
+    assert result.passed, (f"{point} x {protocol} on three nodes FAILED (kept {result.kept}):"
+                           "\n  " + "\n  ".join(result.problems))
 
 
 def test_broken_successor_fails_the_cells_it_must(services: Any) -> None:

@@ -1,6 +1,8 @@
 """Round trips per store call, counted on the wire by fencing.testing.pgproxy (real PostgreSQL)."""
 from __future__ import annotations
 
+import asyncio
+import random
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -8,6 +10,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from consumer import Lifecycle
+from consumer.failure_run import FailureRun
+from fencing.failures import RetryPolicy
+from fencing.handler import Declaration, Durability, Effects
 from fencing.postgres.store import PgFenceStore
 from fencing.testing.pgproxy import PgProxy
 from fencing.types import (
@@ -67,5 +73,50 @@ async def test_assignment_calls_take_one_round_trip_and_process_adds_none(
             n = await trips(store.process(tp, Token(2, 200),
                                           make_records(tp, range(200, 300), bad=[250]), counting))
             assert n == handler_trips + 3  # plus one quarantine insert for all rejects
+        finally:
+            await store.close()
+
+
+async def test_the_worker_path_adds_no_round_trip_and_an_intent_adds_one(
+        pg_dsn: str, fence_schema: str) -> None:
+    """``FailureRun.submit`` of a healthy partition (the gate's counter, the lifecycle's
+    handler time limit) costs what ``PgFenceStore.process`` costs; an ``outcome-uncertain``
+    handler's batch costs one more: its intent."""
+    parts = urlsplit(pg_dsn)
+    async with PgProxy(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
+        store = await PgFenceStore.connect(proxy.dsn(pg_dsn), group_id=f"g-{uuid.uuid4().hex}",
+                                           schema=fence_schema, pool_min=1, pool_max=1)
+        try:
+            inner = effect_handler(fence_schema)
+            lc = Lifecycle(store=store, lifetime_id="L", clock=lambda: 0.0, wait=asyncio.sleep)
+            tps = {decl: TopicPartition("rt-w", p) for p, decl in enumerate(
+                ("transactional", "outcome-uncertain"))}
+            await lc.assign([SourceCheck(tp, SourceFacts("tid", 0, 1000)) for tp in tps.values()])
+            for name, tp in tps.items():
+                decl = Declaration() if name == "transactional" else Declaration(
+                    Durability.DURABLE_CRITICAL, Effects.OUTCOME_UNCERTAIN)
+                run = FailureRun(lifecycle=lc, handler=inner, declaration=decl,
+                                 policy=RetryPolicy(), rng=random.Random(1), clock=lambda: 0.0,
+                                 wait=asyncio.sleep)
+                await run.submit(tp, make_records(tp, range(100)), links=(),
+                                 stopped=lambda: False)  # warm up the prepared statements
+                handler_trips = 0
+
+                async def counting(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
+                    nonlocal handler_trips
+                    before = proxy.round_trips()
+                    verdicts = await inner(conn, records)
+                    handler_trips += proxy.round_trips() - before
+                    return verdicts
+
+                run = FailureRun(lifecycle=lc, handler=counting, declaration=decl,
+                                 policy=RetryPolicy(), rng=random.Random(1), clock=lambda: 0.0,
+                                 wait=asyncio.sleep)
+                before = proxy.round_trips()
+                await run.submit(tp, make_records(tp, range(100, 200)), links=(),
+                                 stopped=lambda: False)
+                n = proxy.round_trips() - before
+                assert handler_trips >= 1
+                assert n == handler_trips + (2 if name == "transactional" else 3), name
         finally:
             await store.close()

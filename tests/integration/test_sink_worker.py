@@ -84,4 +84,26 @@ def test_sink_refuses_a_table_that_does_not_fit_with_exit_2(services: Any) -> No
                         env={"OTEL_TRACES_EXPORTER": "none"})
     assert done.returncode == 2, done.stderr[-2000:]
     assert (f"fencectl run: --sink table={schema}.orders: the table does not fit: key column "
-            "id has no single-column unique index or primary key") in done.stderr
+            "id has no unique index or primary key on exactly it") in done.stderr
+
+
+def test_a_schemad_sink_without_an_answering_registry_or_a_schema_exits_2(services: Any
+                                                                           ) -> None:
+    topic = unique("sinkreg")
+    create_topic(services.kafka_bootstrap, topic, 1)
+    schema = asyncio.run(fresh_schema(services.dsn))
+    argv = ("run", "--topic", topic, "--group", unique("g"), "--schema", schema,
+            "--sink", f"table={schema}.t", "--sink-key", "id", "--sink-format", "avro")
+    down = run_fencectl(*argv, env={"OTEL_TRACES_EXPORTER": "none",
+                                    "SCHEMA_REGISTRY_URL": "http://u:pw@127.0.0.1:1/ccompat"})
+    assert down.returncode == 2, down.stderr[-2000:]
+    assert "SCHEMA_REGISTRY_URL http://127.0.0.1:1/ccompat: schema registry" in down.stderr
+    assert "pw" not in down.stderr
+    no_schema = run_fencectl(*argv, env={"OTEL_TRACES_EXPORTER": "none"})
+    assert no_schema.returncode == 2, no_schema.stderr[-2000:]
+    assert (f"the table does not exist and no schema is registered under {topic}-value"
+            in no_schema.stderr)
+    missing = run_fencectl(*argv, env={"OTEL_TRACES_EXPORTER": "none",
+                                       "SCHEMA_REGISTRY_URL": ""})
+    assert missing.returncode == 2
+    assert "avro needs a schema registry: set SCHEMA_REGISTRY_URL" in missing.stderr

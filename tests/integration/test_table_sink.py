@@ -6,34 +6,20 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import pytest
 
 from fencing.errors import ConfigError
-from fencing.postgres.schema import migrate
-from fencing.postgres.sink import Method, SinkSpec, ensure_table, make_table_sink
-from fencing.postgres.store import PgFenceStore
-from fencing.types import ClaimRequest, SourceRecord, TopicPartition
+from fencing.postgres.sink import Method, SinkSpec, ensure_table
+from fencing.postgres.sink.keys import Format
+from fencing.types import SourceRecord
+from tests.integration.sink_support import SINK_TP, apply, fetch
 
 pytestmark = pytest.mark.integration
 
-TP = TopicPartition("orders", 0)
-
-
-@pytest.fixture
-async def schema(pg_dsn: str) -> AsyncIterator[str]:
-    name = f"sink_t_{uuid.uuid4().hex[:8]}"
-    conn = await asyncpg.connect(pg_dsn)
-    try:
-        await migrate(conn, name)
-        yield name
-    finally:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-        await conn.close()
+TP = SINK_TP
 
 
 def rec(offset: int, value: Any, key: str | None = None) -> SourceRecord:
@@ -43,40 +29,10 @@ def rec(offset: int, value: Any, key: str | None = None) -> SourceRecord:
                         raw, timestamp_ms=1_700_000_000_000 + offset)
 
 
-async def apply(dsn: str, schema: str, spec: SinkSpec,
-                records: list[SourceRecord]) -> dict[int, str]:
-    """Create/validate the table, process ``records`` in one batch; the quarantine reasons."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        await ensure_table(conn, spec)
-    finally:
-        await conn.close()
-    store = await PgFenceStore.connect(dsn, group_id="g", schema=schema, pool_max=2)
-    try:
-        token = (await store.claim([ClaimRequest(TP, 0)], lifetime="L"))[TP]
-        await store.process(TP, token, records, make_table_sink(spec))
-    finally:
-        await store.close()
-    conn = await asyncpg.connect(dsn)
-    try:
-        rows = await conn.fetch(f'SELECT "offset", reason FROM "{schema}".quarantine')
-        return {r["offset"]: r["reason"] for r in rows}
-    finally:
-        await conn.close()
-
-
-async def fetch(dsn: str, sql: str) -> list[tuple[Any, ...]]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return [tuple(r) for r in await conn.fetch(sql)]
-    finally:
-        await conn.close()
-
-
 @pytest.mark.parametrize("method", list(Method))
 async def test_created_table_upsert_last_wins_and_tombstone_deletes(
         pg_dsn: str, schema: str, method: Method) -> None:
-    spec = SinkSpec(f"{schema}.orders", key="id", method=method)
+    spec = SinkSpec(f"{schema}.orders", keys=("id",), method=method)
     quarantined = await apply(pg_dsn, schema, spec, [
         rec(0, {"id": "a", "n": 1}), rec(1, {"id": "b", "n": 2}), rec(2, b"{not json"),
         rec(3, {"id": "a", "n": 3}), rec(4, None, key="b"), rec(5, [1, 2]),
@@ -97,7 +53,7 @@ async def test_existing_table_columns_by_name_misfits_and_refusals(
     await fetch(pg_dsn, f'CREATE TABLE "{schema}".t (id bigint PRIMARY KEY, '
                         "amount numeric(8,2) NOT NULL CHECK (amount >= 0), note varchar(5), "
                         "at timestamptz DEFAULT '2000-01-01Z', kafka_offset bigint)")
-    spec = SinkSpec(f"{schema}.t", key="id", method=method)
+    spec = SinkSpec(f"{schema}.t", keys=("id",), method=method)
     quarantined = await apply(pg_dsn, schema, spec, [
         rec(0, {"id": 1, "amount": 10.5, "note": "hi", "extra": True}),
         rec(1, {"id": 2}),                                  # missing required column
@@ -128,7 +84,7 @@ async def test_insert_mode_created_table_keeps_every_record(pg_dsn: str, schema:
 
 
 @pytest.mark.parametrize(("ddl", "key", "problem"), [
-    ("(id text, v int)", "id", "no single-column unique index"),
+    ("(id text, v int)", "id", "key column id has no unique index or primary key on exactly it"),
     ("(id text PRIMARY KEY, v int)", "nope", "key column nope is missing"),
     ("(id text PRIMARY KEY, p point NOT NULL)", "id", "required column p has type point"),
 ])
@@ -138,7 +94,7 @@ async def test_a_table_that_does_not_fit_is_refused_at_start(
     conn = await asyncpg.connect(pg_dsn)
     try:
         with pytest.raises(ConfigError, match=problem):
-            await ensure_table(conn, SinkSpec(f"{schema}.bad", key=key))
+            await ensure_table(conn, SinkSpec(f"{schema}.bad", keys=(key,)))
     finally:
         await conn.close()
 
@@ -170,8 +126,8 @@ async def test_kafka_timestamp_is_the_records_instant_on_every_write_path(
     await fetch(pg_dsn, f'CREATE TABLE "{schema}".ts (id text{" PRIMARY KEY" if key else ""}, '
                         "n int CHECK (n <> 13), kafka_offset bigint, kafka_timestamp timestamptz)")
     records = [rec(o, {"id": f"d{o}", "n": o + (10 if refused else 0)}) for o in range(5)]
-    quarantined = await apply(pg_dsn, schema, SinkSpec(f"{schema}.ts", key=key, method=method),
-                              records)
+    spec = SinkSpec(f"{schema}.ts", keys=(key,) if key else (), method=method)
+    quarantined = await apply(pg_dsn, schema, spec, records)
     stored = await fetch(pg_dsn, f'SELECT kafka_offset, kafka_timestamp FROM "{schema}".ts '
                                  "ORDER BY kafka_offset")
     kept = [o for o in range(5) if not (refused and o == 3)]
@@ -190,8 +146,8 @@ async def test_a_kafka_timestamp_no_table_can_hold_quarantines_only_its_record(
     records = [SourceRecord(TP.topic, TP.partition, o, None, json.dumps({"id": f"d{o}"}).encode(),
                             timestamp_ms=ms)
                for o, ms in enumerate([1_700_000_000_000, 10**16, -62_000_000_000_000])]
-    quarantined = await apply(pg_dsn, schema, SinkSpec(f"{schema}.far", key=key, method=method),
-                              records)
+    spec = SinkSpec(f"{schema}.far", keys=(key,) if key else (), method=method)
+    quarantined = await apply(pg_dsn, schema, spec, records)
     assert await fetch(pg_dsn, f'SELECT kafka_offset, kafka_timestamp FROM "{schema}".far '
                                "ORDER BY kafka_offset") == [
         (0, at_ms(1_700_000_000_000)), (2, at_ms(-62_000_000_000_000))]
@@ -199,3 +155,94 @@ async def test_a_kafka_timestamp_no_table_can_hold_quarantines_only_its_record(
     staged = key is not None and method is Method.COPY
     assert ("refused by PostgreSQL [22008]" if staged else "out of the range of Python's "
             "datetime") in quarantined[1]
+
+
+@pytest.mark.parametrize("method", list(Method))
+async def test_a_bigint_key_from_the_kafka_keys_text_deletes_and_fills_rows(
+        pg_dsn: str, schema: str, method: Method) -> None:
+    """The key column is ``bigint`` and the Kafka key its decimal text: tombstones delete,
+    a value without the key field is keyed by the Kafka key, a key that is no integer is
+    quarantined with the reason."""
+    await fetch(pg_dsn, f'CREATE TABLE "{schema}".acct (id bigint PRIMARY KEY, name text '
+                        "NOT NULL, kafka_offset bigint)")
+    spec = SinkSpec(f"{schema}.acct", keys=("id",), method=method)
+    quarantined = await apply(pg_dsn, schema, spec, [
+        rec(0, {"id": 214, "name": "a"}, key="214"), rec(1, {"id": 215, "name": "b"}, key="215"),
+        rec(2, {"name": "c"}, key="216"), rec(3, None, key="214"), rec(4, None, key="21x"),
+        rec(5, {"id": 217, "name": "d"}, key="217"), rec(6, None, key="999")])
+    assert await fetch(pg_dsn, f'SELECT id, name, kafka_offset FROM "{schema}".acct '
+                               "ORDER BY id") == [(215, "b", 1), (216, "c", 2), (217, "d", 5)]
+    assert quarantined == {4: "table sink: key column id (int8): the key '21x' is not an "
+                              "integer"}
+
+
+@pytest.mark.parametrize("method", list(Method))
+async def test_a_composite_key_upserts_and_deletes_with_a_json_kafka_key(
+        pg_dsn: str, schema: str, method: Method) -> None:
+    await fetch(pg_dsn, f'CREATE TABLE "{schema}".stock (site text, sku bigint, n int, '
+                        "PRIMARY KEY (sku, site))")
+    spec = SinkSpec(f"{schema}.stock", keys=("site", "sku"), method=method,
+                    key_format=Format.JSON)
+    quarantined = await apply(pg_dsn, schema, spec, [
+        rec(0, {"site": "a", "sku": 1, "n": 1}), rec(1, {"site": "a", "sku": 2, "n": 2}),
+        rec(2, {"site": "b", "sku": 1, "n": 3}), rec(3, None, key='{"site": "a", "sku": 1}'),
+        rec(4, {"n": 5}, key='{"site": "c", "sku": "9"}'), rec(5, None, key='{"site": "b"}'),
+        rec(6, {"site": "a", "sku": 2, "n": 6})])
+    assert await fetch(pg_dsn, f'SELECT site, sku, n FROM "{schema}".stock ORDER BY site, '
+                               "sku") == [("a", 2, 6), ("b", 1, 3), ("c", 9, 5)]
+    assert quarantined == {5: "table sink: key column sku: the Kafka key holds no sku"}
+
+
+async def test_a_composite_key_needs_a_unique_index_on_exactly_its_columns(
+        pg_dsn: str, schema: str) -> None:
+    await fetch(pg_dsn, f'CREATE TABLE "{schema}".wide (a text, b text, c text, '
+                        "PRIMARY KEY (a, b, c))")
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        with pytest.raises(ConfigError, match=r"key columns \(a, b\) has no unique index or "
+                                              "primary key on exactly them"):
+            await ensure_table(conn, SinkSpec(f"{schema}.wide", keys=("a", "b")))
+        await conn.execute(f'CREATE UNIQUE INDEX ON "{schema}".wide (b, a) INCLUDE (c)')
+        await ensure_table(conn, SinkSpec(f"{schema}.wide", keys=("a", "b")))
+    finally:
+        await conn.close()
+
+
+CHECKED = "(id bigint PRIMARY KEY, amount numeric CHECK (amount >= 0), kafka_offset bigint)"
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one batch", "two batches"])
+@pytest.mark.parametrize("bad_first", [True, False], ids=["refused first", "refused last"])
+@pytest.mark.parametrize("method", list(Method))
+async def test_every_record_meets_the_tables_checks_in_order_wherever_a_batch_ends(
+        pg_dsn: str, schema: str, method: Method, bad_first: bool, split: bool) -> None:
+    """A record PostgreSQL refuses (a CHECK) is quarantined even when a later record of its
+    key follows in the same batch: the outcome does not depend on where batches end."""
+    await fetch(pg_dsn, f'CREATE TABLE "{schema}".chk {CHECKED}')
+    amounts = [-1, 5] if bad_first else [5, -1]
+    records = [rec(o, {"id": 7, "amount": a}) for o, a in enumerate(amounts)]
+    records += [rec(2, {"id": 8, "amount": 1})]
+    quarantined = await apply(pg_dsn, schema, SinkSpec(f"{schema}.chk", keys=("id",),
+                                                       method=method), records,
+                              batches=[records[:1], records[1:]] if split else None)
+    bad = 0 if bad_first else 1
+    assert list(quarantined) == [bad] and "refused by PostgreSQL [23514]" in quarantined[bad]
+    assert await fetch(pg_dsn, f'SELECT id, amount::int, kafka_offset FROM "{schema}".chk '
+                               "ORDER BY id") == [(7, 5, 0 if bad else 1), (8, 1, 2)]
+
+
+@pytest.mark.parametrize("method", list(Method))
+async def test_a_keys_upserts_and_deletes_in_one_batch_apply_in_order(
+        pg_dsn: str, schema: str, method: Method) -> None:
+    """Upsert, delete, upsert, refused upsert, delete of one key and others in between: each
+    is applied in order (the table ends as their fold), the refused one quarantined."""
+    await fetch(pg_dsn, f'CREATE TABLE "{schema}".seq {CHECKED}')
+    ops: list[tuple[int, int | None]] = [(1, 1), (2, 1), (1, None), (1, 3), (2, 2), (1, -4),
+                                         (3, 9), (2, None), (3, 8), (1, 6)]
+    records = [rec(o, None if a is None else {"id": k, "amount": a}, key=str(k))
+               for o, (k, a) in enumerate(ops)]
+    quarantined = await apply(pg_dsn, schema, SinkSpec(f"{schema}.seq", keys=("id",),
+                                                       method=method), records)
+    assert list(quarantined) == [5]
+    assert await fetch(pg_dsn, f'SELECT id, amount::int FROM "{schema}".seq ORDER BY id') == [
+        (1, 6), (3, 8)]

@@ -83,6 +83,9 @@ class Recorder:
             self.failures.append(exc)
             self.log.append((self.name, "failed", repr(exc)))
 
+    def kafka_outcome(self, answered: bool, what: str) -> None:
+        pass
+
 
 def settings_for(setup: GroupSetup, bootstrap: str, group: str) -> tuple[dict[str, str], bool]:
     args = dict(zip(setup.args[::2], setup.args[1::2], strict=False))
@@ -425,3 +428,40 @@ def test_pause_discards_prefetched_records_and_resume_fetches_them_again(service
     print(f"with a pause every 2,000 records: fetched {fetched} for {delivered} delivered")
     assert delivered == total
     assert fetched > 1.5 * total  # the prefetched records discarded at each pause, again
+
+
+def test_consume_holds_a_ready_record_until_its_count_or_timeout(services) -> None:
+    """librdkafka's ``consume(n, timeout)`` returns only once it has ``n`` records or the
+    timeout passed (``rd_kafka_q_serve_rkmessages`` waits on the queue until then): a record
+    already fetched waits the whole timeout. The adapter's ``KafkaThread._consume`` hands it
+    over at once."""
+    from confluent_kafka import Consumer, Producer
+
+    bootstrap = services.kafka_bootstrap
+    topic = _one_partition(bootstrap, "hold", 1, b"v")
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("hold"),
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                  "enable.partition.eof": False})
+    c.subscribe([topic])
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    thread = KafkaThread(settings={}, topic=topic, cooperative=False, poll_timeout_s=3.0,
+                         rebalancer=Recorder("hold", [], 0))
+    try:
+        deadline = time.monotonic() + 60
+        while not c.consume(10, 0.2) and time.monotonic() < deadline:  # joined, positioned
+            pass
+
+        def ready_then(consume: Callable[[], list[Any]]) -> tuple[int, float]:
+            p.produce(topic, b"late", partition=0)
+            assert p.flush(10) == 0
+            time.sleep(1.0)  # fetched into librdkafka's queue by now
+            began = time.monotonic()
+            got = [m for m in consume() if m.error() is None]
+            return len(got), time.monotonic() - began
+
+        held, held_s = ready_then(lambda: c.consume(1000, 3.0))
+        assert held == 1 and held_s >= 2.9, held_s
+        handed, handed_s = ready_then(lambda: thread._consume(c))
+        assert handed == 1 and handed_s < 1.0, handed_s
+    finally:
+        c.close()

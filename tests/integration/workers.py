@@ -77,14 +77,15 @@ def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    """Create ``topic`` and return once every partition's leader answers ``list_offsets``.
+def create_topic(bootstrap: str, topic: str, partitions: int, *, replication: int = 1) -> None:
+    """Create ``topic`` and return once every partition's leader answers ``list_offsets``;
+    ``replication`` -1: the cluster's ``default.replication.factor``.
 
     Right after creation the broker can refuse ``list_offsets`` with UNKNOWN_LEADER_EPOCH
     ("Leader epoch is newer than broker epoch") while it applies the new metadata; a worker
     whose first assignment meets that exits 5 (Kafka facts unavailable)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    fut = admin.create_topics([NewTopic(topic, partitions, 1)])[topic]
+    fut = admin.create_topics([NewTopic(topic, partitions, replication)])[topic]
     fut.result(timeout=30)
     wait_until(lambda: topic in admin.list_topics(timeout=5).topics, timeout_s=30,
                what=f"topic {topic}")

@@ -58,7 +58,10 @@ def _violations(package: str, forbidden: tuple[str, ...], *,
     ("consumer", ("ops",), (), "consumer never reaches into the operator tooling"),
     ("fencing", ("asyncpg",), ("fencing/postgres/",),
      "only the PostgreSQL store knows asyncpg; the core and the memory store do not"),
-    ("fencing", ("confluent_kafka",), (), "the fence knows nothing of Kafka clients"),
+    ("fencing", ("confluent_kafka",), ("fencing/postgres/sink/registry.py",
+                                       "fencing/postgres/sink/formats.py",
+                                       "fencing/postgres/sink/messages.py"),
+     "the fence knows nothing of Kafka clients"),
     ("consumer", ("confluent_kafka",), ("consumer/kafka/",),
      "librdkafka stays in the Kafka adapter; its errors are translated there"),
     ("consumer", ("asyncpg",), (), "the worker reaches PostgreSQL only through the store"),
@@ -75,6 +78,15 @@ def _violations(package: str, forbidden: tuple[str, ...], *,
 def test_import_boundary(package: str, forbidden: tuple[str, ...],
                          allowed_under: tuple[str, ...], why: str) -> None:
     assert _violations(package, forbidden, allowed_under=allowed_under) == [], why
+
+
+def test_the_table_sinks_formats_use_only_the_schema_registry_half_of_confluent_kafka() -> None:
+    """The sink's schema'd formats decode with confluent-kafka's schema registry client and
+    serdes (pure Python: httpx, fastavro, protobuf, jsonschema), never librdkafka."""
+    allowed = ("confluent_kafka.schema_registry", "confluent_kafka.serialization")
+    used = {name for path in _modules("fencing/postgres/sink") for name in _imports(path)
+            if name == "confluent_kafka" or name.startswith("confluent_kafka.")}
+    assert used and all(name.startswith(allowed) for name in used), used
 
 
 def test_the_rules_see_imports_inside_functions(tmp_path: Path) -> None:

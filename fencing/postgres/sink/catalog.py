@@ -1,17 +1,23 @@
 """The table sink's catalog side: what to write (``SinkSpec``), the table it writes
 (``Target``: schema, name, layout read from the catalog), and creating or validating it at
-start (rules in ``fencing.postgres.sink.table``)."""
+start, for JSON values or from the writer schema in the registry (rules in
+``fencing.postgres.sink.table`` and ``fencing.postgres.sink.schemas``)."""
 
 from __future__ import annotations
 
 import enum
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from fencing.errors import ConfigError
+from fencing.errors import ConfigError, Unavailable
 from fencing.postgres.schema import quote_ident
+from fencing.postgres.sink.keys import Format
+from fencing.postgres.sink.registry import Registry
 from fencing.postgres.sink.rows import RESERVED, Column, Layout, supported
+from fencing.postgres.sink.schemas import Field, fits
+from fencing.postgres.sink.values import Misfit
 
 __all__ = ["Method", "SinkSpec", "Target", "create_ddl", "ensure_table", "read_layout"]
 
@@ -25,48 +31,83 @@ class Method(enum.Enum):
     EXECUTEMANY = "executemany"  # one prepared INSERT (... ON CONFLICT) executed per row
 
 
+_SETTINGS = ("table", "key", "method", "key_format", "format", "registry")
+
+
 @dataclass(frozen=True, slots=True)
 class SinkSpec:
-    """What the sink writes: ``table`` (``name`` or ``schema.name``), its ``key`` column
-    (None: plain insert) and the write ``method``."""
+    """What the sink writes: ``table`` (``name`` or ``schema.name``), its ``keys`` (the key
+    columns; none: plain insert), the write ``method``, how values and Kafka keys are
+    encoded (``value_format``, ``key_format``) and the schema registry's URL for the
+    schema'd formats (``registry``, from ``SCHEMA_REGISTRY_URL``; never logged)."""
 
     table: str
-    key: str | None = None
+    keys: tuple[str, ...] = ()
     method: Method = Method.COPY
+    value_format: Format = Format.JSON
+    key_format: Format = Format.STRING
+    registry: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_settings(cls, settings: Any) -> SinkSpec:
-        """From ``--handler-setting`` values ``table``, ``key``, ``method``; raises
-        ``ConfigError`` naming the bad one."""
+        """From ``--handler-setting`` values ``table``, ``key`` (``a`` or ``a,b``),
+        ``method``, ``format``, ``key_format``, ``registry``; raises ``ConfigError`` naming
+        the bad one."""
         table = str(settings.get("table", "")).strip()
         parts = table.split(".")
         if not table or len(parts) > 2 or not all(parts):
             raise ConfigError(f"--sink table={table}: expected table=NAME or table=SCHEMA.NAME")
-        unknown = set(settings) - {"table", "key", "method"}
+        unknown = set(settings) - set(_SETTINGS)
         if unknown:
             raise ConfigError(f"--handler-setting {sorted(unknown)[0]}: the table sink knows "
-                              "table, key and method")
-        try:
-            method = Method(settings.get("method", Method.COPY.value))
-        except ValueError:
-            raise ConfigError(f"--handler-setting method={settings['method']}: use "
-                              f"{' or '.join(m.value for m in Method)}") from None
-        key = str(settings.get("key") or "").strip() or None
-        return cls(table, key, method)
+                              f"{', '.join(_SETTINGS)}")
+        method = _choice(Method, settings, "method", Method.COPY)
+        value_format = _choice(Format, settings, "format", Format.JSON, flag="--sink-format")
+        if value_format is Format.STRING:
+            raise ConfigError("--sink-format string: a value is json, avro, protobuf or "
+                              "json-schema")
+        key_format = _choice(Format, settings, "key_format", Format.STRING,
+                             flag="--sink-key-format")
+        keys = tuple(k.strip() for k in str(settings.get("key") or "").split(","))
+        keys = () if keys == ("",) else keys
+        if not all(keys) or len(set(keys)) != len(keys):
+            raise ConfigError(f"--sink-key {settings.get('key')}: expected COLUMN or "
+                              "COLUMN,COLUMN,... (distinct, none empty)")
+        registry = str(settings.get("registry") or "").strip() or None
+        if registry is None and (value_format.registry or key_format.registry):
+            fmt = value_format if value_format.registry else key_format
+            raise ConfigError(f"{fmt.value} needs a schema registry: set SCHEMA_REGISTRY_URL "
+                              "(e.g. eval \"$(fencectl stack env)\" for the local stack)")
+        return cls(table, keys, method, value_format, key_format, registry)
 
     @property
     def quoted(self) -> str:
         return ".".join(quote_ident(p) for p in self.table.split("."))
 
 
+def _choice(kind: Any, settings: Any, name: str, default: Any, *, flag: str | None = None
+            ) -> Any:
+    raw = settings.get(name)
+    if raw is None:
+        return default
+    try:
+        return kind(str(raw).strip())
+    except ValueError:
+        shown = flag or f"--handler-setting {name}="
+        sep = " " if flag else ""
+        raise ConfigError(f"{shown}{sep}{raw}: use {' | '.join(m.value for m in kind)}"
+                          ) from None
+
+
 def create_ddl(spec: SinkSpec) -> str:
-    """The table the sink creates when it is missing."""
-    key = f"{quote_ident(spec.key)} text PRIMARY KEY,\n    " if spec.key else ""
-    pk = "" if spec.key else ",\n    PRIMARY KEY (kafka_topic, kafka_partition, kafka_offset)"
-    return (f"CREATE TABLE IF NOT EXISTS {spec.quoted} (\n    {key}payload jsonb NOT NULL,\n"
+    """The table the sink creates for JSON values when it is missing."""
+    keys = "".join(f"{quote_ident(k)} text NOT NULL,\n    " for k in spec.keys)
+    pk = ", ".join(map(quote_ident, spec.keys)) if spec.keys else \
+        "kafka_topic, kafka_partition, kafka_offset"
+    return (f"CREATE TABLE IF NOT EXISTS {spec.quoted} (\n    {keys}payload jsonb NOT NULL,\n"
             "    kafka_topic text NOT NULL,\n    kafka_partition integer NOT NULL,\n"
             "    kafka_offset bigint NOT NULL,\n    kafka_key text,\n"
-            f"    kafka_timestamp timestamptz{pk}\n)")
+            f"    kafka_timestamp timestamptz,\n    PRIMARY KEY ({pk})\n)")
 
 
 _COLUMNS = """
@@ -79,12 +120,18 @@ FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
 WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """
+# a unique index ON CONFLICT can infer: immediate, no predicate or expression, its key
+# columns exactly the given set (in any order; INCLUDE columns do not count)
 _KEY_UNIQUE = """
 SELECT EXISTS (
-    SELECT 1 FROM pg_index i JOIN pg_attribute a
-      ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-    WHERE i.indrelid = $1::regclass AND i.indisunique AND i.indnkeyatts = 1
-      AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = $2)
+    SELECT 1 FROM pg_index i
+    WHERE i.indrelid = $1::regclass AND i.indisunique AND i.indimmediate
+      AND i.indnkeyatts = cardinality($2::text[]) AND i.indpred IS NULL
+      AND i.indexprs IS NULL
+      AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a
+           WHERE a.attrelid = i.indrelid
+             AND a.attnum = ANY((i.indkey::int2[])[0:i.indnkeyatts - 1]))
+        = (SELECT array_agg(k ORDER BY k) FROM unnest($2::text[]) k))
 """
 _WHERE = "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n " \
          "ON n.oid = c.relnamespace WHERE c.oid = $1::regclass"
@@ -121,37 +168,94 @@ async def read_layout(conn: Any, spec: SinkSpec) -> tuple[Target | None, list[st
         elif col.required:
             problems.append(f"required column {col.name} has type {col.type_name}, which the "
                             "sink cannot fill from JSON (give it a default or make it nullable)")
-    if spec.key is not None:
-        if spec.key not in {c.name for c in columns}:
-            problems.append(f"key column {spec.key} is missing or of a type the sink cannot "
+    writable = {c.name for c in columns}
+    for key in spec.keys:
+        if key not in writable:
+            problems.append(f"key column {key} is missing or of a type the sink cannot "
                             f"write (columns: {', '.join(sorted(names))})")
-        elif spec.key in RESERVED:
-            problems.append(f"key column {spec.key} is a reserved column name")
-        elif not await conn.fetchval(_KEY_UNIQUE, spec.quoted, spec.key):
-            problems.append(f"key column {spec.key} has no single-column unique index or "
-                            "primary key (needed for ON CONFLICT)")
+        elif key in RESERVED:
+            problems.append(f"key column {key} is a reserved column name")
+    if spec.keys and not problems and not await conn.fetchval(
+            _KEY_UNIQUE, spec.quoted, list(spec.keys)):
+        what = f"key column {spec.keys[0]}" if len(spec.keys) == 1 else \
+            f"key columns ({', '.join(spec.keys)})"
+        problems.append(f"{what} has no unique index or primary key on exactly "
+                        f"{'it' if len(spec.keys) == 1 else 'them'} (needed for ON CONFLICT)")
     if not columns:
         problems.append("no column the sink can write")
-    layout = Layout(tuple(columns), spec.key)
+    layout = Layout(tuple(columns), spec.keys if not problems else ())
     return Target(where["nspname"], where["relname"], layout), problems
 
 
-async def ensure_table(conn: Any, spec: SinkSpec) -> Target:
+async def _writer_fields(spec: SinkSpec, topics: Sequence[str]
+                         ) -> tuple[list[Field], str, list[str]] | None:
+    """The latest value schema of the first topic that has one, its name, and the subjects
+    asked; None with JSON values. Raises ``ConfigError`` when the registry does not answer."""
+    if not spec.value_format.registry or spec.registry is None:
+        return None
+    registry = Registry(spec.registry)
+    subjects = [f"{t}-value" for t in topics]
+    try:
+        await registry.subjects()
+        for subject in subjects:
+            got = await registry.latest_fields(spec.value_format, subject)
+            if got is not None:
+                return got[0], got[1], subjects
+    except (Unavailable, Misfit) as exc:
+        raise ConfigError(f"SCHEMA_REGISTRY_URL {registry.where}: {exc}; check the URL (the "
+                          "Confluent-compatible API, e.g. .../apis/ccompat/v7 for Apicurio) "
+                          "and that the registry runs") from None
+    finally:
+        await registry.close()
+    return [], "", subjects
+
+
+def schema_ddl(spec: SinkSpec, fields: Sequence[Field]) -> str:
+    """The table created from a writer schema's ``fields`` (see ``schemas``): a column per
+    field (key columns NOT NULL), the Kafka coordinates, the primary key."""
+    cols = {f.name: f for f in fields if f.name not in RESERVED}
+    lines = [f"{quote_ident(f.name)} {f.pg_type}"
+             f"{' NOT NULL' if f.not_null or f.name in spec.keys else ''}"
+             for f in cols.values()]
+    lines += [f"{quote_ident(k)} text NOT NULL" for k in spec.keys if k not in cols]
+    lines += ["kafka_topic text NOT NULL", "kafka_partition integer NOT NULL",
+              "kafka_offset bigint NOT NULL", "kafka_timestamp timestamptz"]
+    pk = ", ".join(map(quote_ident, spec.keys)) if spec.keys else \
+        "kafka_topic, kafka_partition, kafka_offset"
+    body = ",\n    ".join([*lines, f"PRIMARY KEY ({pk})"])
+    return f"CREATE TABLE IF NOT EXISTS {spec.quoted} (\n    {body}\n)"
+
+
+async def ensure_table(conn: Any, spec: SinkSpec, *, topics: Sequence[str] = ()) -> Target:
     """Create the table if missing (logged at info, naming its schema and columns), then
-    validate it; raises ``ConfigError`` when it does not fit (see the module Rules)."""
+    validate it; raises ``ConfigError`` when it does not fit (see the module Rules). With a
+    schema'd value format the table is created from, and checked against, the latest schema
+    registered for the first of ``topics`` that has one (subject ``<topic>-value``)."""
+    writer = await _writer_fields(spec, topics)
     created = False
     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", spec.quoted):
+        if writer is not None and not writer[0]:
+            raise ConfigError(
+                f"--sink table={spec.table}: the table does not exist and no schema is "
+                f"registered under {', '.join(writer[2]) or 'a subject (no --topic given)'} "
+                "to create it from: create the table, or start the sink after the first "
+                "record was produced with a registry serializer")
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))",
                                f"fenceworker.sink:{spec.table}")
             if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", spec.quoted):
-                await conn.execute(create_ddl(spec))  # another member may have won the lock
+                # another member may have won the lock
+                await conn.execute(create_ddl(spec) if writer is None
+                                   else schema_ddl(spec, writer[0]))
                 created = True
     target, problems = await read_layout(conn, spec)
     if created and target is not None:
         log.info("table sink: created table %s.%s (%s)", quote_ident(target.schema),
                  quote_ident(target.name), ", ".join(f"{c.name} {c.type_name}"
                                                      for c in target.layout.columns))
+    if target is not None and writer is not None and writer[0]:
+        columns = {c.name: (c.type_name, c.required) for c in target.layout.columns}
+        problems += fits(writer[0], columns, (*spec.keys, *RESERVED), writer[1])
     if problems or target is None:
         raise ConfigError(f"--sink table={spec.table}: the table does not fit: "
                           f"{'; '.join(problems)}")

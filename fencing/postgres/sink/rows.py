@@ -13,13 +13,18 @@ Rules
 - A column absent from the value gets its default (or NULL); a *required* column (NOT NULL,
   no default) that is absent or null rejects the record. A value of the wrong JSON type for
   its column (or out of its range, or too long) rejects the record with the column named.
-- With a key column (upsert): the key is the JSON field of that name, else the Kafka key
-  (UTF-8); a tombstone (null value) deletes the row with the Kafka key. Without a key column
-  (insert) a tombstone is rejected: there is nothing to insert.
-- ``last_wins`` keeps, per key, only the batch's last operation (upsert or delete); an
-  upsert replaces the whole row (columns the record lacks get their default).
+- With key columns (upsert; one, or several for a composite key): each key column is the
+  value's field of that name, else the Kafka key's (``fencing.postgres.sink.keys``: read
+  per ``--sink-key-format`` and converted to the column's type, so a ``bigint`` key column
+  takes the key ``"214"``); a tombstone (null value) deletes the row of the Kafka key.
+  Without a key column (insert) a tombstone is rejected: there is nothing to insert. An
+  operation's ``key`` is the key column's value, or the tuple of them for a composite key.
+- An upsert replaces the whole row (columns the record lacks get their default); in which
+  order a batch's operations reach the table: ``fencing.postgres.sink.order``.
 - ``convert`` is the sink's per-record cost: ``converter(layout)`` decides what depends
   only on the layout (which column is reserved, the key, the converter of each type) once.
+  A value decoded by a schema'd format (``fencing.postgres.sink.formats``) is handed to the
+  converter as its mapping; fields map to columns the same way.
 - Nothing here does I/O; ``fencing.postgres.sink.table`` reads the layout and writes.
 """
 
@@ -27,11 +32,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fencing.jsontext import reader
+from fencing.postgres.sink.keys import Format, KeyReader, key_reader
 from fencing.postgres.sink.values import (
     CONVERT,
     Column,
@@ -55,7 +61,7 @@ __all__ = [
     "convert",
     "converter",
     "in_epoch_ms",
-    "last_wins",
+    "parse_json",
     "supported",
 ]
 
@@ -79,18 +85,24 @@ def in_epoch_ms(col: Column) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """The target table: its writable columns (supported types) and the key column."""
+    """The target table: its writable columns (supported types) and the key columns (none:
+    insert)."""
 
     columns: tuple[Column, ...]
-    key: str | None = None
+    keys: tuple[str, ...] = ()
 
     def column(self, name: str) -> Column:
         return next(c for c in self.columns if c.name == name)
 
+    @property
+    def key_columns(self) -> tuple[Column, ...]:
+        return tuple(self.column(k) for k in self.keys)
+
 
 @dataclass(frozen=True, slots=True)
 class Upsert:
-    """Write ``values`` into ``columns`` (insert, or update the row of ``key``)."""
+    """Write ``values`` into ``columns`` (insert, or update the row of ``key``: the key
+    column's value, a tuple of them for a composite key)."""
 
     key: Any
     columns: tuple[str, ...]
@@ -158,7 +170,7 @@ _DECODER = json.JSONDecoder(parse_constant=_nonfinite)
 _decode = reader(_DECODER.decode, _DECODER)
 
 
-def _parse(value: bytes) -> tuple[dict[str, Any], str | None]:
+def parse_json(value: bytes) -> tuple[dict[str, Any], str | None]:
     """The value's JSON object and its text (None when the bytes are not plain UTF-8, e.g.
     with a BOM or in UTF-16, which are read as ``json.loads`` of the bytes reads them)."""
     text: str | None
@@ -176,27 +188,17 @@ def _parse(value: bytes) -> tuple[dict[str, Any], str | None]:
     return obj, text
 
 
-def _key_of(col: Column, record: SourceRecord, obj: dict[str, Any] | None) -> Any:
-    raw: Any
-    if obj is not None and obj.get(col.name) is not None:
-        raw = obj[col.name]
-    elif record.key is not None:
-        raw = key_text(col, record.key)
-    else:
-        raise Misfit(f"key column {col.name}: neither the value nor the Kafka key holds it")
-    return CONVERT[col.type_name](col, raw)
-
-
 Fill = Callable[[SourceRecord, dict[str, Any], "str | None"], Any]
 
 
-def _key_field(col: Column) -> Fill:
-    """``_key_of`` for a record with a value, with the column's converter looked up once."""
+def _key_field(col: Column, at: int, kafka_key: KeyReader) -> Fill:
+    """A key column: the value's field, else the Kafka key's (``at``: the column's place
+    among the key columns), with the column's converter looked up once."""
     name, to_column = col.name, CONVERT[col.type_name]
 
     def fill(record: SourceRecord, obj: dict[str, Any], text: str | None) -> Any:
         raw = obj.get(name)
-        return _key_of(col, record, None) if raw is None else to_column(col, raw)
+        return kafka_key(record)[at] if raw is None else to_column(col, raw)
     return fill
 
 
@@ -230,15 +232,15 @@ def _field(col: Column) -> Fill:
     return fill
 
 
-def _fill(col: Column, layout: Layout, epoch_ms: bool) -> Fill:
+def _fill(col: Column, layout: Layout, epoch_ms: bool, kafka_key: KeyReader) -> Fill:
     """How ``col`` is filled: from the record (reserved), the key, or the value's field."""
     if col.name in RESERVED:
         fill = _reserved(col, epoch_ms=epoch_ms)
         # payload, topic, partition and offset are never None; the key and timestamp may be
         return _not_null(col, fill) if col.not_null and col.name in (
             "kafka_key", "kafka_timestamp") else fill
-    if col.name == layout.key:
-        return _key_field(col)
+    if col.name in layout.keys:
+        return _key_field(col, layout.keys.index(col.name), kafka_key)
     return _field(col)
 
 
@@ -255,27 +257,52 @@ def _upsert(key: Any, columns: tuple[str, ...], values: tuple[Any, ...]) -> Upse
     return op
 
 
-def converter(layout: Layout, *, epoch_ms: bool = False
-              ) -> Callable[[SourceRecord], Upsert | Delete]:
+_PARSE: Any = object()  # convert_one's default: the value is JSON, parsed here
+
+
+def converter(layout: Layout, *, epoch_ms: bool = False, kafka_key: KeyReader | None = None
+              ) -> Callable[..., Upsert | Delete]:
     """``convert`` for one layout, with what depends only on the layout decided once: per
     column the function that fills it (checks included), all columns' names, the key's
     position. Per record: one call per column, and a second pass only when a field is
-    absent (its column left to its default). ``epoch_ms``: see ``EPOCH_MS``."""
-    fills = tuple(_fill(c, layout, epoch_ms) for c in layout.columns)
-    names = tuple(c.name for c in layout.columns)
-    has_fields = any(c.name not in RESERVED and c.name != layout.key for c in layout.columns)
-    key_col = layout.column(layout.key) if layout.key is not None else None
-    key_at = names.index(layout.key) if layout.key is not None else -1
+    absent (its column left to its default). ``epoch_ms``: see ``EPOCH_MS``; ``kafka_key``:
+    the key columns from the Kafka key (default: a string key, ``keys.key_reader``).
 
-    def convert_one(record: SourceRecord) -> Upsert | Delete:
-        if record.value is None:
-            if key_col is None:
+    The function takes the record, and optionally its value already decoded (a mapping,
+    ``None`` for a tombstone): a schema'd format's; without it the value is parsed as JSON."""
+    key_cols = layout.key_columns
+    if kafka_key is None:
+        kafka_key = key_reader(key_cols, Format.STRING) if key_cols else _no_key
+    fills = tuple(_fill(c, layout, epoch_ms, kafka_key) for c in layout.columns)
+    names = tuple(c.name for c in layout.columns)
+    has_fields = any(c.name not in RESERVED and c.name not in layout.keys
+                     for c in layout.columns)
+    key_at = names.index(layout.keys[0]) if len(layout.keys) == 1 else -1
+    keys_at = tuple(names.index(k) for k in layout.keys) if len(layout.keys) > 1 else ()
+    read_key = kafka_key
+
+    def convert_one(record: SourceRecord, decoded: Any = _PARSE) -> Upsert | Delete:
+        if decoded is _PARSE:
+            if record.value is None:
+                decoded = None
+            else:
+                obj, text = parse_json(record.value)
+        else:
+            obj, text = decoded, None
+        if decoded is None:
+            if not key_cols:
                 raise Misfit("a tombstone (null value) has nothing to insert without a key "
                              "column")
-            return Delete(_key_of(key_col, record, None))
-        obj, text = _parse(record.value)
+            got = read_key(record)
+            return Delete(got[0] if len(got) == 1 else got)
         values = tuple([fill(record, obj, text) for fill in fills])
-        key = values[key_at] if key_at >= 0 else None
+        key: Any
+        if key_at >= 0:
+            key = values[key_at]
+        elif keys_at:
+            key = tuple([values[i] for i in keys_at])
+        else:
+            key = None
         if has_fields and _ABSENT in values:
             kept = [(n, v) for n, v in zip(names, values, strict=True) if v is not _ABSENT]
             return _upsert(key, tuple(n for n, _ in kept), tuple(v for _, v in kept))
@@ -284,16 +311,11 @@ def converter(layout: Layout, *, epoch_ms: bool = False
     return convert_one
 
 
+def _no_key(record: SourceRecord) -> tuple[Any, ...]:
+    raise Misfit("no key column")
+
+
 def convert(layout: Layout, record: SourceRecord) -> Upsert | Delete:
     """The operation ``record`` asks of the table; raises ``Misfit`` with the reason (for
     many records of one layout, ``converter(layout)`` once)."""
     return converter(layout)(record)
-
-
-def last_wins(ops: Sequence[Upsert | Delete]) -> list[Upsert | Delete]:
-    """Per key the last operation, in the order of their last occurrence."""
-    last: dict[Any, Upsert | Delete] = {}
-    for op in ops:
-        last.pop(op.key, None)
-        last[op.key] = op
-    return list(last.values())

@@ -1,21 +1,39 @@
-"""The table sink's column values: one JSON value -> the Python value asyncpg writes into a
-column of a given PostgreSQL type, or ``Misfit`` naming the column and why (the per-type
-half of ``fencing.postgres.sink.rows``; pure, no I/O)."""
+"""The table sink's column values: one decoded field -> the Python value asyncpg writes into
+a column of a given PostgreSQL type, or ``Misfit`` naming the column and why (the per-type
+half of ``fencing.postgres.sink.rows``; pure, no I/O).
+
+Rules
+- A field comes from JSON (str, int, float, bool, list, dict, None) or from a schema'd
+  decoder (``fencing.postgres.sink.formats``), which also gives ``Decimal``, ``datetime``,
+  ``date``, ``time``, ``UUID`` and ``bytes``. Every converter takes both: a decoder's
+  typed value is kept exactly (an Avro ``decimal`` stays a ``Decimal``, never a float).
+- ``key_from_text``: a key given as text (the Kafka key's UTF-8, a JSON key's string) is
+  parsed into the key column's type: integers (decimal digits with an optional sign,
+  range-checked), ``numeric``, floats, ``uuid``, text, ``bool``, ``date`` and timestamps;
+  a text that does not parse is a ``Misfit`` naming the column.
+- An array column (``_int4``, ``_text``, ...) takes a list of its element type (nulls
+  allowed); ``json``/``jsonb`` take anything (typed values as JSON: a ``Decimal`` and a
+  time as their exact text, ``bytes`` as base64); ``bytea`` takes bytes or base64 text.
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
 import decimal
 import json
+import re
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["CONVERT", "Column", "Misfit", "integer_value", "json_text", "key_text", "supported",
-           "text_value"]
+__all__ = ["CONVERT", "Column", "Misfit", "integer_value", "json_text", "key_from_text",
+           "key_text", "supported", "text_value"]
 
 _INT_BOUNDS = {"int2": 1 << 15, "int4": 1 << 31, "int8": 1 << 63}
+_TEXT_TYPES = ("text", "varchar", "bpchar", "name")
 
 
 class Misfit(ValueError):
@@ -27,7 +45,7 @@ class Column:
     """One writable column of the target table, as the catalog describes it."""
 
     name: str
-    type_name: str  # pg_type.typname of the column's type (int4, text, jsonb, ...)
+    type_name: str  # pg_type.typname of the column's type (int4, text, jsonb, _int8, ...)
     not_null: bool = False
     has_default: bool = False
     max_chars: int | None = None  # varchar(n) / char(n)
@@ -37,13 +55,22 @@ class Column:
         return self.not_null and not self.has_default
 
 
+def _shown(v: Any) -> str:
+    try:
+        return json.dumps(v)[:40]
+    except (TypeError, ValueError):
+        return repr(v)[:40]
+
+
 def integer_value(col: Column, v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         if isinstance(v, float) and v.is_integer():
             v = int(v)
+        elif isinstance(v, decimal.Decimal) and v.is_finite() and v == v.to_integral_value():
+            v = int(v)
         else:
             raise Misfit(f"column {col.name} ({col.type_name}): expected an integer, got "
-                         f"{json.dumps(v)[:40]}")
+                         f"{_shown(v)}")
     bound = _INT_BOUNDS[col.type_name]
     if not -bound <= v < bound:
         raise Misfit(f"column {col.name} ({col.type_name}): {v} is out of range")
@@ -51,19 +78,21 @@ def integer_value(col: Column, v: Any) -> int:
 
 
 def _number(col: Column, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise Misfit(f"column {col.name} ({col.type_name}): expected a number, got "
-                     f"{json.dumps(v)[:40]}")
+    if isinstance(v, bool) or not isinstance(v, int | float | decimal.Decimal):
+        raise Misfit(f"column {col.name} ({col.type_name}): expected a number, got {_shown(v)}")
     return float(v)
 
 
 def _numeric(col: Column, v: Any) -> decimal.Decimal:
-    if isinstance(v, bool) or not isinstance(v, int | float | str):
-        raise Misfit(f"column {col.name} (numeric): expected a number, got {json.dumps(v)[:40]}")
-    try:
-        d = decimal.Decimal(str(v))
-    except decimal.InvalidOperation:
-        raise Misfit(f"column {col.name} (numeric): {v!r} is not a number") from None
+    if isinstance(v, decimal.Decimal):
+        d = v
+    elif isinstance(v, bool) or not isinstance(v, int | float | str):
+        raise Misfit(f"column {col.name} (numeric): expected a number, got {_shown(v)}")
+    else:
+        try:
+            d = decimal.Decimal(str(v))
+        except decimal.InvalidOperation:
+            raise Misfit(f"column {col.name} (numeric): {v!r} is not a number") from None
     if not d.is_finite():
         raise Misfit(f"column {col.name} (numeric): {v!r} is not finite")
     return d
@@ -74,9 +103,12 @@ def text_value(col: Column, v: Any) -> str:
         s = v
     elif isinstance(v, bool | int | float):
         s = json.dumps(v)
+    elif isinstance(v, decimal.Decimal | uuid.UUID):
+        s = str(v)
+    elif isinstance(v, dt.date | dt.time):
+        s = v.isoformat()
     else:
-        raise Misfit(f"column {col.name} ({col.type_name}): expected a string, got "
-                     f"{json.dumps(v)[:40]}")
+        raise Misfit(f"column {col.name} ({col.type_name}): expected a string, got {_shown(v)}")
     if "\x00" in s:
         raise Misfit(f"column {col.name}: text cannot hold a NUL character")
     if col.max_chars is not None and len(s) > col.max_chars:
@@ -87,18 +119,37 @@ def text_value(col: Column, v: Any) -> str:
 
 def _boolean(col: Column, v: Any) -> bool:
     if not isinstance(v, bool):
-        raise Misfit(f"column {col.name} (bool): expected true or false, got "
-                     f"{json.dumps(v)[:40]}")
+        raise Misfit(f"column {col.name} (bool): expected true or false, got {_shown(v)}")
     return v
 
 
+def _typed_json(v: Any) -> Any:
+    """A decoder's typed value inside a json/jsonb column (``json.dumps``' ``default``)."""
+    if isinstance(v, decimal.Decimal | uuid.UUID):
+        return str(v)
+    if isinstance(v, dt.date | dt.time):
+        return v.isoformat()
+    if isinstance(v, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(v)).decode()
+    raise TypeError(f"{type(v).__name__} is not JSON")
+
+
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+                        default=_typed_json)
+
+
 def json_text(col: Column, v: Any) -> str:
-    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return _JSON.encode(v)
+    except (TypeError, ValueError) as exc:
+        raise Misfit(f"column {col.name} ({col.type_name}): {exc}") from None
 
 
 def _uuid(col: Column, v: Any) -> uuid.UUID:
+    if isinstance(v, uuid.UUID):
+        return v
     if not isinstance(v, str):
-        raise Misfit(f"column {col.name} (uuid): expected a string, got {json.dumps(v)[:40]}")
+        raise Misfit(f"column {col.name} (uuid): expected a string, got {_shown(v)}")
     try:
         return uuid.UUID(v)
     except ValueError:
@@ -108,31 +159,59 @@ def _uuid(col: Column, v: Any) -> uuid.UUID:
 def _iso(col: Column, v: Any) -> str:
     if not isinstance(v, str):
         raise Misfit(f"column {col.name} ({col.type_name}): expected an ISO-8601 string, got "
-                     f"{json.dumps(v)[:40]}")
+                     f"{_shown(v)}")
     return v
 
 
 def _timestamptz(col: Column, v: Any) -> dt.datetime:
-    try:
-        t = dt.datetime.fromisoformat(_iso(col, v))
-    except ValueError:
-        raise Misfit(f"column {col.name} (timestamptz): {v!r} is not ISO-8601") from None
+    if isinstance(v, dt.datetime):
+        t = v
+    else:
+        try:
+            t = dt.datetime.fromisoformat(_iso(col, v))
+        except ValueError:
+            raise Misfit(f"column {col.name} (timestamptz): {v!r} is not ISO-8601") from None
     return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)  # naive: read as UTC
 
 
 def _timestamp(col: Column, v: Any) -> dt.datetime:
-    try:
-        t = dt.datetime.fromisoformat(_iso(col, v))
-    except ValueError:
-        raise Misfit(f"column {col.name} (timestamp): {v!r} is not ISO-8601") from None
+    if isinstance(v, dt.datetime):
+        t = v
+    else:
+        try:
+            t = dt.datetime.fromisoformat(_iso(col, v))
+        except ValueError:
+            raise Misfit(f"column {col.name} (timestamp): {v!r} is not ISO-8601") from None
     return t if t.tzinfo is None else t.astimezone(dt.UTC).replace(tzinfo=None)
 
 
 def _date(col: Column, v: Any) -> dt.date:
+    if isinstance(v, dt.date) and not isinstance(v, dt.datetime):
+        return v
     try:
         return dt.date.fromisoformat(_iso(col, v))
     except ValueError:
         raise Misfit(f"column {col.name} (date): {v!r} is not an ISO-8601 date") from None
+
+
+def _time(col: Column, v: Any) -> dt.time:
+    if isinstance(v, dt.time):
+        return v
+    try:
+        return dt.time.fromisoformat(_iso(col, v))
+    except ValueError:
+        raise Misfit(f"column {col.name} (time): {v!r} is not an ISO-8601 time") from None
+
+
+def _bytea(col: Column, v: Any) -> bytes:
+    if isinstance(v, bytes | bytearray | memoryview):
+        return bytes(v)
+    if isinstance(v, str):
+        try:
+            return base64.b64decode(v, validate=True)
+        except (binascii.Error, ValueError):
+            raise Misfit(f"column {col.name} (bytea): a string must be base64") from None
+    raise Misfit(f"column {col.name} (bytea): expected bytes or base64, got {_shown(v)}")
 
 
 CONVERT: dict[str, Callable[[Column, Any], Any]] = {
@@ -140,13 +219,60 @@ CONVERT: dict[str, Callable[[Column, Any], Any]] = {
     "float4": _number, "float8": _number, "numeric": _numeric,
     "text": text_value, "varchar": text_value, "bpchar": text_value, "name": text_value,
     "bool": _boolean, "json": json_text, "jsonb": json_text, "uuid": _uuid,
-    "timestamptz": _timestamptz, "timestamp": _timestamp, "date": _date,
+    "timestamptz": _timestamptz, "timestamp": _timestamp, "date": _date, "time": _time,
+    "bytea": _bytea,
 }
+
+
+def _array(element: Callable[[Column, Any], Any], type_name: str
+           ) -> Callable[[Column, Any], Any]:
+    def convert(col: Column, v: Any) -> list[Any]:
+        if not isinstance(v, list | tuple):
+            raise Misfit(f"column {col.name} ({type_name}[]): expected an array, got "
+                         f"{_shown(v)}")
+        inner = replace(col, type_name=type_name, max_chars=None)
+        return [None if x is None else element(inner, x) for x in v]
+    return convert
+
+
+for _name, _fn in list(CONVERT.items()):  # arrays of every supported type, as pg_type names them
+    CONVERT["_" + _name] = _array(_fn, _name)
 
 
 def supported(type_name: str) -> bool:
     """True when the sink can write a column of this ``pg_type.typname``."""
     return type_name in CONVERT
+
+
+_INTEGER = re.compile(r"[+-]?[0-9]+\Z")
+_TRUE, _FALSE = frozenset({"true", "t", "1"}), frozenset({"false", "f", "0"})
+
+
+def key_from_text(col: Column, s: str) -> Any:
+    """The key column's value for a key given as text (see the module Rules)."""
+    t = col.type_name
+    if t in _INT_BOUNDS:
+        if not _INTEGER.match(s):
+            raise Misfit(f"key column {col.name} ({t}): the key {s[:40]!r} is not an integer")
+        return integer_value(col, int(s))
+    if t in ("float4", "float8"):
+        try:
+            f = float(s)
+        except ValueError:
+            raise Misfit(f"key column {col.name} ({t}): the key {s[:40]!r} is not a "
+                         "number") from None
+        if f != f or f in (float("inf"), float("-inf")):
+            raise Misfit(f"key column {col.name} ({t}): the key {s[:40]!r} is not finite")
+        return f
+    if t == "bool":
+        if s.lower() in _TRUE:
+            return True
+        if s.lower() in _FALSE:
+            return False
+        raise Misfit(f"key column {col.name} (bool): the key {s[:40]!r} is not true or false")
+    if t in ("numeric", "uuid", "date", "time", "timestamp", "timestamptz") or t in _TEXT_TYPES:
+        return CONVERT[t](col, s)
+    raise Misfit(f"key column {col.name} ({t}): a key given as text cannot fill this type")
 
 
 def key_text(col: Column, key: bytes) -> str:

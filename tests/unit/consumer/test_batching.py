@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from consumer.batching import Flow, PartitionBuffer, in_flight_of, record_size
 from fencing.types import SourceRecord
 
@@ -91,3 +93,34 @@ def test_clear() -> None:
     b.add(rec(i) for i in range(4))
     b.clear()
     assert len(b) == 0 and b.buffered_bytes == 0
+
+
+def test_linger_counts_from_the_oldest_buffered_record() -> None:
+    b = buf(max_records=10)
+    assert b.linger_left_s(5.0, 0.005) == 0.0  # empty: nothing waits
+    b.add([rec(0)], now_s=1.000)
+    b.add([rec(1)], now_s=1.003)  # a later arrival does not restart the linger
+    assert b.linger_left_s(1.003, 0.005) == pytest.approx(0.002)
+    assert b.linger_left_s(1.006, 0.005) == 0.0  # past the linger: go
+    assert b.linger_left_s(1.003, 0.0) == 0.0  # no linger
+    b.take_batch()
+    b.add([rec(2)], now_s=2.0)  # emptied, then a new oldest record
+    assert b.linger_left_s(2.001, 0.005) == pytest.approx(0.004)
+
+
+def test_a_full_batch_never_lingers() -> None:
+    by_count = buf(max_records=3)
+    by_count.add([rec(0), rec(1), rec(2)], now_s=1.0)
+    assert by_count.linger_left_s(1.0, 0.5) == 0.0
+    by_bytes = buf(max_records=100, max_bytes=20)
+    by_bytes.add([rec(0), rec(1)], now_s=1.0)  # 2 x 10 bytes
+    assert by_bytes.linger_left_s(1.0, 0.5) == 0.0
+
+
+def test_records_left_after_a_batch_keep_their_arrival() -> None:
+    b = buf(max_records=2)
+    b.add([rec(0), rec(1), rec(2)], now_s=1.0)
+    assert len(b.take_batch()) == 2
+    assert b.linger_left_s(1.001, 0.005) == pytest.approx(0.004)  # since 1.0, not now
+    b.clear()
+    assert b.linger_left_s(1.001, 0.005) == 0.0

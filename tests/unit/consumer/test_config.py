@@ -110,6 +110,8 @@ def test_bad_assignors_refused(strategy: str) -> None:
     ("auto_offset_reset", "none", "--auto-offset-reset"),
     ("dsn", "", "FENCE_DSN"),
     ("bootstrap_servers", "", "KAFKA_BOOTSTRAP_SERVERS"),
+    ("budget_s", 0.0, "--call-budget-s"),
+    ("db_idle_in_transaction_timeout_s", 20.0, "--call-budget-s"),  # not below the budget
 ])
 def test_invalid_values_name_the_setting(field: str, value: object, named: str) -> None:
     with pytest.raises(ConfigError, match=named):
@@ -171,3 +173,9 @@ def test_topic_mistakes_are_refused(kw: dict[str, object], named: str) -> None:
     with pytest.raises(ConfigError) as err:
         cfg(**kw).check()
     assert named in str(err.value)
+
+
+def test_the_call_budget_is_a_flag_and_bounds_the_idle_timeout() -> None:
+    cfg(budget_s=60.0, db_idle_in_transaction_timeout_s=30.0).check()  # raised together
+    with pytest.raises(ConfigError, match="less than the 60 s lifetime budget"):
+        cfg(budget_s=60.0, db_idle_in_transaction_timeout_s=60.0).check()

@@ -13,10 +13,11 @@ import pytest
 
 from consumer import Lifecycle
 from consumer.failure_run import FailureRun, RetryInterrupted
-from fencing.errors import HandlerFailed, Transient
-from fencing.failures import RetryPolicy
+from fencing.errors import HandlerFailed, TooSlow, Transient, Unavailable
+from fencing.failures import RetryPolicy, handler_failure
 from fencing.handler import Declaration, Durability, Effects, OnFailure
 from fencing.memory.store import MemoryFenceStore
+from fencing.slow import handler_limit_s
 from fencing.store import HandlerFn
 from fencing.types import (
     ACCEPT,
@@ -27,6 +28,7 @@ from fencing.types import (
     TopicPartition,
     Verdict,
 )
+from ops.sim.loop import LogicalClock, run_sync
 
 TP = TopicPartition("t", 0)
 
@@ -319,3 +321,143 @@ async def test_a_poison_record_counts_as_quarantined_in_the_records_metrics() ->
                     totals[m.name] = totals.get(m.name, 0) + getattr(p, "value", 0)
     assert totals["fence.records.rejected"] == 2
     assert totals["fence.records.processed"] == 8
+
+
+def sleeping(per_record_s: float, slow: dict[int, float] | None = None) -> HandlerFn:
+    """Applies each record (table ``applied``) after sleeping ``per_record_s`` per record
+    (``slow``: longer for some offsets): a slow downstream. The tests below run it on the
+    simulator's logical loop (``ops.sim.loop``), so its sleeps and the handler's time limit
+    are logical time: the outcome does not depend on the machine's load."""
+    async def handle(conn: Any, records: Sequence[SourceRecord]) -> list[Any]:
+        await asyncio.sleep(sum((slow or {}).get(r.offset, per_record_s) for r in records))
+        applied = conn.table("applied")
+        for r in records:
+            applied[r.offset] = applied.get(r.offset, 0) + 1
+        return [ACCEPT] * len(records)
+
+    return handle
+
+
+def unavailable_for(calls: int) -> HandlerFn:
+    """``counting()``, but its first ``calls`` calls raise ``Unavailable``."""
+    inner = counting()
+    seen = {"n": 0}
+
+    async def handle(conn: Any, records: Sequence[SourceRecord]) -> Any:
+        seen["n"] += 1
+        if seen["n"] <= calls:
+            raise Unavailable("schema registry: GET /schemas/ids/7 timed out")
+        return await inner(conn, records)
+
+    return handle
+
+
+async def slow_run(store: MemoryFenceStore, clock: LogicalClock, handler: HandlerFn, *,
+                   budget_s: float, decl: Declaration | None = None) -> tuple[Lifecycle,
+                                                                                FailureRun]:
+    lc = Lifecycle(store=store, lifetime_id="L1", clock=clock, wait=asyncio.sleep,
+                   budget_s=budget_s)
+    await lc.assign([SourceCheck(TP, SourceFacts("id", 0, 1000))])
+    return lc, FailureRun(lifecycle=lc, handler=handler, declaration=decl or Declaration(),
+                          policy=RetryPolicy(), rng=random.Random(1), clock=clock,
+                          wait=asyncio.sleep, suspect_window=40,
+                          limit_s=handler_limit_s(budget_s=budget_s,
+                                                  idle_in_transaction_s=None))
+
+
+def test_a_batch_too_slow_for_the_budget_is_split_until_it_fits_and_applied_once() -> None:
+    """A call budget of 0.8 s lets a handler call last 0.6 s: 40 records at 50 ms each are
+    too slow, halves of 20 too, quarters of 10 fit; the next batch keeps the size that fits."""
+    store, clock = MemoryFenceStore("g"), LogicalClock()
+
+    async def body() -> None:
+        lc, run = await slow_run(store, clock, sleeping(0.05), budget_s=0.8)
+        token = await run.submit(TP, recs(*range(40)), links=(), stopped=never)
+        assert token == Token(1, 40) and lc.state.value == "live"
+        assert store.tables()["applied"] == {o: 1 for o in range(40)}
+        assert store.quarantine == [] and processed(store) == 4  # chunks of 10
+        await run.submit(TP, recs(*range(40, 60)), links=(), stopped=never)
+        assert store.tables()["applied"] == {o: 1 for o in range(60)}
+        assert processed(store) == 6  # the size that fits is kept: no 20-record call
+
+    run_sync(body(), clock=clock)
+
+
+@pytest.mark.parametrize("on_failure", [OnFailure.QUARANTINE, OnFailure.STOP])
+def test_a_record_too_slow_alone_is_quarantined_or_stops_per_declaration(
+        on_failure: OnFailure, caplog: pytest.LogCaptureFixture) -> None:
+    store, clock = MemoryFenceStore("g"), LogicalClock()
+
+    async def body() -> None:
+        lc, run = await slow_run(store, clock, sleeping(0.0, slow={1: 5.0}), budget_s=0.4,
+                                 decl=Declaration(on_failure=on_failure))  # 0.3 s a call
+        if on_failure is OnFailure.STOP:
+            with pytest.raises(TooSlow, match=r"offset 1: the handler took longer than 0\.3 s"):
+                await run.submit(TP, recs(0, 1, 2), links=(), stopped=never)
+            assert store.quarantine == [] and store.token_of(TP) == Token(1, 1)
+            return
+        assert await run.submit(TP, recs(0, 1, 2), links=(), stopped=never) == Token(1, 3)
+        [q] = store.quarantine
+        assert (q.offset, q.error_type) == (1, "TooSlow") and q.reason.startswith("too slow")
+        assert store.tables()["applied"] == {0: 1, 2: 1}
+        assert lc.state.value == "live"
+
+    run_sync(body(), clock=clock)
+    warnings = [r.getMessage() for r in caplog.records if "(too slow)" in r.getMessage()]
+    assert len(warnings) == 1 and "--db-idle-in-transaction-timeout-s" in warnings[0]
+
+
+def test_an_outcome_uncertain_batch_too_slow_is_quarantined_as_outcome_unknown() -> None:
+    store, clock = MemoryFenceStore("g"), LogicalClock()
+
+    async def body() -> None:
+        _lc, run = await slow_run(store, clock, sleeping(1.0), budget_s=0.4, decl=Declaration(
+            Durability.DURABLE_CRITICAL, Effects.OUTCOME_UNCERTAIN))
+        assert await run.submit(TP, recs(0, 1), links=(), stopped=never) == Token(1, 2)
+
+    run_sync(body(), clock=clock)
+    assert [(q.offset, q.error_type) for q in store.quarantine] == [
+        (0, "OutcomeUnknown"), (1, "OutcomeUnknown")]
+    assert "applied" not in store.tables()
+
+
+async def test_an_unavailable_service_is_waited_for_past_every_attempt_limit() -> None:
+    """Twelve failures in a row, against a limit of five attempts: no bisection, nothing
+    quarantined, no durable count left for a later owner to blame the records with; the
+    backoff doubles up to its bound."""
+    store, clock = MemoryFenceStore("g"), Clock()
+    lc = await owner(store, clock, "L1")
+    run = failure_run(lc, unavailable_for(12), clock, initial_ms=100, max_ms=1000,
+                      retry_max_attempts=5)
+    counted: list[int] = []
+    real = lc.record_attempt
+
+    async def spy(*args: Any, **kwargs: Any) -> Any:
+        counted.append(kwargs["offset"])
+        return await real(*args, **kwargs)
+
+    lc.record_attempt = spy  # type: ignore[method-assign]
+    token = await run.submit(TP, recs(0, 1, 2), links=(), stopped=never)
+    assert token == Token(1, 3) and store.tables()["applied"] == {0: 1, 1: 1, 2: 1}
+    assert store.quarantine == [] and processed(store) == 1 and counted == []
+    assert store.attempt_rows == {}
+    # 12 backoffs: 0.1, 0.2, 0.4, 0.8, then eight at the 1 s bound, each jittered to [0.5, 1)
+    assert 0.5 * 9.5 <= sum(clock.waits) < 9.5
+
+
+async def test_a_plain_transient_still_stops_at_its_attempt_limit() -> None:
+    store, clock = MemoryFenceStore("g"), Clock()
+    lc = await owner(store, clock, "L1")
+    run = failure_run(lc, counting(transient_failures=50), clock, initial_ms=1, max_ms=2,
+                      retry_max_attempts=3)
+    await run.submit(TP, recs(0), links=(), stopped=never)
+    assert sum(clock.waits) < 0.006  # 2 backoffs of 3 attempts, 2 more in the bisection
+    assert [q.offset for q in store.quarantine] == [0]
+
+
+def test_unavailable_is_a_transient_and_says_so_in_the_failure() -> None:
+    failure = handler_failure(Unavailable("registry down"), what="process")
+    assert isinstance(failure, HandlerFailed) and failure.transient and failure.unavailable
+    assert "(unavailable)" in str(failure)
+    plain = handler_failure(Transient("x"), what="p")
+    assert isinstance(plain, HandlerFailed) and plain.transient and not plain.unavailable

@@ -11,6 +11,7 @@ from prometheus_client import generate_latest
 
 from consumer.observability.instruments import Instruments
 from consumer.observability.readiness import Phase
+from fencing.handler import Declaration, Durability, Effects
 from fencing.types import TopicPartition
 from ops.worker.telemetry import setup_telemetry
 
@@ -170,7 +171,8 @@ def test_export_zeros_exports_handler_failures_per_partition_and_kind() -> None:
     inst.export_zeros([TP])
     points = _points(reader)["fence.handler.failures"]
     per_tp = {p.attributes["kind"]: p.value for p in points if p.attributes.get("partition") == 2}
-    assert per_tp == {"attempt": 0, "retry": 0, "bisection": 0, "quarantine": 0}
+    assert per_tp == {"attempt": 0, "retry": 0, "bisection": 0, "quarantine": 0, "split": 0,
+                      "too-slow": 0}
     inst.handler_failure(TP, kind="retry")
     assert _value(_points(reader)["fence.handler.failures"], kind="retry", partition=2).value == 1
 
@@ -189,3 +191,34 @@ def test_the_exposition_has_the_process_start_time() -> None:
     (line,) = [ln for ln in text.splitlines() if ln.startswith("process_start_time_seconds ")]
     assert float(line.split()[1]) > 1.6e9
     tel.shutdown(timeout_s=1)
+
+
+def test_quarantines_are_counted_per_partition_by_cause() -> None:
+    inst, reader = _make()
+    inst.handler_failure(TP, kind="quarantine", count=2, cause="killed-the-process")
+    inst.handler_failure(TP, kind="quarantine", cause="outcome-unknown")
+    inst.handler_failure(TP, kind="split")
+    points = _points(reader)["fence.handler.failures"]
+    assert _value(points, kind="quarantine", cause="killed-the-process", partition=2).value == 2
+    assert _value(points, kind="quarantine", cause="outcome-unknown", partition=2).value == 1
+    assert _value(points, kind="split", partition=2).value == 1
+    # every cause and kind is exported from the start, before anything happened
+    _fresh, fresh_reader = _make()
+    zero = _points(fresh_reader)["fence.handler.failures"]
+    assert {p.attributes.get("cause") for p in zero if p.value == 0} >= {
+        "raised", "killed-the-process", "outcome-unknown", "too-slow", "rejected"}
+    assert {p.attributes["kind"] for p in zero} >= {"split", "too-slow", "attempt"}
+
+
+def test_a_best_effort_handler_never_claims_completeness_in_the_metrics() -> None:
+    for durability, completeness in (("best-effort", "not-claimed"),
+                                     ("durable-critical", "claimed")):
+        inst, reader = _make()
+        inst.declare(Declaration(Durability(durability), Effects.TRANSACTIONAL))
+        inst.set_lag(TP, high_watermark=10, frontier=10)
+        [declared] = _points(reader)["fence.handler.declaration"]
+        assert dict(declared.attributes) == {
+            "durability": durability, "effects": "transactional", "on_failure": "quarantine",
+            "completeness": completeness}
+        [lag] = _points(reader)["fence.partition.lag"]
+        assert lag.attributes["completeness"] == completeness and lag.value == 0

@@ -107,3 +107,15 @@ async def test_real_time_budget_bounds_blocked_io() -> None:
         await asyncio.wait_for(lc.assign([CHECK]), BOUND_S)
     assert lc.state is LifetimeState.RETIRED and store.writes == []
     await _no_later_writes(lc, store, release)
+
+
+async def test_retire_settles_the_guards_it_saw_when_another_is_added_meanwhile() -> None:
+    """The retire path waits for the other partitions' batches; a guard added by another
+    call before that wait starts must not break it (it raised RuntimeError: the wait read
+    the guards dict lazily)."""
+    lc = lifecycle(MemoryFenceStore("g"))
+    lc._guards[TP] = asyncio.Lock()
+    settling = asyncio.ensure_future(lc._settle_others(None))
+    await asyncio.sleep(0)  # the wait is set up, not yet started
+    lc._guards[TopicPartition("t", 1)] = asyncio.Lock()
+    await asyncio.wait_for(settling, BOUND_S)

@@ -356,3 +356,39 @@ async def test_shutdown_bound_is_final_after_an_earlier_failure(caplog: Any) -> 
     assert "exit 6 instead of 3" in caplog.text and "t[1] offsets 0..2" in caplog.text
     assert "exit 5" not in caplog.text  # a budget used up is a retirement (3), not 5
     done.set()
+
+
+async def test_a_batch_that_is_not_full_waits_the_linger_and_no_longer() -> None:
+    calls: list[int] = []
+
+    async def counting(conn: Any, recs: Sequence[SourceRecord]) -> list[Verdict]:
+        calls.append(len(recs))
+        return [ACCEPT] * len(recs)
+
+    worker, _store, fakes = make(counting, batch_linger_s=1.5)
+    run = asyncio.create_task(worker.run())
+    await until_async(lambda: bool(fakes))
+    kafka = fakes[0]
+    await asyncio.to_thread(kafka.rb.assigned, [TP0])
+    began = time.monotonic()
+    await asyncio.to_thread(kafka.deliver, records(TP0, 0, 1))
+    await asyncio.to_thread(kafka.deliver, records(TP0, 1, 5))  # within the linger: joins
+    await until_async(lambda: kafka.committed(TP0) == 6, timeout_s=20)
+    assert time.monotonic() - began >= 1.5  # the first record waited for more
+    assert calls == [6]
+    worker.request_stop()
+    assert await run == ExitCode.OK
+
+
+async def test_a_full_batch_never_lingers() -> None:
+    worker, _store, fakes = make(batch_linger_s=60.0)
+    run = asyncio.create_task(worker.run())
+    await until_async(lambda: bool(fakes))
+    kafka = fakes[0]
+    await asyncio.to_thread(kafka.rb.assigned, [TP0])
+    await asyncio.to_thread(kafka.deliver, records(TP0, 0, 70))  # 50 full, 20 not
+    await until_async(lambda: kafka.committed(TP0) == 50, timeout_s=20)  # not 60 s later
+    await asyncio.sleep(0.5)
+    assert kafka.committed(TP0) == 50  # the other 20 wait for more, up to the linger
+    worker.request_stop()
+    assert await run == ExitCode.OK

@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from fencing.errors import Fenced, NotCommitted, OutcomeUnknown, ReadFailed, Retired, Unresolved
+from fencing.errors import (
+    EffectUncertain,
+    Fenced,
+    NotCommitted,
+    OutcomeUnknown,
+    ReadFailed,
+    Retired,
+    Unresolved,
+)
 from fencing.guarded import CallHooks, guarded_claim, guarded_observe, guarded_process
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition
 
@@ -194,3 +202,52 @@ async def test_resolution_span_records_its_outcome_through_the_tracing_port() ->
     assert span.name == "fence.resolve" and span.attributes is not None
     assert span.attributes["fence.outcome"] == "committed"  # not overwritten with "ok"
     assert span.attributes["fence.operation"] == "process"
+
+
+class HandlerStore(FakeStore):
+    """Like ``FakeStore``, but a scripted reply ``("after", reply)`` first runs the handler."""
+
+    async def process(self, tp: TopicPartition, token: Token, records: Sequence[SourceRecord],
+                      handler: Any) -> Token:
+        reply = self.script["process"][0]
+        if isinstance(reply, tuple):
+            self.script["process"][0] = reply[1]
+            await handler(None, records)
+        return await self._next("process")  # type: ignore[no-any-return,unused-ignore]
+
+
+async def _once(store: FakeStore, rec: Rec, ran: list[int]) -> Token:
+    async def handler(conn: Any, records: Sequence[SourceRecord]) -> list[Any]:
+        ran.append(len(records))
+        return []
+
+    return await guarded_process(store, TP, TOKEN, RECORDS, handler,  # type: ignore[arg-type]
+                                 wait=rec.wait,
+                                 check_live=rec.check_live,
+                                 hooks=CallHooks(on_resolve=rec.on_resolve), replay=False)
+
+
+@pytest.mark.parametrize("reply, observed", [
+    (OutcomeUnknown("lost COMMIT reply"), [Token(3, 10)]),  # resolved: not committed
+    (NotCommitted("refused after the handler ran"), [])])
+async def test_an_outcome_uncertain_handler_that_ran_is_never_called_again(
+        reply: BaseException, observed: list[Token]) -> None:
+    store, rec = HandlerStore(process=[("after", reply), Token(3, 15)], observe=observed), Rec()
+    ran: list[int] = []
+    with pytest.raises(EffectUncertain, match="after the handler ran"):
+        await _once(store, rec, ran)
+    assert ran == [3] and store.calls.count("process") == 1
+
+
+async def test_an_outcome_uncertain_call_refused_before_the_handler_ran_is_retried() -> None:
+    store = HandlerStore(process=[NotCommitted("no connection"), ("after", Token(3, 15))])
+    rec, ran = Rec(), list[int]()
+    assert await _once(store, rec, ran) == Token(3, 15)
+    assert ran == [3] and store.calls == ["process", "process"]
+
+
+async def test_an_outcome_uncertain_lost_reply_that_committed_is_committed() -> None:
+    store = HandlerStore(process=[("after", OutcomeUnknown("lost"))], observe=[Token(3, 15)])
+    rec, ran = Rec(), list[int]()
+    assert await _once(store, rec, ran) == Token(3, 15)
+    assert ran == [3] and rec.resolved == [("process", "committed")]

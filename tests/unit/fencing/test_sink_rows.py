@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from fencing.postgres.sink.order import last_wins
 from fencing.postgres.sink.rows import (
     Column,
     Delete,
@@ -18,7 +19,6 @@ from fencing.postgres.sink.rows import (
     Upsert,
     convert,
     converter,
-    last_wins,
     supported,
 )
 from fencing.types import SourceRecord
@@ -30,7 +30,7 @@ LAYOUT = Layout((
     Column("tag", "varchar", max_chars=3), Column("doc", "jsonb"),
     Column("payload", "jsonb", not_null=True), Column("kafka_offset", "int8"),
     Column("kafka_key", "text"),
-), key="id")
+), keys=("id",))
 
 
 def rec(value: Any, *, key: bytes | None = b"k1", offset: int = 7) -> SourceRecord:
@@ -139,7 +139,7 @@ def test_reserved_columns_keep_their_checks_where_the_column_is_narrower_than_ka
 
 TS_LAYOUT = Layout((Column("id", "text", not_null=True),
                     Column("kafka_timestamp", "timestamptz"),
-                    Column("kafka_offset", "int8")), key="id")
+                    Column("kafka_offset", "int8")), keys=("id",))
 
 
 def test_kafka_timestamp_is_a_utc_datetime_or_milliseconds_for_a_writer_that_converts() -> None:

@@ -52,7 +52,7 @@ def test_stack_status_of_a_stopped_stack_exits_1(
     assert cli.main(["stack", "status"]) == 1
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
     assert [r[:2] for r in rows] == [["postgres", "down"], ["kafka", "down"], ["jaeger", "down"],
-                                     ["prometheus", "down"]]
+                                     ["prometheus", "down"], ["registry", "down"]]
     assert rows[0][2:] == ["pid=-", "port=42000"]
 
 
@@ -73,4 +73,6 @@ def test_console_script_env_configures_a_shell(
     out = subprocess.run(
         ["bash", "-c", script], capture_output=True, text=True, check=True, cwd=ROOT
     )
-    assert out.stdout.split() == ["127.0.0.1:42001", "http://127.0.0.1:42005"]
+    port = {field: 42000 + i for i, field in enumerate(PORT_ENV)}
+    assert out.stdout.split() == [f"127.0.0.1:{port['kafka']}",
+                                  f"http://127.0.0.1:{port['jaeger_query']}"]

@@ -64,6 +64,9 @@ def test_incoherent_handler_is_refused_at_load_naming_it_and_the_pair() -> None:
     ([], {"FENCE_LOG_LEVEL": "loud"}, "FENCE_LOG_LEVEL 'loud'"),
     (["--db-idle-in-transaction-timeout-s", "30"], {},
      "--db-idle-in-transaction-timeout-s 30: use more than 0 and less than the 20 s"),
+    (["--call-budget-s", "5"], {},
+     "--db-idle-in-transaction-timeout-s 8: use more than 0 and less than the 5 s lifetime "
+     "budget (--call-budget-s"),
     (["-X", "bootstrap.servers=other:9092"], {}, "--bootstrap-servers"),
     (["-X", "group.id=other"], {}, "set it once, with --group"),
     ([], {"KAFKA_BOOTSTRAP_SERVERS": ""}, "no --bootstrap-servers given"),
@@ -90,14 +93,19 @@ def test_run_needs_a_topic_or_a_pattern() -> None:
 
 
 def test_unreachable_kafka_is_one_line_naming_where_the_address_came_from() -> None:
-    """Each waits out its Kafka timeout (5 s for run, 10 s for produce): run concurrently."""
+    """Each waits out its Kafka timeout (5 s for run, 10 s for produce): run concurrently.
+    For ``run`` a Kafka that does not answer is an outage, not a mistake: retried within
+    ``--outage-bound-s`` (0 here: the first failure ends it), then exit 5 naming it."""
     produce = ["produce", "--topic", "t", "--count", "1", "--seed", "1", "--class", "valid"]
+    no_retry = ("--outage-bound-s", "0")
     cases = {
-        "run flag": ((*RUN, "--bootstrap-servers", NOWHERE_KAFKA),
+        "run flag": ((*RUN, *no_retry, "--bootstrap-servers", NOWHERE_KAFKA),
                      {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:2"},
-                     f"fencectl run: --bootstrap-servers {NOWHERE_KAFKA}: cannot reach Kafka"),
-        "run env": (tuple(RUN), {},
-                    f"fencectl run: KAFKA_BOOTSTRAP_SERVERS {NOWHERE_KAFKA}: cannot reach Kafka"),
+                     f"fencectl run: --bootstrap-servers {NOWHERE_KAFKA}: Kafka did not answer "
+                     "for "),
+        "run env": ((*RUN, *no_retry), {},
+                    f"fencectl run: KAFKA_BOOTSTRAP_SERVERS {NOWHERE_KAFKA}: Kafka did not "
+                    "answer for "),
         "produce flag": ((*produce, "--bootstrap-servers", NOWHERE_KAFKA), {},
                          f"fencectl produce: --bootstrap-servers {NOWHERE_KAFKA}: cannot reach"),
         # the old spelling is a hidden alias of the same flag
@@ -109,9 +117,11 @@ def test_unreachable_kafka_is_one_line_naming_where_the_address_came_from() -> N
                 for name, (argv, env, _) in cases.items()}
     for name, (_argv, _env, prefix) in cases.items():
         got = done[name].result()
-        assert got.returncode == 2, (name, got.stderr[-2000:])
+        assert got.returncode == (5 if name.startswith("run") else 2), (name, got.stderr[-2000:])
         line = one_line(got)  # no librdkafka log lines
         assert line.startswith(prefix), (name, line)
+        if name.startswith("run"):
+            assert " s (--outage-bound-s 0): no answer to a metadata request" in line, line
         if "flag" in name or "alias" in name:
             assert "KAFKA_BOOTSTRAP_SERVERS" not in line, (name, line)
 
@@ -127,3 +137,15 @@ def test_help_texts_as_documented() -> None:
         "--to-offset")[0]
     run = fencectl("run", "--help")
     assert "refused with --group-protocol consumer" in " ".join(run.stdout.split())
+
+
+def test_run_retries_an_unreachable_kafka_within_its_bound_then_exits_5() -> None:
+    """Each retry is logged with its wait; past the bound the one error line names Kafka."""
+    done = fencectl(*RUN, "--outage-bound-s", "6")
+    assert done.returncode == 5, done.stderr[-3000:]
+    retries = [ln for ln in done.stderr.splitlines() if "Kafka not answering at start" in ln]
+    assert retries and "(--outage-bound-s 6)" in retries[0]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"fencectl run: KAFKA_BOOTSTRAP_SERVERS {NOWHERE_KAFKA}: Kafka did "
+                           "not answer for "), last
+    assert "Traceback" not in done.stderr

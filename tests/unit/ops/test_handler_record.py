@@ -10,7 +10,7 @@ import pytest
 
 from fencing.errors import ConfigError
 from ops.operator.handler_record import SINK_HANDLER, choose, handler_from_flags, record_of
-from ops.operator.status_view import MemberRow
+from ops.operator.member_view import MemberRow
 
 NOW = datetime(2026, 11, 29, 8, 0, 0, tzinfo=UTC)
 SINK = {"spec": SINK_HANDLER, "settings": {"table": "orders", "key": "id"}, "redacted": []}
@@ -67,9 +67,10 @@ def test_overrides_fill_redacted_settings() -> None:
 
 
 def test_flags_name_the_sink_or_a_handler_or_nothing() -> None:
-    assert handler_from_flags(handler=None, settings={}, sink=None, sink_key=None) is None
-    sink = handler_from_flags(handler=None, settings={}, sink="table=o", sink_key="id")
+    assert handler_from_flags(handler=None, settings={}, sink=None) is None
+    sink = handler_from_flags(handler=None, settings={}, sink="table=o",
+                              sink_options={"sink_key": "id"})
     assert sink is not None and (sink.spec, dict(sink.settings)) == (
         SINK_HANDLER, {"table": "o", "key": "id"})
     with pytest.raises(ConfigError, match="the sink is the handler"):
-        handler_from_flags(handler="m:f", settings={}, sink="table=o", sink_key=None)
+        handler_from_flags(handler="m:f", settings={}, sink="table=o")

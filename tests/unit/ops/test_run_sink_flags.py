@@ -9,6 +9,7 @@ import pytest
 from fencing.errors import ConfigError
 from fencing.handler import HandlerContext, build_handler
 from fencing.postgres.sink import Method, SinkSpec
+from fencing.postgres.sink.keys import Format
 from ops import cli
 from ops.commands.run import SINK_BATCH_MAX_RECORDS, SINK_HANDLER, config_from_args
 
@@ -57,10 +58,45 @@ def test_sink_mistakes_are_named(extra: tuple[str, ...], named: str) -> None:
 
 def test_sink_spec_from_settings() -> None:
     assert SinkSpec.from_settings({"table": "a.b", "key": "id", "method": "executemany"}) == \
-        SinkSpec("a.b", "id", Method.EXECUTEMANY)
+        SinkSpec("a.b", ("id",), Method.EXECUTEMANY)
     assert SinkSpec("a.b").quoted == '"a"."b"' and SinkSpec('we"ird').quoted == '"we""ird"'
     for bad, named in (({"table": "a.b.c"}, "expected table=NAME"),
                        ({"table": "t", "colour": "x"}, "--handler-setting colour"),
                        ({"table": "t", "method": "fast"}, "method=fast")):
         with pytest.raises(ConfigError, match=named):
             SinkSpec.from_settings(bad)
+
+
+def test_sink_formats_and_composite_keys_become_settings_and_the_registry_comes_from_env(
+        ) -> None:
+    env = {**ENV, "SCHEMA_REGISTRY_URL": "http://u:pw@reg:8081/apis/ccompat/v7"}
+    cfg = config_from_args(run_args("--sink", "table=t", "--sink-key", "region, id",
+                                    "--sink-format", "avro", "--sink-key-format", "json"), env)
+    assert dict(cfg.handler_settings) == {
+        "table": "t", "key": "region, id", "format": "avro", "key_format": "json",
+        "registry": "http://u:pw@reg:8081/apis/ccompat/v7"}
+    spec = SinkSpec.from_settings(cfg.handler_settings)
+    assert (spec.keys, spec.value_format, spec.key_format) == (
+        ("region", "id"), Format.AVRO, Format.JSON)
+    assert "pw" not in repr(spec)  # the registry URL may hold credentials
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    (("--sink-format", "avro"), "avro needs a schema registry: set SCHEMA_REGISTRY_URL"),
+    (("--sink-key-format", "protobuf"), "protobuf needs a schema registry"),
+    (("--sink-format", "xml"), "--sink-format xml: use string | json | avro"),
+    (("--sink-format", "string"), "--sink-format string: a value is json, avro"),
+    (("--sink-key", "a,,b"), "--sink-key a,,b: expected COLUMN or COLUMN,COLUMN"),
+    (("--sink-key", "a,a"), "--sink-key a,a: expected COLUMN"),
+])
+def test_sink_format_mistakes_are_named_before_anything_starts(extra: tuple[str, ...],
+                                                               named: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_args(run_args("--sink", "table=t", *extra), ENV)
+    assert named in str(info.value)
+
+
+@pytest.mark.parametrize("flag", ["--sink-format", "--sink-key-format"])
+def test_sink_format_flags_need_the_sink(flag: str) -> None:
+    with pytest.raises(ConfigError, match=f"{flag} json: needs --sink table=NAME"):
+        config_from_args(run_args(flag, "json"), ENV)

@@ -18,8 +18,10 @@ from ops.monitoring import RULES
 from ops.stack import control as stack
 from ops.stack import jaeger as stack_jaeger
 from ops.stack import kafka as stack_kafka
+from ops.stack import kafka_cluster
 from ops.stack import prometheus as stack_prometheus
 from ops.stack.config import (
+    KAFKA_NODES,
     PORT_ENV,
     SERVICE_ENV,
     Service,
@@ -80,10 +82,10 @@ def test_env_lines_round_trip_through_a_shell() -> None:
     assert values["KAFKA_BOOTSTRAP_SERVERS"] == "127.0.0.1:19092"
 
 
-def test_service_settings_need_all_four_variables() -> None:
+def test_service_settings_need_every_variable() -> None:
     full = {name: f"v{i}" for i, name in enumerate(SERVICE_ENV)}
     got = ServiceSettings.from_env(full)
-    assert got == ServiceSettings("v0", "v1", "v2", "v3")
+    assert got == ServiceSettings("v0", "v1", "v2", "v3", "v4")
     assert got.as_env() == full
     assert ServiceSettings.from_env({**full, "FENCE_DSN": " "}) is None
 
@@ -153,10 +155,11 @@ def test_up_refuses_a_taken_port_and_names_the_override(tmp_path: Path) -> None:
 def test_status_and_down_of_an_empty_stack(tmp_path: Path) -> None:
     s = settings_from(_isolated_env(tmp_path))
     rows = stack.status(s)
-    assert [r.service for r in rows] == list(Service)
+    assert [r.service for r in rows] == [Service.POSTGRES, Service.KAFKA, Service.JAEGER,
+                                         Service.PROMETHEUS, Service.REGISTRY]
     assert all(r.state is stack.ServiceState.DOWN and r.pid is None for r in rows)
     assert [r.port for r in rows] == [s.ports.postgres, s.ports.kafka, s.ports.jaeger_query,
-                                      s.ports.prometheus]
+                                      s.ports.prometheus, s.ports.schema_registry]
     assert stack.down(s, out=lambda _line: None) == []
 
 
@@ -219,3 +222,50 @@ def test_prometheus_config_binds_loopback_loads_the_rules_and_reads_target_files
     assert [p.name for p in stack_prometheus.targets_dir(s).iterdir()] == ["w1.json"]
     stack_prometheus.write_targets(s, "w1", [])
     assert not path.exists()
+def test_three_node_cluster_properties(tmp_path: Path) -> None:
+    """Every node broker + controller with the same static voters, its own ports and data,
+    replication 3 / min ISR 2 for internal and default topics, offsets on 3 partitions."""
+    s = settings_from(_isolated_env(tmp_path))
+    props = [kafka_cluster.node_settings(s, node) for node in KAFKA_NODES]
+    voters = {p["controller.quorum.voters"] for p in props}
+    assert voters == {",".join(f"{n}@127.0.0.1:{s.ports.of(node)[1]}"
+                               for n, node in enumerate(KAFKA_NODES, start=1))}
+    assert [p["node.id"] for p in props] == ["1", "2", "3"]
+    assert len({p["listeners"] for p in props}) == 3
+    assert len({p["log.dirs"] for p in props}) == 3
+    for p in props:
+        assert p["process.roles"] == "broker,controller"
+        assert "controller.quorum.bootstrap.servers" not in p
+        assert (p["default.replication.factor"], p["min.insync.replicas"]) == ("3", "2")
+        assert p["offsets.topic.replication.factor"] == "3"
+        assert p["offsets.topic.num.partitions"] == "3"
+        assert p["transaction.state.log.min.isr"] == "2"
+        assert p["share.coordinator.state.topic.min.isr"] == "2"
+        assert p["unclean.leader.election.enable"] == "false"
+        assert p["group.initial.rebalance.delay.ms"] == "0"
+
+
+def test_kafka_nodes_choose_services_and_bootstrap(tmp_path: Path) -> None:
+    one = settings_from(_isolated_env(tmp_path))
+    three = settings_from(_isolated_env(tmp_path, FENCE_KAFKA_NODES="3"))
+    assert (one.kafka_nodes, three.kafka_nodes) == (1, 3)
+    assert one.kafka_services == (Service.KAFKA,)
+    assert three.kafka_services == KAFKA_NODES
+    env = connection_env(three.ports, pg_password="pw", kafka=three.kafka_services)
+    assert env["KAFKA_BOOTSTRAP_SERVERS"] == ",".join(
+        f"127.0.0.1:{three.ports.of(node)[0]}" for node in KAFKA_NODES)
+    with pytest.raises(StackError, match="FENCE_KAFKA_NODES"):
+        settings_from(_isolated_env(tmp_path, FENCE_KAFKA_NODES="2"))
+    with pytest.raises(StackError, match="equal"):
+        settings_from({"FENCE_KAFKA_2_PORT": "19092"})
+    with pytest.raises(StackError, match="kafka node 4"):
+        stack.stop_node(4, settings=one, out=lambda _line: None)
+
+
+def test_stop_node_of_a_cluster_that_does_not_run(tmp_path: Path) -> None:
+    s = settings_from(_isolated_env(tmp_path, FENCE_KAFKA_NODES="3"))
+    assert stack.stop_node(2, settings=s, kill=True, out=lambda _line: None) is None
+    rows = stack.status(s)
+    assert [r.service for r in rows] == [Service.POSTGRES, *KAFKA_NODES, Service.JAEGER,
+                                         Service.PROMETHEUS, Service.REGISTRY]
+    assert all(r.state is stack.ServiceState.DOWN for r in rows)

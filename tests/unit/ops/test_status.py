@@ -10,14 +10,13 @@ from typing import Any
 import pytest
 
 from fencing.types import SourceFacts, TopicPartition
-from ops.commands.status import build_status, render_text
+from ops.commands.status import build_status
+from ops.operator.member_view import Availability, MemberRow, classify_member
+from ops.operator.status_text import render_text
 from ops.operator.status_view import (
-    Availability,
     KafkaCommitted,
-    MemberRow,
     MirrorView,
     PartitionRow,
-    classify_member,
     classify_mirror,
     view_partition,
 )
@@ -231,9 +230,44 @@ def test_a_retrying_partition_shows_attempt_n_of_m_next_retry_and_quarantined() 
     assert doc["quarantined"] == 2 and doc["retrying"]["attempt"] == 2
     assert doc["retrying"]["max_attempts"] == 5 and doc["retrying"]["offset"] == 10
     suspect = view_partition(dataclasses.replace(row, next_retry_at=None, last_error=None,
-                                                 quarantined=0), facts=None, members={})
-    assert suspect.notes == ("suspect offset 10: attempt 2 of 5 before quarantine (earlier "
-                             "attempts did not complete: process deaths?)",)
+                                                 quarantined=0, alone=1),
+                             facts=None, members={})
+    assert suspect.notes == ("suspect offset 10: tried alone 1 time(s) of 5 before quarantine "
+                             "(earlier attempts alone did not complete: process deaths?)",)
+    assert suspect.as_dict()["retrying"]["alone"] == 1
     healthy = view_partition(dataclasses.replace(row, attempts=None, quarantined=0),
                              facts=None, members={})
     assert healthy.notes == () and healthy.as_dict()["retrying"] is None
+
+
+def test_quarantined_records_are_counted_by_cause_so_a_killer_tells_from_a_victim() -> None:
+    row = PartitionRow("g", "t", 0, 3, 10, "lt-a", "id", NOW, quarantined=4,
+                       quarantine_causes={"killed-the-process": 1, "raised": 2,
+                                          "outcome-unknown": 1})
+    view = view_partition(row, facts=None, members={})
+    assert ("4 record(s) quarantined: 1 killed the process, 1 outcome unknown, 2 raised"
+            in view.notes)
+    assert view.as_dict()["quarantine_causes"] == {"killed-the-process": 1, "raised": 2,
+                                                   "outcome-unknown": 1}
+
+
+@pytest.mark.parametrize("durability, completeness", [
+    ("durable-critical", "claimed"), ("derived-reconcilable", "claimed"),
+    ("best-effort", "not-claimed"), (None, "unknown")])
+def test_a_best_effort_owner_never_claims_completeness(durability: str | None,
+                                                       completeness: str) -> None:
+    detail = {} if durability is None else {"handler": {
+        "durability": durability, "effects": "transactional", "on_failure": "quarantine"}}
+    owner = classify_member(dataclasses.replace(member("running", age_s=1, lifetime="lt-a"),
+                                                detail=detail), now=NOW)
+    view = view_partition(PartitionRow("g", "t", 0, 3, 10, "lt-a", "id", NOW),
+                          facts=SourceFacts("id", 0, 10), members={"lt-a": owner})
+    doc = view.as_dict()
+    assert (doc["durability"], doc["completeness"], doc["lag"]) == (durability, completeness, 0)
+    claimed_note = [n for n in view.notes if "completeness is not claimed" in n]
+    assert bool(claimed_note) is (completeness == "not-claimed")
+    status = build_status(now=NOW, partitions=[view.row], members=[dataclasses.replace(
+        member("running", age_s=1, lifetime="lt-a"), detail=detail)], facts={
+        TopicPartition("t", 0): SourceFacts("id", 0, 10)}, topic_notes={})
+    lag_cell = "0 (best-effort)" if completeness == "not-claimed" else "0 "
+    assert lag_cell in render_text(status)

@@ -1,0 +1,150 @@
+"""What librdkafka does with the worker's Kafka calls when a node of the three-node cluster
+dies, pinned (``consumer/kafka/source.py`` Rules; docs/kafka-failures.md).
+
+- ``describe_topics`` goes to the broker librdkafka's cached metadata names as controller and
+  waits for that broker: after it is SIGKILLed, a plain AdminClient keeps failing with
+  ``_TIMED_OUT`` "waiting for controller" while the broker is down; ``KafkaSource`` (one
+  metadata request after a failure) answers again once the cluster fenced the dead broker.
+- ``list_offsets`` for a partition whose leader died answers offset -1001 and no error;
+  ``KafkaSource`` raises ``SourceUnavailable`` instead of returning it as a watermark.
+- Reading a group's committed offsets during a coordinator move neither aborts the process
+  nor returns a wrong value (``KafkaSource.committed_offsets``: a consumer, not an admin
+  request to the coordinator).
+
+``make test`` runs the list_offsets one; ``make test-kafka-faults`` all three.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaException, TopicCollection
+from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+from consumer.kafka.source import KafkaSource
+from fencing.errors import SourceUnavailable
+from fencing.types import TopicPartition
+from ops.reference import generate
+from tests.integration.workers import ROOT, produce, unique, wait_until
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 3
+
+
+def _topic(cluster: Any) -> str:
+    topic = unique("facts3")
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": "0"})
+    admin.create_topics([NewTopic(topic, PARTITIONS)])[topic].result(timeout=60)
+    wait_until(lambda: topic in admin.list_topics(timeout=10).topics, timeout_s=60,
+               what=f"topic {topic}")
+    produce(cluster.bootstrap, generate(1, count=30, partitions=PARTITIONS, klass="valid",
+                                        topic=topic))
+    return topic
+
+
+@pytest.mark.kafka_faults
+def test_describe_topics_waits_for_the_cached_controller_until_metadata_is_refreshed(
+        cluster: Any) -> None:
+    topic = _topic(cluster)
+    plain = AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": "0"})
+    controller = plain.describe_cluster(request_timeout=10).result().controller.id
+    source = KafkaSource({"bootstrap.servers": cluster.bootstrap}, request_timeout_s=3.0)
+    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    source.facts(tps)
+    cluster.kill(controller)
+    try:
+        t0 = time.monotonic()
+        errors: list[str] = []
+        while time.monotonic() - t0 < 25:
+            try:
+                plain.describe_topics(TopicCollection([topic]),
+                                      request_timeout=3)[topic].result(timeout=4)
+                errors.append("answered")
+            except KafkaException as exc:
+                errors.append(exc.args[0].str())
+        assert errors and all("waiting for controller" in e for e in errors), errors
+
+        def refreshed() -> bool:
+            try:
+                source.facts(tps)
+            except SourceUnavailable:
+                return False
+            return True
+        # the cluster fences the dead broker after broker.session.timeout.ms (9 s) at most
+        wait_until(refreshed, timeout_s=30, what="KafkaSource answering again", interval_s=0.5)
+    finally:
+        cluster.start(controller)
+
+
+def test_list_offsets_without_a_leader_is_unavailable_not_minus_1001(cluster: Any) -> None:
+    topic = _topic(cluster)
+    plain = AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": "0"})
+    source = KafkaSource({"bootstrap.servers": cluster.bootstrap}, request_timeout_s=2.0)
+    # a partition led by another node than the one the source's client calls controller
+    # (that one's death would fail describe_topics first: the test above)
+    controller = source._admin.describe_cluster(request_timeout=10).result().controller.id
+    p = next(p for p in range(PARTITIONS) if cluster.leader(topic, p) != controller)
+    leader = cluster.leader(topic, p)
+    cluster.kill(leader)
+    try:
+        got = plain.list_offsets({KafkaTP(topic, p): OffsetSpec.latest()},
+                                 request_timeout=2)[KafkaTP(topic, p)].result(timeout=5)
+        assert got.offset == -1001  # librdkafka: no error, an invalid offset
+        with pytest.raises(SourceUnavailable, match=r"answered no offset \(-1001\)"):
+            source.facts([TopicPartition(topic, p)])
+    finally:
+        cluster.start(leader)
+    facts = source.facts([TopicPartition(topic, q) for q in range(PARTITIONS)])
+    assert all(f.high_watermark >= 0 for f in facts.values())
+
+
+_READER = """
+import sys, time
+from consumer.kafka.source import KafkaSource
+from fencing.errors import SourceUnavailable
+from fencing.types import TopicPartition
+bootstrap, group, topic, expect = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+source = KafkaSource({"bootstrap.servers": bootstrap}, request_timeout_s=2.0)
+answers = failures = 0
+t0 = time.monotonic()
+while time.monotonic() - t0 < float(sys.argv[5]):
+    try:
+        got = source.committed_offsets(group, [TopicPartition(topic, 0)])
+        assert got == {TopicPartition(topic, 0): expect}, got
+        answers += 1
+    except SourceUnavailable:
+        failures += 1
+print(answers, failures)
+"""
+
+
+@pytest.mark.kafka_faults
+def test_committed_offsets_during_a_coordinator_move_never_abort(cluster: Any) -> None:
+    from confluent_kafka import Consumer
+
+    topic, group = _topic(cluster), unique("gfacts3")
+    committer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group,
+                          "log_level": "0"})
+    committer.commit(offsets=[KafkaTP(topic, 0, 7)], asynchronous=False)
+    committer.close()
+    coordinator = cluster.coordinator(group)
+    reader = subprocess.Popen([sys.executable, "-c", _READER, cluster.bootstrap, group, topic,
+                               "7", "30"], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        cluster.kill(coordinator)
+        out, err = reader.communicate(timeout=90)
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+        cluster.start(coordinator)
+    assert reader.returncode == 0, err[-3000:]
+    answers, _failures = (int(x) for x in out.split())
+    assert answers > 0
