@@ -8,14 +8,17 @@ Status precedence (first that applies):
    turned into a PASS.
 4. PASS_WITH_EXCLUSIONS: passed, but records deleted by retention were skipped (the
    operator's ``allow_retention_gap``) and excluded from the comparison; or, without a
-   drain, complete while a lifetime was stopped or retired with a call in flight (its
-   interrupted call's outcome is left to a successor no run started: the report lists it
-   under ``lifetimes`` and in ``diagnostics``).
+   drain, complete while a lifetime was stopped or retired with a call in flight and no
+   live successor holds the current epoch of that call's partitions (the interrupted
+   call is left to a successor no run started: the report lists it under ``lifetimes``
+   and in ``diagnostics``). A takeover in the run (a replacement that goes on) is such a
+   successor.
 5. PASS.
 ``before_drain`` is the same rule applied to the state before the drain (ERROR,
 INCOMPLETE or PASS). ``lifetimes`` is every lifetime's end state: ``live``, ``stopped``,
 ``retiring`` or ``retired``, the reason it left LIVE, and the attempt whose call it was
-in (``ended_in_flight``, None for a stop between calls).
+in (``ended_in_flight``: attempt, actor, partitions, ``followed_up_by``; None for a
+lifetime still live or stopped between calls).
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ def build_report(trace: Trace, *, attempts: Sequence[Mapping[str, Any]],
                  checks: int, lifetimes: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     complete = bool(boundary) and all(
         (b["frontier"] or 0) >= b["end"] for b in boundary.values())
-    in_flight = [lt for lt in lifetimes if lt.get("ended_in_flight") is not None]
+    in_flight = [lt for lt in lifetimes if lt.get("ended_in_flight") is not None
+                 and lt["ended_in_flight"].get("followed_up_by") is None]
     status = final_status(violations=len(violations), drain=trace.drain, blocked=blocked,
                           complete=complete, excluded=excluded, ended_in_flight=len(in_flight))
     before = final_status(violations=violations_before, drain=False, blocked=False,

@@ -284,7 +284,8 @@ class _Run:
             if w in live_before or w not in known:
                 if step.actor == "stop" and w == step.worker:
                     continue
-                self.ended_in_flight[w] = {"attempt": self.attempt_index, "actor": step.actor}
+                self.ended_in_flight[w] = {"attempt": self.attempt_index, "actor": step.actor,
+                                           "partitions": list(step.partitions)}
 
     def _token_checks(self, step: Step, result: str, held: dict[int, Token | None],
                       exc: BaseException | None) -> None:
@@ -461,10 +462,29 @@ async def finish(run: _Run, trace: Trace) -> dict[str, Any]:
 
 
 def _lifetimes(run: _Run) -> list[dict[str, Any]]:
-    """Every lifetime's end state before the drain stops them (``ops.sim.report``)."""
-    return [{"lifetime": str(w), "state": lc.state.value, "reason": lc.retired_reason,
-             "ended_in_flight": run.ended_in_flight.get(w)}
-            for w, lc in sorted(run.lifecycles.items())]
+    """Every lifetime's end state before the drain stops them (``ops.sim.report``). A
+    lifetime that ended with a call in flight names the live successor that holds the
+    current epoch of every partition of that call (``followed_up_by``), or None."""
+    out = []
+    for w, lc in sorted(run.lifecycles.items()):
+        ended = run.ended_in_flight.get(w)
+        if ended is not None:
+            ended = {**ended, "followed_up_by": _successor(run, w, ended["partitions"])}
+        out.append({"lifetime": str(w), "state": lc.state.value,
+                    "reason": lc.retired_reason, "ended_in_flight": ended})
+    return out
+
+
+def _successor(run: _Run, worker: int, partitions: list[int]) -> str | None:
+    """The one live lifetime other than ``worker`` holding the durable token of every
+    partition in ``partitions``, if any."""
+    for w, lc in sorted(run.lifecycles.items()):
+        if w == worker or lc.state is not LifetimeState.LIVE:
+            continue
+        if all(lc.token(run.tp(p)) is not None and lc.token(run.tp(p)) ==
+               run.store.token_of(run.tp(p)) for p in partitions):
+            return str(w)
+    return None
 
 
 def new_run(trace: Trace, *, checking: bool = False) -> _Run:
