@@ -58,6 +58,7 @@ import logging
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
+from consumer import decisions as d
 from consumer import events as ev
 from consumer.batching import Flow, InFlight, PartitionBuffer, in_flight_of
 from consumer.decisions import LifetimeState
@@ -431,7 +432,7 @@ class LifetimeRun:
                         self._start_reclaim(part.tp)
                     return
                 except BaseException as exc:
-                    if part.closing and isinstance(exc, TokenDropped):
+                    if d.after_batch_failure(exc, closing=part.closing) is d.BatchFailure.DROP:
                         # Lost while the batch waited behind the partition's guard: never
                         # attempted, dropped like the records still buffered (the next owner,
                         # this member again after a rejoin, processes it from the frontier).

@@ -67,12 +67,14 @@ class Interleave:
     stop: bool = False
     replacement: int | None = None
     revoke: bool = False  # the calling lifetime revokes the partition meanwhile (concurrently)
+    lost: bool = False  # the next batch queues behind the guard, then the assignment is lost
 
     def __post_init__(self) -> None:
         if self.at not in ("before", "after"):
             raise ValueError(f"interleave.at must be 'before' or 'after', not {self.at!r}")
-        if not self.stop and self.replacement is None and not self.revoke:
-            raise ValueError("interleave needs stop: true, a replacement and/or revoke: true")
+        if not self.stop and self.replacement is None and not self.revoke and not self.lost:
+            raise ValueError("interleave needs stop: true, a replacement, revoke: true and/or "
+                             "lost: true")
 
 
 @dataclass(frozen=True, slots=True)

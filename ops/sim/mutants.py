@@ -205,6 +205,12 @@ def _gap_unrefused() -> list[Patch]:
     return [(fencing.memory.store, "decide_validation", validate)]
 
 
+def _lost_queued_ends() -> list[Patch]:
+    def after(exc: BaseException, *, closing: bool) -> Any:  # the rule before the fix
+        return consumer.decisions.BatchFailure.END
+    return [(consumer.decisions, "after_batch_failure", after)]
+
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("adopt-observed-epoch", "an unknown claim adopts the epoch it re-reads",
            _adopt_observed),
@@ -233,6 +239,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "running", _stop_without_cancel),
     Mutant("gap-unrefused", "the source check ignores records deleted below the durable "
            "frontier", _gap_unrefused),
+    Mutant("lost-queued-ends-lifetime", "a batch queued behind its guard when the assignment "
+           "is lost ends the lifetime instead of being dropped", _lost_queued_ends),
 )
 
 

@@ -1,4 +1,4 @@
-"""Trace format version 3 (``worker-schedule-v1``; versions 1 and 2 are still read): parse
+"""Trace format version 4 (``worker-schedule-v1``; versions 1 to 3 are still read): parse
 strictly, dump canonically.
 
 Long because the trace format's strict validation (unknown fields, provenance, choices)
@@ -26,6 +26,12 @@ Rules
   flight, e.g. during a seek); the ``heartbeat`` actor (one member-heartbeat tick of a
   lifetime) with ``heartbeat`` faults; the ``expire`` actor (``partition``, ``offset``, no
   worker: Kafka's retention deletes the partition's records below ``offset``).
+- Version 4 adds (and versions 1 to 3 may not use): the ``lost`` actor (``worker``,
+  ``partition`` or a list: the group session is lost, the lifetime drops those tokens
+  locally, no I/O); an interleave ``lost: true`` (a process step's process call only: the
+  next batch of each of the step's partitions is delivered to the same lifetime and queues
+  behind the partition's guard, then the assignment of the step's partitions is lost); a
+  list of partitions for a seek step (one ``seek_all``: one observe for the set).
 - ``dumps`` is canonical (sorted keys, fixed separators, one trailing newline), so a
   parse/dump round trip is byte-identical.
 """
@@ -60,12 +66,13 @@ __all__ = [
     "toolchain",
 ]
 
-VERSION = 3
-VERSIONS = (1, 2, 3)
+VERSION = 4
+VERSIONS = (1, 2, 3, 4)
 IMPLEMENTATION = "worker-schedule-v1"
-ACTORS = ("start", "assign", "seek", "process", "revoke", "stop", "heartbeat", "expire")
+ACTORS = ("start", "assign", "seek", "process", "revoke", "stop", "heartbeat", "expire", "lost")
 _V3_ACTORS = ("heartbeat", "expire")
-_WORKER_ACTORS_WITH_PARTITION = ("assign", "seek", "process", "revoke")
+_V4_ACTORS = ("lost",)
+_WORKER_ACTORS_WITH_PARTITION = ("assign", "seek", "process", "revoke", "lost")
 _FAULT_OPS = {"assign": ("validate", "claim", "observe"), "seek": ("observe",),
               "process": ("process", "observe")}
 _FAULT_OPS_V2 = {"assign": ("validate", "claim", "observe", "skip", "journal"),
@@ -169,6 +176,8 @@ def fault_json(f: Fault) -> dict[str, Any]:
             il["replacement"] = f.interleave.replacement
         if f.interleave.revoke:
             il["revoke"] = True
+        if f.interleave.lost:
+            il["lost"] = True
         out["interleave"] = il
     return out
 
@@ -284,19 +293,23 @@ def _fault(raw: Any, where: str, actor: str, version: int) -> Fault:
     interleave = None
     if "interleave" in f:
         il = _obj(f["interleave"], f"{where}.interleave", ("at",),
-                  ("stop", "replacement") if version == 1 else ("stop", "replacement", "revoke"))
+                  ("stop", "replacement") if version == 1 else
+                  ("stop", "replacement", "revoke") if version < 4 else
+                  ("stop", "replacement", "revoke", "lost"))
         stop = _bool(il.get("stop", False), f"{where}.interleave.stop")
         revoke = _bool(il.get("revoke", False), f"{where}.interleave.revoke")
-        if revoke and (actor != "process" or op != "process"):
-            raise TraceError(f"{where}.interleave.revoke: only for a process step's process "
-                             "call")
+        lost = _bool(il.get("lost", False), f"{where}.interleave.lost")
+        for name, on in (("revoke", revoke), ("lost", lost)):
+            if on and (actor != "process" or op != "process"):
+                raise TraceError(f"{where}.interleave.{name}: only for a process step's "
+                                 "process call")
         if version < 3 and op in ("validate", "observe"):
             raise TraceError(f"{where}.interleave: an interleave on {op} needs version 3")
         rep = il.get("replacement")
         try:
             interleave = Interleave(il["at"], stop, None if rep is None else
                                     _int(rep, f"{where}.interleave.replacement"),
-                                    revoke)
+                                    revoke, lost)
         except TraceError:
             raise
         except ValueError as exc:
@@ -313,10 +326,10 @@ def _fault(raw: Any, where: str, actor: str, version: int) -> Fault:
 def _partition(part: Any, where: str, actor: str, partitions: int,
                version: int) -> int | tuple[int, ...]:
     if isinstance(part, list):
-        if version == 1 or actor not in ("assign", "revoke", "process") or (
-                actor == "process" and version < 3):
+        if version == 1 or actor not in ("assign", "revoke", "process", "seek", "lost") or (
+                actor == "process" and version < 3) or (actor == "seek" and version < 4):
             raise TraceError(f"{where}.partition: a list is only for assign and revoke "
-                             "(version 2) and process (version 3)")
+                             "(version 2), process (version 3), seek and lost (version 4)")
         if not part:
             raise TraceError(f"{where}.partition: expected a non-empty list")
         ps = tuple(_int(v, f"{where}.partition[{k}]") for k, v in enumerate(part))
@@ -347,7 +360,8 @@ def _steps(raw: Any, partitions: int, version: int) -> tuple[Step, ...]:
                             offset=_int(e["offset"], f"{where}.offset")))
             continue
         if isinstance(rs, dict) and "actor" in rs and (
-                actor not in ACTORS or (actor in _V3_ACTORS and version < 3)):
+                actor not in ACTORS or (actor in _V3_ACTORS and version < 3)
+                or (actor in _V4_ACTORS and version < 4)):
             raise TraceError(f"{where}.actor: unknown actor {actor!r} in version {version}")
         s = _obj(rs, where, ("actor", "worker"), ("partition", "faults"))
         actor = s["actor"]

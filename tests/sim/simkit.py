@@ -25,8 +25,8 @@ def puts(partition: int, offsets: list[int]) -> list[SourceRecord]:
 
 def fault(op: str, call: int = 1, outcome: str = "commit", *, delay_ms: int = 0,
           at: str | None = None, stop: bool = False, replacement: int | None = None,
-          revoke: bool = False) -> Fault:
-    il = None if at is None else Interleave(at, stop, replacement, revoke)
+          revoke: bool = False, lost: bool = False) -> Fault:
+    il = None if at is None else Interleave(at, stop, replacement, revoke, lost)
     return Fault(Operation(op), call, FaultOutcome(outcome), delay_ms, il)
 
 

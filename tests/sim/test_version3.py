@@ -233,7 +233,7 @@ def test_a_version_2_trace_still_replays_as_it_did() -> None:
     steps = [step("start", 1), Step("assign", 1, ALL, (fault("claim", 1, "unknown-aborted"),)),
              *(step("seek", 1, p) for p in ALL), step("process", 1, 1),
              Step("revoke", 1, (0, 1), (fault("journal", 1, "abort"),))]
-    v3 = make(THREE, steps, partitions=3, drain=True)
+    v3 = parse(dumps(replace(make(THREE, steps, partitions=3, drain=True), version=3)))
     v2 = parse(dumps(replace(v3, version=2)))
     assert v2.version == 2 and dumps(v2) == dumps(replace(v3, version=2))
     report2, _ = run(v2)
