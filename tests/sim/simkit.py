@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fencing.memory.faults import Fault, FaultOutcome, Interleave, Operation
@@ -67,3 +70,13 @@ def head(worker: int = 1, partition: int = 0) -> list[Step]:
     """start, assign, seek of one lifetime on one partition (attempts 0..2)."""
     return [step("start", worker), step("assign", worker, partition),
             step("seek", worker, partition)]
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Failing heartbeats log a warning each; the tests read rows, not logs."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)

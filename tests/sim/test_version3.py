@@ -6,9 +6,6 @@ flags it when the production rule it exercises is broken (patched in process).""
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -21,20 +18,10 @@ from ops.sim.mutants import MUTANTS, Mutant, patched
 from ops.sim.reduce import failure_of
 from ops.sim.schedule import generate_and_run
 from ops.sim.trace import Step, TraceError
-from tests.sim.simkit import attempts, events, fault, head, make, puts, run, step
+from tests.sim.simkit import attempts, events, fault, head, make, puts, quiet, run, step
 
 ALL = (0, 1, 2)
 THREE = puts(0, [0, 1]) + puts(1, [0, 1, 2, 3]) + puts(2, [0])
-
-
-@contextmanager
-def quiet() -> Iterator[None]:
-    """Failing heartbeats log a warning each; the tests read rows, not logs."""
-    logging.disable(logging.WARNING)
-    try:
-        yield
-    finally:
-        logging.disable(logging.NOTSET)
 
 
 def _stop_during_seek() -> list[Step]:
