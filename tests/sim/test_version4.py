@@ -108,3 +108,32 @@ def test_earlier_versions_reject_the_version_4_additions() -> None:
     with pytest.raises(TraceError, match=r"interleave.lost: only for a process step"):
         make(puts(0, [0]), [*head(), step("seek", 1, 0, fault("observe", 1, at="before",
                                                                lost=True))])
+
+
+def version_4_scenarios(report: dict[str, Any]) -> list[str]:
+    """The version 4 scenarios one generated run reaches, one entry per attempt."""
+    out = []
+    for a in report["attempts"]:
+        if a["actor"] == "lost":
+            out.append("lost actor")
+        if a["actor"] == "seek" and isinstance(a["partition"], list):
+            out.append("seek of a set")
+        if "TokenDropped" in a.get("queued", {}).values():
+            out.append("queued batch dropped")
+        if a.get("worker_ended"):
+            out.append("ended by the worker after a loss")
+    return out
+
+
+def test_generated_runs_reach_every_version_4_scenario() -> None:
+    from ops.sim.reduce import failure_of
+    from ops.sim.schedule import generate_and_run
+    from tests.sim.simkit import quiet
+    seen: set[str] = set()
+    with quiet():
+        for seed in range(1, 21):
+            for klass in ("valid", "conflict"):
+                _, report = generate_and_run(seed, klass=klass)
+                assert failure_of(report) is None, (seed, klass, report["violations"])
+                seen.update(version_4_scenarios(report))
+    assert seen >= {"lost actor", "seek of a set", "queued batch dropped"}, seen
