@@ -42,6 +42,7 @@ from fencing.memory.store import MemoryFenceStore
 from fencing.types import SourceRecord, Token, TopicPartition
 from ops.reference import oracle
 from ops.reference.snapshot import memory_store_state
+from ops.sim.failures import Ranges, failure_rows
 
 __all__ = ["Checker"]
 
@@ -146,6 +147,8 @@ class Checker:
         self.excluded = 0
         self._converted: dict[int, tuple[Any, Any]] = {}  # table entry -> its oracle row
         self._skips_seen = 0
+        self.poison: frozenset[tuple[int, int]] | None = None  # ops.sim.failures, when on
+        self.gone = Ranges()  # given up by gap-skips and accepted gaps: owed nothing
 
     def exclude(self, tp: TopicPartition, first: int, end: int) -> None:
         """Drop source records of ``tp`` in [first, end) (an accepted retention gap);
@@ -154,9 +157,18 @@ class Checker:
         if len(kept) == len(self.source):
             return
         self.excluded += len(self.source) - len(kept)
+        self.gone.add(tp.partition, first, end)
         self.source = kept
         self._folds = _PartitionFolds(self.source)
         self._last_seen = self._last_data = None
+
+    def leave_out(self, records: AbstractSet[tuple[int, int]]) -> None:
+        """Leave (partition, offset) records out of the fold: never applied by the failure
+        path's verdict (``ops.sim.failures``); not counted as ``excluded``."""
+        kept = tuple(r for r in self.source if (r.partition, r.offset) not in records)
+        if len(kept) != len(self.source):
+            self.source, self._folds = kept, _PartitionFolds(kept)
+            self._last_seen = self._last_data = None
 
     def fail(self, place: str, problem: str) -> None:
         """Record one violation seen at ``place``."""
@@ -194,6 +206,8 @@ class Checker:
 
     def _check_state(self, place: str, frontiers: dict[tuple[str, int], int]) -> None:
         actual = memory_store_state(self._store, memo=self._converted)
+        if self.poison is not None:  # the failure path's rows: ops.sim.failures
+            actual = failure_rows(self, place, actual, frontiers)
         expected, consistency = self._folds.expected(frontiers)
         same = actual == expected  # then the outbox rules give what they give the fold
         for problem in (*oracle.progress_problems(actual, frontiers),

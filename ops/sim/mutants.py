@@ -30,6 +30,7 @@ from typing import Any
 import consumer.decisions
 import consumer.lifecycle
 import consumer.lifetime_frame
+import fencing.failures
 import fencing.guarded
 import fencing.memory.store
 from fencing.errors import NotCommitted, OutcomeUnknown
@@ -208,6 +209,16 @@ def _gap_unrefused() -> list[Patch]:
     return [(fencing.memory.store, "decide_validation", validate)]
 
 
+def _bisect_coarse() -> list[Patch]:
+    real = fencing.failures.Bisection.next
+
+    def next_(self: Any) -> Any:  # a failing pair blames its first record unprobed
+        if self.bad_hi is not None and self.bad_hi - self.lo == 2:
+            self.bad_hi = self.lo + 1
+        return real(self)
+    return [(fencing.failures.Bisection, "next", next_)]
+
+
 def _lost_queued_ends() -> list[Patch]:
     def after(exc: BaseException, *, closing: bool) -> Any:  # the rule before the fix
         return consumer.decisions.BatchFailure.END
@@ -244,6 +255,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "frontier", _gap_unrefused),
     Mutant("lost-queued-ends-lifetime", "a batch queued behind its guard when the assignment "
            "is lost ends the lifetime instead of being dropped", _lost_queued_ends),
+    Mutant("bisect-pair-unprobed", "bisection blames the first of a failing pair of records "
+           "without probing it", _bisect_coarse),
 )
 
 
@@ -252,14 +265,14 @@ MUTANTS: tuple[Mutant, ...] = (
 # pinned run kills it, that every run before it lets it live, and that the healthy code
 # passes the pinned run; ``make sim-mutants`` reports a pin the generator has moved.
 FIRST_KILLS: dict[str, tuple[int, str]] = {
-    "adopt-observed-epoch": (19, "valid"), "no-live-check": (19, "valid"),
-    "any-reread-committed": (2, "valid"), "retire-noop": (1, "conflict"),
-    "same-epoch-committed": (2, "valid"), "seek-unchecked": (1, "conflict"),
-    "claim-unjournaled": (1, "valid"), "revoke-no-wait": (11, "conflict"),
-    "process-after-revoke": (1, "valid"), "frontier-from-kafka": (1, "valid"),
-    "resolve-without-read": (2, "valid"), "retry-without-reread": (4, "conflict"),
-    "stop-without-cancel": (1, "conflict"), "gap-unrefused": (3, "valid"),
-    "lost-queued-ends-lifetime": (2, "conflict"),
+    "adopt-observed-epoch": (41, "conflict"), "no-live-check": (14, "valid"),
+    "any-reread-committed": (2, "conflict"), "retire-noop": (1, "valid"),
+    "same-epoch-committed": (2, "conflict"), "seek-unchecked": (3, "conflict"),
+    "claim-unjournaled": (1, "valid"), "revoke-no-wait": (11, "valid"),
+    "process-after-revoke": (1, "conflict"), "frontier-from-kafka": (1, "valid"),
+    "resolve-without-read": (2, "valid"), "retry-without-reread": (1, "conflict"),
+    "stop-without-cancel": (4, "valid"), "gap-unrefused": (1, "valid"),
+    "lost-queued-ends-lifetime": (1, "conflict"), "bisect-pair-unprobed": (6, "conflict"),
 }
 
 

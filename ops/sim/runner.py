@@ -39,6 +39,7 @@ import asyncio
 from typing import Any
 
 from consumer.decisions import LifetimeState
+from consumer.failure_run import FailureRun, RetryInterrupted
 from consumer.lifecycle import Lifecycle
 from fencing.errors import Fenced, FenceError, Retired, SourceRefused
 from fencing.memory.faults import InterleavePoint
@@ -47,6 +48,7 @@ from fencing.types import SourceCheck, SourceFacts, SourceRecord, Token, TopicPa
 from ops.reference.memory import memory_ref_handler
 from ops.sim.boundaries import Heartbeats, refusal_rules
 from ops.sim.checks import Checker
+from ops.sim.failures import FailingHandler, Timed, failure_run
 from ops.sim.loop import LogicalClock, run_sync
 from ops.sim.lost import lose, queue_and_lose, worker_judges
 from ops.sim.report import build_report
@@ -103,6 +105,12 @@ class _Run:
         self.pending: list[asyncio.Future[None]] = []
         self.ended_in_flight: dict[int, dict[str, Any]] = {}  # lifetime -> the attempt
         self.queued_results: dict[int, tuple[str, FenceError | None]] = {}  # ops.sim.lost
+        self.failing: FailingHandler | None = None  # ops.sim.failures, for such a config
+        self.failure_runs: dict[int, FailureRun] = {}
+        if cfg.poison or cfg.transient:
+            self.failing = FailingHandler(cfg.poison, cfg.transient)
+            self.checker.poison = frozenset(cfg.poison)
+            self.checker.leave_out(self.checker.poison)
 
     # -- hooks ---------------------------------------------------------------------------
     def _dead(self) -> frozenset[str]:
@@ -194,6 +202,14 @@ class _Run:
                        allow_retention_gap=self.trace.config.allow_retention_gap)
         self.lifecycles[worker] = lc
         self._live.append(lc)
+        if self.failing is not None:  # each lifetime a worker process of its own
+
+            def began(lifetime: str = lc.lifetime_id) -> None:
+                self.call_us[lifetime] = self.clock.now_us
+
+            self.failure_runs[worker] = failure_run(
+                Timed(lc, began), self.failing, seed=self.trace.seed, worker=worker,
+                clock=self.clock, wait=self._wait, window=self.trace.config.batch_max)
         return lc
 
     def take_batch(self, worker: int, partition: int, *,
@@ -266,9 +282,12 @@ class _Run:
                 place, worker=step.worker, state=lc.state, result=attempt["result"],
                 held=next((t for t in held.values() if t is not None), None), actor=step.actor)
             for q, (result, _) in sorted(self.batch_results.items()):
-                acked = any(e["lifetime"] == label and e["operation"] == "process"
-                            and e.get("partition") == q and e["observed"] == "ok"
-                            for e in self.events[first_event:])
+                if result == "interrupted":  # bisected parts may be committed: no claim
+                    continue
+                acked = self.failing is None and any(  # failure path: several commits
+                    e["lifetime"] == label and e["operation"] == "process"
+                    and e.get("partition") == q and e["observed"] == "ok"
+                    for e in self.events[first_event:])
                 self.checker.batch_outcome(place, worker=step.worker, tp=self.tp(q),
                                            result=result, batch_end=self.batch_ends.get(q),
                                            acked=acked)
@@ -369,7 +388,16 @@ class _Run:
             if isinstance(batch, str):
                 return batch
             try:
-                await lc.process(self.tp(q), batch, memory_ref_handler)
+                if self.failing is None:
+                    await lc.process(self.tp(q), batch, memory_ref_handler)
+                else:
+                    tp = self.tp(q)
+                    await self.failure_runs[worker].submit(tp, batch, links=(), stopped=lambda:
+                                                           lc.state is not LifetimeState.LIVE
+                                                           or lc.token(tp) is None)
+            except RetryInterrupted:  # the lifetime left LIVE or dropped the partition
+                self.batch_results[q] = ("interrupted", None)
+                return "interrupted"
             except FenceError as exc:
                 self.batch_results[q] = (_result(exc), exc)
                 raise

@@ -20,7 +20,8 @@ Rules
   still owe records, to just past their durable frontier or further. Version 4: a seek may
   carry a set of one lifetime's unsought partitions (one observe); ``lost`` aims at a live
   lifetime's held partitions; a process call's interleave may queue the next batch and
-  lose the step's partitions.
+  lose the step's partitions; one profile in three gives the handler poison records and
+  transient failures (``ops.sim.failures``).
 """
 
 from __future__ import annotations
@@ -266,10 +267,19 @@ def _start(seed: int, klass: str, steps: int, checking: bool) -> tuple[_Gen, Tra
             for p in range(partitions)}
     lows = tuple(rng.randint(1, ends[p]) if prof.retention and ends[p] else 0
                  for p in range(partitions))
+    poison: tuple[tuple[int, int], ...] = ()
+    transient: tuple[tuple[int, int, int], ...] = ()
+    if prof.failures and records:  # a few poison records and a few transient ones
+        chosen = rng.sample(records, min(len(records), rng.randint(1, 5)))
+        cut = rng.randint(0, len(chosen))
+        poison = tuple(sorted((r.partition, r.offset) for r in chosen[:cut]))
+        transient = tuple(sorted((r.partition, r.offset, rng.randint(1, 2))
+                                 for r in chosen[cut:]))
     config = SimConfig(klass=klass, steps=steps, topic="sim", partitions=partitions,
                        group_id="sim", batch_max=prof.batch_max, budget_ms=prof.budget_ms,
                        low_watermarks_before_drain=lows, allow_retention_gap=prof.retention,
-                       topic_recreated_before_drain=prof.recreated)
+                       topic_recreated_before_drain=prof.recreated, poison=poison,
+                       transient=transient)
     shell = Trace(seed=seed, config=config, records=records, steps=(), drain=False,
                   toolchain=toolchain())
     return _Gen(rng, prof, new_run(shell, checking=checking), partitions), shell

@@ -12,8 +12,10 @@ Rules
 - One profile in four has a 400 ms budget (delays and retry waits can exhaust it); one in
   four has retention gaps before the drain with ``allow_retention_gap``; one in ten has its
   topic recreated before the drain.
-- Trace version 4: the ``lost`` actor (weight 0 in one profile of three) and a process
-  interleave that queues the next batch and loses the partitions (``lost_rate``).
+- Trace version 4: one profile in three has a handler with poison records and transient
+  failures (``ops.sim.failures``; attempt-count faults are drawn as any kind); the ``lost``
+  actor (weight 0 in one profile of three) and a process interleave that queues the next
+  batch and loses the partitions (``lost_rate``).
 """
 
 from __future__ import annotations
@@ -38,9 +40,12 @@ KINDS: tuple[Kind, ...] = (
     (Op.JOURNAL, F.ABORT),
     (Op.HEARTBEAT, F.ABORT), (Op.HEARTBEAT, F.UNKNOWN_COMMITTED),
     (Op.HEARTBEAT, F.UNKNOWN_ABORTED),
+    (Op.ATTEMPT, F.ABORT), (Op.ATTEMPT, F.UNKNOWN_COMMITTED), (Op.ATTEMPT, F.UNKNOWN_ABORTED),
+    (Op.ATTEMPTS, F.ABORT),
 )
-ACTOR_OPS = {"assign": (Op.VALIDATE, Op.CLAIM, Op.OBSERVE, Op.SKIP, Op.JOURNAL),
-             "seek": (Op.OBSERVE, Op.JOURNAL), "process": (Op.PROCESS, Op.OBSERVE, Op.JOURNAL),
+ACTOR_OPS = {"assign": (Op.VALIDATE, Op.CLAIM, Op.OBSERVE, Op.SKIP, Op.JOURNAL, Op.ATTEMPTS),
+             "seek": (Op.OBSERVE, Op.JOURNAL),
+             "process": (Op.PROCESS, Op.OBSERVE, Op.JOURNAL, Op.ATTEMPT),
              "revoke": (Op.JOURNAL,), "heartbeat": (Op.HEARTBEAT,)}
 _ACTORS = ("start", "process", "seek", "assign", "takeover", "revoke", "stop", "late",
            "heartbeat", "expire", "lost")
@@ -66,6 +71,7 @@ class Profile:
     budget_ms: int
     retention: bool
     recreated: bool  # the topic is recreated before the drain (expected: BLOCKED)
+    failures: bool  # poison and transient records (ops.sim.failures), one profile in three
 
     def weight(self, actor: str) -> float:
         return self.weights[_INDEX[actor]]
@@ -92,4 +98,4 @@ def draw_profile(rng: random.Random) -> Profile:
         revoke_first=rng.choice((0.3, 0.7, 1.0)), partitions=rng.choice((1, 2, 2, 3)),
         records=rng.randint(16, 60), batch_max=rng.randint(1, 4),
         budget_ms=rng.choice((20_000, 20_000, 20_000, 400)), retention=rng.random() < 0.25,
-        recreated=rng.random() < 0.1)
+        recreated=rng.random() < 0.1, failures=rng.random() < 1 / 3)

@@ -31,7 +31,11 @@ Rules
   locally, no I/O); an interleave ``lost: true`` (a process step's process call only: the
   next batch of each of the step's partitions is delivered to the same lifetime and queues
   behind the partition's guard, then the assignment of the step's partitions is lost); a
-  list of partitions for a seek step (one ``seek_all``: one observe for the set).
+  list of partitions for a seek step (one ``seek_all``: one observe for the set); the
+  config's ``poison`` and ``transient`` records (written only when any: the handler-failure
+  path, ``ops.sim.failures``) and the faults ``attempt`` (the attempt-count upsert; commit,
+  abort, unknown-committed, unknown-aborted) on process steps and ``attempts`` (the failure
+  marks read at a claim; commit, abort) on assign steps.
 - ``dumps`` is canonical (sorted keys, fixed separators, one trailing newline), so a
   parse/dump round trip is byte-identical.
 """
@@ -79,6 +83,8 @@ _FAULT_OPS_V2 = {"assign": ("validate", "claim", "observe", "skip", "journal"),
                  "seek": ("observe", "journal"), "process": ("process", "observe", "journal"),
                  "revoke": ("journal",)}
 _FAULT_OPS_V3 = {**_FAULT_OPS_V2, "heartbeat": ("heartbeat",)}
+_FAULT_OPS_V4 = {**_FAULT_OPS_V3, "assign": (*_FAULT_OPS_V3["assign"], "attempts"),
+                 "process": (*_FAULT_OPS_V3["process"], "attempt")}
 
 
 class TraceError(ValueError):
@@ -114,6 +120,8 @@ class SimConfig:
     low_watermarks_before_drain: tuple[int, ...]
     allow_retention_gap: bool
     topic_recreated_before_drain: bool = False  # version 2; written only when true
+    poison: tuple[tuple[int, int], ...] = ()  # version 4 (ops.sim.failures); when any
+    transient: tuple[tuple[int, int, int], ...] = ()  # version 4: (partition, offset, n)
 
 
     def to_json(self) -> dict[str, Any]:
@@ -123,7 +131,9 @@ class SimConfig:
                 "low_watermarks_before_drain": list(self.low_watermarks_before_drain),
                 "allow_retention_gap": self.allow_retention_gap,
                 **({"topic_recreated_before_drain": True}
-                   if self.topic_recreated_before_drain else {})}
+                   if self.topic_recreated_before_drain else {}),
+                **({"poison": [list(x) for x in self.poison]} if self.poison else {}),
+                **({"transient": [list(x) for x in self.transient]} if self.transient else {})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +268,8 @@ def _bytes(value: Any, where: str) -> bytes | None:
 def _config(raw: Any, version: int) -> SimConfig:
     keys = ("class", "steps", "topic", "partitions", "group_id", "batch_max", "budget_ms",
             "low_watermarks_before_drain", "allow_retention_gap")
-    c = _obj(raw, "config", keys, () if version == 1 else ("topic_recreated_before_drain",))
+    c = _obj(raw, "config", keys, () if version == 1 else ("topic_recreated_before_drain",)
+             if version < 4 else ("topic_recreated_before_drain", "poison", "transient"))
     klass = _str(c["class"], "config.class")
     if klass not in ("valid", "conflict"):
         raise TraceError(f"config.class: expected valid or conflict, got {klass!r}")
@@ -275,14 +286,40 @@ def _config(raw: Any, version: int) -> SimConfig:
             _int(v, f"config.low_watermarks_before_drain[{i}]") for i, v in enumerate(lows)),
         allow_retention_gap=_bool(c["allow_retention_gap"], "config.allow_retention_gap"),
         topic_recreated_before_drain=_bool(c.get("topic_recreated_before_drain", False),
-                                           "config.topic_recreated_before_drain"))
+                                           "config.topic_recreated_before_drain"),
+        poison=tuple((p, o) for p, o in _records_of(c.get("poison", []), "config.poison",
+                                                    partitions, 2)),
+        transient=tuple((p, o, n) for p, o, n in _records_of(
+            c.get("transient", []), "config.transient", partitions, 3)))
+
+
+def _records_of(raw: Any, where: str, partitions: int, width: int) -> list[tuple[int, ...]]:
+    """``[[partition, offset(, n)], ...]`` of the handler-failure records (version 4): each
+    listed once; a transient record fails 1 or 2 times (below ``ops.sim.failures.POLICY``'s
+    limits)."""
+    if not isinstance(raw, list):
+        raise TraceError(f"{where}: expected a list")
+    out: list[tuple[int, ...]] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, list) or len(item) != width:
+            raise TraceError(f"{where}[{i}]: expected a list of {width} integers")
+        got = tuple(_int(v, f"{where}[{i}][{k}]") for k, v in enumerate(item))
+        if got[0] >= partitions:
+            raise TraceError(f"{where}[{i}]: partition {got[0]} is not below {partitions}")
+        if width == 3 and not 1 <= got[2] <= 2:
+            raise TraceError(f"{where}[{i}]: a transient record fails 1 or 2 times, not "
+                             f"{got[2]}")
+        if got[:2] in [x[:2] for x in out]:
+            raise TraceError(f"{where}[{i}]: record {got[0]}@{got[1]} is listed twice")
+        out.append(got)
+    return out
 
 
 def _fault(raw: Any, where: str, actor: str, version: int) -> Fault:
     f = _obj(raw, where, ("operation", "call", "outcome"), ("delay_ms", "interleave"))
     op = f["operation"]
     choices = (_FAULT_OPS if version == 1 else _FAULT_OPS_V2 if version == 2
-               else _FAULT_OPS_V3).get(actor, ())
+               else _FAULT_OPS_V3 if version == 3 else _FAULT_OPS_V4).get(actor, ())
     if op not in choices:
         raise TraceError(f"{where}.operation: {op!r} is not a choice for a {actor} step "
                          f"in version {version} (choices: {', '.join(choices) or 'none'})")

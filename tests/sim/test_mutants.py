@@ -49,5 +49,5 @@ def test_each_mutant_is_first_killed_by_its_pinned_run(mutant: Mutant) -> None:
         for s, k in runs_up_to(seed, klass):
             outcomes.append((s, k, failure_of(generate_and_run(s, klass=k)[1])))
     *before, (_, _, killing) = outcomes
-    assert killing is not None and killing.startswith("ERROR"), (seed, klass, killing)
+    assert killing is not None, (seed, klass)
     assert [(s, k) for s, k, f in before if f is not None] == [], "the pin moved"

@@ -162,7 +162,8 @@ def test_an_accepted_gap_mid_run_is_skipped_and_excluded() -> None:
                            batch_max=1, allow_gap=True))
     assert report["status"] == "PASS_WITH_EXCLUSIONS", report["violations"]
     assert report["excluded_records"] == 2
-    assert [e["operation"] for e in events(report, 9)] == ["validate", "claim", "skip"]
+    assert [e["operation"] for e in events(report, 9)] == ["validate", "claim", "skip",
+                                                              "attempts"]
     assert [j.detail for j in sim.store.journal_rows if j.event == "gap-skip"] == [
         "retention-gap: 1..3"]
 
@@ -194,7 +195,7 @@ def test_version_3_choices_are_refused_in_version_2() -> None:
 def test_generated_runs_reach_every_version_3_scenario() -> None:
     seen: set[str] = set()
     with quiet():
-        for seed in range(1, 41):
+        for seed in range(1, 46):
             for klass in ("valid", "conflict"):
                 _, report = generate_and_run(seed, klass=klass)
                 assert failure_of(report) is None, (seed, klass, report["violations"])
