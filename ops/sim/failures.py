@@ -7,8 +7,11 @@ Rules
 - The config's ``poison`` records (partition, offset) make the handler raise
   ``PoisonRecord`` every time it is given them; a ``transient`` record (partition, offset,
   n) makes it raise a ``Transient`` the first n times in the whole run (the world's
-  failure, not a lifetime's). n stays below the policy's attempt limits, so a transient
-  record is applied, never quarantined, unless deaths quarantine it (below).
+  failure, not a lifetime's). The generator keeps the run's transient failures at two at
+  most: a batch's retries are counted at one key (its first offset), so more failures of
+  several records in one batch could exhaust ``POLICY``'s four attempts, after which a
+  record is treated as poison by design; with two, a transient record is applied, never
+  quarantined, unless deaths quarantine it (below).
 - Each lifetime is one worker process: its own ``FailureRun`` and ``AloneGate``, the
   policy ``POLICY``, the backoff's randomness seeded from the trace's seed and lifetime;
   the suspect window is the config's ``batch_max`` (``--batch-max-records``). A process
