@@ -5,12 +5,10 @@ Rules (each failed rule is one violation string naming the place it was seen)
 - ``ops.reference.oracle.check`` at the durable frontiers: documents, outbox and
   quarantine equal the fold (records given up by a gap-skip are excluded from it);
   outbox sequences/versions consistent; quarantine and progress agree.
-- Committed intent never changes: an outbox or quarantine row, once committed, stays
-  with the same value.
+- Committed intent never changes: an outbox or quarantine row, once committed, stays.
 - A stale token never commits: every process/skip write carries the epoch of the latest
   claim of its partition and that claim's lifetime.
-- A lifetime that was stopped or retired at an earlier check writes nothing but its
-  ``retire`` journal row.
+- A lifetime stopped or retired at a check before writes nothing but its ``retire`` row.
 - The journal agrees with the rows: every row's epoch has the ``claim`` journal row of its
   owner; a lifetime writes no process/skip for a partition it released (``release``
   journal row) until it claims it again.
@@ -143,10 +141,8 @@ class Checker:
         self._scanned = self._data_writes = 0
         self._claims_journaled: set[tuple[TopicPartition, int | None, str]] = set()
         self._released: set[tuple[TopicPartition, str | None]] = set()
-        self.checks = 0
-        self.excluded = 0
+        self.checks = self.excluded = self._skips_seen = 0
         self._converted: dict[int, tuple[Any, Any]] = {}  # table entry -> its oracle row
-        self._skips_seen = 0
         self.poison: frozenset[tuple[int, int]] | None = None  # ops.sim.failures, when on
         self.gone = Ranges()  # given up by gap-skips and accepted gaps: owed nothing
 
@@ -163,10 +159,9 @@ class Checker:
         self._last_seen = self._last_data = None
 
     def leave_out(self, records: AbstractSet[tuple[int, int]]) -> None:
-        """Leave (partition, offset) records out of the fold: never applied by the failure
-        path's verdict (``ops.sim.failures``); not counted as ``excluded``."""
+        """(partition, offset) records the failure path never applies: out of the fold."""
         kept = tuple(r for r in self.source if (r.partition, r.offset) not in records)
-        if len(kept) != len(self.source):
+        if len(kept) != len(self.source):  # not counted as ``excluded``
             self.source, self._folds = kept, _PartitionFolds(kept)
             self._last_seen = self._last_data = None
 

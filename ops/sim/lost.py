@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import consumer.decisions
 from consumer.decisions import BatchFailure, LifetimeState
@@ -29,21 +29,18 @@ from fencing.errors import Fenced, FenceError
 from fencing.types import SourceRecord, Token
 from ops.reference.memory import memory_ref_handler
 
-if TYPE_CHECKING:
-    from ops.sim.runner import _Run
-
 __all__ = ["lose", "queue_and_lose", "worker_judges"]
 
 QUEUE_TURNS = 8  # loop turns for a queued batch to reach the guard (it needs far fewer)
 
 
-def lose(run: _Run, worker: int, ps: tuple[int, ...]) -> str:
+def lose(run: Any, worker: int, ps: tuple[int, ...]) -> str:
     """The ``lost`` actor."""
     run.lifecycles[worker].lost([run.tp(p) for p in ps])
     return "lost"
 
 
-async def queue_and_lose(run: _Run, worker: int, ps: tuple[int, ...],
+async def queue_and_lose(run: Any, worker: int, ps: tuple[int, ...],
                          record: dict[str, Any]) -> None:
     """The ``lost: true`` interleave: queue the next batch of each partition, then lose
     them all. ``record`` (the interleave's entry) gets the queued partitions."""
@@ -67,7 +64,7 @@ async def queue_and_lose(run: _Run, worker: int, ps: tuple[int, ...],
         lc.lost([run.tp(p) for p in ps])
 
 
-def worker_judges(run: _Run, place: str, worker: int, held: dict[int, Token | None],
+def worker_judges(run: Any, place: str, worker: int, held: dict[int, Token | None],
                   failures: Sequence[tuple[int, BaseException]], attempt: dict[str, Any]) -> None:
     """Apply the worker's rule to the failed batches (partition, error) of a step with a
     lost interleave, the step's own first, and check the oracle's rule for a lifetime it

@@ -195,7 +195,7 @@ def test_version_3_choices_are_refused_in_version_2() -> None:
 def test_generated_runs_reach_every_version_3_scenario() -> None:
     seen: set[str] = set()
     with quiet():
-        for seed in range(1, 46):
+        for seed in range(1, 49):
             for klass in ("valid", "conflict"):
                 _, report = generate_and_run(seed, klass=klass)
                 assert failure_of(report) is None, (seed, klass, report["violations"])
