@@ -110,9 +110,12 @@ evidence-sweep: setup
 	  --manifest artifacts/evidence/worker-sweep.json > /dev/null; rc=$$?; \
 	  $(BIN)/python -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["runs"], "runs", d["statuses"], "violations", d["violations"], "unexpected", d["unexpected"], d["elapsed_s"], "s", d["seeds_per_s"], "seeds/s")' artifacts/evidence/worker-sweep.json; exit $$rc
 
+# the simulator's evidence, no services needed: its tests (every mutant killed at its pinned
+# first killing seed included) as JUnit XML, the corpus manifest, seed $(SEED)'s trace and
+# report, all in artifacts/evidence/ (CI runs it after make test: .ci/run)
 evidence: setup
-	$(BIN)/pytest -q $(PYTEST_ARGS)
 	mkdir -p artifacts/evidence
+	$(BIN)/pytest -q tests/sim --junitxml=artifacts/evidence/sim-tests.xml $(PYTEST_ARGS)
 	$(BIN)/fencectl sim-worker --corpus --manifest artifacts/evidence/worker-corpus.json > /dev/null
 	$(MAKE) --no-print-directory sim-worker SEED=$(SEED)
 	cp artifacts/worker-seed-$(SEED).json artifacts/worker-seed-$(SEED)-report.json artifacts/evidence/

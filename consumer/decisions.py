@@ -23,6 +23,11 @@ Rules
   ``Fenced`` and ``SourceRefused`` retire the lifetime and reach the caller as
   they are; ``StoreUnavailable``, ``OutcomeUnknown`` (including ``Unresolved``), an exhausted
   budget and any other error retire it and reach the caller as ``Retired``.
+- After a batch's call failed, the worker drops the batch (the lifetime goes on) only when
+  its partition was lost or revoked while the batch waited behind the partition's guard
+  (``TokenDropped``: nothing was sent); anything else ends the lifetime, a store
+  ``Fenced`` after a loss included (a newer owner committed: a zombie)
+  (``after_batch_failure``; ``consumer.lifetime_run`` and the simulator both ask it).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from fencing.errors import (
     ResetByOperator,
     Retired,
     SourceRefused,
+    TokenDropped,
 )
 from fencing.resolution import compatible_claim
 from fencing.types import (
@@ -52,9 +58,11 @@ from fencing.types import (
 __all__ = [
     "AUTO_OFFSET_RESETS",
     "LEGAL_TRANSITIONS",
+    "BatchFailure",
     "FailureAction",
     "IllegalTransition",
     "LifetimeState",
+    "after_batch_failure",
     "check_auto_offset_reset",
     "check_batch",
     "classify_failure",
@@ -180,3 +188,16 @@ def classify_failure(exc: BaseException) -> FailureAction:
 def deadline_passed(now_s: float, deadline_s: float) -> bool:
     """True once the injected clock has reached the call's deadline."""
     return now_s >= deadline_s
+
+
+class BatchFailure(enum.Enum):
+    DROP = "drop"  # never attempted: dropped like buffered records; the lifetime goes on
+    END = "end"  # the lifetime ends (``consumer.exits`` maps the error to its exit code)
+
+
+def after_batch_failure(exc: BaseException, *, closing: bool) -> BatchFailure:
+    """What the worker does with a batch whose lifecycle call raised ``exc`` (``closing``:
+    its partition was lost or revoked meanwhile)."""
+    if closing and isinstance(exc, TokenDropped):
+        return BatchFailure.DROP
+    return BatchFailure.END

@@ -14,7 +14,10 @@ Rules
   healthy partition: the paths below run only after ``HandlerFailed`` (nothing applied), or
   for a partition with durable marks (read at its claim), or one whose batches were split.
 - Every transaction enters the process-wide ``AloneGate`` shared; a suspect record's
-  attempts (the first, counted, and its retries) enter it alone (see below). A transaction
+  attempts (the first, counted, and its retries) enter it alone (see below). A batch
+  whose partition closed while it waited for the gate is never attempted
+  (``RetryInterrupted``: dropped like buffered records, not a ``Fenced`` that would end
+  the lifetime). A transaction
   that only quarantines never runs the handler's code and enters no gate.
 - Transient: before each retry the attempt is counted durably (``record_attempt``, which
   also re-checks the epoch) with the time of the retry; the backoff is waited through the
@@ -204,6 +207,8 @@ class FailureRun:
         elif not gate.try_shared() and not await gate.shared(stopped):
             raise _interrupted()
         try:
+            if stopped():  # closed while it waited for the gate: never attempted, dropped
+                raise _interrupted()
             if self._uncertain:
                 kw["uncertain"] = True
             return await self._lc.process(tp, records, handler, **kw)

@@ -59,6 +59,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from consumer import decisions as d
 from consumer import events as ev
 from consumer.batching import Flow, InFlight, PartitionBuffer, in_flight_of
 from consumer.config import WorkerConfig
@@ -448,7 +449,7 @@ class LifetimeRun:
                         self._start_reclaim(part.tp)
                     return
                 except BaseException as exc:
-                    if part.closing and isinstance(exc, TokenDropped):
+                    if d.after_batch_failure(exc, closing=part.closing) is d.BatchFailure.DROP:
                         # Lost while the batch waited behind the partition's guard: never
                         # attempted, dropped like the records still buffered (the next owner,
                         # this member again after a rejoin, processes it from the frontier).

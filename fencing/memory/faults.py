@@ -5,8 +5,10 @@ Rules
   within one attempt, from 1). ``outcome`` is what the store should do at the effect point:
   ``commit`` (normal), ``abort`` (NotCommitted for mutations, ReadFailed for reads),
   ``unknown-committed`` (apply, then raise OutcomeUnknown) or ``unknown-aborted`` (do not
-  apply, raise OutcomeUnknown); the unknown outcomes exist only for claim, process, skip
-  and heartbeat; ``journal`` can only be aborted (NotCommitted: the row is not written).
+  apply, raise OutcomeUnknown); the unknown outcomes exist only for claim, process, skip,
+  heartbeat and attempt (the attempt-count upsert); ``journal`` can only be aborted
+  (NotCommitted: the row is not written); ``attempts`` (the failure marks read at a claim)
+  is a read.
 - ``delay_ms`` is logical time spent before the call, through the store's wait function.
 - ``interleave`` asks the driver to run other work ``before`` or ``after`` the atomic effect:
   ``stop`` the calling lifetime, start ``replacement`` lifetime N, and/or ``revoke`` the
@@ -31,11 +33,14 @@ class Operation(enum.Enum):
     SKIP = "skip"  # gap-skip: moves the frontier under the token
     JOURNAL = "journal"  # release / retire rows (best effort)
     HEARTBEAT = "heartbeat"  # the member row (status only; never guards data)
+    ATTEMPT = "attempt"  # the attempt-count upsert of one record (handler failures)
+    ATTEMPTS = "attempts"  # the read of the failure marks at a claim
 
     @property
     def mutating(self) -> bool:
         """Writes whose reply can be lost (unknown outcomes are possible)."""
-        return self in (Operation.CLAIM, Operation.PROCESS, Operation.SKIP, Operation.HEARTBEAT)
+        return self in (Operation.CLAIM, Operation.PROCESS, Operation.SKIP, Operation.HEARTBEAT,
+                        Operation.ATTEMPT)
 
     @property
     def interleavable(self) -> bool:
@@ -67,12 +72,14 @@ class Interleave:
     stop: bool = False
     replacement: int | None = None
     revoke: bool = False  # the calling lifetime revokes the partition meanwhile (concurrently)
+    lost: bool = False  # the next batch queues behind the guard, then the assignment is lost
 
     def __post_init__(self) -> None:
         if self.at not in ("before", "after"):
             raise ValueError(f"interleave.at must be 'before' or 'after', not {self.at!r}")
-        if not self.stop and self.replacement is None and not self.revoke:
-            raise ValueError("interleave needs stop: true, a replacement and/or revoke: true")
+        if not self.stop and self.replacement is None and not self.revoke and not self.lost:
+            raise ValueError("interleave needs stop: true, a replacement, revoke: true and/or "
+                             "lost: true")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +99,8 @@ class Fault:
             raise ValueError(f"fault delay_ms must be >= 0, not {self.delay_ms}")
         if self.outcome.unknown and not self.operation.mutating:
             raise ValueError(
-                f"outcome {self.outcome.value} is only for claim, process, skip and "
-                f"heartbeat, not {self.operation.value}"
+                f"outcome {self.outcome.value} is only for claim, process, skip, "
+                f"heartbeat and attempt, not {self.operation.value}"
             )
         if self.interleave is not None and not self.operation.interleavable:
             raise ValueError(

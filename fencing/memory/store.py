@@ -451,7 +451,29 @@ class MemoryFenceStore:
                              max_attempts: int, error: str | None,
                              next_retry_in_s: float | None, at_least: int = 1,
                              alone: bool = False) -> Attempts:
-        """``AttemptStore.record_attempt``: one more attempt of ``offset`` under ``token``."""
+        """``AttemptStore.record_attempt``: one more attempt of ``offset`` under ``token``
+        (faultable: ``attempt``)."""
+        async def effect(fault: Fault | None, label: str, state: dict[str, bool],
+                         call: int) -> Attempts:
+            if fault is not None and fault.outcome is FaultOutcome.ABORT:
+                raise NotCommitted(f"attempt {tp}@{offset}: injected rollback (call {call})")
+            if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_ABORTED:
+                async with self._lock(tp):
+                    self._require(tp, token)
+                raise OutcomeUnknown(f"attempt {tp}@{offset}: injected lost reply, not applied")
+            now = await self._record_attempt(tp, token, offset=offset, error=error,
+                                             next_retry_in_s=next_retry_in_s,
+                                             at_least=at_least, alone=alone)
+            state["applied"] = True
+            if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_COMMITTED:
+                raise OutcomeUnknown(f"attempt {tp}@{offset}: injected lost reply after commit")
+            return now
+
+        return await self._run(Operation.ATTEMPT, effect, tp.partition)
+
+    async def _record_attempt(self, tp: TopicPartition, token: Token, *, offset: int,
+                              error: str | None, next_retry_in_s: float | None,
+                              at_least: int, alone: bool) -> Attempts:
         async with self._lock(tp):
             self._require(tp, token)
             key = (tp, offset)
@@ -485,7 +507,18 @@ class MemoryFenceStore:
     async def attempts(self, tokens: Mapping[TopicPartition, Token]
                        ) -> Mapping[TopicPartition, Attempts]:
         """``AttemptStore.attempts``: unclean = the previous epoch's claimer journaled no
-        release/retire after its claim (or one saying its suspect window was open)."""
+        release/retire after its claim (or one saying its suspect window was open)
+        (faultable: ``attempts``, a read)."""
+        async def effect(fault: Fault | None, label: str, state: dict[str, bool],
+                         call: int) -> Mapping[TopicPartition, Attempts]:
+            if fault is not None and fault.outcome is FaultOutcome.ABORT:
+                raise ReadFailed(f"attempts: injected read failure (call {call})")
+            return self._attempts(tokens)
+
+        return await self._run(Operation.ATTEMPTS, effect)
+
+    def _attempts(self, tokens: Mapping[TopicPartition, Token]
+                  ) -> Mapping[TopicPartition, Attempts]:
         out: dict[TopicPartition, Attempts] = {}
         for tp, token in tokens.items():
             got = self.attempt_rows.get((tp, token.frontier), Attempts())

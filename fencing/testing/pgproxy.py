@@ -8,7 +8,7 @@ Rules
 - A ``Rule`` matches a case-insensitive substring of the SQL of a simple ``Query`` or of a
   ``Parse`` (with ``exact``: the whole statement); for the extended protocol it fires on the
   ``Bind`` that executes the matched statement (so prepared, cached statements match on
-  every execution).
+  every execution, also when they were parsed before the rule was added).
 - Actions: ``CUT_BEFORE`` closes both sides instead of forwarding the message (the server
   never sees it); ``CUT_AFTER`` forwards it, drops every server byte from then on, and closes
   both sides once the server sent ReadyForQuery (the server finished the command; the client
@@ -82,8 +82,8 @@ def rewrite_dsn(dsn: str, host: str, port: int) -> str:
 class _Conn:
     def __init__(self, cw: asyncio.StreamWriter, sw: asyncio.StreamWriter) -> None:
         self.cw, self.sw = cw, sw
-        self.armed: dict[bytes, Rule] = {}
         self.parsed: dict[bytes, str] = {}  # prepared statement name -> SQL
+        self.sql: dict[bytes, bytes] = {}  # prepared statement name -> SQL as sent
         self.cut_after: Rule | None = None
         self.hold: Rule | None = None
         self.tasks: list[asyncio.Task[None]] = []
@@ -245,17 +245,12 @@ class PgProxy:
             return self._match(body)
         if kind == b"P":
             name, _, rest = body.partition(b"\0")
-            rule = self._match(rest.partition(b"\0")[0])
-            if rule is None:
-                conn.armed.pop(name, None)
-            else:
-                conn.armed[name] = rule
+            conn.sql[name] = rest.partition(b"\0")[0]
             return None
         if kind == b"B":
             stmt = body.split(b"\0", 2)[1]
-            rule = conn.armed.get(stmt)
-            if rule is not None and rule.count < rule.times:
-                return rule
+            sql = conn.sql.get(stmt)
+            return None if sql is None else self._match(sql)
         return None
 
     async def _server_to_client(self, conn: _Conn, sr: asyncio.StreamReader) -> None:

@@ -5,8 +5,7 @@
   fencectl quarantine show   --group G --topic T --partition P --offset O [--json]
   fencectl quarantine replay --group G [--topic T] [--partition P] [--offset O ...]
       [--handler module:name | --sink table=NAME [--sink-key COL] [--sink-format F]
-      [--sink-key-format F]] [--handler-setting K=V ...]
-      [--limit N] [--json]
+      [--sink-key-format F]] [--handler-setting K=V ...] [--limit N] [--json]
   fencectl quarantine purge  --group G --before TIMESTAMP [--topic T] [--json]
   fencectl quarantine relay  --group G --topic DLQ [--follow] ...   (``ops.commands.relay``)
 
@@ -17,9 +16,11 @@ through ``--handler``/``--sink`` when given; each record in its own transaction 
 marks the row replayed and journals it (``ops.operator.quarantine``): re-running it, also
 after a crash, applies nothing twice. Exit codes: 0 done (replay: every selected record
 applied; show: found), 1 a replayed record failed again, a row was not found, or the
-database failed, 2 bad usage or configuration (``FENCE_DSN`` unset or refused, schema not
-migrated, unknown ``--group``, no recorded handler or members that disagree and no
-``--handler``/``--sink``).
+database failed before COMMIT (nothing of that record or purge applied), 2 bad usage or
+configuration (``FENCE_DSN`` unset or refused, schema not migrated, unknown ``--group``, no
+recorded handler or members that disagree and no ``--handler``/``--sink``), 3 outcome
+unknown (a replay's or the purge's COMMIT was sent and its reply lost or past
+``--timeout-s``): re-run the same command, which applies nothing twice.
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from consumer.config import parse_x_options, redact
-from fencing.errors import ConfigError, SchemaMismatch
+from fencing.errors import ConfigError, NotCommitted, OutcomeUnknown, SchemaMismatch
 from fencing.handler import HandlerContext, build_handler
 from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
 from ops.commands import relay
-from ops.commands.reset import operator_identity
+from ops.commands.reset import EXIT_OUTCOME_UNKNOWN, operator_identity
 from ops.hints import schema_advice
-from ops.operator.db import connection, dsn_from_env, require_known_group
+from ops.operator.db import DEFAULT_TIMEOUT_S, connection, dsn_from_env, require_known_group
 from ops.operator.handler_record import (
     SINK_FLAGS,
     HandlerChoice,
@@ -113,6 +114,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
             a.add_argument("--before", required=True, type=_timestamp,
                            help="ISO 8601 time; rows replayed before it are deleted "
                                 "(no time zone: UTC)")
+        if name in ("replay", "purge"):
+            a.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S,
+                           help="bound on each transaction in seconds (default 30; past it "
+                                "after COMMIT was sent the outcome is unknown)")
         a.add_argument("--json", action="store_true", help="machine-readable output")
         a.add_argument("--schema", default=os.environ.get("FENCE_SCHEMA", DEFAULT_SCHEMA))
         a.set_defaults(func=_main, quarantine_action=name)
@@ -179,14 +184,16 @@ def _selection(args: argparse.Namespace) -> Selection:
 
 
 class ReplayStopped(Exception):
-    """The database failed during one record's transaction (e.g. the connection was lost
-    with COMMIT in flight): that record's outcome is unknown; re-running is safe."""
+    """The database failed during one record's transaction: before COMMIT (not applied) or
+    with COMMIT in flight (outcome unknown); re-running is safe either way."""
 
     def __init__(self, key: QuarantineKey, done: int, cause: BaseException) -> None:
+        self.unknown = not isinstance(cause, NotCommitted)
+        state = ("its outcome is unknown (COMMIT was sent and its reply lost)" if self.unknown
+                 else "it was not applied (COMMIT was never sent)")
         super().__init__(f"replay stopped at {key} after {done} record(s): "
-                         f"{type(cause).__name__}: {cause}; its outcome is unknown: re-run the "
-                         "same replay (records already replayed are skipped, so none is "
-                         "applied twice)")
+                         f"{type(cause).__name__}: {cause}; {state}: re-run the same replay "
+                         "(records already replayed are skipped, so none is applied twice)")
 
 
 async def _handler_choice(conn: Any, args: argparse.Namespace) -> HandlerChoice:
@@ -220,7 +227,8 @@ async def _replay(conn: Any, args: argparse.Namespace,
     for r in rows:
         key = QuarantineKey(r["group_id"], r["topic"], r["partition"], r["offset"])
         try:
-            result = await replay_one(conn, args.schema, key, loaded.fn, operator=operator)
+            result = await replay_one(conn, args.schema, key, loaded.fn, operator=operator,
+                                      timeout_s=args.timeout_s)
         except Exception as exc:
             raise ReplayStopped(key, len(results), exc) from exc
         results.append(result)
@@ -236,7 +244,8 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
             await require_known_group(conn, schema=args.schema, group=args.group)
         if args.quarantine_action == "purge":
             counts = await purge(conn, args.schema, group_id=args.group, before=args.before,
-                                 topic=args.topic, operator=operator_identity())
+                                 topic=args.topic, operator=operator_identity(),
+                                 timeout_s=args.timeout_s)
             total = sum(counts.values())
             if args.json:
                 print(json.dumps({"purged": total, "partitions": [
@@ -307,7 +316,12 @@ def _main(args: argparse.Namespace) -> int:
         return 2
     except ReplayStopped as exc:
         print(f"fencectl quarantine: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
-        return 1
+        return EXIT_OUTCOME_UNKNOWN if exc.unknown else 1
+    except OutcomeUnknown as exc:  # purge
+        print(f"fencectl quarantine: outcome unknown: {redact(str(exc), dsn=dsn)}: the purge "
+              "may or may not have been applied; re-run it (rows already purged are gone, the "
+              "rest is purged and journaled once)", file=sys.stderr)
+        return EXIT_OUTCOME_UNKNOWN
     except BrokenPipeError:
         raise  # the reader of stdout left: ops.cli ends quietly
     except Exception as exc:  # the database failed: report without the DSN; re-running is safe

@@ -6,8 +6,12 @@
   fencectl sim-worker --sweep FIRST..LAST [--steps 64] [--jobs N] [--manifest SUMMARY.json]
   fencectl sim-worker --corpus [--manifest MANIFEST.json]
 
-Exit codes: 0 only for a strict PASS (every run, for sweep and corpus); 1 for any other
-result, including a rejected trace; 2 for bad usage (bad options, unreadable files).
+Exit codes: --seed and --replay exit 0 only for a strict PASS and 1 for any other status
+(PASS_WITH_EXCLUSIONS, INCOMPLETE, BLOCKED, ERROR) or a rejected trace. --sweep and
+--corpus exit 0 when every run ended with its expected status (``ops.sim.corpus``: PASS;
+PASS_WITH_EXCLUSIONS for a config that accepts retention gaps; BLOCKED by a refusal an
+operator must settle), counted apart in the summary, and 1 otherwise. 2 for bad usage
+(bad options, unreadable files).
 """
 
 from __future__ import annotations

@@ -9,6 +9,12 @@ Rules
   answering, malformed DSN) is a configuration mistake: ``connection`` raises
   ``ConfigError`` naming ``FENCE_DSN`` (every command exits 2 for it), with the password
   redacted.
+- ``one_transaction`` is how an operator command writes: one transaction bounded by a
+  timeout, its failures classified by phase as the fence store's are
+  (``fencing.postgres.classify``): ``NotCommitted`` before COMMIT was sent (nothing
+  changed), ``OutcomeUnknown`` once it was (reply lost, timed out); a cancellation
+  propagates, ``Progress.phase`` saying whether COMMIT was in flight. A connection left in
+  an unknown state is terminated, never waited on.
 - ``server_not_answering`` tells the failures a long-running worker retries at start (the
   server refused or dropped the connection, timed out, is starting up or shutting down,
   has no connection slot left) from the configuration mistakes above (a refused login, an
@@ -17,19 +23,76 @@ Rules
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from consumer.config import redact
-from fencing.errors import ConfigError
+from fencing.errors import ConfigError, FenceError
+from fencing.postgres.classify import Phase, connection_suspect, translate
 from fencing.postgres.schema import check_version, quote_schema
 from ops.hints import fencectl
 
-__all__ = ["connect_mistake", "connection", "dsn_from_env", "require_known_group",
-           "server_not_answering"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "Progress",
+    "connect_mistake",
+    "connection",
+    "dsn_from_env",
+    "one_transaction",
+    "require_known_group",
+    "server_not_answering",
+]
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT_S = 30.0
+
+
+@dataclass(slots=True)
+class Progress:
+    """How far ``one_transaction`` got: ``Phase.IN_FLIGHT`` once COMMIT may have been sent."""
+
+    phase: Phase = Phase.BEFORE_COMMIT
+
+
+async def one_transaction(conn: Any, body: Callable[[], Awaitable[T]], *, what: str,
+                          timeout_s: float = DEFAULT_TIMEOUT_S,
+                          progress: Progress | None = None) -> T:
+    """Run ``body`` in one transaction on ``conn``, COMMIT, return its result; the whole
+    bounded by ``timeout_s``. Raises what ``body`` raises of the fence's errors (rolled
+    back), ``NotCommitted`` (failed before COMMIT: nothing changed), ``OutcomeUnknown``
+    (COMMIT sent, its reply lost or timed out), or a cancellation (``progress.phase``)."""
+    progress = progress if progress is not None else Progress()
+    progress.phase = Phase.BEFORE_COMMIT
+    try:
+        async with asyncio.timeout(timeout_s):
+            tr = conn.transaction()
+            await tr.start()
+            try:
+                result = await body()
+            except BaseException as exc:
+                if not connection_suspect(exc):
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(asyncio.shield(tr.rollback()), timeout=5.0)
+                raise
+            progress.phase = Phase.IN_FLIGHT
+            await tr.commit()
+            return result
+    except FenceError:
+        raise
+    except BaseException as exc:
+        if connection_suspect(exc):  # never wait for a cancelled or lost statement's reply
+            with contextlib.suppress(Exception):
+                conn.terminate()  # the server rolls an open transaction back
+        err = translate(exc, progress.phase, what)
+        if err is exc:
+            raise
+        raise err from exc
 
 _GROUPS_LISTED_MAX = 10
 

@@ -16,9 +16,14 @@ Rules
   right now is skipped, never waited for.
 - A ``Reject`` or an exception of the handler rolls back to the SAVEPOINT (nothing of the
   record applies) and keeps the row quarantined with the new reason. A lost connection or a
-  failed COMMIT is not a verdict: it propagates, and re-running the replay is safe.
+  failed COMMIT is not a verdict: it is raised classified by phase
+  (``ops.operator.db.one_transaction``: ``NotCommitted`` before COMMIT, ``OutcomeUnknown``
+  once COMMIT was sent, also past ``timeout_s``), and re-running the replay is safe: it
+  applies the record if it was not applied and skips it if it was.
 - ``purge`` deletes only ``replayed`` rows whose ``replayed_at`` is before the given time and
-  journals one ``purge`` row per partition with the count. Quarantined rows are never purged.
+  journals one ``purge`` row per partition with the count, in one transaction (classified as
+  a replay's). Quarantined rows are never purged; a re-run after an unknown outcome deletes
+  what is left, so each row is purged and journaled once.
 - All SQL is parameterized; the schema is a checked identifier (``quote_schema``).
 - ``grant_operator_sql`` is what the commands need (the worker role cannot delete quarantine
   rows); ``replay`` additionally needs the handler's own grants on its tables.
@@ -35,10 +40,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from fencing.crashpoints import crash_point
 from fencing.handler import check_verdicts
 from fencing.postgres.schema import quote_ident, quote_schema
 from fencing.store import HandlerFn
 from fencing.types import Reject, SourceRecord, TopicPartition, Verdict
+from ops.operator.db import DEFAULT_TIMEOUT_S, one_transaction
 
 __all__ = [
     "QuarantineKey",
@@ -161,11 +168,13 @@ async def select_rows(conn: Any, schema: str, sel: Selection) -> list[Any]:
 
 
 async def replay_one(conn: Any, schema: str, key: QuarantineKey, handler: HandlerFn, *,
-                     operator: str) -> ReplayResult:
-    """Replay one record in one transaction (see the module Rules). Raises what the
-    connection or COMMIT raises; the handler's own errors are a ``FAILED`` result."""
+                     operator: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> ReplayResult:
+    """Replay one record in one transaction bounded by ``timeout_s`` (see the module Rules).
+    The handler's own errors are a ``FAILED`` result; raises ``NotCommitted`` or
+    ``OutcomeUnknown`` when the connection or COMMIT fails (``one_transaction``)."""
     q = quote_schema(schema)
-    async with conn.transaction():
+
+    async def body() -> ReplayResult:
         row = await conn.fetchrow(
             f"SELECT {_COLUMNS} FROM {q}.quarantine WHERE group_id = $1 AND topic = $2"
             ' AND partition = $3 AND "offset" = $4 AND state = $5 FOR UPDATE SKIP LOCKED',
@@ -200,7 +209,11 @@ async def replay_one(conn: Any, schema: str, key: QuarantineKey, handler: Handle
             " detail) VALUES ($1, $2, $3, 'replay', NULL, $4, $5)",
             key.group_id, key.topic, key.partition, operator,
             f"offset={key.offset} {outcome.value}: {detail}")
-    return ReplayResult(key, outcome, detail)
+        crash_point("in-replay", partition=f"{key.topic}[{key.partition}]", offset=key.offset,
+                    outcome=outcome.value)
+        return ReplayResult(key, outcome, detail)
+
+    return await one_transaction(conn, body, what=f"replay {key}", timeout_s=timeout_s)
 
 
 class _Rejected(Exception):
@@ -208,10 +221,14 @@ class _Rejected(Exception):
 
 
 async def purge(conn: Any, schema: str, *, group_id: str, before: datetime,
-                topic: str | None, operator: str) -> dict[TopicPartition, int]:
-    """Delete replayed rows handled before ``before``; journal and return counts per partition."""
+                topic: str | None, operator: str,
+                timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[TopicPartition, int]:
+    """Delete replayed rows handled before ``before``; journal and return counts per
+    partition. One transaction bounded by ``timeout_s``; raises ``NotCommitted`` or
+    ``OutcomeUnknown`` when the connection or COMMIT fails (``one_transaction``)."""
     q = quote_schema(schema)
-    async with conn.transaction():
+
+    async def body() -> dict[TopicPartition, int]:
         rows = await conn.fetch(
             f"WITH gone AS (DELETE FROM {q}.quarantine WHERE group_id = $1 AND state = $2"
             " AND replayed_at < $3 AND ($4::text IS NULL OR topic = $4)"
@@ -225,7 +242,9 @@ async def purge(conn: Any, schema: str, *, group_id: str, before: datetime,
                 " detail) VALUES ($1, $2, $3, 'purge', NULL, $4, $5)",
                 group_id, tp.topic, tp.partition, operator,
                 f"purged {n} replayed quarantine row(s) handled before {before.isoformat()}")
-    return counts
+        return counts
+
+    return await one_transaction(conn, body, what=f"purge {group_id}", timeout_s=timeout_s)
 
 
 def grant_operator_sql(schema: str, role: str) -> list[str]:

@@ -16,22 +16,50 @@ Rules
   keep it (``keep``); refused when the ids already match.
 - ``expect_epoch`` (optional) refuses the plan when the row moved since the operator looked.
 - A refusal is ``ResetRefused`` with a message saying why; nothing is written.
+- Every reset is one operation with an id (``operation_id``: by default a digest of the
+  request -- action, group, topic, partition, target -- so running the same command again
+  is the same operation; ``--operation-id`` names another). The id is journaled at the
+  start of each partition's detail (``journal_detail``); a reset whose id the journal
+  already holds for the group and topic is refused as applied (``ResetApplied``), never
+  applied twice.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
+import json
+import re
 from dataclasses import dataclass
 
 from fencing.errors import FenceError
 from fencing.types import SourceFacts, TopicPartition
 from ops.hints import fencectl
 
-__all__ = ["Action", "Current", "Plan", "ResetRefused", "describe", "plan_reset"]
+__all__ = [
+    "Action",
+    "Current",
+    "Plan",
+    "ResetApplied",
+    "ResetRefused",
+    "check_operation_id",
+    "describe",
+    "journal_detail",
+    "journal_prefix",
+    "operation_id",
+    "plan_reset",
+]
+
+DETAIL_MAX = 1000
+_OPERATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 
 
 class ResetRefused(FenceError):
     """The requested reset does not apply to the partition as it is now (the operator's call)."""
+
+
+class ResetApplied(ResetRefused):
+    """The operation is already in the journal: it was applied (a re-run is refused)."""
 
 
 class Action(enum.Enum):
@@ -78,6 +106,35 @@ class Plan:
                 "frontier": [self.old_frontier, self.new_frontier],
                 "topic_id": [self.old_topic_id, self.new_topic_id],
                 "fenced_owner": self.fenced_owner, "detail": self.detail}
+
+
+def operation_id(action: Action, *, group: str, topic: str, partition: int | None,
+                 to_offset: int | None = None, adopt_frontier: str | None = None) -> str:
+    """Pure: the default id of a reset, a digest of what it asks for (the same command is
+    the same operation; ``--reason`` and ``--expect-epoch`` are not part of it)."""
+    request = [action.value, group, topic, partition,
+               to_offset if action is Action.FRONTIER else None,
+               adopt_frontier if action is Action.ADOPT_TOPIC else None]
+    digest = hashlib.sha256(json.dumps(request, separators=(",", ":")).encode()).hexdigest()
+    return f"reset-{digest[:12]}"
+
+
+def check_operation_id(text: str) -> str:
+    """``text`` when it is a usable operation id; ``ValueError`` saying what is allowed."""
+    if not _OPERATION_ID.match(text):
+        raise ValueError(f"--operation-id {text!r}: use 1-64 letters, digits, '.', '_', ':' or "
+                         "'-', starting with a letter or digit")
+    return text
+
+
+def journal_detail(operation: str, detail: str) -> str:
+    """The journal row's detail: the operation id first, then what the plan does."""
+    return f"{journal_prefix(operation)} {detail}"[:DETAIL_MAX]
+
+
+def journal_prefix(operation: str) -> str:
+    """What a journal row of ``operation`` starts with (``journal_detail``)."""
+    return f"operation {operation}:"
 
 
 def _moved(old: int, new: int) -> str:
@@ -147,4 +204,4 @@ def plan_reset(
     return Plan(tp=tp, action=action, old_epoch=current.epoch, new_epoch=current.epoch + 1,
                 old_frontier=current.frontier, new_frontier=new_frontier,
                 old_topic_id=current.topic_id, new_topic_id=new_topic_id,
-                fenced_owner=current.owner, detail=detail[:1000])
+                fenced_owner=current.owner, detail=detail[:DETAIL_MAX])

@@ -5,12 +5,10 @@ Rules (each failed rule is one violation string naming the place it was seen)
 - ``ops.reference.oracle.check`` at the durable frontiers: documents, outbox and
   quarantine equal the fold (records given up by a gap-skip are excluded from it);
   outbox sequences/versions consistent; quarantine and progress agree.
-- Committed intent never changes: an outbox or quarantine row, once committed, stays
-  with the same value.
+- Committed intent never changes: an outbox or quarantine row, once committed, stays.
 - A stale token never commits: every process/skip write carries the epoch of the latest
   claim of its partition and that claim's lifetime.
-- A lifetime that was stopped or retired at an earlier check writes nothing but its
-  ``retire`` journal row.
+- A lifetime stopped or retired at a check before writes nothing but its ``retire`` row.
 - The journal agrees with the rows: every row's epoch has the ``claim`` journal row of its
   owner; a lifetime writes no process/skip for a partition it released (``release``
   journal row) until it claims it again.
@@ -42,6 +40,7 @@ from fencing.memory.store import MemoryFenceStore
 from fencing.types import SourceRecord, Token, TopicPartition
 from ops.reference import oracle
 from ops.reference.snapshot import memory_store_state
+from ops.sim.failures import Ranges, failure_rows
 
 __all__ = ["Checker"]
 
@@ -142,10 +141,10 @@ class Checker:
         self._scanned = self._data_writes = 0
         self._claims_journaled: set[tuple[TopicPartition, int | None, str]] = set()
         self._released: set[tuple[TopicPartition, str | None]] = set()
-        self.checks = 0
-        self.excluded = 0
+        self.checks = self.excluded = self._skips_seen = 0
         self._converted: dict[int, tuple[Any, Any]] = {}  # table entry -> its oracle row
-        self._skips_seen = 0
+        self.poison: frozenset[tuple[int, int]] | None = None  # ops.sim.failures, when on
+        self.gone = Ranges()  # given up by gap-skips and accepted gaps: owed nothing
 
     def exclude(self, tp: TopicPartition, first: int, end: int) -> None:
         """Drop source records of ``tp`` in [first, end) (an accepted retention gap);
@@ -154,9 +153,17 @@ class Checker:
         if len(kept) == len(self.source):
             return
         self.excluded += len(self.source) - len(kept)
+        self.gone.add(tp.partition, first, end)
         self.source = kept
         self._folds = _PartitionFolds(self.source)
         self._last_seen = self._last_data = None
+
+    def leave_out(self, records: AbstractSet[tuple[int, int]]) -> None:
+        """(partition, offset) records the failure path never applies: out of the fold."""
+        kept = tuple(r for r in self.source if (r.partition, r.offset) not in records)
+        if len(kept) != len(self.source):  # not counted as ``excluded``
+            self.source, self._folds = kept, _PartitionFolds(kept)
+            self._last_seen = self._last_data = None
 
     def fail(self, place: str, problem: str) -> None:
         """Record one violation seen at ``place``."""
@@ -194,6 +201,8 @@ class Checker:
 
     def _check_state(self, place: str, frontiers: dict[tuple[str, int], int]) -> None:
         actual = memory_store_state(self._store, memo=self._converted)
+        if self.poison is not None:  # the failure path's rows: ops.sim.failures
+            actual = failure_rows(self, place, actual, frontiers)
         expected, consistency = self._folds.expected(frontiers)
         same = actual == expected  # then the outbox rules give what they give the fold
         for problem in (*oracle.progress_problems(actual, frontiers),

@@ -45,7 +45,9 @@ class LogicalClock:
         return self.now_us / 1_000_000
 
     def advance(self, seconds: float) -> None:
-        self.now_us += round(seconds * 1_000_000)
+        """Move ``seconds`` on, to the microsecond; a positive wait moves at least one (a
+        backoff polling its deadline with what is left of it must reach it)."""
+        self.now_us += max(round(seconds * 1_000_000), 1 if seconds > 0 else 0)
 
 
 class _LogicalSelector(selectors.BaseSelector):

@@ -11,6 +11,8 @@ Rules
 - Evidence per mutant: the 16-run corpus (seeds 1-8 x both classes) and the sweep of seeds
   1..N x both classes; the sweep stops at the first kill (the smallest killing seed is
   reported, whatever the number of processes).
+- Every mutant is pinned to its first killing sweep run (``FIRST_KILLS``), checked by a
+  fast test in ``make test``; the sweep table reports a pin the generator has moved.
 - ``patched`` restores every attribute even when the run raises; the healthy code is
   never left mutated.
 """
@@ -28,6 +30,7 @@ from typing import Any
 import consumer.decisions
 import consumer.lifecycle
 import consumer.lifetime_frame
+import fencing.failures
 import fencing.guarded
 import fencing.memory.store
 from fencing.errors import NotCommitted, OutcomeUnknown
@@ -37,7 +40,8 @@ from fencing.types import Token
 from ops.sim.corpus import CLASSES, CORPUS_SEEDS, run_one
 from ops.sim.reduce import failure_of
 
-__all__ = ["MUTANTS", "Mutant", "kill_table", "patched", "render_table"]
+__all__ = ["FIRST_KILLS", "MUTANTS", "Mutant", "kill_table", "patched", "render_table",
+           "runs_up_to"]
 
 Patch = tuple[object, str, object]
 
@@ -205,6 +209,22 @@ def _gap_unrefused() -> list[Patch]:
     return [(fencing.memory.store, "decide_validation", validate)]
 
 
+def _bisect_coarse() -> list[Patch]:
+    real = fencing.failures.Bisection.next
+
+    def next_(self: Any) -> Any:  # a failing pair blames its first record unprobed
+        if self.bad_hi is not None and self.bad_hi - self.lo == 2:
+            self.bad_hi = self.lo + 1
+        return real(self)
+    return [(fencing.failures.Bisection, "next", next_)]
+
+
+def _lost_queued_ends() -> list[Patch]:
+    def after(exc: BaseException, *, closing: bool) -> Any:  # the rule before the fix
+        return consumer.decisions.BatchFailure.END
+    return [(consumer.decisions, "after_batch_failure", after)]
+
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("adopt-observed-epoch", "an unknown claim adopts the epoch it re-reads",
            _adopt_observed),
@@ -233,7 +253,33 @@ MUTANTS: tuple[Mutant, ...] = (
            "running", _stop_without_cancel),
     Mutant("gap-unrefused", "the source check ignores records deleted below the durable "
            "frontier", _gap_unrefused),
+    Mutant("lost-queued-ends-lifetime", "a batch queued behind its guard when the assignment "
+           "is lost ends the lifetime instead of being dropped", _lost_queued_ends),
+    Mutant("bisect-pair-unprobed", "bisection blames the first of a failing pair of records "
+           "without probing it", _bisect_coarse),
 )
+
+
+# Each mutant's first killing run of the sweep (seeds ascending, ``valid`` before
+# ``conflict``), pinned: ``tests/sim/test_mutants.py`` checks in ``make test`` that the
+# pinned run kills it, that every run before it lets it live, and that the healthy code
+# passes the pinned run; ``make sim-mutants`` reports a pin the generator has moved.
+FIRST_KILLS: dict[str, tuple[int, str]] = {
+    "adopt-observed-epoch": (41, "conflict"), "no-live-check": (14, "valid"),
+    "any-reread-committed": (2, "conflict"), "retire-noop": (1, "valid"),
+    "same-epoch-committed": (2, "conflict"), "seek-unchecked": (3, "conflict"),
+    "claim-unjournaled": (1, "valid"), "revoke-no-wait": (11, "valid"),
+    "process-after-revoke": (1, "conflict"), "frontier-from-kafka": (1, "valid"),
+    "resolve-without-read": (2, "valid"), "retry-without-reread": (1, "conflict"),
+    "stop-without-cancel": (4, "valid"), "gap-unrefused": (1, "valid"),
+    "lost-queued-ends-lifetime": (1, "conflict"), "bisect-pair-unprobed": (6, "conflict"),
+}
+
+
+def runs_up_to(seed: int, klass: str) -> list[tuple[int, str]]:
+    """The sweep's runs in order, up to and including ``(seed, klass)``."""
+    order = [(s, k) for s in range(1, seed + 1) for k in CLASSES]
+    return order[: order.index((seed, klass)) + 1]
 
 
 # -- evidence ------------------------------------------------------------------------------
@@ -282,10 +328,14 @@ def kill_table(*, sweep_last: int = 1000, steps: int = 64, processes: int = 2,
             jobs = [(i, 1 + k, sweep_last, processes, steps) for k in range(processes)]
             found = [f for f in pool.map(_sweep_first, jobs) if f is not None]
             first = min(found, key=lambda f: (f["seed"], f["class"])) if found else None
+            pinned = FIRST_KILLS.get(m.name)
             rows.append({"mutant": m.name, "rule": m.rule, "corpus_kills": len(corpus),
                          "corpus_runs": 16, "corpus_first": corpus[0] if corpus else None,
                          "sweep_last": sweep_last, "sweep_first_kill": first,
-                         "killed": bool(corpus) or first is not None})
+                         "killed": bool(corpus) or first is not None,
+                         "pinned": None if pinned is None else list(pinned),
+                         "pin_holds": first is not None and pinned == (first["seed"],
+                                                                       first["class"])})
     return rows
 
 
@@ -319,7 +369,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     survivors = [r["mutant"] for r in rows if not r["killed"]]
     print(f"{len(rows) - len(survivors)}/{len(rows)} killed"
           + (f"; survivors: {', '.join(survivors)}" if survivors else ""))
-    return 0 if not survivors else 1
+    moved = [r["mutant"] for r in rows if r["killed"] and not r["pin_holds"]]
+    if moved:  # the generator changed: the pins (and docs/simulation.md's table) follow it
+        print(f"first killing run moved from its pin in FIRST_KILLS: {', '.join(moved)}")
+    return 0 if not survivors and not moved else 1
 
 
 if __name__ == "__main__":

@@ -7,10 +7,18 @@ Status precedence (first that applies):
 3. INCOMPLETE: no drain and the final boundary is below the end of the source; never
    turned into a PASS.
 4. PASS_WITH_EXCLUSIONS: passed, but records deleted by retention were skipped (the
-   operator's ``allow_retention_gap``) and excluded from the comparison.
+   operator's ``allow_retention_gap``) and excluded from the comparison; or, without a
+   drain, complete while a lifetime was stopped or retired with a call in flight and no
+   live successor holds the current epoch of that call's partitions (the interrupted
+   call is left to a successor no run started: the report lists it under ``lifetimes``
+   and in ``diagnostics``). A takeover in the run (a replacement that goes on) is such a
+   successor.
 5. PASS.
 ``before_drain`` is the same rule applied to the state before the drain (ERROR,
-INCOMPLETE or PASS).
+INCOMPLETE or PASS). ``lifetimes`` is every lifetime's end state: ``live``, ``stopped``,
+``retiring`` or ``retired``, the reason it left LIVE, and the attempt whose call it was
+in (``ended_in_flight``: attempt, actor, partitions, ``followed_up_by``; None for a
+lifetime still live or stopped between calls).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ class Status(enum.Enum):
 
 
 def final_status(*, violations: int, drain: bool, blocked: bool, complete: bool,
-                 excluded: int) -> Status:
+                 excluded: int, ended_in_flight: int = 0) -> Status:
     """The status of a run by the precedence in the module doc."""
     if violations:
         return Status.ERROR
@@ -45,7 +53,9 @@ def final_status(*, violations: int, drain: bool, blocked: bool, complete: bool,
         return Status.BLOCKED
     if not drain and not complete:
         return Status.INCOMPLETE
-    return Status.PASS_WITH_EXCLUSIONS if excluded else Status.PASS
+    if excluded or (not drain and ended_in_flight):
+        return Status.PASS_WITH_EXCLUSIONS
+    return Status.PASS
 
 
 def build_report(trace: Trace, *, attempts: Sequence[Mapping[str, Any]],
@@ -53,14 +63,21 @@ def build_report(trace: Trace, *, attempts: Sequence[Mapping[str, Any]],
                  violations_before: int, complete_before: bool,
                  boundary_before: Mapping[str, Any], boundary: Mapping[str, Any],
                  drained: bool, blocked: bool, excluded: int, diagnostics: Sequence[str],
-                 checks: int) -> dict[str, Any]:
+                 checks: int, lifetimes: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     complete = bool(boundary) and all(
         (b["frontier"] or 0) >= b["end"] for b in boundary.values())
+    in_flight = [lt for lt in lifetimes if lt.get("ended_in_flight") is not None
+                 and lt["ended_in_flight"].get("followed_up_by") is None]
     status = final_status(violations=len(violations), drain=trace.drain, blocked=blocked,
-                          complete=complete, excluded=excluded)
+                          complete=complete, excluded=excluded, ended_in_flight=len(in_flight))
     before = final_status(violations=violations_before, drain=False, blocked=False,
                           complete=complete_before, excluded=0)
     diags = list(diagnostics)
+    if status is Status.PASS_WITH_EXCLUSIONS and not trace.drain:
+        diags.extend(f"lifetime {lt['lifetime']} ended {lt['state']} with a call in flight "
+                     f"(attempt {lt['ended_in_flight']['attempt']}, "
+                     f"{lt['ended_in_flight']['actor']}): no drain followed it up"
+                     for lt in in_flight)
     if status is Status.INCOMPLETE:
         diags.extend(f"partition {p}: durable frontier {b['frontier']}, source ends at "
                      f"{b['end']}" for p, b in sorted(boundary.items())
@@ -76,6 +93,7 @@ def build_report(trace: Trace, *, attempts: Sequence[Mapping[str, Any]],
         "expired_mid_run": any(s.actor == "expire" for s in trace.steps),
         "boundary_before_drain": dict(boundary_before),
         "boundary": dict(boundary), "excluded_records": excluded,
+        "lifetimes": [dict(lt) for lt in lifetimes],
         "violations": list(violations), "diagnostics": diags, "oracle_checks": checks,
         "fault_counts": {"selected": sum(selected.values()), **dict(sorted(selected.items()))},
         "results": dict(sorted(Counter(a["result"] for a in attempts).items())),

@@ -19,12 +19,16 @@ Rules
   (``revoke: true``; awaited after the step; for a process step of a set, a revoke of all
   of them, which must wait for every batch's guard), then stops the calling lifetime, before
   the selected call returns (or, for a read, before it reads).
+- A ``lost: true`` interleave and the ``lost`` actor: ``ops.sim.lost`` (a queued batch
+  behind the guard, the loss, and the worker's judgement of the step's failed batches).
+  A seek of a set (version 4) is one ``Lifecycle.seek_all``: one observe for the set.
 - ``expire`` moves Kafka's low watermark of a partition (what the next source check sees);
   batches already fetched below it may still be delivered. A ``heartbeat`` step is one tick
   of the lifetime's member heartbeat (``ops.sim.boundaries``).
 - The checker runs after every store call returns, every interleave, every wait and every
   attempt. Drain stops every lifetime, starts a fresh one, assigns every partition (one
-  claim for the set from trace version 2; one per partition for version 1), seeks each and
+  claim for the set from trace version 2; one per partition for version 1), seeks each (one
+  seek of the set from version 4) and
   processes to the end without faults; each drain attempt must advance
   durable progress, and the complete source must then match the output.
 """
@@ -35,6 +39,7 @@ import asyncio
 from typing import Any
 
 from consumer.decisions import LifetimeState
+from consumer.failure_run import FailureRun, RetryInterrupted
 from consumer.lifecycle import Lifecycle
 from fencing.errors import Fenced, FenceError, Retired, SourceRefused
 from fencing.memory.faults import InterleavePoint
@@ -43,7 +48,9 @@ from fencing.types import SourceCheck, SourceFacts, SourceRecord, Token, TopicPa
 from ops.reference.memory import memory_ref_handler
 from ops.sim.boundaries import Heartbeats, refusal_rules
 from ops.sim.checks import Checker
+from ops.sim.failures import FailingHandler, Timed, failure_run
 from ops.sim.loop import LogicalClock, run_sync
+from ops.sim.lost import lose, queue_and_lose, worker_judges
 from ops.sim.report import build_report
 from ops.sim.trace import Step, Trace, fault_json
 
@@ -96,6 +103,14 @@ class _Run:
         self.batch_results: dict[int, tuple[str, FenceError | None]] = {}
         self.heartbeats = Heartbeats(self)
         self.pending: list[asyncio.Future[None]] = []
+        self.ended_in_flight: dict[int, dict[str, Any]] = {}  # lifetime -> the attempt
+        self.queued_results: dict[int, tuple[str, FenceError | None]] = {}  # ops.sim.lost
+        self.failing: FailingHandler | None = None  # ops.sim.failures, for such a config
+        self.failure_runs: dict[int, FailureRun] = {}
+        if cfg.poison or cfg.transient:
+            self.failing = FailingHandler(cfg.poison, cfg.transient)
+            self.checker.poison = frozenset(cfg.poison)
+            self.checker.leave_out(self.checker.poison)
 
     # -- hooks ---------------------------------------------------------------------------
     def _dead(self) -> frozenset[str]:
@@ -144,14 +159,16 @@ class _Run:
             self.pending.append(asyncio.ensure_future(
                 lc.revoke([self.tp(p) for p in step.partitions])))
             await asyncio.sleep(0)
-        stopped_from = None
+        entry: dict[str, Any] = {
+            "at": point.at, "operation": point.operation.value, "call": point.call,
+            "stop": il.stop, "replacement": il.replacement, "revoke": il.revoke}
+        if il.lost:  # the next batches queue behind the guards, then the loss
+            entry["lost"] = True
+            await queue_and_lose(self, step.worker, step.partitions, entry)
         if il.stop:
-            stopped_from = self.lifecycles[step.worker].state.value
+            entry["stopped_from"] = self.lifecycles[step.worker].state.value
             self.lifecycles[step.worker].stop()
-        self.attempts[-1]["interleaves"].append(
-            {"at": point.at, "operation": point.operation.value, "call": point.call,
-             "stop": il.stop, "replacement": il.replacement, "revoke": il.revoke,
-             **({"stopped_from": stopped_from} if il.stop else {})})
+        self.attempts[-1]["interleaves"].append(entry)
         self.checker.check(f"attempt {self.attempt_index} interleave {point.at} "
                            f"{point.operation.value} call {point.call}")
 
@@ -185,9 +202,20 @@ class _Run:
                        allow_retention_gap=self.trace.config.allow_retention_gap)
         self.lifecycles[worker] = lc
         self._live.append(lc)
+        if self.failing is not None:  # each lifetime a worker process of its own
+
+            def began(lifetime: str = lc.lifetime_id) -> None:
+                self.call_us[lifetime] = self.clock.now_us
+
+            self.failure_runs[worker] = failure_run(
+                Timed(lc, began), self.failing, seed=self.trace.seed, worker=worker,
+                clock=self.clock, wait=self._wait, window=self.trace.config.batch_max)
         return lc
 
-    def _batch(self, worker: int, partition: int) -> tuple[SourceRecord, ...] | str:
+    def take_batch(self, worker: int, partition: int, *,
+                   queued: bool = False) -> tuple[SourceRecord, ...] | str:
+        """The next batch of ``partition`` for ``worker`` (moves the fetch cursor); a
+        ``queued`` one (``ops.sim.lost``) is not the step's own batch."""
         cursor = self.cursors.get((worker, partition))
         if cursor is None:
             return "unseeked"
@@ -196,7 +224,8 @@ class _Run:
         if not batch:
             return "idle"
         self.cursors[(worker, partition)] = batch[-1].offset + 1
-        self.batch_ends[partition] = batch[-1].offset + 1
+        if not queued:
+            self.batch_ends[partition] = batch[-1].offset + 1
         return batch
 
     # -- steps ---------------------------------------------------------------------------
@@ -213,12 +242,14 @@ class _Run:
         self.attempts.append(attempt)
         first_event = len(self.events)
         self.call_us[str(step.worker)] = self.clock.now_us
-        self.batch_ends, self.batch_results = {}, {}
+        self.batch_ends, self.batch_results, self.queued_results = {}, {}, {}
         lc = self.lifecycles.get(step.worker)
         held = {p: lc.token(self.tp(p)) for p in step.partitions} if lc is not None else {}
         failure: FenceError | None = None
         refusable = self._refusable(step.partitions) if step.actor == "assign" else []
         writes_before = len(self.store.writes)
+        known = set(self.lifecycles)
+        live_before = {w for w, x in self.lifecycles.items() if x.state is LifetimeState.LIVE}
         try:
             attempt["result"] = await self._act(step)
         except FenceError as exc:
@@ -234,6 +265,14 @@ class _Run:
             except FenceError as exc:
                 attempt["interleaves"].append({"revoke": _error_text(exc)})
         self.pending.clear()
+        if any(i.get("lost") for i in attempt["interleaves"]):
+            attempt["queued"] = {str(q): r for q, (r, _) in sorted(self.queued_results.items())}
+            failures = [(q, e) for q, (_, e) in [*sorted(self.batch_results.items()),
+                                                 *sorted(self.queued_results.items())]
+                        if e is not None]
+            worker_judges(self, f"attempt {self.attempt_index}", step.worker, held, failures,
+                          attempt)
+        self._left_in_flight(step, live_before, known)
         self._token_checks(step, attempt["result"], held, failure)
         label = str(step.worker)
         lc = self.lifecycles.get(step.worker)
@@ -243,9 +282,12 @@ class _Run:
                 place, worker=step.worker, state=lc.state, result=attempt["result"],
                 held=next((t for t in held.values() if t is not None), None), actor=step.actor)
             for q, (result, _) in sorted(self.batch_results.items()):
-                acked = any(e["lifetime"] == label and e["operation"] == "process"
-                            and e.get("partition") == q and e["observed"] == "ok"
-                            for e in self.events[first_event:])
+                if result == "interrupted":  # bisected parts may be committed: no claim
+                    continue
+                acked = self.failing is None and any(  # failure path: several commits
+                    e["lifetime"] == label and e["operation"] == "process"
+                    and e.get("partition") == q and e["observed"] == "ok"
+                    for e in self.events[first_event:])
                 self.checker.batch_outcome(place, worker=step.worker, tp=self.tp(q),
                                            result=result, batch_end=self.batch_ends.get(q),
                                            acked=acked)
@@ -270,16 +312,33 @@ class _Run:
         self.current = None
         return attempt
 
+    def _left_in_flight(self, step: Step, live_before: set[int], known: set[int]) -> None:
+        """Record the lifetimes that left LIVE during this attempt with a call in flight:
+        every one but the target of a ``stop`` step (stopped between calls), also a
+        replacement started inside the attempt."""
+        for w, x in self.lifecycles.items():
+            if x.state is LifetimeState.LIVE or w in self.ended_in_flight:
+                continue
+            if w in live_before or w not in known:
+                if step.actor == "stop" and w == step.worker:
+                    continue
+                self.ended_in_flight[w] = {"attempt": self.attempt_index, "actor": step.actor,
+                                           "partitions": list(step.partitions)}
+
     def _token_checks(self, step: Step, result: str, held: dict[int, Token | None],
                       exc: BaseException | None) -> None:
         place = f"attempt {self.attempt_index}"
+        if step.actor == "seek" and len(held) > 1 and exc is not None:
+            # one read for the set: a fence is one moved partition's; never all unmoved
+            moved = [q for q, t in held.items() if t is not None and (
+                (now := self.store.token_of(self.tp(q))) is None or now.epoch != t.epoch)]
+            held = {} if moved else held
         for q, token in held.items():
             failed = self.batch_results[q][1] if q in self.batch_results else exc
             if failed is not None and token is not None:
                 self.checker.not_self_fenced(place, step.worker, self.tp(q), token, failed)
-        p = step.partitions[0] if step.partitions else None
         self.checker.retained_tokens(place, self.lifecycles, self._tps)
-        if step.actor == "seek" and result == "ok" and p is not None:
+        for p in step.partitions if step.actor == "seek" and result == "ok" else ():
             self.checker.seek_position(place, step.worker, self.tp(p),
                                        self.lifecycles[step.worker].token(self.tp(p)),
                                        self.cursors.get((step.worker, p)))
@@ -300,6 +359,8 @@ class _Run:
             lc.stop()
             return "stopped"
         ps = step.partitions
+        if step.actor == "lost":
+            return lose(self, worker, ps)
         if step.actor == "assign":
             for q in ps:
                 self.cursors.pop((worker, q), None)
@@ -312,6 +373,10 @@ class _Run:
             return await self.heartbeats.tick(worker, lc)
         if step.actor == "process":
             return await self._process(lc, worker, ps)
+        if len(ps) > 1:  # version 4: one seek_all, one observe for the set
+            for tp, frontier in (await lc.seek_all([self.tp(q) for q in ps])).items():
+                self.cursors[(worker, tp.partition)] = frontier
+            return "ok"
         assert isinstance(p, int)
         self.cursors[(worker, p)] = await lc.seek(self.tp(p))
         return "ok"
@@ -319,11 +384,20 @@ class _Run:
     async def _process(self, lc: Lifecycle, worker: int, ps: tuple[int, ...]) -> str:
         """One batch per partition, all in flight at once; a single one raises its error."""
         async def one(q: int) -> str:
-            batch = self._batch(worker, q)
+            batch = self.take_batch(worker, q)
             if isinstance(batch, str):
                 return batch
             try:
-                await lc.process(self.tp(q), batch, memory_ref_handler)
+                if self.failing is None:
+                    await lc.process(self.tp(q), batch, memory_ref_handler)
+                else:
+                    tp = self.tp(q)
+                    await self.failure_runs[worker].submit(tp, batch, links=(), stopped=lambda:
+                                                           lc.state is not LifetimeState.LIVE
+                                                           or lc.token(tp) is None)
+            except RetryInterrupted:  # the lifetime left LIVE or dropped the partition
+                self.batch_results[q] = ("interrupted", None)
+                return "interrupted"
             except FenceError as exc:
                 self.batch_results[q] = (_result(exc), exc)
                 raise
@@ -379,7 +453,9 @@ class _Run:
         worker = max([*self.lifecycles, *_declared(self.trace)], default=0) + 1
         ok = (await self.step(Step("start", worker), fair=True))["result"] == "started"
         every = tuple(range(cfg.partitions))
-        if self.trace.version >= 2:  # the whole set in one claim, as production assigns
+        if self.trace.version >= 4 and len(every) > 1:  # one claim, one observe: production
+            fair = [Step("assign", worker, every), Step("seek", worker, every)]
+        elif self.trace.version >= 2:  # the whole set in one claim, as production assigns
             fair = [Step("assign", worker, every), *(Step("seek", worker, p) for p in every)]
         else:
             fair = [Step(actor, worker, p) for p in every for actor in ("assign", "seek")]
@@ -424,6 +500,7 @@ async def finish(run: _Run, trace: Trace) -> dict[str, Any]:
     boundary_before = run_boundary(run)
     complete_before = all(b["frontier"] == b["end"] for b in boundary_before.values())
     violations_before = len(run.checker.violations)
+    lifetimes = _lifetimes(run)
     drained = blocked = False
     if trace.drain:
         drained = await run.drain()
@@ -440,7 +517,33 @@ async def finish(run: _Run, trace: Trace) -> dict[str, Any]:
                         complete_before=complete_before, boundary_before=boundary_before,
                         boundary=run_boundary(run), drained=drained, blocked=blocked,
                         excluded=run.checker.excluded, diagnostics=run.diagnostics,
-                        checks=run.checker.checks)
+                        checks=run.checker.checks, lifetimes=lifetimes)
+
+
+def _lifetimes(run: _Run) -> list[dict[str, Any]]:
+    """Every lifetime's end state before the drain stops them (``ops.sim.report``). A
+    lifetime that ended with a call in flight names the live successor that holds the
+    current epoch of every partition of that call (``followed_up_by``), or None."""
+    out = []
+    for w, lc in sorted(run.lifecycles.items()):
+        ended = run.ended_in_flight.get(w)
+        if ended is not None:
+            ended = {**ended, "followed_up_by": _successor(run, w, ended["partitions"])}
+        out.append({"lifetime": str(w), "state": lc.state.value,
+                    "reason": lc.retired_reason, "ended_in_flight": ended})
+    return out
+
+
+def _successor(run: _Run, worker: int, partitions: list[int]) -> str | None:
+    """The one live lifetime other than ``worker`` holding the durable token of every
+    partition in ``partitions``, if any."""
+    for w, lc in sorted(run.lifecycles.items()):
+        if w == worker or lc.state is not LifetimeState.LIVE:
+            continue
+        if all(lc.token(run.tp(p)) is not None and lc.token(run.tp(p)) ==
+               run.store.token_of(run.tp(p)) for p in partitions):
+            return str(w)
+    return None
 
 
 def new_run(trace: Trace, *, checking: bool = False) -> _Run:

@@ -17,7 +17,11 @@ Rules
   replacements apply to a multi-partition claim; a process step may carry a set of the
   lifetime's ready partitions (several batches in flight). Heartbeats aim at lifetimes
   whose heartbeat still writes; retention (``expire``) only at claimed partitions that
-  still owe records, to just past their durable frontier or further.
+  still owe records, to just past their durable frontier or further. Version 4: a seek may
+  carry a set of one lifetime's unsought partitions (one observe); ``lost`` aims at a live
+  lifetime's held partitions; a process call's interleave may queue the next batch and
+  lose the step's partitions; one profile in three gives the handler poison records and
+  transient failures (``ops.sim.failures``).
 """
 
 from __future__ import annotations
@@ -85,11 +89,13 @@ def _fault_list(g: _Gen, actor: str) -> tuple[Fault, ...]:
             if op.interleavable and call == 1 and rng.random() < prof.interleave_rate:
                 revoke = (actor == "process" and op is Operation.PROCESS
                           and rng.random() < prof.revoke_rate)
-                stop = rng.random() < 0.4
-                replacement = g.new_id() if (not stop and not revoke) or rng.random() < 0.5 \
-                    else None
+                lost = (actor == "process" and op is Operation.PROCESS and not revoke
+                        and rng.random() < prof.lost_rate)
+                stop = rng.random() < (0.1 if lost else 0.4)
+                replacement = g.new_id() if (not stop and not revoke and not lost) or \
+                    rng.random() < (0.3 if lost else 0.5) else None
                 at = rng.choice(("before", "after")) if op.has_after_point else "before"
-                interleave = Interleave(at, stop, replacement, revoke)
+                interleave = Interleave(at, stop, replacement, revoke, lost)
             taken[(op, call)] = Fault(op, call, outcome, rng.choice(prof.delays), interleave)
     return tuple(taken[k] for k in sorted(taken, key=lambda k: (k[0].value, k[1])))
 
@@ -131,6 +137,17 @@ def _owing(g: _Gen) -> list[tuple[int, int]]:
     return out
 
 
+def _queueable(g: _Gen, w: int, ps: int | tuple[int, ...]) -> bool:
+    """True when a partition of ``ps`` has more than one batch left for ``w``."""
+    run = g.run
+    for p in ps if isinstance(ps, tuple) else (ps,):
+        cursor = run.cursors.get((w, p), 0)  # type: ignore[attr-defined]
+        left = [r for r in run.by_partition[p] if r.offset >= cursor]  # type: ignore[attr-defined]
+        if len(left) > run.trace.config.batch_max:  # type: ignore[attr-defined]
+            return True
+    return False
+
+
 def _late(g: _Gen, live: list[int], held: dict[int, list[int]]) -> list[Step] | None:
     """A late call: a live lifetime's seek/process of a partition it no longer holds."""
     run = g.run
@@ -164,6 +181,8 @@ def _next(g: _Gen) -> list[Step]:
         options.append(("takeover", prof.weight("takeover")))
     if len(live) > 1:
         options.append(("stop", prof.weight("stop")))
+    if any(held.values()) and prof.weight("lost"):
+        options.append(("lost", prof.weight("lost")))
     options.append(("late", prof.weight("late")))
     beats = g.run.heartbeats  # type: ignore[attr-defined]
     if any(beats.writes_more(w, lc) for w, lc in g.run.lifecycles.items()):  # type: ignore[attr-defined]
@@ -182,6 +201,12 @@ def _next(g: _Gen) -> list[Step]:
             revoke = Interleave(rng.choice(("before", "after")), revoke=True)
             faults = (*faults, Fault(Operation.PROCESS, 1, interleave=revoke))
             faults = tuple(sorted(faults, key=lambda f: (f.operation.value, f.call)))
+        elif rng.random() < prof.lost_rate / 6 and _queueable(g, w, ps) and not any(
+                f.operation is Operation.PROCESS and f.call == 1 for f in faults):
+            # the next batch queues behind the guard, then the session is lost
+            lost = Interleave(rng.choice(("before", "after")), lost=True)
+            faults = (*faults, Fault(Operation.PROCESS, 1, interleave=lost))
+            faults = tuple(sorted(faults, key=lambda f: (f.operation.value, f.call)))
         return [Step("process", w, ps, faults)]
     if kind == "heartbeat":
         beating = [w for w, lc in sorted(g.run.lifecycles.items())  # type: ignore[attr-defined]
@@ -190,9 +215,13 @@ def _next(g: _Gen) -> list[Step]:
     if kind == "expire":
         p, frontier = rng.choice(owing)
         return [Step("expire", 0, p, offset=rng.randint(frontier + 1, g.run.ends[p]))]  # type: ignore[attr-defined]
-    if kind == "seek":
-        w, p = rng.choice(unsought)
-        return [Step("seek", w, p, _fault_list(g, "seek"))]
+    if kind == "seek":  # one partition, or a set of one lifetime's (one observe)
+        w, _ = rng.choice(unsought)
+        return [Step("seek", w, _some(g, [q for x, q in unsought if x == w]),
+                     _fault_list(g, "seek"))]
+    if kind == "lost":
+        w = rng.choice([w for w in live if held[w]])
+        return [Step("lost", w, _some(g, held[w]))]
     if kind == "revoke":
         w = rng.choice([w for w in live if held[w]])
         return [Step("revoke", w, _some(g, held[w]), _fault_list(g, "revoke"))]
@@ -238,10 +267,22 @@ def _start(seed: int, klass: str, steps: int, checking: bool) -> tuple[_Gen, Tra
             for p in range(partitions)}
     lows = tuple(rng.randint(1, ends[p]) if prof.retention and ends[p] else 0
                  for p in range(partitions))
+    poison: tuple[tuple[int, int], ...] = ()
+    transient: tuple[tuple[int, int, int], ...] = ()
+    if prof.failures and records:  # a few poison records and a few transient ones
+        chosen = rng.sample(records, min(len(records), rng.randint(1, 5)))
+        cut = rng.randint(0, len(chosen))
+        poison = tuple(sorted((r.partition, r.offset) for r in chosen[:cut]))
+        drawn = [(r.partition, r.offset, rng.randint(1, 2)) for r in chosen[cut:]]
+        # at most two transient failures in the run: with the batch's attempts counted at
+        # one key they never exhaust POLICY's four (past it a record is poison by design)
+        kept = [x for i, x in enumerate(drawn) if sum(n for *_, n in drawn[:i + 1]) <= 2]
+        transient = tuple(sorted(kept))
     config = SimConfig(klass=klass, steps=steps, topic="sim", partitions=partitions,
                        group_id="sim", batch_max=prof.batch_max, budget_ms=prof.budget_ms,
                        low_watermarks_before_drain=lows, allow_retention_gap=prof.retention,
-                       topic_recreated_before_drain=prof.recreated)
+                       topic_recreated_before_drain=prof.recreated, poison=poison,
+                       transient=transient)
     shell = Trace(seed=seed, config=config, records=records, steps=(), drain=False,
                   toolchain=toolchain())
     return _Gen(rng, prof, new_run(shell, checking=checking), partitions), shell

@@ -12,6 +12,10 @@ Rules
 - One profile in four has a 400 ms budget (delays and retry waits can exhaust it); one in
   four has retention gaps before the drain with ``allow_retention_gap``; one in ten has its
   topic recreated before the drain.
+- Trace version 4: one profile in three has a handler with poison records and transient
+  failures (``ops.sim.failures``; attempt-count faults are drawn as any kind); the ``lost``
+  actor (weight 0 in one profile of three) and a process interleave that queues the next
+  batch and loses the partitions (``lost_rate``).
 """
 
 from __future__ import annotations
@@ -36,12 +40,15 @@ KINDS: tuple[Kind, ...] = (
     (Op.JOURNAL, F.ABORT),
     (Op.HEARTBEAT, F.ABORT), (Op.HEARTBEAT, F.UNKNOWN_COMMITTED),
     (Op.HEARTBEAT, F.UNKNOWN_ABORTED),
+    (Op.ATTEMPT, F.ABORT), (Op.ATTEMPT, F.UNKNOWN_COMMITTED), (Op.ATTEMPT, F.UNKNOWN_ABORTED),
+    (Op.ATTEMPTS, F.ABORT),
 )
-ACTOR_OPS = {"assign": (Op.VALIDATE, Op.CLAIM, Op.OBSERVE, Op.SKIP, Op.JOURNAL),
-             "seek": (Op.OBSERVE, Op.JOURNAL), "process": (Op.PROCESS, Op.OBSERVE, Op.JOURNAL),
+ACTOR_OPS = {"assign": (Op.VALIDATE, Op.CLAIM, Op.OBSERVE, Op.SKIP, Op.JOURNAL, Op.ATTEMPTS),
+             "seek": (Op.OBSERVE, Op.JOURNAL),
+             "process": (Op.PROCESS, Op.OBSERVE, Op.JOURNAL, Op.ATTEMPT),
              "revoke": (Op.JOURNAL,), "heartbeat": (Op.HEARTBEAT,)}
 _ACTORS = ("start", "process", "seek", "assign", "takeover", "revoke", "stop", "late",
-           "heartbeat", "expire")
+           "heartbeat", "expire", "lost")
 _INDEX = {actor: i for i, actor in enumerate(_ACTORS)}
 
 
@@ -54,6 +61,7 @@ class Profile:
     delays: tuple[int, ...]  # logical delay choices in ms
     interleave_rate: float  # first claim/process call carries an interleave
     revoke_rate: float  # a process interleave revokes the partition meanwhile
+    lost_rate: float  # a process interleave queues the next batch, then loses the partitions
     multi_rate: float  # an assign/revoke/takeover/process step takes a set of partitions
     weights: tuple[float, ...]  # per actor of _ACTORS
     revoke_first: float  # a takeover revokes the old holder first (else: a zombie remains)
@@ -63,6 +71,7 @@ class Profile:
     budget_ms: int
     retention: bool
     recreated: bool  # the topic is recreated before the drain (expected: BLOCKED)
+    failures: bool  # poison and transient records (ops.sim.failures), one profile in three
 
     def weight(self, actor: str) -> float:
         return self.weights[_INDEX[actor]]
@@ -78,14 +87,15 @@ def draw_profile(rng: random.Random) -> Profile:
     weights = (rng.choice((0.02, 0.05)), rng.uniform(0.3, 0.6), rng.uniform(0.1, 0.25),
                rng.uniform(0.05, 0.2), rng.uniform(0.02, 0.15), rng.uniform(0.03, 0.12),
                rng.uniform(0.0, 0.04), rng.uniform(0.0, 0.03), rng.uniform(0.02, 0.08),
-               rng.choice((0.0, 0.0, 0.0, 0.0, 0.0, 0.04)))
+               rng.choice((0.0, 0.0, 0.0, 0.0, 0.0, 0.04)), rng.choice((0.0, 0.02, 0.05)))
     return Profile(
         kinds=kinds, fault_rate=rng.choice((0.15, 0.3, 0.5)), max_faults=rng.randint(1, 4),
         burst_rate=rng.choice((0.0, 0.2, 0.4)),
         delays=rng.choice(((0,), (0, 0, 5, 50), (0, 50, 150, 250))),
         interleave_rate=rng.choice((0.0, 0.2, 0.5)), revoke_rate=rng.choice((0.0, 0.3, 0.6)),
+        lost_rate=rng.choice((0.0, 0.3, 0.6)),
         multi_rate=rng.choice((0.0, 0.4, 0.8)), weights=weights,
         revoke_first=rng.choice((0.3, 0.7, 1.0)), partitions=rng.choice((1, 2, 2, 3)),
         records=rng.randint(16, 60), batch_max=rng.randint(1, 4),
         budget_ms=rng.choice((20_000, 20_000, 20_000, 400)), retention=rng.random() < 0.25,
-        recreated=rng.random() < 0.1)
+        recreated=rng.random() < 0.1, failures=rng.random() < 1 / 3)

@@ -1,4 +1,4 @@
-"""Trace format version 3 (``worker-schedule-v1``; versions 1 and 2 are still read): parse
+"""Trace format version 4 (``worker-schedule-v1``; versions 1 to 3 are still read): parse
 strictly, dump canonically.
 
 Long because the trace format's strict validation (unknown fields, provenance, choices)
@@ -26,6 +26,16 @@ Rules
   flight, e.g. during a seek); the ``heartbeat`` actor (one member-heartbeat tick of a
   lifetime) with ``heartbeat`` faults; the ``expire`` actor (``partition``, ``offset``, no
   worker: Kafka's retention deletes the partition's records below ``offset``).
+- Version 4 adds (and versions 1 to 3 may not use): the ``lost`` actor (``worker``,
+  ``partition`` or a list: the group session is lost, the lifetime drops those tokens
+  locally, no I/O); an interleave ``lost: true`` (a process step's process call only: the
+  next batch of each of the step's partitions is delivered to the same lifetime and queues
+  behind the partition's guard, then the assignment of the step's partitions is lost); a
+  list of partitions for a seek step (one ``seek_all``: one observe for the set); the
+  config's ``poison`` and ``transient`` records (written only when any: the handler-failure
+  path, ``ops.sim.failures``) and the faults ``attempt`` (the attempt-count upsert; commit,
+  abort, unknown-committed, unknown-aborted) on process steps and ``attempts`` (the failure
+  marks read at a claim; commit, abort) on assign steps.
 - ``dumps`` is canonical (sorted keys, fixed separators, one trailing newline), so a
   parse/dump round trip is byte-identical.
 """
@@ -60,18 +70,21 @@ __all__ = [
     "toolchain",
 ]
 
-VERSION = 3
-VERSIONS = (1, 2, 3)
+VERSION = 4
+VERSIONS = (1, 2, 3, 4)
 IMPLEMENTATION = "worker-schedule-v1"
-ACTORS = ("start", "assign", "seek", "process", "revoke", "stop", "heartbeat", "expire")
+ACTORS = ("start", "assign", "seek", "process", "revoke", "stop", "heartbeat", "expire", "lost")
 _V3_ACTORS = ("heartbeat", "expire")
-_WORKER_ACTORS_WITH_PARTITION = ("assign", "seek", "process", "revoke")
+_V4_ACTORS = ("lost",)
+_WORKER_ACTORS_WITH_PARTITION = ("assign", "seek", "process", "revoke", "lost")
 _FAULT_OPS = {"assign": ("validate", "claim", "observe"), "seek": ("observe",),
               "process": ("process", "observe")}
 _FAULT_OPS_V2 = {"assign": ("validate", "claim", "observe", "skip", "journal"),
                  "seek": ("observe", "journal"), "process": ("process", "observe", "journal"),
                  "revoke": ("journal",)}
 _FAULT_OPS_V3 = {**_FAULT_OPS_V2, "heartbeat": ("heartbeat",)}
+_FAULT_OPS_V4 = {**_FAULT_OPS_V3, "assign": (*_FAULT_OPS_V3["assign"], "attempts"),
+                 "process": (*_FAULT_OPS_V3["process"], "attempt")}
 
 
 class TraceError(ValueError):
@@ -107,6 +120,8 @@ class SimConfig:
     low_watermarks_before_drain: tuple[int, ...]
     allow_retention_gap: bool
     topic_recreated_before_drain: bool = False  # version 2; written only when true
+    poison: tuple[tuple[int, int], ...] = ()  # version 4 (ops.sim.failures); when any
+    transient: tuple[tuple[int, int, int], ...] = ()  # version 4: (partition, offset, n)
 
 
     def to_json(self) -> dict[str, Any]:
@@ -116,7 +131,9 @@ class SimConfig:
                 "low_watermarks_before_drain": list(self.low_watermarks_before_drain),
                 "allow_retention_gap": self.allow_retention_gap,
                 **({"topic_recreated_before_drain": True}
-                   if self.topic_recreated_before_drain else {})}
+                   if self.topic_recreated_before_drain else {}),
+                **({"poison": [list(x) for x in self.poison]} if self.poison else {}),
+                **({"transient": [list(x) for x in self.transient]} if self.transient else {})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +186,8 @@ def fault_json(f: Fault) -> dict[str, Any]:
             il["replacement"] = f.interleave.replacement
         if f.interleave.revoke:
             il["revoke"] = True
+        if f.interleave.lost:
+            il["lost"] = True
         out["interleave"] = il
     return out
 
@@ -249,7 +268,8 @@ def _bytes(value: Any, where: str) -> bytes | None:
 def _config(raw: Any, version: int) -> SimConfig:
     keys = ("class", "steps", "topic", "partitions", "group_id", "batch_max", "budget_ms",
             "low_watermarks_before_drain", "allow_retention_gap")
-    c = _obj(raw, "config", keys, () if version == 1 else ("topic_recreated_before_drain",))
+    c = _obj(raw, "config", keys, () if version == 1 else ("topic_recreated_before_drain",)
+             if version < 4 else ("topic_recreated_before_drain", "poison", "transient"))
     klass = _str(c["class"], "config.class")
     if klass not in ("valid", "conflict"):
         raise TraceError(f"config.class: expected valid or conflict, got {klass!r}")
@@ -266,14 +286,40 @@ def _config(raw: Any, version: int) -> SimConfig:
             _int(v, f"config.low_watermarks_before_drain[{i}]") for i, v in enumerate(lows)),
         allow_retention_gap=_bool(c["allow_retention_gap"], "config.allow_retention_gap"),
         topic_recreated_before_drain=_bool(c.get("topic_recreated_before_drain", False),
-                                           "config.topic_recreated_before_drain"))
+                                           "config.topic_recreated_before_drain"),
+        poison=tuple((p, o) for p, o in _records_of(c.get("poison", []), "config.poison",
+                                                    partitions, 2)),
+        transient=tuple((p, o, n) for p, o, n in _records_of(
+            c.get("transient", []), "config.transient", partitions, 3)))
+
+
+def _records_of(raw: Any, where: str, partitions: int, width: int) -> list[tuple[int, ...]]:
+    """``[[partition, offset(, n)], ...]`` of the handler-failure records (version 4): each
+    listed once; a transient record fails 1 or 2 times (below ``ops.sim.failures.POLICY``'s
+    limits)."""
+    if not isinstance(raw, list):
+        raise TraceError(f"{where}: expected a list")
+    out: list[tuple[int, ...]] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, list) or len(item) != width:
+            raise TraceError(f"{where}[{i}]: expected a list of {width} integers")
+        got = tuple(_int(v, f"{where}[{i}][{k}]") for k, v in enumerate(item))
+        if got[0] >= partitions:
+            raise TraceError(f"{where}[{i}]: partition {got[0]} is not below {partitions}")
+        if width == 3 and not 1 <= got[2] <= 2:
+            raise TraceError(f"{where}[{i}]: a transient record fails 1 or 2 times, not "
+                             f"{got[2]}")
+        if got[:2] in [x[:2] for x in out]:
+            raise TraceError(f"{where}[{i}]: record {got[0]}@{got[1]} is listed twice")
+        out.append(got)
+    return out
 
 
 def _fault(raw: Any, where: str, actor: str, version: int) -> Fault:
     f = _obj(raw, where, ("operation", "call", "outcome"), ("delay_ms", "interleave"))
     op = f["operation"]
     choices = (_FAULT_OPS if version == 1 else _FAULT_OPS_V2 if version == 2
-               else _FAULT_OPS_V3).get(actor, ())
+               else _FAULT_OPS_V3 if version == 3 else _FAULT_OPS_V4).get(actor, ())
     if op not in choices:
         raise TraceError(f"{where}.operation: {op!r} is not a choice for a {actor} step "
                          f"in version {version} (choices: {', '.join(choices) or 'none'})")
@@ -284,19 +330,23 @@ def _fault(raw: Any, where: str, actor: str, version: int) -> Fault:
     interleave = None
     if "interleave" in f:
         il = _obj(f["interleave"], f"{where}.interleave", ("at",),
-                  ("stop", "replacement") if version == 1 else ("stop", "replacement", "revoke"))
+                  ("stop", "replacement") if version == 1 else
+                  ("stop", "replacement", "revoke") if version < 4 else
+                  ("stop", "replacement", "revoke", "lost"))
         stop = _bool(il.get("stop", False), f"{where}.interleave.stop")
         revoke = _bool(il.get("revoke", False), f"{where}.interleave.revoke")
-        if revoke and (actor != "process" or op != "process"):
-            raise TraceError(f"{where}.interleave.revoke: only for a process step's process "
-                             "call")
+        lost = _bool(il.get("lost", False), f"{where}.interleave.lost")
+        for name, on in (("revoke", revoke), ("lost", lost)):
+            if on and (actor != "process" or op != "process"):
+                raise TraceError(f"{where}.interleave.{name}: only for a process step's "
+                                 "process call")
         if version < 3 and op in ("validate", "observe"):
             raise TraceError(f"{where}.interleave: an interleave on {op} needs version 3")
         rep = il.get("replacement")
         try:
             interleave = Interleave(il["at"], stop, None if rep is None else
                                     _int(rep, f"{where}.interleave.replacement"),
-                                    revoke)
+                                    revoke, lost)
         except TraceError:
             raise
         except ValueError as exc:
@@ -313,10 +363,10 @@ def _fault(raw: Any, where: str, actor: str, version: int) -> Fault:
 def _partition(part: Any, where: str, actor: str, partitions: int,
                version: int) -> int | tuple[int, ...]:
     if isinstance(part, list):
-        if version == 1 or actor not in ("assign", "revoke", "process") or (
-                actor == "process" and version < 3):
+        if version == 1 or actor not in ("assign", "revoke", "process", "seek", "lost") or (
+                actor == "process" and version < 3) or (actor == "seek" and version < 4):
             raise TraceError(f"{where}.partition: a list is only for assign and revoke "
-                             "(version 2) and process (version 3)")
+                             "(version 2), process (version 3), seek and lost (version 4)")
         if not part:
             raise TraceError(f"{where}.partition: expected a non-empty list")
         ps = tuple(_int(v, f"{where}.partition[{k}]") for k, v in enumerate(part))
@@ -347,7 +397,8 @@ def _steps(raw: Any, partitions: int, version: int) -> tuple[Step, ...]:
                             offset=_int(e["offset"], f"{where}.offset")))
             continue
         if isinstance(rs, dict) and "actor" in rs and (
-                actor not in ACTORS or (actor in _V3_ACTORS and version < 3)):
+                actor not in ACTORS or (actor in _V3_ACTORS and version < 3)
+                or (actor in _V4_ACTORS and version < 4)):
             raise TraceError(f"{where}.actor: unknown actor {actor!r} in version {version}")
         s = _obj(rs, where, ("actor", "worker"), ("partition", "faults"))
         actor = s["actor"]

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from ops.operator.reset_plan import Action, operation_id
 from tests.cli_output import one_line
 from tests.integration.observability_support import (
     run_fencectl,
@@ -163,9 +164,12 @@ def test_reset_plan_and_journal_read_naturally(sink_run: SinkRun) -> None:
     history = run_fencectl("status", "--history", "--group", sink_run.group, "--topic",
                            sink_run.big, "--partition", "0", "--json", env=env)
     last = json.loads(history.stdout)[-1]
+    operation = operation_id(Action.FRONTIER, group=sink_run.group, topic=sink_run.big,
+                             partition=0, to_offset=290)
+    assert f"operation {operation}: applied and journaled" in applied.stdout
     assert (last["event"], last["detail"]) == (
-        "reset", f"frontier {RECORDS} -> 290: offsets 290..{RECORDS - 1} are processed again; "
-                 "reason: re-run")
+        "reset", f"operation {operation}: frontier {RECORDS} -> 290: offsets "
+                 f"290..{RECORDS - 1} are processed again; reason: re-run")
     status = run_fencectl("status", "--group", sink_run.group, env=env).stdout
     row = next(ln for ln in status.splitlines() if ln.startswith(f"{sink_run.group}  "
                                                                   f"{sink_run.big}  0 "))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fencing.memory.faults import Fault, FaultOutcome, Interleave, Operation
@@ -25,8 +28,8 @@ def puts(partition: int, offsets: list[int]) -> list[SourceRecord]:
 
 def fault(op: str, call: int = 1, outcome: str = "commit", *, delay_ms: int = 0,
           at: str | None = None, stop: bool = False, replacement: int | None = None,
-          revoke: bool = False) -> Fault:
-    il = None if at is None else Interleave(at, stop, replacement, revoke)
+          revoke: bool = False, lost: bool = False) -> Fault:
+    il = None if at is None else Interleave(at, stop, replacement, revoke, lost)
     return Fault(Operation(op), call, FaultOutcome(outcome), delay_ms, il)
 
 
@@ -67,3 +70,13 @@ def head(worker: int = 1, partition: int = 0) -> list[Step]:
     """start, assign, seek of one lifetime on one partition (attempts 0..2)."""
     return [step("start", worker), step("assign", worker, partition),
             step("seek", worker, partition)]
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Failing heartbeats log a warning each; the tests read rows, not logs."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)

@@ -34,7 +34,7 @@ def _starve(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
 
 def test_a_run_starved_of_cpu_reports_what_a_quiet_run_reports(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    trace = make_trace(68, steps=6)
+    trace = make_trace(27, steps=6)
     assert trace.config.budget_ms < 450  # each starved call outlives the budget in real time
     quiet = run_trace(trace)
     calls: list[str] = []

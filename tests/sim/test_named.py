@@ -46,7 +46,8 @@ def test_claim_unknown_committed_claims_afresh_and_never_adopts_the_read_epoch()
         "claim", 1, "unknown-committed"))]))
     ev = [(e["operation"], e["call"], e["applied"], e["observed"]) for e in events(report, 1)]
     assert ev == [("validate", 1, False, "ok"), ("claim", 1, True, "outcome-unknown"),
-                  ("observe", 1, False, "ok"), ("claim", 2, True, "ok")]
+                  ("observe", 1, False, "ok"), ("claim", 2, True, "ok"),
+                  ("attempts", 1, False, "ok")]
     assert sim.lifecycles[1].token(TP).epoch == 2 == sim.store.token_of(TP).epoch
     assert [j.event for j in sim.store.journal_rows] == ["claim", "claim"]
 
@@ -56,7 +57,7 @@ def test_claim_unknown_aborted_claims_again_and_installs_epoch_one() -> None:
         "claim", 1, "unknown-aborted"))]))
     ev = [(e["operation"], e["call"], e["applied"]) for e in events(report, 1)]
     assert ev == [("validate", 1, False), ("claim", 1, False), ("observe", 1, False),
-                  ("claim", 2, True)]
+                  ("claim", 2, True), ("attempts", 1, False)]
     assert sim.lifecycles[1].token(TP).epoch == 1 == sim.store.token_of(TP).epoch
 
 

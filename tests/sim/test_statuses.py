@@ -4,6 +4,7 @@ correction and withdrawal under faults."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -66,3 +67,58 @@ def test_ledger_correction_and_withdrawal_under_faults() -> None:
     assert [(q.offset, q.reason.split(":")[0]) for q in sim.store.quarantine] == [
         (4, "withdrawn-document")]
     assert sim.store.token_of(sim.tp(0)).frontier == 5
+
+
+def _stopped_in_flight(tmp_path: Any = None) -> Any:
+    """The whole source in one batch whose COMMIT applies, then the lifetime is stopped
+    before the reply: complete, no drain, nobody follows the interrupted call up."""
+    steps = [*head(), step("process", 1, 0, fault("process", 1, at="after", stop=True))]
+    return make(puts(0, [0, 1]), steps, drain=False)
+
+
+def test_a_complete_run_without_drain_stopped_in_flight_is_pass_with_exclusions() -> None:
+    report, sim = run(_stopped_in_flight())
+    assert report["boundary"] == {"0": {"frontier": 2, "epoch": 1, "end": 2}}
+    assert report["status"] == "PASS_WITH_EXCLUSIONS", report["violations"]
+    assert report["lifetimes"] == [{
+        "lifetime": "1", "state": "stopped", "reason": sim.lifecycles[1].retired_reason,
+        "ended_in_flight": {"attempt": 3, "actor": "process", "partitions": [0],
+                            "followed_up_by": None}}]
+    assert any("lifetime 1 ended stopped with a call in flight (attempt 3, process)" in d
+               for d in report["diagnostics"])
+
+
+def test_a_run_without_drain_retired_in_flight_is_pass_with_exclusions() -> None:
+    # the lost COMMIT reply is re-read as committed (complete), then the re-read's observe
+    # is refused three times: the lifetime retires inside its call
+    steps = [*head(), step("process", 1, 0, fault("process", 1, "unknown-committed"),
+                           *(fault("observe", c, "abort") for c in (1, 2, 3)))]
+    report, _ = run(make(puts(0, [0, 1]), steps, drain=False))
+    assert report["boundary"]["0"]["frontier"] == 2
+    assert report["lifetimes"][0]["state"] == "retired"
+    assert report["lifetimes"][0]["ended_in_flight"]["actor"] == "process"
+    assert report["status"] == "PASS_WITH_EXCLUSIONS", report["violations"]
+
+
+def test_a_stop_between_calls_or_a_successor_that_goes_on_stays_pass() -> None:
+    between = make(puts(0, [0, 1]), [*head(), step("process", 1, 0), step("stop", 1)])
+    report, _ = run(between)
+    assert report["status"] == "PASS", report["diagnostics"]
+    assert report["lifetimes"] == [{"lifetime": "1", "state": "stopped",
+                                    "reason": report["lifetimes"][0]["reason"],
+                                    "ended_in_flight": None}]
+    taken_over = make(puts(0, [0, 1, 2]), [*head(), step("process", 1, 0, fault(
+        "process", 1, at="after", stop=True, replacement=2)), step("process", 2, 0)],
+        batch_max=2)
+    report, _ = run(taken_over)
+    assert report["status"] == "PASS", report["diagnostics"]
+    assert report["lifetimes"][0]["ended_in_flight"]["followed_up_by"] == "2"
+
+
+def test_the_cli_exits_1_for_pass_with_exclusions(tmp_path: Any, capsys: Any) -> None:
+    from ops.sim import dumps
+    from tests.sim.test_replay import cli
+    trace, out = tmp_path / "t.json", tmp_path / "r.json"
+    trace.write_text(dumps(_stopped_in_flight()))
+    assert cli(["--replay", str(trace), "--report", str(out)]) == 1
+    assert json.loads(out.read_text())["status"] == "PASS_WITH_EXCLUSIONS"

@@ -38,8 +38,8 @@ def test_a_version_1_trace_round_trips_and_rejects_version_2_fields() -> None:
         "process", 1, at="before", revoke=True))])))
     with pytest.raises(TraceError, match=r"interleave.revoke: unknown field"):
         parse(_v1(data))
-    data["version"] = 4
-    with pytest.raises(TraceError, match=r"trace\.version: 4 is not supported"):
+    data["version"] = 5
+    with pytest.raises(TraceError, match=r"trace\.version: 5 is not supported"):
         parse(json.dumps(data))
 
 
@@ -57,7 +57,7 @@ def test_one_claim_for_a_set_and_an_unknown_outcome_of_that_claim() -> None:
     assert report["status"] == "PASS", report["violations"]
     ev = [(e["operation"], e["call"], e["observed"]) for e in events(report, 1)]
     assert ev == [("validate", 1, "ok"), ("claim", 1, "outcome-unknown"),
-                  ("observe", 1, "ok"), ("claim", 2, "ok")]
+                  ("observe", 1, "ok"), ("claim", 2, "ok"), ("attempts", 1, "ok")]
     assert events(report, 1)[-1]["installed"] == {f"sim[{p}]": [1, 0] for p in range(3)}
     assert attempts(report)[1]["result"] == "ok"  # all three retained from the fresh claim
     assert sim.store.token_of(sim.tp(0)).frontier == 2

@@ -293,6 +293,31 @@ async def test_a_token_dropped_while_the_failure_is_handled_ends_it_without_reti
     assert lc.state.value == "live" and store.attempt_rows == {}
 
 
+async def test_a_batch_lost_while_it_waits_for_the_gate_is_never_attempted() -> None:
+    """Another partition's suspect record holds the process's gate alone; this partition's
+    batch waits for it and is lost meanwhile: when the gate opens the batch is dropped
+    (``RetryInterrupted``), not sent as a late call whose ``Fenced`` would end the lifetime
+    (found by the simulator's lost interleave over the failure path)."""
+    from consumer.alone_gate import AloneGate
+    store, clock = MemoryFenceStore("g"), Clock()
+    lc = await owner(store, clock, "L1")
+    gate = AloneGate()
+    run = FailureRun(lifecycle=lc, handler=counting(), declaration=Declaration(),
+                     policy=RetryPolicy(), rng=random.Random(1), clock=clock, wait=clock.wait,
+                     gate=gate)
+    assert await gate.alone(never)  # the other partition's suspect record runs alone
+    task = asyncio.ensure_future(run.submit(TP, recs(0, 1), links=(),
+                                            stopped=lambda: lc.token(TP) is None))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not task.done()  # waiting for the gate
+    lc.lost([TP])
+    gate.release_alone()
+    with pytest.raises(RetryInterrupted):
+        await task
+    assert lc.state.value == "live" and processed(store) == 0
+
+
 async def test_a_poison_record_counts_as_quarantined_in_the_records_metrics() -> None:
     """``fence_records_rejected_total`` (the quarantine alerts' metric) counts poison records
     too: the bisection's quarantine is a ``Reject`` of the committed batch."""

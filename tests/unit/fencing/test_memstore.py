@@ -262,9 +262,9 @@ async def test_validate_refusals_and_gap_skip() -> None:
 
 
 def test_fault_choices_are_validated() -> None:
-    with pytest.raises(ValueError, match="only for claim, process, skip and heartbeat"):
+    with pytest.raises(ValueError, match="only for claim, process, skip, heartbeat and attempt"):
         Fault(Operation.OBSERVE, 1, FaultOutcome.UNKNOWN_ABORTED)
-    with pytest.raises(ValueError, match="only for claim, process, skip and heartbeat"):
+    with pytest.raises(ValueError, match="only for claim, process, skip, heartbeat and attempt"):
         Fault(Operation.JOURNAL, 1, FaultOutcome.UNKNOWN_COMMITTED)
     with pytest.raises(ValueError, match="interleave is only"):
         Fault(Operation.SKIP, 1, interleave=Interleave("after", stop=True))
