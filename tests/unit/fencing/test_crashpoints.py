@@ -96,7 +96,7 @@ def test_stop_freezes_at_the_point_and_goes_on_after_sigcont(tmp_path: Path) -> 
             if marker.exists() and marker.read_text().endswith("\n"):
                 break
             time.sleep(0.05)
-        # The marker is written (and fsynced) before the process signals itself: between
+        # The marker is written before the process signals itself: between
         # the two it still runs, so wait for the stop rather than read the state once.
         state = ""
         for _ in range(300):
