@@ -12,10 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import asyncpg
+
 from ops.reference.generate import GeneratedRecord
 from tests.integration.registry_support import avro
+from tests.integration.workers import fresh_schema
 
-__all__ = ["ACCOUNT_AVRO", "ACCOUNT_TABLE", "Script", "script"]
+__all__ = ["ACCOUNT_AVRO", "ACCOUNT_TABLE", "Script", "account_schema", "script"]
 
 #: the table of the issue's user: a bigint key, a CHECK, jsonb, a timestamptz
 ACCOUNT_TABLE = ("(id bigint PRIMARY KEY, name text NOT NULL, amount numeric CHECK "
@@ -95,3 +98,14 @@ def script(topic: str, *, count: int, partitions: int, keys: int, fmt: str,
             out.table[k] = (r["name"], r["amount"], r["tags"], r["updated"])
         offsets[p] += 1
     return out
+
+
+async def account_schema(dsn: str) -> str:
+    """A fresh fence schema holding the churn scenarios' ``acct`` table (``ACCOUNT_TABLE``)."""
+    schema = await fresh_schema(dsn)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'CREATE TABLE "{schema}".acct {ACCOUNT_TABLE}')
+    finally:
+        await conn.close()
+    return schema

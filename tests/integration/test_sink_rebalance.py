@@ -28,7 +28,7 @@ import pytest
 
 from fencing.testing.pgproxy import Action
 from ops.reference.generate import GeneratedRecord
-from tests.integration.sink_churn import ACCOUNT_TABLE, Script, script
+from tests.integration.sink_churn import Script, account_schema, script
 from tests.integration.workers import (
     GROUP_SETUPS,
     GroupSetup,
@@ -159,16 +159,6 @@ def _churn_cases() -> list[Any]:
 UPSERT_PARTITIONS, UPSERT_COUNT, UPSERT_KEYS = 6, 6_000, 240
 
 
-async def _account_table(dsn: str) -> str:
-    schema = await fresh_schema(dsn)
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f'CREATE TABLE "{schema}".acct {ACCOUNT_TABLE}')
-    finally:
-        await conn.close()
-    return schema
-
-
 async def _accounts(dsn: str, schema: str, group: str
                     ) -> tuple[dict[int, tuple[Any, ...]], list[tuple[int, int]]]:
     conn = await asyncpg.connect(dsn)
@@ -199,7 +189,7 @@ def test_upsert_sink_with_a_bigint_key_under_kills_and_lost_commits_equals_the_f
     bootstrap, dsn = services.kafka_bootstrap, services.dsn
     topic, group = unique(f"churn_{fmt}"), unique("gchurn")
     create_topic(bootstrap, topic, UPSERT_PARTITIONS)
-    schema = asyncio.run(_account_table(dsn))
+    schema = asyncio.run(account_schema(dsn))
     plan: Script = script(topic, count=UPSERT_COUNT, partitions=UPSERT_PARTITIONS,
                           keys=UPSERT_KEYS, fmt=fmt, registry_url=services.schema_registry_url)
     proxy = ProxyThread(dsn)

@@ -20,13 +20,12 @@ from ops.reference.generate import GeneratedRecord
 from ops.stack import control as stack
 from ops.stack.config import Service, settings_from
 from tests.integration.registry_support import avro
-from tests.integration.sink_churn import ACCOUNT_AVRO, ACCOUNT_TABLE
+from tests.integration.sink_churn import ACCOUNT_AVRO, account_schema
 from tests.integration.workers import (
     GROUP_SETUPS,
     WorkerProc,
     create_topic,
     durable_rows,
-    fresh_schema,
     produce,
     unique,
     wait_until,
@@ -57,16 +56,6 @@ def _row(i: int, k: int, email: bool) -> dict[str, Any]:
     return {**row, "email": f"{i}@x"} if email else row
 
 
-async def _prepare(dsn: str) -> str:
-    schema = await fresh_schema(dsn)
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f'CREATE TABLE "{schema}".acct {ACCOUNT_TABLE}')
-    finally:
-        await conn.close()
-    return schema
-
-
 async def _state(dsn: str, schema: str) -> tuple[dict[int, str], int]:
     conn = await asyncpg.connect(dsn)
     try:
@@ -82,7 +71,7 @@ def test_a_frozen_registry_holds_only_the_partitions_that_need_it(services: Any)
     pid = _registry_pid(url)
     topic, group = unique("frozen"), unique("gfrozen")
     create_topic(bootstrap, topic, PARTITIONS)
-    schema = asyncio.run(_prepare(dsn))
+    schema = asyncio.run(account_schema(dsn))
     v1 = avro(url, topic, ACCOUNT_AVRO)
     v2_schema = json.loads(ACCOUNT_AVRO)
     v2_schema["fields"].append({"name": "email", "type": ["null", "string"], "default": None})
