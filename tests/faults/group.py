@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ from tests.integration.workers import (
     wait_until,
 )
 
-__all__ = ["ARTIFACTS", "FaultGroup"]
+__all__ = ["ARTIFACTS", "FaultGroup", "fault_groups"]
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts" / "kafka-faults"
@@ -272,3 +272,22 @@ class FaultGroup:
     def tails(self, names: Sequence[str] | dict[str, int], lines: int = 30) -> str:
         return "\n".join(f"--- {n}:\n" + "\n".join(self.members[n].log().splitlines()[-lines:])
                          for n in names)
+
+
+@contextmanager
+def fault_groups(services: Any, cluster: Cluster | None
+                 ) -> Iterator[Callable[..., FaultGroup]]:
+    """Makes ``FaultGroup``s (on ``cluster``, or the session's one-node Kafka when None) and
+    closes every one it made afterwards, its members stopped by pid."""
+    made: list[FaultGroup] = []
+
+    def make(name: str, protocol: str, **kwargs: Any) -> FaultGroup:
+        g = FaultGroup(services, cluster, protocol, name=name, **kwargs)
+        made.append(g)
+        return g
+
+    try:
+        yield make
+    finally:
+        for g in made:
+            g.close()

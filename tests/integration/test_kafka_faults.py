@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.faults.group import FaultGroup
+from tests.faults.group import FaultGroup, fault_groups
 from tests.faults.report import PROTOCOLS, record
 from tests.integration.workers import FENCECTL, ROOT, wait_until
 
@@ -43,18 +43,8 @@ CELLS = [(s, p) for s in SCENARIOS for p in PROTOCOLS] if FULL else list(CI_CELL
 @pytest.fixture
 def groups(services: Any, cluster: Any) -> Iterator[Callable[..., FaultGroup]]:
     """Makes ``FaultGroup``s on the cluster; stops their members by pid afterwards."""
-    made: list[FaultGroup] = []
-
-    def make(name: str, protocol: str, **kwargs: Any) -> FaultGroup:
-        g = FaultGroup(services, cluster, protocol, name=name, **kwargs)
-        made.append(g)
-        return g
-
-    try:
+    with fault_groups(services, cluster) as make:
         yield make
-    finally:
-        for g in made:
-            g.close()
 
 
 def _kill_role(g: FaultGroup, role: Callable[[], int]) -> dict[str, Any]:

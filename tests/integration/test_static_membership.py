@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.faults.group import FaultGroup
+from tests.faults.group import FaultGroup, fault_groups
 from tests.faults.report import PROTOCOLS, record
 from tests.integration.workers import WorkerProc, wait_until
 
@@ -34,18 +34,10 @@ RUN_PROTOCOLS = PROTOCOLS if FULL else (CI_PROTOCOL,)
 
 @pytest.fixture
 def groups(services: Any) -> Iterator[Callable[..., FaultGroup]]:
-    made: list[FaultGroup] = []
-
-    def make(name: str, protocol: str, **kwargs: Any) -> FaultGroup:
-        g = FaultGroup(services, None, protocol, name=name, **kwargs)
-        made.append(g)
-        return g
-
-    try:
+    """Makes ``FaultGroup``s on the session's one-node Kafka; stops their members by pid
+    afterwards."""
+    with fault_groups(services, None) as make:
         yield make
-    finally:
-        for g in made:
-            g.close()
 
 
 def _owned(w: WorkerProc) -> list[int]:
