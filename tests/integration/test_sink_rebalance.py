@@ -21,6 +21,7 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -176,10 +177,14 @@ def epochs_of(dsn: str, schema: str, group: str, topic: str) -> dict[int, int]:
     return {p: e for p, (e, _f) in asyncio.run(durable_rows(dsn, schema, group, topic)).items()}
 
 
-def _lose_commit(proxy: ProxyThread, action: Action) -> None:
+def _lose_commit(proxy: ProxyThread, action: Action,
+                 then: Callable[[], None] = lambda: None) -> None:
     """One COMMIT cut (``CUT_AFTER``: PostgreSQL committed, the reply is lost;
-    ``CUT_BEFORE``: COMMIT never reached it), waited for until it fired."""
+    ``CUT_BEFORE``: COMMIT never reached it), waited for until it fired. ``then`` runs once
+    the cut is armed (the last cut produces the last records: with nothing left to commit,
+    no COMMIT would come to cut)."""
     rule = proxy.add_rule("COMMIT", action, times=1)
+    then()
     wait_until(lambda: rule.count >= 1, timeout_s=60, what=f"{action.value} fired")
 
 
@@ -208,8 +213,10 @@ def test_upsert_sink_with_a_bigint_key_under_kills_and_lost_commits_equals_the_f
         wait_until(lambda: committed_total(dsn, schema, group, topic) >= n, timeout_s=120,
                    what=f"{n} records committed")
 
-    def feed() -> None:  # in chunks while the members churn
-        for i in range(0, UPSERT_COUNT, 500):
+    last_chunk = UPSERT_COUNT - 500
+
+    def feed() -> None:  # in chunks while the members churn; the last chunk comes after
+        for i in range(0, last_chunk, 500):
             produce(bootstrap, plan.records[i:i + 500])
             time.sleep(0.5)
 
@@ -233,7 +240,9 @@ def test_upsert_sink_with_a_bigint_key_under_kills_and_lost_commits_equals_the_f
         w3.wait(10)
         start("w6")
         feeder.join(timeout=120)
-        _lose_commit(proxy, Action.CUT_BEFORE)
+        assert not feeder.is_alive()
+        _lose_commit(proxy, Action.CUT_BEFORE,
+                     then=lambda: produce(bootstrap, plan.records[last_chunk:]))
         wait_until(lambda: committed_total(dsn, schema, group, topic) >= UPSERT_COUNT,
                    timeout_s=180, what="every record committed")
         # w1..w3 are all gone: each of their partitions is claimed anew, also one whose
