@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 .PHONY: setup stack-up stack-down stack-status test test-unit test-integration test-monitoring \
         test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
         demo migrate clean crash-matrix docs test-kafka-faults test-handler-blame bench-blame sink-churn \
-        sink-routing test-bench
+        sink-routing test-bench test-protocols
 
 setup: $(STAMP)
 
@@ -57,6 +57,11 @@ BLAME_RUNS ?= 5
 test-handler-blame: setup
 	FENCE_BLAME_RUNS=$(BLAME_RUNS) $(BIN)/pytest -q tests/integration/test_handler_blame.py $(PYTEST_ARGS)
 
+# every protocol-parametrized test under all three group protocols (make test runs one
+# protocol of each, rotating over the tests: tests/protocol_rotation.py)
+test-protocols: setup
+	FENCE_ALL_PROTOCOLS=full $(BIN)/pytest -q -m protocols tests/integration $(PYTEST_ARGS)
+
 test-sim-worker: setup
 	$(BIN)/pytest -q tests/sim tests/unit/consumer/test_lifecycle*.py tests/unit/consumer/test_decisions.py tests/unit/fencing/test_memstore*.py $(PYTEST_ARGS)
 
@@ -87,7 +92,9 @@ test-kafka-faults: setup
 	FENCE_KAFKA_FAULTS=full $(BIN)/pytest -q tests/integration/test_kafka_faults.py \
 	  tests/integration/test_static_membership.py tests/integration/test_kafka_facts_failover.py \
 	  tests/integration/test_startup_outage.py \
-	  tests/integration/test_crash_matrix.py::test_crash_point_cell_on_three_nodes $(PYTEST_ARGS)
+	  tests/integration/test_crash_matrix.py::test_crash_point_cell_on_three_nodes \
+	  tests/integration/test_quarantine_relay.py::test_follow_relays_through_a_restart_of_the_partition_leader \
+	  $(PYTEST_ARGS)
 
 sim-worker: setup
 	mkdir -p artifacts

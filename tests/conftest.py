@@ -279,19 +279,59 @@ async def pg_store(pg_dsn: str, fence_schema: str) -> AsyncIterator[Any]:
         yield store
     finally:
         await store.close()
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the ``protocols`` mark added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``kafka_faults`` only under ``FENCE_KAFKA_FAULTS=full`` (``make
-    test-kafka-faults``; ``make test`` runs a subset of the Kafka fault scenarios); the tests
-    on the three-node cluster last, in their collected order (see the module docstring)."""
+    test-kafka-faults``; ``make test`` runs a subset of the Kafka fault scenarios); a test
+    parametrized over the group protocols under one of them unless ``FENCE_ALL_PROTOCOLS=full``
+    (``tests.protocol_rotation``; ``make test-protocols`` runs them all); the tests on the
+    three-node cluster last, in their collected order (see the module docstring)."""
     if os.environ.get("FENCE_KAFKA_FAULTS") != "full":
         deselected = [i for i in items if i.get_closest_marker("kafka_faults") is not None]
         if deselected:
             config.hook.pytest_deselected(items=deselected)
             items[:] = [i for i in items if i.get_closest_marker("kafka_faults") is None]
+    _one_protocol_each(config, items)
     on_cluster = [i for i in items if CLUSTER_FIXTURE in getattr(i, "fixturenames", ())]
     if on_cluster:
         rest = [i for i in items if CLUSTER_FIXTURE not in getattr(i, "fixturenames", ())]
         items[:] = rest + on_cluster
+
+
+def _protocol_case(item: pytest.Item) -> tuple[str, str] | None:
+    """``(test key, protocol)`` of a test parametrized by ``setup`` over the group
+    protocols, else None; the key is the test's id with the protocol's name as ``*``."""
+    from tests.protocol_rotation import PROTOCOLS
+
+    callspec = getattr(item, "callspec", None)
+    setup = callspec.params.get("setup") if callspec is not None else None
+    name = getattr(setup, "name", None)
+    if name not in PROTOCOLS:
+        return None
+    return item.nodeid.replace(name, "*"), name
+
+
+def _one_protocol_each(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every protocol-parametrized test ``protocols``; without
+    ``FENCE_ALL_PROTOCOLS=full`` keep one protocol of each (``tests.protocol_rotation``)."""
+    from tests.protocol_rotation import one_protocol_each
+
+    cases = {id(i): case for i in items if (case := _protocol_case(i)) is not None}
+    per_key: dict[str, int] = {}
+    for key, _ in cases.values():
+        per_key[key] = per_key.get(key, 0) + 1
+    for item in items:
+        case = cases.get(id(item))
+        if case is not None and per_key[case[0]] > 1:
+            item.add_marker(pytest.mark.protocols)
+    if os.environ.get("FENCE_ALL_PROTOCOLS") == "full":
+        return
+    keep = one_protocol_each(list(cases.values()))
+    deselected = [i for i in items if id(i) in cases and cases[id(i)] not in keep]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        dropped = {id(i) for i in deselected}
+        items[:] = [i for i in items if id(i) not in dropped]
 
 
 @pytest.fixture(scope="session")

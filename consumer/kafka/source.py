@@ -22,6 +22,17 @@ Rules
   ``SourceUnavailable``, never a watermark.
 - The AdminClient is its own librdkafka handle, so these calls are safe from any thread,
   including while the consumer's thread sits inside a rebalance callback.
+- The AdminClient keeps a connection to every broker (``enable.sparse.connections=false``).
+  With librdkafka's default sparse (on-demand) connections, an AdminClient that has sent
+  requests to a broker spins reconnecting to it once that broker is dead -- measured with
+  librdkafka 2.16.0: 50-80 % of a CPU per client and ~20,000 "Connection refused" a second
+  while the broker stayed down (on the sparse path a refused connect goes DOWN -> INIT and
+  back to TRY_CONNECT on demand, and the ``OP_CONNECT`` that asks for a connection clears the
+  reconnect backoff: "Expedite next reconnect", rdkafka_broker.c); three workers doing so
+  starved a two-core machine's surviving brokers until their KRaft quorum lost its leader
+  and a coordinator failover outlived the outage bound. Without sparse connections the
+  broker thread reconnects with its backoff (the fact is pinned by
+  tests/integration/test_kafka_facts_failover.py).
 - ``committed_offsets`` reads a group's committed offsets with ``Consumer.committed`` of a
   consumer that never joins the group (an OffsetFetch to its coordinator); a partition
   without a committed offset reads as None. Not ``AdminClient.list_consumer_group_offsets``:
@@ -73,7 +84,8 @@ class KafkaSource:
     def __init__(self, admin_conf: dict[str, str], *, request_timeout_s: float = 10.0) -> None:
         # librdkafka's informational lines (e.g. "Purging 1 unserved events from background
         # queue" when the client is destroyed) are noise on a command's output: warnings up
-        conf = {"log_level": "4", **admin_conf}
+        conf: dict[str, str | int | float | bool] = {
+            "log_level": "4", "enable.sparse.connections": False, **admin_conf}
         self._conf = dict(admin_conf)
         self._admin_conf = dict[str, str | int | float | bool](conf)
         self._admin = AdminClient(self._admin_conf)

@@ -148,3 +148,59 @@ def test_committed_offsets_during_a_coordinator_move_never_abort(cluster: Any) -
     assert reader.returncode == 0, err[-3000:]
     answers, _failures = (int(x) for x in out.split())
     assert answers > 0
+
+
+_SPINNER = """
+import resource, sys, time
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from consumer.kafka.source import KafkaSource
+bootstrap, topic, partitions, which = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+conf = {"bootstrap.servers": bootstrap, "log_level": "0"}
+admin = AdminClient(conf) if which == "plain" else KafkaSource(conf)._admin
+def offsets():  # a lag sample: every partition's leader asked
+    try:
+        for f in admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest()
+                                     for p in range(partitions)}, request_timeout=2).values():
+            f.result(timeout=3)
+    except Exception:
+        pass
+offsets()
+print("ready", flush=True)
+sys.stdin.readline()  # a node was killed
+cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+c0, t0 = cpu(), time.monotonic()
+while time.monotonic() - t0 < 6:
+    offsets()
+    time.sleep(1)
+print(round((cpu() - c0) / (time.monotonic() - t0), 3), flush=True)
+"""
+
+
+def test_an_admin_client_with_sparse_connections_spins_on_a_dead_broker(cluster: Any) -> None:
+    """librdkafka 2.16: an AdminClient with its default sparse connections, after asking a
+    broker for offsets, reconnects to it without backoff once it is dead (most of a CPU);
+    ``KafkaSource``'s AdminClient (``enable.sparse.connections=false``) does not. When this
+    test's first assertion fails, librdkafka has fixed it and the setting can go."""
+    topic = _topic(cluster)
+    procs = {which: subprocess.Popen([sys.executable, "-c", _SPINNER, cluster.bootstrap, topic,
+                                      str(PARTITIONS), which], cwd=ROOT, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL)
+             for which in ("plain", "source")}
+    node = cluster.leader(topic, 0)
+    try:
+        for proc in procs.values():
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        cluster.kill(node)
+        for proc in procs.values():
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        share = {which: float(proc.communicate(timeout=60)[0]) for which, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            proc.kill()
+        cluster.start(node)
+    assert share["plain"] > 0.2, share  # the librdkafka fact
+    assert share["source"] < 0.05, share  # the worker's client waits out its backoff

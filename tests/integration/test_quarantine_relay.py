@@ -230,6 +230,7 @@ def test_relay_runs_with_its_grant_only(services: Any) -> None:
     asyncio.run(cannot_delete())
 
 
+@pytest.mark.kafka_faults  # make test-kafka-faults: 20 s and a leader's restart on the cluster
 def test_follow_relays_through_a_restart_of_the_partition_leader(services: Any,
                                                                 cluster: Any) -> None:
     """``--follow`` while the dead-letter partition's leader is SIGKILLed and restarted: no

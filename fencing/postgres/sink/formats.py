@@ -21,8 +21,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from confluent_kafka.schema_registry import dual_schema_id_deserializer
-from confluent_kafka.schema_registry.common.serde import SchemaId
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from fencing.postgres.sink.keys import Format
@@ -52,6 +50,11 @@ def wire(data: bytes, fmt: Format, record: SourceRecord, *, key: bool = False
     raises ``Misfit`` when it is not in the wire format."""
     if fmt in _FAST and len(data) > 5 and data[0] == 0 and not _id_header(record, key):
         return int.from_bytes(data[1:5], "big"), (), data[5:]
+    # the slow path only (GUIDs, Protobuf indexes, a header id): imported on first use, with
+    # the registry's client (fencing.postgres.sink.registry)
+    from confluent_kafka.schema_registry import dual_schema_id_deserializer
+    from confluent_kafka.schema_registry.common.serde import SchemaId
+
     sid = SchemaId(_TYPES[fmt])
     ctx = SerializationContext(record.topic, MessageField.KEY if key else MessageField.VALUE,
                                list(record.headers) or None)

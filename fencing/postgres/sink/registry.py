@@ -35,14 +35,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from confluent_kafka.schema_registry import AsyncSchemaRegistryClient, SchemaRegistryError
-from confluent_kafka.schema_registry._async.avro import AsyncAvroDeserializer
-from confluent_kafka.schema_registry._async.json_schema import AsyncJSONDeserializer
-from confluent_kafka.schema_registry._async.protobuf import AsyncProtobufDeserializer
-from fastavro import schemaless_reader
-from google.protobuf import empty_pb2
-from google.protobuf.message_factory import GetMessageClass
-
 from fencing.errors import Unavailable
 from fencing.postgres.sink.keys import Format
 from fencing.postgres.sink.messages import message_fields
@@ -84,6 +76,10 @@ class Registry:
     """The registry at ``url`` for one sink (see the module Rules)."""
 
     def __init__(self, url: str) -> None:
+        # the registry's client (httpx, authlib, jsonschema, protobuf: ~0.3 s) is imported
+        # by the first Registry, not by every command that imports the sink
+        from confluent_kafka.schema_registry import AsyncSchemaRegistryClient
+
         self.url = url
         self.where = redacted(url)
         self.client = AsyncSchemaRegistryClient(
@@ -97,6 +93,8 @@ class Registry:
                    absent: tuple[int, ...] = (_NO_SCHEMA,)) -> Any:
         """``await call()`` with the module's timeout and error classes; a 404 with one of
         the Confluent error codes ``absent`` is a ``Misfit``."""
+        from confluent_kafka.schema_registry import SchemaRegistryError
+
         try:
             async with asyncio.timeout(CALL_TIMEOUT_S + 1.0):
                 return await call()
@@ -157,6 +155,11 @@ class Registry:
     async def _deserializer(self, fmt: Format) -> Any:
         de = self._deserializers.get(fmt)
         if de is None:
+            from confluent_kafka.schema_registry._async.avro import AsyncAvroDeserializer
+            from confluent_kafka.schema_registry._async.json_schema import AsyncJSONDeserializer
+            from confluent_kafka.schema_registry._async.protobuf import AsyncProtobufDeserializer
+            from google.protobuf import empty_pb2
+
             if fmt is Format.AVRO:
                 de = await AsyncAvroDeserializer(self.client, conf=self._conf)
             elif fmt is Format.PROTOBUF:  # its message type is only used by __call__
@@ -224,6 +227,8 @@ _OPTIONS = {"return_record_name": False, "return_record_name_override": False,
 
 
 def _avro(parsed: Any) -> Reader:
+    from fastavro import schemaless_reader
+
     try:
         from fastavro import _read
         inner: Any = _read  # its stub declares the public names only
@@ -239,6 +244,8 @@ def _avro(parsed: Any) -> Reader:
 
 
 def _protobuf(de: Any, parsed: Any, indexes: tuple[int, ...], what: str) -> Reader:
+    from google.protobuf.message_factory import GetMessageClass
+
     fd_proto, pool = parsed
     try:
         desc = de._get_message_desc(pool, pool.FindFileByName(fd_proto.name), list(indexes))
