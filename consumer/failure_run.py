@@ -10,9 +10,11 @@ Rules
   handling without another write, and so does a ``Fenced`` raised once it closed (its
   token was dropped meanwhile); the batch is not applied and the next owner (or this
   lifetime after reassignment) takes it from the durable frontier.
-- ``submit`` is ``Lifecycle.process`` plus two dict lookups and the gate's counter for a
-  healthy partition: the paths below run only after ``HandlerFailed`` (nothing applied), or
-  for a partition with durable marks (read at its claim), or one whose batches were split.
+- ``submit`` is ``Lifecycle.process`` of one ``BatchCall`` plus two dict lookups and the
+  gate's counter for a healthy partition: the paths below run only after ``HandlerFailed``
+  (nothing applied), or for a partition with durable marks (read at its claim), or one
+  whose batches were split; each of their transactions is a ``BatchCall`` of its own (its
+  records, its handler wrapped with the verdicts it settles, ``clear_attempts``).
 - Every transaction enters the process-wide ``AloneGate`` shared; a suspect record's
   attempts (the first, counted, and its retries) enter it alone (see below). A batch
   whose partition closed while it waited for the gate is never attempted
@@ -40,7 +42,7 @@ Rules
   ``too-slow`` metric, its quarantine row) and quarantined as too slow, or fail-stops the
   lifetime when declared ``on_failure="stop"``. Never a lifetime failure by itself.
 - ``outcome-uncertain`` handlers are never retried, bisected or split: each batch is
-  preceded by its durable intent (``Lifecycle.process(..., uncertain=True)``) and its
+  preceded by its durable intent (an ``uncertain`` ``BatchCall``) and its
   handler runs at most once. A failed batch is quarantined whole (``on_failure="stop"``:
   raised); an intent left by an earlier owner (``Attempts.uncertain_to``) is quarantined as
   outcome unknown before anything else of the partition runs. Suspect windows do not apply:
@@ -61,6 +63,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
@@ -80,7 +83,7 @@ from fencing.failures import (
 )
 from fencing.handler import Declaration, Effects, OnFailure, check_verdicts
 from fencing.slow import Split, handler_limit_s
-from fencing.store import HandlerFn
+from fencing.store import BatchCall, HandlerFn
 from fencing.tracing import NO_TRACING, SpanHandle, Tracing
 from fencing.types import Reject, SourceRecord, Token, TopicPartition, Verdict
 
@@ -190,17 +193,17 @@ class FailureRun:
             extra = {"fence.cause": cause} if cause is not None else {}
             span.add_event(f"fence.{kind}", {"fence.count": n, **extra, **(attrs or {})})
 
-    async def _once(self, tp: TopicPartition, records: Sequence[SourceRecord], handler: HandlerFn,
-                    stopped: Callable[[], bool], *, settles: bool = False, **kw: Any) -> Token:
-        """One transaction beside the process's other batches (the gate's shared side); a
-        single record of a suspect partition (a retry of a suspect record) runs alone.
-        ``settles``: it only quarantines, the handler's code never runs, so it needs neither
-        the gate (it cannot kill the process; it never waits behind the suspect windows) nor,
-        for an outcome-uncertain handler, an intent."""
+    async def _once(self, call: BatchCall, stopped: Callable[[], bool], *,
+                    settles: bool = False) -> Token:
+        """``lifecycle.process(call)``: one transaction beside the process's other batches
+        (the gate's shared side); a single record of a suspect partition (a retry of a
+        suspect record) runs alone. ``settles``: it only quarantines, the handler's code never
+        runs, so it needs neither the gate (it cannot kill the process; it never waits behind
+        the suspect windows) nor, for an outcome-uncertain handler, an intent."""
         if settles:
-            return await self._lc.process(tp, records, handler, **kw)
+            return await self._lc.process(call)
         gate = self._gate
-        alone = len(records) == 1 and tp in self._suspect_left
+        alone = len(call.records) == 1 and call.tp in self._suspect_left
         if alone:
             if not await gate.alone(stopped):
                 raise _interrupted()
@@ -209,9 +212,8 @@ class FailureRun:
         try:
             if stopped():  # closed while it waited for the gate: never attempted, dropped
                 raise _interrupted()
-            if self._uncertain:
-                kw["uncertain"] = True
-            return await self._lc.process(tp, records, handler, **kw)
+            return await self._lc.process(replace(call, uncertain=True) if self._uncertain
+                                          else call)
         finally:
             if alone:
                 gate.release_alone()
@@ -235,7 +237,7 @@ class FailureRun:
             return await self._closing_ends(self._marked(
                 tp, batch, links, Backoff(self._clock, self._wait, stopped)), stopped)
         try:
-            return await self._once(tp, batch, self._handler, stopped, links=links)
+            return await self._once(BatchCall(tp, batch, self._handler, links=links), stopped)
         except HandlerFailed as failure:
             return await self._closing_ends(self.failed(
                 tp, batch, failure, wait=Backoff(self._clock, self._wait, stopped)),
@@ -283,9 +285,9 @@ class FailureRun:
         reject = Reject(unknown_reason(why), error_type="OutcomeUnknown", error_message=why)
         self._count(tp, "quarantine", len(records), cause="outcome-unknown")
         await wait(0.0)
-        return await self._once(tp, records, with_rejects(
-            self._handler, {r.offset: reject for r in records}), wait.stopped,
-            settles=True, clear_attempts=True)
+        return await self._once(BatchCall(tp, records, with_rejects(
+            self._handler, {r.offset: reject for r in records}), clear_attempts=True),
+            wait.stopped, settles=True)
 
     # -- suspects --------------------------------------------------------------------------
     async def _suspects(self, tp: TopicPartition, batch: Sequence[SourceRecord],
@@ -310,7 +312,7 @@ class FailureRun:
     async def _rest(self, tp: TopicPartition, batch: Sequence[SourceRecord],
                     wait: Backoff) -> Token:
         try:
-            return await self._once(tp, batch, self._handler, wait.stopped)
+            return await self._once(BatchCall(tp, batch, self._handler), wait.stopped)
         except HandlerFailed as failure:
             return await self.failed(tp, batch, failure, wait=wait)
 
@@ -330,8 +332,8 @@ class FailureRun:
             earlier = got.alone - 1
             if earlier < limit:
                 try:
-                    return await self._lc.process(tp, [record], self._handler,
-                                                  clear_attempts=True)
+                    return await self._lc.process(BatchCall(tp, [record], self._handler,
+                                                            clear_attempts=True))
                 except HandlerFailed as exc:
                     failure = exc
         finally:
@@ -344,9 +346,9 @@ class FailureRun:
                     "(it killed the process)", tp, record.offset, deaths)
         self._count(tp, "quarantine", cause="killed-the-process")
         reject = Reject(death_reason(deaths, got.last_error), error_type="ProcessDeath")
-        return await self._once(tp, [record], with_rejects(
-            self._handler, {record.offset: reject}), wait.stopped, settles=True,
-            clear_attempts=True)
+        return await self._once(BatchCall(tp, [record], with_rejects(
+            self._handler, {record.offset: reject}), clear_attempts=True), wait.stopped,
+            settles=True)
 
     # -- failures --------------------------------------------------------------------------
     async def failed(self, tp: TopicPartition, batch: Sequence[SourceRecord],
@@ -402,9 +404,9 @@ class FailureRun:
         why = "outcome-uncertain effect failed mid-batch; not replayed"
         self._count(tp, "quarantine", len(batch), cause=quarantine_cause(failure.error_type))
         await wait(0.0)
-        return await self._once(tp, batch, with_rejects(
+        return await self._once(BatchCall(tp, batch, with_rejects(
             self._handler, {r.offset: poison_reject(failure, why=why) for r in batch}),
-            wait.stopped, settles=True, clear_attempts=True)
+            clear_attempts=True), wait.stopped, settles=True)
 
     async def _retry(self, tp: TopicPartition, batch: Sequence[SourceRecord],
                      handler: HandlerFn, failure: HandlerFailed, attempts: int,
@@ -422,7 +424,8 @@ class FailureRun:
         async def attempt() -> Token:
             if pending:
                 raise pending.pop()
-            return await self._once(tp, batch, handler, wait.stopped, clear_attempts=True)
+            return await self._once(BatchCall(tp, batch, handler, clear_attempts=True),
+                                    wait.stopped)
 
         async def count_next(rs: RetryCallState) -> None:
             failed = rs.outcome.exception() if rs.outcome is not None else None
@@ -476,8 +479,8 @@ class FailureRun:
             handler = with_rejects(inner, {i: rejects[i] for i in
                                            (batch[j].offset for j in probe.reject)})
             try:
-                token = await self._once(tp, records, handler, wait.stopped,
-                                         clear_attempts=True)
+                token = await self._once(BatchCall(tp, records, handler, clear_attempts=True),
+                                         wait.stopped)
             except TooSlow as slow:  # the split settles every record of the probe
                 token = await self._split(tp, records, handler, wait, slow=slow)
                 plan.committed()
@@ -518,8 +521,8 @@ class FailureRun:
             await wait(0.0)
             started_s = self._clock()
             try:
-                token = await self._once(tp, records, handler, wait.stopped,
-                                         clear_attempts=True)
+                token = await self._once(BatchCall(tp, records, handler, clear_attempts=True),
+                                         wait.stopped)
             except TooSlow as slow:
                 if not plan.too_slow():
                     continue
@@ -568,5 +571,5 @@ class FailureRun:
         reject = Reject(too_slow_reason(limit_s, SLOW_SETTINGS), error_type="TooSlow",
                         error_message=f"handler call longer than {limit_s:.1f} s")
         await wait(0.0)
-        return await self._once(tp, [record], with_rejects(handler, {record.offset: reject}),
-                                wait.stopped, settles=True, clear_attempts=True)
+        return await self._once(BatchCall(tp, [record], with_rejects(
+            handler, {record.offset: reject}), clear_attempts=True), wait.stopped, settles=True)

@@ -1,7 +1,8 @@
 """One worker lifetime: the assignment mutex, retained tokens, cancellation, the budget.
 
-Long because each public operation keeps its rule next to its guarded body (the frame,
-retirement and budget live in ``consumer.lifetime_frame``).
+Long because each public operation keeps its rule next to its guarded body (the state,
+budget, error frame and retirement live in the ``consumer.lifetime_gate.LifetimeGate`` a
+lifecycle owns).
 
 Rules (docs/ARCHITECTURE.md, "Lifecycle"; the decisions live in ``consumer.decisions``)
 - ``assign``/``seek``/``revoke`` run under the assignment mutex. ``process`` takes the
@@ -51,7 +52,7 @@ from typing import Any
 
 from consumer import decisions as d
 from consumer.decisions import LifetimeState
-from consumer.lifetime_frame import LifetimeFrame
+from consumer.lifetime_gate import LifetimeGate
 from consumer.observability.instruments import Instruments
 from fencing.crashpoints import crash_point
 from fencing.errors import Fenced, FenceError, ResetByOperator, TokenDropped, TooSlow
@@ -65,7 +66,7 @@ from fencing.guarded import (
 )
 from fencing.policy import with_policy
 from fencing.slow import handler_limit_s
-from fencing.store import AttemptStore, FenceStore, HandlerFn, ResetStore
+from fencing.store import AttemptStore, BatchCall, FenceStore, ResetStore
 from fencing.tracing import NO_TRACING, SpanHandle, Tracing
 from fencing.types import (
     ClaimRequest,
@@ -78,7 +79,7 @@ from fencing.types import (
 
 __all__ = ["Lifecycle", "LifetimeState"]
 
-class Lifecycle(LifetimeFrame):
+class Lifecycle:
     """One worker lifetime over ``store``; see the module Rules."""
 
     def __init__(
@@ -100,8 +101,6 @@ class Lifecycle(LifetimeFrame):
         d.check_auto_offset_reset(auto_offset_reset)
         self.lifetime_id = lifetime_id
         self.group_id = store.group_id
-        self.state = LifetimeState.LIVE
-        self.retired_reason: str | None = None
         self._store = store
         self._clock = clock
         self._wait = wait
@@ -116,9 +115,21 @@ class Lifecycle(LifetimeFrame):
         self._tokens: dict[TopicPartition, Token] = {}
         self._marks: dict[TopicPartition, Attempts] = {}
         self._suspect_open: set[TopicPartition] = set()
-        self._tasks: set[asyncio.Task[object]] = set()
+        self._gate = LifetimeGate(lifetime_id=lifetime_id, store=store, clock=clock,
+                                  budget_s=budget_s, tokens=self._tokens, guards=self._guards,
+                                  suspect_open=self._suspect_open)
 
     # -- local state -------------------------------------------------------------------
+    @property
+    def state(self) -> LifetimeState:
+        """LIVE until the lifetime retires or stops (``consumer.decisions``)."""
+        return self._gate.state
+
+    @property
+    def retired_reason(self) -> str | None:
+        """Why the lifetime left LIVE (None while it is live)."""
+        return self._gate.retired_reason
+
     def token(self, tp: TopicPartition) -> Token | None:
         """The retained token of ``tp`` (None when not held)."""
         return self._tokens.get(tp)
@@ -146,8 +157,8 @@ class Lifecycle(LifetimeFrame):
                          on_resolve=self._metrics.unknown_outcome, tracing=self._tracing)
 
     def _span(self, name: str, tp: TopicPartition | None,
-              attrs: Mapping[str, Any] | None = None, *, links: Sequence[object] = (),
-              context: object | None = None) -> AbstractContextManager[SpanHandle]:
+              attrs: Mapping[str, Any] | None = None, *,
+              links: Sequence[object] = ()) -> AbstractContextManager[SpanHandle]:
         """A span with the messaging attributes of this lifetime (and of ``tp``)."""
         base: dict[str, Any] = {"messaging.system": "kafka",
                                 "messaging.consumer.group.name": self.group_id,
@@ -156,39 +167,33 @@ class Lifecycle(LifetimeFrame):
             base["messaging.destination.name"] = tp.topic
             base["messaging.destination.partition.id"] = str(tp.partition)
         base.update(attrs or {})
-        return self._tracing.span(name, base, links=links, context=context)
+        return self._tracing.span(name, base, links=links)
 
     def stop(self) -> None:
         """Cancel without the mutex and without I/O; the lifetime never resumes."""
-        if self.state is LifetimeState.LIVE:
-            self.retired_reason = "stopped"
-        if self.state in (LifetimeState.LIVE, LifetimeState.RETIRING):
-            self._move(LifetimeState.STOPPED)
-        self._tokens.clear()
-        for task in list(self._tasks):
-            task.cancel()
+        self._gate.stop()
 
     def lost(self, tps: Sequence[TopicPartition]) -> None:
         """Drop the tokens of ``tps`` locally (ownership already gone); no I/O."""
-        self._check_live()
+        self._gate.check_live()
         for tp in tps:
             self._tokens.pop(tp, None)
 
     # -- assign --------------------------------------------------------------------------
     async def assign(self, checks: Sequence[SourceCheck]) -> Mapping[TopicPartition, Token]:
         """Validate, claim (one call for all partitions), retain compatible tokens."""
-        return await self._guarded(lambda deadline_s: self._assign(checks, deadline_s))
+        return await self._gate.guarded(lambda deadline_s: self._assign(checks, deadline_s))
 
     async def _assign(self, checks: Sequence[SourceCheck],
                       deadline_s: float) -> Mapping[TopicPartition, Token]:
         async with self._mutex:
-            live = self._live_until(deadline_s)
+            live = self._gate.live_until(deadline_s)
 
             async def body() -> Mapping[TopicPartition, Token]:
                 live()
                 return await self._assign_locked(checks, live)
 
-            return await self._framed(body)
+            return await self._gate.framed(body)
 
     async def _assign_locked(self, checks: Sequence[SourceCheck],
                              live: Callable[[], None]) -> Mapping[TopicPartition, Token]:
@@ -208,7 +213,7 @@ class Lifecycle(LifetimeFrame):
                 if refusal is not None:
                     raise refusal
             crash_point("after-validate", lifetime=self.lifetime_id, partitions=_names(tps))
-            await self._settle(tps)  # never fence our own in-flight batch with a new epoch
+            await self._gate.settle(tps)  # never fence our own in-flight batch with a new epoch
             claims = [ClaimRequest(c.tp, d.initial_frontier(c.facts, self._reset),
                                    c.facts.topic_id) for c in checks]
             with self._span("fence.claim", None, {"fence.partitions": len(tps)}):
@@ -264,16 +269,16 @@ class Lifecycle(LifetimeFrame):
     async def seek_all(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
         """``seek`` of every partition of an assignment with one read (O(1) round trips);
         one ``fence.seek`` span per partition, as for single seeks."""
-        self._check_live()
+        self._gate.check_live()
         for tp in tps:
             if tp not in self._tokens:
                 raise Fenced(f"seek {tp}: lifetime {self.lifetime_id} holds no token for it")
-        return await self._guarded(lambda deadline_s: self._seek(list(tps), deadline_s))
+        return await self._gate.guarded(lambda deadline_s: self._seek(list(tps), deadline_s))
 
     async def _seek(self, tps: list[TopicPartition],
                     deadline_s: float) -> dict[TopicPartition, int]:
         async with self._mutex:
-            live = self._live_until(deadline_s)
+            live = self._gate.live_until(deadline_s)
             held = {tp: self._tokens.get(tp) for tp in tps}
 
             async def body() -> dict[TopicPartition, int]:
@@ -282,7 +287,7 @@ class Lifecycle(LifetimeFrame):
                 for tp in tps:
                     if held[tp] is None:
                         raise Fenced(f"seek {tp}: token dropped while waiting for the mutex")
-                await self._settle(tps)
+                await self._gate.settle(tps)
                 held = {tp: self._tokens.get(tp) for tp in tps}  # our in-flight batches
                 with self._span("fence.observe", tps[0] if len(tps) == 1 else None,
                                 {"fence.partitions": len(tps)}):
@@ -301,44 +306,37 @@ class Lifecycle(LifetimeFrame):
                     out[tp] = token.frontier
                 return out
 
-            return await self._framed(body, late=lambda: any(
+            return await self._gate.framed(body, late=lambda: any(
                 d.late_call(held[tp], self._tokens.get(tp)) for tp in tps))
 
     # -- process -------------------------------------------------------------------------
-    async def process(self, tp: TopicPartition, records: Sequence[SourceRecord],
-                      handler: HandlerFn, *, links: Sequence[object] = (),
-                      context: object | None = None, clear_attempts: bool = False,
-                      uncertain: bool = False) -> Token:
-        """Commit one batch under the retained token; return the advanced token.
+    async def process(self, call: BatchCall) -> Token:
+        """Commit ``call`` under the retained token of ``call.tp``; return the advanced token.
         ``clear_attempts``: the same transaction deletes the attempt counts it moves past;
         ``uncertain`` (an ``outcome-uncertain`` handler): its intent is written first, in its
-        own committed write, and the handler runs at most once (``EffectUncertain``).
+        own committed write, and the handler runs at most once (``EffectUncertain``);
+        ``links``: the producer spans the ``fence.process`` span links to.
         A handler that outlives its limit (``fencing.slow.handler_limit_s``) is stopped:
         ``TooSlow``, nothing applied, the lifetime stays live.
 
         Records below the retained frontier are already durable and are dropped (no I/O
         when none is left); records of another partition or out of order raise
         ``ValueError`` before any I/O, without retiring."""
-        self._check_live()
-        d.check_batch(tp, records)
-        if tp not in self._tokens:
-            raise Fenced(f"process {tp}: lifetime {self.lifetime_id} holds no token for it")
-        return await self._guarded(
-            lambda deadline_s: self._process(tp, records, handler, deadline_s, links, context,
-                                             clear_attempts, uncertain))
+        self._gate.check_live()
+        d.check_batch(call.tp, call.records)
+        if call.tp not in self._tokens:
+            raise Fenced(f"process {call.tp}: lifetime {self.lifetime_id} holds no token for it")
+        return await self._gate.guarded(lambda deadline_s: self._process(call, deadline_s))
 
-    async def _process(self, tp: TopicPartition, records: Sequence[SourceRecord],
-                       handler: HandlerFn, deadline_s: float, links: Sequence[object],
-                       context: object | None, clear_attempts: bool = False,
-                       uncertain: bool = False) -> Token:
-        live = self._live_until(deadline_s)
-        started_s = deadline_s - self._budget_s
+    async def _process(self, call: BatchCall, deadline_s: float) -> Token:
+        tp = call.tp
+        live = self._gate.live_until(deadline_s)
 
         async def check() -> None:
             live()
 
         async with self._mutex:
-            await self._framed(check)
+            await self._gate.framed(check)
             guard = self._guards.setdefault(tp, asyncio.Lock())
             await guard.acquire()
             token = self._tokens.get(tp)
@@ -347,28 +345,28 @@ class Lifecycle(LifetimeFrame):
             if token is None:
                 raise TokenDropped(f"process {tp}: token dropped while waiting for the guard")
             try:
-                return await self._process_guarded(tp, token, records, handler, live, links,
-                                                   context, clear_attempts, uncertain, started_s)
+                return await self._process_guarded(call, token, live)
             except Fenced as exc:
                 await self._raise_if_reset(tp, token, live, exc)
                 raise
 
         try:
-            return await self._framed(body, late=lambda: d.late_call(token, self._tokens.get(tp)),
-                                      holding=tp)
+            return await self._gate.framed(
+                body, late=lambda: d.late_call(token, self._tokens.get(tp)), holding=tp)
         finally:
             guard.release()
 
-    async def _process_guarded(self, tp: TopicPartition, token: Token,
-                               records: Sequence[SourceRecord], handler: HandlerFn,
-                               live: Callable[[], None], links: Sequence[object],
-                               context: object | None, clear_attempts: bool,
-                               uncertain: bool, started_s: float) -> Token:
+    async def _process_guarded(self, call: BatchCall, token: Token,
+                               live: Callable[[], None]) -> Token:
+        """The guarded body of ``process`` (the partition's guard held): the records past the
+        frontier, the intent of an uncertain call, the handler inside its time limit and the
+        write barrier, then ``guarded_process`` under the ``fence.process`` span."""
         live()
-        batch = d.submittable(token, records)
+        tp = call.tp
+        batch = d.submittable(token, call.records)
         if not batch:
             return token
-        if uncertain:
+        if call.uncertain:
             await self._record_intent(tp, token, batch[-1].offset, live)
         attrs = {"messaging.kafka.offset": batch[0].offset,
                  "fence.first_offset": batch[0].offset, "fence.last_offset": batch[-1].offset,
@@ -376,7 +374,7 @@ class Lifecycle(LifetimeFrame):
                  "messaging.batch.message_count": len(batch),
                  "messaging.operation.type": "process", "messaging.operation.name": "process"}
         m, started_s = self._metrics, self._clock()
-        inner = handler if m is None else m.counting_handler(handler)
+        inner = call.handler if m is None else m.counting_handler(call.handler)
 
         rejected = [0]  # of the handler's last call: the committed transaction's
 
@@ -392,18 +390,15 @@ class Lifecycle(LifetimeFrame):
                 raise TooSlow(f"process {tp} offsets {recs[0].offset}..{recs[-1].offset}: the "
                               f"handler was stopped after {limit_s:.1f} s", limit_s=limit_s
                               ) from exc
-            self._check_live()  # retired meanwhile: roll back instead of committing
+            self._gate.check_live()  # retired meanwhile: roll back instead of committing
             rejected[0] = d.rejects(verdicts)
             return verdicts
 
-        with self._span("fence.process", tp, attrs, links=links, context=context) as sp:
+        with self._span("fence.process", tp, attrs, links=call.links) as sp:
             try:
-                extra = {"clear_attempts": True} if clear_attempts else {}  # hot path: none
-                if uncertain:
-                    extra["replay"] = False
                 new = await guarded_process(
-                    self._store, tp, token, batch, barrier,
-                    wait=self._wait, check_live=live, hooks=self._hooks("process"), **extra)
+                    self._store, replace(call, records=batch, handler=barrier), token,
+                    wait=self._wait, check_live=live, hooks=self._hooks("process"))
             except BaseException as exc:
                 if m is not None:
                     m.batch_failed(tp, outcome=type(exc).__name__,
@@ -436,13 +431,13 @@ class Lifecycle(LifetimeFrame):
         the attempt runs; at least ``at_least``; ``alone``: an attempt of the record with
         nothing else of the process in flight); return the durable counts. Fails like
         ``process``."""
-        self._check_live()
+        self._gate.check_live()
         store = self._store
         if tp not in self._tokens or not isinstance(store, AttemptStore):
             raise Fenced(f"record attempt {tp}: lifetime {self.lifetime_id} holds no token")
 
         async def run(deadline_s: float) -> Attempts:
-            live = self._live_until(deadline_s)
+            live = self._gate.live_until(deadline_s)
             async with self._mutex:
                 guard = self._guards.setdefault(tp, asyncio.Lock())
                 await guard.acquire()
@@ -462,12 +457,12 @@ class Lifecycle(LifetimeFrame):
                     raise
 
             try:
-                return await self._framed(
+                return await self._gate.framed(
                     body, late=lambda: d.late_call(token, self._tokens.get(tp)), holding=tp)
             finally:
                 guard.release()
 
-        return await self._guarded(run)
+        return await self._gate.guarded(run)
 
     # -- operator resets --------------------------------------------------------------
     async def _raise_if_reset(self, tp: TopicPartition, token: Token,
@@ -494,19 +489,19 @@ class Lifecycle(LifetimeFrame):
         the token was dropped meanwhile (revoked, lost: nothing to claim); ``Fenced``
         (retiring) when another member claimed it since."""
         tp = check.tp
-        self._check_live()
+        self._gate.check_live()
         if tp not in self._tokens:
             raise TokenDropped(f"reclaim {tp}: lifetime {self.lifetime_id} holds no token")
-        return await self._guarded(lambda deadline_s: self._reclaim(check, deadline_s))
+        return await self._gate.guarded(lambda deadline_s: self._reclaim(check, deadline_s))
 
     async def _reclaim(self, check: SourceCheck, deadline_s: float) -> Token | None:
         tp = check.tp
         async with self._mutex:
-            live = self._live_until(deadline_s)
+            live = self._gate.live_until(deadline_s)
 
             async def body() -> Token | None:
                 live()
-                await self._settle([tp])  # the partition's in-flight batch ends first
+                await self._gate.settle([tp])  # the partition's in-flight batch ends first
                 held = self._tokens.get(tp)
                 if held is None:
                     raise TokenDropped(f"reclaim {tp}: token dropped while waiting")
@@ -525,22 +520,22 @@ class Lifecycle(LifetimeFrame):
                     raise Fenced(f"reclaim {tp}: the claim after the reset was not retained")
                 return token
 
-            return await self._framed(body, late=lambda: tp not in self._tokens)
+            return await self._gate.framed(body, late=lambda: tp not in self._tokens)
 
     # -- revoke --------------------------------------------------------------------------
     async def revoke(self, tps: Sequence[TopicPartition]) -> None:
         """Wait for guarded work on ``tps``, clear their tokens, journal the release."""
-        await self._guarded(lambda deadline_s: self._revoke(tps, deadline_s))
+        await self._gate.guarded(lambda deadline_s: self._revoke(tps, deadline_s))
 
     async def _revoke(self, tps: Sequence[TopicPartition], deadline_s: float) -> None:
         async with self._mutex:
-            live = self._live_until(deadline_s)
+            live = self._gate.live_until(deadline_s)
 
             async def body() -> None:
                 live()
                 await self._revoke_locked(tps)
 
-            await self._framed(body)
+            await self._gate.framed(body)
 
     async def _revoke_locked(self, tps: Sequence[TopicPartition]) -> None:
         with self._span("fence.revoke", tps[0] if len(tps) == 1 else None,
@@ -550,7 +545,7 @@ class Lifecycle(LifetimeFrame):
                 crash_point("in-revoke", lifetime=self.lifetime_id, partitions=_names(tps),
                             epochs={str(tp): t.epoch for tp, t in self._tokens.items()
                                     if tp in tps})
-            await self._settle(tps)  # in-flight batches of these partitions end first
+            await self._gate.settle(tps)  # in-flight batches of these partitions end first
             for tp in sorted(set(tps)):
                 token = self._tokens.pop(tp, None)
                 if token is not None:

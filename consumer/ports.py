@@ -13,8 +13,8 @@ from consumer.batching import InFlight, PartitionBuffer
 from consumer.decisions import LifetimeState
 from consumer.mirror import MirrorState
 from fencing.failures import Attempts
-from fencing.store import HandlerFn
-from fencing.types import SourceCheck, SourceFacts, SourceRecord, Token, TopicPartition
+from fencing.store import BatchCall
+from fencing.types import SourceCheck, SourceFacts, Token, TopicPartition
 
 __all__ = ["FactsPort", "KafkaPort", "LifecyclePort", "Partition"]
 
@@ -37,15 +37,13 @@ class KafkaPort(Protocol):
 class LifecyclePort(Protocol):
     """What a lifetime's run needs of ``consumer.lifecycle.Lifecycle``."""
 
-    state: LifetimeState
+    @property
+    def state(self) -> LifetimeState: ...
 
     async def assign(self, checks: Sequence[SourceCheck]) -> Mapping[TopicPartition, Token]: ...
     async def seek(self, tp: TopicPartition) -> int: ...
     async def seek_all(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]: ...
-    async def process(self, tp: TopicPartition, records: Sequence[SourceRecord],
-                      handler: HandlerFn, *, links: Sequence[object] = ...,
-                      context: object | None = ..., clear_attempts: bool = ...,
-                      uncertain: bool = ...) -> Token: ...
+    async def process(self, call: BatchCall) -> Token: ...
     async def record_attempt(self, tp: TopicPartition, *, offset: int, max_attempts: int,
                              error: str | None, next_retry_in_s: float | None,
                              at_least: int = ..., alone: bool = ...) -> Attempts: ...

@@ -10,7 +10,7 @@ Rules
 - ``guarded_claim``: ``OutcomeUnknown`` is followed by an observe (three-call policy)
   and then, only while ``check_live`` passes, a fresh claim as the next call. The
   observed epoch is never adopted: only a claim reply installs a token.
-- ``guarded_process(..., replay=False)`` (an ``outcome-uncertain`` handler) runs the
+- ``guarded_process`` of an ``uncertain`` call (an ``outcome-uncertain`` handler) runs the
   handler at most once: a call that fails before the handler ran is retried as above, but
   once it ran, ``NotCommitted`` and an unknown outcome resolved as not committed raise
   ``EffectUncertain`` instead of calling it again.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fencing.crashpoints import crash_point
 from fencing.errors import (
@@ -36,7 +36,7 @@ from fencing.errors import (
 )
 from fencing.policy import Wait, with_policy
 from fencing.resolution import Resolution, resolve_process
-from fencing.store import FenceStore, HandlerFn
+from fencing.store import BatchCall, FenceStore
 from fencing.tracing import NO_TRACING, Tracing
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition, Verdict
 
@@ -107,31 +107,27 @@ def _settle(resolution: Resolution, token: Token, end: int, observed: Token | No
 
 async def guarded_process(
     store: FenceStore,
-    tp: TopicPartition,
+    call: BatchCall,
     token: Token,
-    records: Sequence[SourceRecord],
-    handler: HandlerFn,
     *,
     wait: Wait,
     check_live: Callable[[], None],
     hooks: CallHooks = NO_HOOKS,
-    clear_attempts: bool = False,
-    replay: bool = True,
 ) -> Token:
-    """Commit one batch under ``token``; return the advanced token. ``clear_attempts``:
-    the same transaction deletes the partition's attempt counts below the batch end;
-    ``replay=False``: the handler runs at most once (see the module Rules).
+    """Commit ``call`` under ``token`` (``FenceStore.process``); return the advanced token.
+    An ``uncertain`` call runs its handler at most once (see the module Rules).
 
     Raises ``Fenced`` (nothing of this call applied), ``NotCommitted`` after three calls,
-    ``Unresolved`` when an unknown outcome cannot be re-read, ``EffectUncertain`` (only with
-    ``replay=False``), or whatever ``check_live`` raises.
+    ``Unresolved`` when an unknown outcome cannot be re-read, ``EffectUncertain`` (only for
+    an ``uncertain`` call), or whatever ``check_live`` raises.
     """
+    tp, records = call.tp, call.records
     if not records:
         raise ValueError("guarded_process needs at least one record")
     batch_end = records[-1].offset + 1
     ran = [False]
-    if not replay:
-        inner = handler
+    if call.uncertain:
+        inner = call.handler
 
         async def once(conn: object, recs: Sequence[SourceRecord]) -> Sequence[Verdict]:
             if ran[0]:
@@ -139,12 +135,11 @@ async def guarded_process(
             ran[0] = True
             return await inner(conn, recs)
 
-        handler = once
+        call = replace(call, handler=once)
 
     async def one_call() -> Token:
         try:
-            return await store.process(tp, token, records, handler,
-                                       clear_attempts=clear_attempts)
+            return await store.process(call, token)
         except OutcomeUnknown:
             pass
         except NotCommitted as exc:
@@ -163,7 +158,7 @@ async def guarded_process(
             span.set_attribute("fence.outcome", resolution.value)
         if hooks.on_resolve is not None:
             hooks.on_resolve("process", resolution.value)
-        if ran[0] and not replay and resolution is Resolution.NOT_COMMITTED:
+        if ran[0] and call.uncertain and resolution is Resolution.NOT_COMMITTED:
             raise EffectUncertain(f"process {tp}: lost COMMIT reply resolved as not committed "
                                   "after the handler ran")
         return _settle(resolution, token, batch_end, observed, what=f"process {tp}")

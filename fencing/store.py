@@ -11,15 +11,15 @@ Rules
 - ``claim`` is one statement for the whole assignment: for every partition, create the
   row if missing (frontier := ``initial_frontier``), ``epoch := epoch + 1``,
   ``owner := lifetime``, journal the claim. Raises ``NotCommitted`` or ``OutcomeUnknown``.
-- ``process`` is one transaction: lock the row, require ``token`` (epoch and frontier)
-  to match, run the handler over the records in order, quarantine rejected records,
-  set ``frontier := last offset + 1``, COMMIT. Returns the new token. Raises
-  ``Fenced`` (nothing applied), ``NotCommitted`` or ``OutcomeUnknown``.
+- ``process`` is one transaction for one ``BatchCall``: lock the row, require ``token``
+  (epoch and frontier) to match, run the call's handler over its records in order,
+  quarantine rejected records, set ``frontier := last offset + 1``, COMMIT. Returns the new
+  token. Raises ``Fenced`` (nothing applied), ``NotCommitted`` or ``OutcomeUnknown``.
 - ``skip`` is ``process`` without records: under the token, move the frontier forward to
   ``to_offset`` and journal ``reason`` (retention gap accepted by the operator's option).
 - A handler exception is raised as ``HandlerFailed`` (transient or poison; nothing
   applied), except where it means the lifetime must stop (handler misuse, a deployment
-  error such as an undefined table). ``process(..., clear_attempts=True)`` also deletes the
+  error such as an undefined table). A call with ``clear_attempts`` also deletes the
   partition's durable attempt counts below the batch end, in the same transaction.
 - ``AttemptStore`` (both stores): ``record_attempt`` counts one attempt of an offset under
   the token in its own committed write (``alone``: an attempt of the record with nothing
@@ -40,6 +40,7 @@ Rules
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from fencing.failures import Attempts
@@ -53,7 +54,8 @@ from fencing.types import (
     Verdict,
 )
 
-__all__ = ["JOURNAL_EVENTS", "AttemptStore", "FenceStore", "HandlerFn", "ResetStore"]
+__all__ = ["JOURNAL_EVENTS", "AttemptStore", "BatchCall", "FenceStore", "HandlerFn",
+           "ResetStore"]
 
 # An effect handler: given the transaction's connection (asyncpg Connection for the
 # PostgreSQL store, a MemoryTx for the in-memory store) and the batch, returns one
@@ -61,6 +63,21 @@ __all__ = ["JOURNAL_EVENTS", "AttemptStore", "FenceStore", "HandlerFn", "ResetSt
 HandlerFn = Callable[[Any, Sequence[SourceRecord]], Awaitable[Sequence[Verdict]]]
 
 JOURNAL_EVENTS = ("claim", "fence", "retire", "release", "gap-skip", "reset", "adopt")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCall:
+    """One batch call, as the failure handling submits it to ``Lifecycle.process`` and as
+    ``guarded_process`` hands it to ``FenceStore.process``: one partition's records (in
+    offset order), the handler that applies them, and how the call runs. A layer that
+    narrows the records or wraps the handler passes on a ``dataclasses.replace`` of it."""
+
+    tp: TopicPartition
+    records: Sequence[SourceRecord]
+    handler: HandlerFn
+    links: Sequence[object] = ()  # producer spans the batch's ``fence.process`` span links
+    clear_attempts: bool = False  # the transaction deletes the attempt counts it moves past
+    uncertain: bool = False  # an outcome-uncertain handler: intent first, run at most once
 
 
 @runtime_checkable
@@ -79,15 +96,7 @@ class FenceStore(Protocol):
         self, tps: Sequence[TopicPartition], *, settled: bool = False
     ) -> Mapping[TopicPartition, Token | None]: ...
 
-    async def process(
-        self,
-        tp: TopicPartition,
-        token: Token,
-        records: Sequence[SourceRecord],
-        handler: HandlerFn,
-        *,
-        clear_attempts: bool = False,
-    ) -> Token: ...
+    async def process(self, call: BatchCall, token: Token) -> Token: ...
 
     async def skip(
         self, tp: TopicPartition, token: Token, *, to_offset: int, reason: str

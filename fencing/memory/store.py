@@ -56,7 +56,7 @@ from fencing.memory.rows import (
     WriteRecord,
 )
 from fencing.resolution import batch_end, decide_validation
-from fencing.store import JOURNAL_EVENTS, HandlerFn
+from fencing.store import JOURNAL_EVENTS, BatchCall
 from fencing.types import (
     ClaimRequest,
     Reject,
@@ -324,10 +324,8 @@ class MemoryFenceStore:
 
         return await self._run(Operation.OBSERVE, effect)
 
-    async def process(
-        self, tp: TopicPartition, token: Token, records: Sequence[SourceRecord], handler: HandlerFn,
-        *, clear_attempts: bool = False,
-    ) -> Token:
+    async def process(self, call: BatchCall, token: Token) -> Token:
+        tp, records, handler, clear = call.tp, call.records, call.handler, call.clear_attempts
         end = batch_end(tp, token, records)
 
         async def effect(
@@ -353,7 +351,7 @@ class MemoryFenceStore:
                         f"process {tp}: injected lost COMMIT, not applied (call {call})"
                     )
                 new = self._commit_process(tp, token, end, records, verdicts, tx, label)
-                if clear_attempts:
+                if clear:
                     for key in [k for k in self.attempt_rows if k[0] == tp and k[1] < end]:
                         del self.attempt_rows[key]
                         self.retry_scheduled.pop(key, None)

@@ -48,7 +48,7 @@ from fencing.postgres.classify import Phase, connection_suspect, translate, wrap
 from fencing.postgres.schema import DEFAULT_SCHEMA, check_version
 from fencing.postgres.sql import Statements
 from fencing.resolution import batch_end, decide_validation
-from fencing.store import JOURNAL_EVENTS, HandlerFn
+from fencing.store import JOURNAL_EVENTS, BatchCall, HandlerFn
 from fencing.types import (
     ACCEPT,
     OPERATOR_OWNER_PREFIX,
@@ -256,23 +256,16 @@ class PgFenceStore:
             out[tp] = Token(r["epoch"], r["frontier"])
         return out
 
-    async def process(
-        self,
-        tp: TopicPartition,
-        token: Token,
-        records: Sequence[SourceRecord],
-        handler: HandlerFn,
-        *,
-        clear_attempts: bool = False,
-    ) -> Token:
+    async def process(self, call: BatchCall, token: Token) -> Token:
+        tp, records = call.tp, call.records
         end = batch_end(tp, token, records)
         phase = Phase.BEFORE_COMMIT
         try:
             async with self._pool.acquire() as conn:
                 row_id = await self._row_id(conn, tp, token)
                 try:
-                    await self._apply(conn, tp, token, end, row_id, records, handler)
-                    if clear_attempts:  # only after a failure was seen: never on the hot path
+                    await self._apply(conn, tp, token, end, row_id, records, call.handler)
+                    if call.clear_attempts:  # only after a failure was seen: never on the hot path
                         await conn.execute(self._sql.clear_attempts, self.group_id, tp.topic,
                                            tp.partition, end)
                 except BaseException as exc:

@@ -10,7 +10,7 @@ from typing import Any
 
 from fencing.errors import Fenced, HandlerFailed
 from fencing.guarded import guarded_claim, guarded_process
-from fencing.store import FenceStore, HandlerFn
+from fencing.store import BatchCall, FenceStore, HandlerFn
 from fencing.testing.pgproxy import Action, PgProxy
 from fencing.testing.plan import Fault, Step, diff
 from fencing.types import ClaimRequest, Reject, SourceRecord, Token, TopicPartition, Verdict
@@ -72,13 +72,14 @@ def _live() -> None:
 
 async def _process(store: FenceStore, tp: TopicPartition, token: Token,
                    records: Sequence[SourceRecord], fn: HandlerFn) -> Token:
-    return await guarded_process(store, tp, token, records, fn, wait=_no_wait, check_live=_live)
+    return await guarded_process(store, BatchCall(tp, records, fn), token, wait=_no_wait,
+                                 check_live=_live)
 
 
 async def _aborted(store: FenceStore, tp: TopicPartition, token: Token,
                    records: Sequence[SourceRecord], fn: HandlerFn) -> None:
     try:
-        await store.process(tp, token, records, fn)
+        await store.process(BatchCall(tp, records, fn), token)
     except HandlerFailed as exc:  # the store types a handler's raise (rolled back, no retire)
         if isinstance(exc.__cause__, _Abort):
             return
@@ -115,7 +116,7 @@ async def run_partition(store: FenceStore, proxy: PgProxy, tp: TopicPartition,
             new = (await guarded_claim(store, [ClaimRequest(tp, 0)], lifetime=f"kit-{lifetime}",
                                        wait=_no_wait, check_live=_live))[tp]
             try:
-                await store.process(tp, token, batch, fn)
+                await store.process(BatchCall(tp, batch, fn), token)
                 problems.append(f"kit: the old token {token} committed after a new claim "
                                 f"at {where}")
             except Fenced:

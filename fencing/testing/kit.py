@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from fencing.handler import Effects, HandlerContext, LoadedHandler, build_from, declaration_of
 from fencing.postgres.testkit import RunSchema, connect, snapshot
+from fencing.store import BatchCall
 from fencing.testing.drive import Watch, run_partition, watched
 from fencing.testing.pgproxy import PgProxy
 from fencing.testing.plan import ALL_FAULTS, Fault, diff, plan, unstable_verdicts
@@ -135,7 +136,7 @@ async def _clean(run: _Run, parts: dict[TopicPartition, list[SourceRecord]]) -> 
         tokens = dict(await store.claim([ClaimRequest(tp, 0) for tp in parts], lifetime="clean"))
         for tp, recs in parts.items():
             for i in range(0, len(recs), 500):
-                tokens[tp] = await store.process(tp, tokens[tp], recs[i:i + 500], fn)
+                tokens[tp] = await store.process(BatchCall(tp, recs[i:i + 500], fn), tokens[tp])
         return list(tokens.values())
     finally:
         await store.close()

@@ -37,6 +37,7 @@ from typing import Any
 from fencing.postgres.schema import migrate
 from fencing.postgres.sink import Method, SinkSpec, ensure_table, make_table_sink
 from fencing.postgres.store import PgFenceStore
+from fencing.store import BatchCall
 from fencing.types import ClaimRequest, SourceRecord, TopicPartition
 from ops.operator.db import connection
 
@@ -160,7 +161,7 @@ class _Lane:
             keep = set(last.values())
             records = [r for i, r in enumerate(records) if i in keep]
         start = time.perf_counter()
-        self.token = await self.store.process(self.tp, self.token, records, self.sink)
+        self.token = await self.store.process(BatchCall(self.tp, records, self.sink), self.token)
         self.took.append(time.perf_counter() - start)
 
     def result(self, size: int) -> dict[str, Any]:

@@ -32,6 +32,7 @@ import asyncpg
 
 from fencing.postgres.schema import migrate
 from fencing.postgres.store import PgFenceStore, light_reset
+from fencing.store import BatchCall
 from fencing.types import ACCEPT, ClaimRequest, SourceRecord, Token, TopicPartition, Verdict
 from ops.bench.provenance import provenance
 
@@ -73,7 +74,7 @@ def _batches(tp: TopicPartition, start: int, total: int, size: int) -> list[list
 async def _fenced_one(store: PgFenceStore, tp: TopicPartition, token: Token,
                       batch: list[SourceRecord], handler: Any) -> tuple[float, Token]:
     t0 = time.perf_counter()
-    token = await store.process(tp, token, batch, handler)
+    token = await store.process(BatchCall(tp, batch, handler), token)
     return time.perf_counter() - t0, token
 
 

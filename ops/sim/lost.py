@@ -26,6 +26,7 @@ from typing import Any
 import consumer.decisions
 from consumer.decisions import BatchFailure, LifetimeState
 from fencing.errors import Fenced, FenceError
+from fencing.store import BatchCall
 from fencing.types import SourceRecord, Token
 from ops.reference.memory import memory_ref_handler
 
@@ -48,7 +49,7 @@ async def queue_and_lose(run: Any, worker: int, ps: tuple[int, ...],
 
     async def queued(p: int, batch: tuple[SourceRecord, ...]) -> None:
         try:
-            await lc.process(run.tp(p), batch, memory_ref_handler)
+            await lc.process(BatchCall(run.tp(p), batch, memory_ref_handler))
             run.queued_results[p] = ("ok", None)
         except FenceError as exc:
             run.queued_results[p] = (type(exc).__name__, exc)

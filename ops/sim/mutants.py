@@ -29,7 +29,7 @@ from typing import Any
 
 import consumer.decisions
 import consumer.lifecycle
-import consumer.lifetime_frame
+import consumer.lifetime_gate
 import fencing.failures
 import fencing.guarded
 import fencing.memory.store
@@ -118,7 +118,7 @@ def _same_epoch_committed() -> list[Patch]:
 def _retire_noop() -> list[Patch]:
     async def retire(self: Any, reason: str, *, journal: bool, holding: Any = None) -> None:
         return None
-    return [(consumer.lifetime_frame.LifetimeFrame, "_retire", retire)]
+    return [(consumer.lifetime_gate.LifetimeGate, "retire", retire)]
 
 
 def _seek_unchecked() -> list[Patch]:
@@ -143,7 +143,7 @@ def _claim_unjournaled() -> list[Patch]:
 def _revoke_no_wait() -> list[Patch]:
     async def settle(self: Any, tps: Any) -> None:
         return None
-    return [(consumer.lifetime_frame.LifetimeFrame, "_settle", settle)]
+    return [(consumer.lifetime_gate.LifetimeGate, "settle", settle)]
 
 
 def _process_after_revoke() -> list[Patch]:
@@ -165,13 +165,13 @@ def _frontier_from_kafka() -> list[Patch]:
 
 
 def _resolve_without_read() -> list[Patch]:
-    async def process(store: Any, tp: Any, token: Token, records: Any, handler: Any, *,
+    async def process(store: Any, call: Any, token: Token, *,
                       wait: Any, check_live: Any, hooks: Any = None) -> Token:
-        end = records[-1].offset + 1
+        end = call.records[-1].offset + 1
 
         async def one() -> Token:
             try:
-                return await store.process(tp, token, records, handler)
+                return await store.process(call, token)
             except OutcomeUnknown:
                 return Token(token.epoch, end)
         return await with_policy(one, wait=wait, check_live=check_live)
@@ -179,11 +179,11 @@ def _resolve_without_read() -> list[Patch]:
 
 
 def _retry_blind() -> list[Patch]:
-    async def process(store: Any, tp: Any, token: Token, records: Any, handler: Any, *,
+    async def process(store: Any, call: Any, token: Token, *,
                       wait: Any, check_live: Any, hooks: Any = None) -> Token:
         async def one() -> Token:
             try:
-                return await store.process(tp, token, records, handler)
+                return await store.process(call, token)
             except OutcomeUnknown as exc:
                 raise NotCommitted("retrying blindly") from exc
         return await with_policy(one, wait=wait, check_live=check_live)
@@ -191,13 +191,13 @@ def _retry_blind() -> list[Patch]:
 
 
 def _stop_without_cancel() -> list[Patch]:
-    real = consumer.lifecycle.Lifecycle.stop
+    real = consumer.lifetime_gate.LifetimeGate.stop
 
     def stop(self: Any) -> None:  # the state moves and tokens go, the calls in flight go on
-        tasks, self._tasks = self._tasks, set()
+        tasks, self.tasks = self.tasks, set()
         real(self)
-        self._tasks = tasks
-    return [(consumer.lifecycle.Lifecycle, "stop", stop)]
+        self.tasks = tasks
+    return [(consumer.lifetime_gate.LifetimeGate, "stop", stop)]
 
 
 def _gap_unrefused() -> list[Patch]:
@@ -270,7 +270,7 @@ FIRST_KILLS: dict[str, tuple[int, str]] = {
     "same-epoch-committed": (2, "conflict"), "seek-unchecked": (3, "conflict"),
     "claim-unjournaled": (1, "valid"), "revoke-no-wait": (11, "valid"),
     "process-after-revoke": (1, "conflict"), "frontier-from-kafka": (1, "valid"),
-    "resolve-without-read": (2, "valid"), "retry-without-reread": (1, "conflict"),
+    "resolve-without-read": (2, "conflict"), "retry-without-reread": (1, "conflict"),
     "stop-without-cancel": (4, "valid"), "gap-unrefused": (1, "valid"),
     "lost-queued-ends-lifetime": (1, "conflict"), "bisect-pair-unprobed": (6, "conflict"),
 }

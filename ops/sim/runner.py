@@ -44,6 +44,7 @@ from consumer.lifecycle import Lifecycle
 from fencing.errors import Fenced, FenceError, Retired, SourceRefused
 from fencing.memory.faults import InterleavePoint
 from fencing.memory.store import MemoryFenceStore, StoreEvent
+from fencing.store import BatchCall
 from fencing.types import SourceCheck, SourceFacts, SourceRecord, Token, TopicPartition
 from ops.reference.memory import memory_ref_handler
 from ops.sim.boundaries import Heartbeats, refusal_rules
@@ -389,7 +390,7 @@ class _Run:
                 return batch
             try:
                 if self.failing is None:
-                    await lc.process(self.tp(q), batch, memory_ref_handler)
+                    await lc.process(BatchCall(self.tp(q), batch, memory_ref_handler))
                 else:
                     tp = self.tp(q)
                     await self.failure_runs[worker].submit(tp, batch, links=(), stopped=lambda:

@@ -21,7 +21,7 @@ from fencing.errors import (
 from fencing.failures import SUSPECT_OPEN
 from fencing.memory.store import MemoryFenceStore, MemoryTx
 from fencing.postgres.store import PgFenceStore
-from fencing.store import FenceStore
+from fencing.store import BatchCall, FenceStore
 from fencing.types import (
     Accept,
     ClaimRequest,
@@ -138,9 +138,9 @@ async def test_claim_creates_at_epoch_one_then_increments(h: Harness) -> None:
 
 async def test_process_applies_quarantines_and_advances_past_gaps(h: Harness) -> None:
     token = (await h.store.claim([ClaimRequest(TP, 3)], lifetime="A"))[TP]
-    t1 = await h.store.process(TP, token, make_records(TP, [3, 4, 7], bad=[4]), h.handle)
+    t1 = await h.store.process(BatchCall(TP, make_records(TP, [3, 4, 7], bad=[4]), h.handle), token)
     assert t1 == Token(1, 8)
-    t2 = await h.store.process(TP, t1, make_records(TP, [9]), h.handle)
+    t2 = await h.store.process(BatchCall(TP, make_records(TP, [9]), h.handle), t1)
     assert t2 == Token(1, 10)
     assert await h.store.observe([TP]) == {TP: Token(1, 10)}
     assert await h.effects() == [("contract", 0, 3), ("contract", 0, 7), ("contract", 0, 9)]
@@ -152,15 +152,15 @@ async def test_stale_token_is_fenced_and_applies_nothing(h: Harness, token: Toke
     await h.store.claim([ClaimRequest(TP, 0)], lifetime="A")
     await h.store.claim([ClaimRequest(TP, 0)], lifetime="B")  # epoch 2, frontier 0
     with pytest.raises(Fenced):
-        await h.store.process(TP, token, make_records(TP, range(token.frontier, 4), bad=[3]),
-                              h.handle)
+        await h.store.process(BatchCall(TP, make_records(TP, range(token.frontier, 4), bad=[3]),
+                                        h.handle), token)
     assert await h.effects() == [] and await h.quarantine() == []
     assert await h.store.observe([TP]) == {TP: Token(2, 0)}
 
 
 async def test_process_on_missing_row_is_fenced(h: Harness) -> None:
     with pytest.raises(Fenced):
-        await h.store.process(TP, Token(1, 0), make_records(TP, [0]), h.handle)
+        await h.store.process(BatchCall(TP, make_records(TP, [0]), h.handle), Token(1, 0))
     assert await h.store.observe([TP]) == {TP: None}
 
 
@@ -170,7 +170,7 @@ async def test_process_on_missing_row_is_fenced(h: Harness) -> None:
 async def test_bad_batches_are_refused(h: Harness, offsets: list[int]) -> None:
     token = (await h.store.claim([ClaimRequest(TP, 1)], lifetime="A"))[TP]  # frontier 1
     with pytest.raises(ValueError):
-        await h.store.process(TP, token, make_records(TP, offsets), h.handle)
+        await h.store.process(BatchCall(TP, make_records(TP, offsets), h.handle), token)
     assert await h.store.observe([TP]) == {TP: Token(1, 1)}
 
 
@@ -218,7 +218,8 @@ async def test_claim_waits_for_in_flight_process_then_sees_its_frontier(h: Harne
         await release.wait()
         return verdicts
 
-    proc = asyncio.ensure_future(h.store.process(TP, token, make_records(TP, range(4)), slow))
+    proc = asyncio.ensure_future(h.store.process(BatchCall(TP, make_records(TP, range(4)), slow),
+                                                 token))
     await entered.wait()
     claim = asyncio.ensure_future(h.store.claim([ClaimRequest(TP, 0)], lifetime="B"))
     for _ in range(20):  # give the claim every chance to overtake the held row lock
@@ -244,14 +245,15 @@ async def test_handler_failure_rolls_back_everything(h: Harness, failure: str) -
     # transient class), with the exception's type and message; misuse stays misuse
     expected = HandlerFailed if failure == "raises" else HandlerDeclarationError
     with pytest.raises(expected) as raised:
-        await h.store.process(TP, token, make_records(TP, range(3), bad=[0]), broken)
+        await h.store.process(BatchCall(TP, make_records(TP, range(3), bad=[0]), broken), token)
     if failure == "raises":
         assert isinstance(raised.value, HandlerFailed) and not raised.value.transient
         assert (raised.value.error_type, raised.value.error_message) == (
             "RuntimeError", "handler bug")
     assert await h.effects() == [] and await h.quarantine() == []
     assert await h.store.observe([TP]) == {TP: Token(1, 0)}
-    assert await h.store.process(TP, token, make_records(TP, range(3)), h.handle) == Token(1, 3)
+    assert await h.store.process(BatchCall(TP, make_records(TP, range(3)), h.handle),
+                                 token) == Token(1, 3)
 
 
 async def test_operator_reset_is_told_from_another_members_claim(h: Harness) -> None:
@@ -314,10 +316,11 @@ async def test_an_intent_is_fenced_and_read_back_only_while_it_starts_at_the_fro
     with pytest.raises(ValueError):
         await store.record_intent(TP, Token(t2.epoch, 3), last_offset=2)
     # B settles them (the frontier moves past): the intent no longer counts
-    t2 = await store.process(TP, t2, make_records(TP, range(3)), h.handle)
+    t2 = await store.process(BatchCall(TP, make_records(TP, range(3)), h.handle), t2)
     assert (await store.attempts({TP: t2}))[TP].uncertain_to is None
     await store.record_intent(TP, t2, last_offset=4)
-    t2 = await store.process(TP, t2, make_records(TP, range(3, 5)), h.handle)  # committed
+    t2 = await store.process(BatchCall(TP, make_records(TP, range(3, 5)), h.handle),
+                             t2)  # committed
     t3 = (await store.claim([ClaimRequest(TP, 0)], lifetime="C"))[TP]
     assert t3.frontier == 5 and (await store.attempts({TP: t3}))[TP].uncertain_to is None
 

@@ -11,6 +11,7 @@ import asyncpg
 
 from fencing.postgres.sink import SinkSpec, ensure_table, make_table_sink
 from fencing.postgres.store import PgFenceStore
+from fencing.store import BatchCall
 from fencing.types import ClaimRequest, SourceRecord, TopicPartition
 
 __all__ = ["SINK_TP", "apply", "fetch"]
@@ -34,7 +35,7 @@ async def apply(dsn: str, schema: str, spec: SinkSpec, records: list[SourceRecor
         token = (await store.claim([ClaimRequest(tp, 0)], lifetime="L"))[tp]
         sink = make_table_sink(spec)
         for batch in batches if batches is not None else [records]:
-            token = await store.process(tp, token, batch, sink)
+            token = await store.process(BatchCall(tp, batch, sink), token)
     finally:
         await store.close()
     conn = await asyncpg.connect(dsn)

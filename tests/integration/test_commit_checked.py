@@ -24,6 +24,7 @@ import pytest
 from fencing.errors import HandlerMisuse, StatementRejected
 from fencing.guarded import CallHooks, guarded_process
 from fencing.postgres.store import PgFenceStore
+from fencing.store import BatchCall
 from fencing.testing.pgproxy import Action, PgProxy
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition, Verdict
 from tests.integration.pg_helpers import count_effects, effect_handler, make_records
@@ -72,13 +73,13 @@ async def test_commit_answered_rollback_is_handler_misuse(direct: PgFenceStore,
 
     token = (await direct.claim([ClaimRequest(TP, 0)], lifetime="L1"))[TP]
     with pytest.raises(HandlerMisuse, match=message):
-        await direct.process(TP, token, make_records(TP, range(4), bad=bad), swallowing)
+        await direct.process(BatchCall(TP, make_records(TP, range(4), bad=bad), swallowing), token)
     assert await direct.observe([TP]) == {TP: Token(1, 0)}
     counts = await count_effects(pg_dsn, fence_schema)
     assert (counts["effects"], counts["quarantine"]) == (0, 0)
     # the connection went back to the pool usable: the same batch now commits normally
-    assert await direct.process(TP, token, make_records(TP, range(4), bad=bad),
-                                inner) == Token(1, 4)
+    assert await direct.process(BatchCall(TP, make_records(TP, range(4), bad=bad), inner),
+                                token) == Token(1, 4)
 
 
 async def test_handler_ending_the_transaction_is_handler_misuse(direct: PgFenceStore,
@@ -93,7 +94,7 @@ async def test_handler_ending_the_transaction_is_handler_misuse(direct: PgFenceS
 
     token = (await direct.claim([ClaimRequest(TP, 0)], lifetime="L1"))[TP]
     with pytest.raises(HandlerMisuse, match="ended the store's transaction itself"):
-        await direct.process(TP, token, make_records(TP, range(3)), ending)
+        await direct.process(BatchCall(TP, make_records(TP, range(3)), ending), token)
     assert await direct.observe([TP]) == {TP: Token(1, 0)}
     assert (await count_effects(pg_dsn, fence_schema))["effects"] == 0
 
@@ -109,8 +110,8 @@ async def test_undefined_table_is_rejected_once_naming_the_sqlstate(direct: PgFe
 
     token = (await direct.claim([ClaimRequest(TP, 0)], lifetime="L1"))[TP]
     with pytest.raises(StatementRejected, match="42P01") as info:
-        await guarded_process(direct, TP, token, make_records(TP, range(2)), undefined,
-                              wait=_no_wait, check_live=_live)
+        await guarded_process(direct, BatchCall(TP, make_records(TP, range(2)), undefined),
+                              token, wait=_no_wait, check_live=_live)
     assert info.value.sqlstate == "42P01"
     assert calls == 1  # not retried as unavailability
     assert await direct.observe([TP]) == {TP: Token(1, 0)}
@@ -147,8 +148,8 @@ async def test_slow_commit_with_lost_reply_resolves_as_committed(
             started = time.monotonic()
             new = await guarded_process(
                 direct_and_proxied(proxied, direct),  # type: ignore[arg-type]
-                TP, token, make_records(TP, range(5)),
-                slow_at_commit, wait=_no_wait, check_live=_live,
+                BatchCall(TP, make_records(TP, range(5)), slow_at_commit), token,
+                wait=_no_wait, check_live=_live,
                 hooks=CallHooks(on_resolve=lambda op, outcome: resolved.append((op, outcome))))
             assert rule.fired.is_set()
         finally:

@@ -23,6 +23,7 @@ import pytest
 from fencing.errors import NotCommitted, OutcomeUnknown, ReadFailed, StatementRejected
 from fencing.guarded import CallHooks, guarded_claim, guarded_observe, guarded_process
 from fencing.postgres.store import PgFenceStore
+from fencing.store import BatchCall
 from fencing.testing.pgproxy import Action, PgProxy
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition, Verdict
 from tests.integration.pg_helpers import count_effects, effect_handler, make_records
@@ -98,8 +99,8 @@ async def test_raw_lost_commit_is_unknown_either_way(
     token = (await direct.claim([ClaimRequest(TP, 0)], lifetime="L1"))[TP]
     rule = proxy.add_rule("COMMIT", action)
     with pytest.raises(OutcomeUnknown) as info:
-        await proxied.process(TP, token, make_records(TP, range(4), bad=[2]),
-                              effect_handler(fence_schema))
+        await proxied.process(BatchCall(TP, make_records(TP, range(4), bad=[2]),
+                                        effect_handler(fence_schema)), token)
     assert rule.fired.is_set()
     assert type(info.value.__cause__) is asyncpg.ConnectionDoesNotExistError
     committed = action is Action.CUT_AFTER
@@ -119,8 +120,9 @@ async def test_guarded_process_resolves_lost_commit_exactly_once(
     token = (await direct.claim([ClaimRequest(TP, 0)], lifetime="L1"))[TP]
     proxy.add_rule("COMMIT", action)
     rec = Recorder()
-    new = await guarded_process(proxied, TP, token, make_records(TP, range(5)),
-                                effect_handler(fence_schema), wait=rec.wait, check_live=_live,
+    new = await guarded_process(proxied, BatchCall(TP, make_records(TP, range(5)),
+                                                   effect_handler(fence_schema)),
+                                token, wait=rec.wait, check_live=_live,
                                 hooks=CallHooks(on_resolve=rec.on_resolve))
     assert new == Token(1, 5)
     assert rec.resolved == [("process", resolution)] and rec.waits == waits
@@ -161,8 +163,8 @@ async def test_cancellation_during_commit_propagates_with_unknown_outcome(
     direct, proxied = stores
     token = (await direct.claim([ClaimRequest(TP, 0)], lifetime="L1"))[TP]
     rule = proxy.add_rule("COMMIT", Action.HOLD_REPLY)
-    task = asyncio.ensure_future(proxied.process(TP, token, make_records(TP, range(3)),
-                                                 effect_handler(fence_schema)))
+    task = asyncio.ensure_future(proxied.process(BatchCall(TP, make_records(TP, range(3)),
+                                                           effect_handler(fence_schema)), token))
     await asyncio.wait_for(rule.fired.wait(), 10)
     task.cancel()
     with pytest.raises(asyncio.CancelledError) as info:
@@ -182,7 +184,8 @@ async def test_commit_timeout_is_outcome_unknown(pg_dsn: str, fence_schema: str,
         token = (await direct.claim([ClaimRequest(TP, 0)], lifetime="L1"))[TP]
         proxy.add_rule("COMMIT", Action.HOLD_REPLY)
         with pytest.raises(OutcomeUnknown) as info:
-            await slow.process(TP, token, make_records(TP, range(2)), effect_handler(fence_schema))
+            await slow.process(BatchCall(TP, make_records(TP, range(2)),
+                                         effect_handler(fence_schema)), token)
         assert isinstance(info.value.__cause__, TimeoutError)
         proxy.release()
         assert await direct.observe([TP]) == {TP: Token(1, 2)}
@@ -210,7 +213,7 @@ async def test_error_reply_to_commit_is_not_committed_and_atomic(
     token = (await direct.claim([ClaimRequest(TP, 0)], lifetime="L1"))[TP]
     # proven not committed, and deterministic: StatementRejected, never retried
     with pytest.raises(StatementRejected) as info:
-        await direct.process(TP, token, make_records(TP, range(4), bad=[1, 3]), clashing)
+        await direct.process(BatchCall(TP, make_records(TP, range(4), bad=[1, 3]), clashing), token)
     assert isinstance(info.value.__cause__, asyncpg.UniqueViolationError)
     assert info.value.sqlstate == "23505"
     assert await direct.observe([TP]) == {TP: Token(1, 0)}
@@ -227,8 +230,8 @@ async def test_server_gone_three_calls_then_typed_error_then_recovery(
     rec = Recorder()
     records = make_records(TP, range(3))
     with pytest.raises(NotCommitted):
-        await guarded_process(counting, TP, token, records, effect_handler(fence_schema),
-                              wait=rec.wait, check_live=_live)
+        await guarded_process(counting, BatchCall(TP, records, effect_handler(fence_schema)),
+                              token, wait=rec.wait, check_live=_live)
     assert counting.calls == {"process": 3} and rec.waits == [0.1, 0.2]
     rec.waits.clear()
     with pytest.raises(ReadFailed):
@@ -236,8 +239,8 @@ async def test_server_gone_three_calls_then_typed_error_then_recovery(
     assert counting.calls["observe"] == 3 and rec.waits == [0.1, 0.2]
     await proxy.refuse(False)
     rec.waits.clear()
-    new = await guarded_process(counting, TP, token, records, effect_handler(fence_schema),
-                                wait=rec.wait, check_live=_live)
+    new = await guarded_process(counting, BatchCall(TP, records, effect_handler(fence_schema)),
+                                token, wait=rec.wait, check_live=_live)
     assert new == Token(1, 3) and rec.waits == [] and counting.calls["process"] == 4
     observed: Mapping[TopicPartition, Token | None] = await direct.observe([TP])
     assert observed == {TP: Token(1, 3)}
@@ -276,8 +279,9 @@ async def test_session_ended_before_commit_is_not_committed(
 
     token = (await direct.claim([ClaimRequest(TP, 0)], lifetime="L1"))[TP]
     with pytest.raises(NotCommitted) as info:
-        await direct.process(TP, token, make_records(TP, range(3)), dawdle)
+        await direct.process(BatchCall(TP, make_records(TP, range(3)), dawdle), token)
     assert isinstance(info.value.__cause__, asyncpg.InterfaceError)
     assert await direct.observe([TP]) == {TP: Token(1, 0)}
     assert (await count_effects(pg_dsn, fence_schema))["effects"] == 0
-    assert await direct.process(TP, token, make_records(TP, range(3)), inner) == Token(1, 3)
+    assert await direct.process(BatchCall(TP, make_records(TP, range(3)), inner),
+                                token) == Token(1, 3)

@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient
 from consumer.kafka.source import KafkaSource
 from fencing.errors import Fenced, FenceError
 from fencing.postgres.store import PgFenceStore
+from fencing.store import BatchCall
 from fencing.types import (
     ACCEPT,
     ClaimRequest,
@@ -110,7 +111,7 @@ def test_accept_gap_and_frontier_refusals(services: ServiceSettings) -> None:
         store = await PgFenceStore.connect(services.dsn, group_id=group, schema=schema)
         try:
             rec = SourceRecord(topic, 0, 0, None, b"x")
-            await store.process(tp, old, [rec], lambda _c, rs: _accept_all(rs))
+            await store.process(BatchCall(tp, [rec], lambda _c, rs: _accept_all(rs)), old)
         finally:
             await store.close()
 

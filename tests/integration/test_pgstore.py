@@ -18,6 +18,7 @@ from fencing.errors import (
 )
 from fencing.postgres.schema import SCHEMA_VERSION
 from fencing.postgres.store import PgFenceStore
+from fencing.store import BatchCall
 from fencing.types import (
     ClaimRequest,
     SourceCheck,
@@ -105,8 +106,8 @@ async def test_stale_token_is_fenced_and_applies_nothing(
     token = Token(1, 0) if stale == "epoch" else Token(2, 3)
     before = await count_effects(pg_dsn, fence_schema)
     with pytest.raises(Fenced):
-        await pg_store.process(TP, token, make_records(TP, range(token.frontier, 5), bad=[4]),
-                               handler)
+        await pg_store.process(BatchCall(TP, make_records(TP, range(token.frontier, 5), bad=[4]),
+                                         handler), token)
     assert await count_effects(pg_dsn, fence_schema) == before
     assert before["effects"] == 0 and before["quarantine"] == 0
     assert await pg_store.observe([TP]) == {TP: Token(2, 0)}
@@ -116,7 +117,8 @@ async def test_process_advances_frontier_past_gaps_and_quarantines(
         pg_store: PgFenceStore, pg_dsn: str, fence_schema: str) -> None:
     token = (await pg_store.claim([ClaimRequest(TP, 10)], lifetime="L1"))[TP]
     handler = effect_handler(fence_schema)
-    new = await pg_store.process(TP, token, make_records(TP, [10, 12, 15], bad=[12]), handler)
+    new = await pg_store.process(BatchCall(TP, make_records(TP, [10, 12, 15], bad=[12]),
+                                           handler), token)
     assert new == Token(1, 16)
     assert await pg_store.observe([TP]) == {TP: Token(1, 16)}
     counts = await count_effects(pg_dsn, fence_schema)
@@ -145,7 +147,8 @@ async def test_process_first_then_claim_reads_advanced_frontier(
         await release.wait()  # holds the row lock taken by the fence statement
         return verdicts
 
-    proc = asyncio.ensure_future(pg_store.process(TP, token, make_records(TP, range(5)), slow))
+    proc = asyncio.ensure_future(pg_store.process(BatchCall(TP, make_records(TP, range(5)),
+                                                            slow), token))
     await entered.wait()
     claim = asyncio.ensure_future(pg_store.claim([ClaimRequest(TP, 0)], lifetime="L2"))
     watcher = await asyncpg.connect(pg_dsn)
@@ -173,7 +176,7 @@ async def test_claim_first_then_process_is_fenced(
         claim = asyncio.ensure_future(pg_store.claim([ClaimRequest(TP, 0)], lifetime="L2"))
         await _wait_for_lock_waiters(blocker, 1)
         proc = asyncio.ensure_future(pg_store.process(
-            TP, token, make_records(TP, range(5)), effect_handler(fence_schema)))
+            BatchCall(TP, make_records(TP, range(5)), effect_handler(fence_schema)), token))
         await _wait_for_lock_waiters(blocker, 2)
         await tx.rollback()
         assert (await claim)[TP] == Token(2, 0)
@@ -271,8 +274,8 @@ async def test_deadlock_in_handler_is_transient_not_committed_and_retry_succeeds
         return handle
 
     results = await asyncio.gather(
-        pg_store.process(tp_a, tokens[tp_a], make_records(tp_a, [0]), locker(1, 2)),
-        pg_store.process(tp_b, tokens[tp_b], make_records(tp_b, [0]), locker(2, 1)),
+        pg_store.process(BatchCall(tp_a, make_records(tp_a, [0]), locker(1, 2)), tokens[tp_a]),
+        pg_store.process(BatchCall(tp_b, make_records(tp_b, [0]), locker(2, 1)), tokens[tp_b]),
         return_exceptions=True)
     failed = [r for r in results if isinstance(r, BaseException)]
     # the handler's deadlock: rolled back, transient (the worker retries it with backoff)
@@ -282,8 +285,8 @@ async def test_deadlock_in_handler_is_transient_not_committed_and_retry_succeeds
     assert (await pg_store.observe([loser]))[loser] == Token(1, 0)  # rolled back
     crossing = False
     mine, other = (1, 2) if loser == tp_a else (2, 1)
-    assert await pg_store.process(loser, tokens[loser], make_records(loser, [0]),
-                                  locker(mine, other)) == Token(1, 1)
+    assert await pg_store.process(BatchCall(loser, make_records(loser, [0]),
+                                            locker(mine, other)), tokens[loser]) == Token(1, 1)
     assert (await count_effects(pg_dsn, fence_schema))["effects"] == 2
 
 
@@ -296,7 +299,8 @@ async def test_process_by_a_store_that_never_claimed_looks_up_the_row(
                                        pool_max=1)
     try:
         handler = effect_handler(fence_schema)
-        assert await other.process(TP, token, make_records(TP, range(3)), handler) == Token(1, 3)
+        assert await other.process(BatchCall(TP, make_records(TP, range(3)),
+                                             handler), token) == Token(1, 3)
     finally:
         await other.close()
     assert (await count_effects(pg_dsn, fence_schema))["effects"] == 3

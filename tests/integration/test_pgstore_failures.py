@@ -12,6 +12,7 @@ import pytest
 from fencing.errors import Fenced, HandlerFailed, StatementRejected, Transient
 from fencing.failures import Attempts
 from fencing.postgres.store import PgFenceStore
+from fencing.store import BatchCall
 from fencing.types import ClaimRequest, Reject, SourceRecord, Token, TopicPartition, Verdict
 from tests.integration.pg_helpers import count_effects, effect_handler, make_records
 
@@ -36,20 +37,22 @@ async def test_handler_sqlstate_is_transient_or_poison_and_nothing_applies(
         transient: bool) -> None:
     token = (await pg_store.claim([ClaimRequest(TP, 0)], lifetime="L1"))[TP]
     with pytest.raises(HandlerFailed) as info:
-        await pg_store.process(TP, token, make_records(TP, range(3)), raising_sqlstate(state))
+        await pg_store.process(BatchCall(TP, make_records(TP, range(3)),
+                                         raising_sqlstate(state)), token)
     assert info.value.transient is transient
     assert isinstance(info.value.__cause__, asyncpg.PostgresError)
     assert info.value.__cause__.sqlstate == state
     assert await pg_store.observe([TP]) == {TP: token}
     # the connection went back to the pool usable: the next batch commits
-    assert await pg_store.process(TP, token, make_records(TP, range(3)),
-                                  effect_handler(fence_schema)) == Token(1, 3)
+    assert await pg_store.process(BatchCall(TP, make_records(TP, range(3)),
+                                            effect_handler(fence_schema)), token) == Token(1, 3)
 
 
 async def test_deployment_errors_in_the_handler_still_stop(pg_store: PgFenceStore) -> None:
     token = (await pg_store.claim([ClaimRequest(TP, 0)], lifetime="L1"))[TP]
     with pytest.raises(StatementRejected, match="42P01"):
-        await pg_store.process(TP, token, make_records(TP, range(1)), raising_sqlstate("42P01"))
+        await pg_store.process(BatchCall(TP, make_records(TP, range(1)),
+                                         raising_sqlstate("42P01")), token)
 
 
 async def test_transient_marker_and_poison_details_reach_quarantine(
@@ -60,7 +63,7 @@ async def test_transient_marker_and_poison_details_reach_quarantine(
         raise Transient("downstream busy")
 
     with pytest.raises(HandlerFailed) as info:
-        await pg_store.process(TP, token, make_records(TP, range(2)), marked)
+        await pg_store.process(BatchCall(TP, make_records(TP, range(2)), marked), token)
     assert info.value.transient
 
     reject = Reject("poison: ValueError: bad", error_type="ValueError", error_message="bad",
@@ -69,7 +72,7 @@ async def test_transient_marker_and_poison_details_reach_quarantine(
     async def rejecting(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
         return [reject for _ in records]
 
-    await pg_store.process(TP, token, make_records(TP, [0]), rejecting)
+    await pg_store.process(BatchCall(TP, make_records(TP, [0]), rejecting), token)
     conn = await asyncpg.connect(pg_dsn)
     try:
         row = await conn.fetchrow(f'SELECT reason, error_type, error_message, traceback_digest'
@@ -100,8 +103,8 @@ async def test_attempt_counts_are_fenced_read_back_and_deleted_with_the_frontier
     t3 = (await pg_store.claim([ClaimRequest(TP, 0)], lifetime="L3"))[TP]
     assert (await pg_store.attempts({TP: t3}))[TP] == Attempts(unclean=False, count=2,
                                                                last_error="E: boom")
-    await pg_store.process(TP, t3, make_records(TP, range(2)), effect_handler(fence_schema),
-                           clear_attempts=True)
+    await pg_store.process(BatchCall(TP, make_records(TP, range(2)), effect_handler(fence_schema),
+                                     clear_attempts=True), t3)
     conn = await asyncpg.connect(pg_dsn)
     try:
         left = await conn.fetchval(f'SELECT count(*) FROM "{fence_schema}".attempts')

@@ -15,6 +15,7 @@ from consumer.failure_run import FailureRun
 from fencing.failures import RetryPolicy
 from fencing.handler import Declaration, Durability, Effects
 from fencing.postgres.store import PgFenceStore
+from fencing.store import BatchCall
 from fencing.testing.pgproxy import PgProxy
 from fencing.types import (
     ClaimRequest,
@@ -63,15 +64,16 @@ async def test_assignment_calls_take_one_round_trip_and_process_adds_none(
 
             tp = tps[0]
             token = Token(2, 0)  # warm up (prepare) the handler's and the quarantine statements
-            token = await store.process(tp, token, make_records(tp, range(100), bad=[5]),
-                                        counting)
+            token = await store.process(BatchCall(tp, make_records(tp, range(100), bad=[5]),
+                                                  counting), token)
             handler_trips = 0
-            n = await trips(store.process(tp, token, make_records(tp, range(100, 200)), counting))
+            n = await trips(store.process(BatchCall(tp, make_records(tp, range(100, 200)),
+                                                    counting), token))
             assert handler_trips >= 1
             assert n == handler_trips + 2  # BEGIN+fence, handler, COMMIT: like BEGIN/COMMIT
             handler_trips = 0
-            n = await trips(store.process(tp, Token(2, 200),
-                                          make_records(tp, range(200, 300), bad=[250]), counting))
+            n = await trips(store.process(BatchCall(
+                tp, make_records(tp, range(200, 300), bad=[250]), counting), Token(2, 200)))
             assert n == handler_trips + 3  # plus one quarantine insert for all rejects
         finally:
             await store.close()

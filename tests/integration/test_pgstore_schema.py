@@ -20,6 +20,7 @@ from fencing.postgres.schema import (
     migrate,
 )
 from fencing.postgres.store import PgFenceStore
+from fencing.store import BatchCall
 from fencing.types import ClaimRequest, SourceCheck, SourceFacts, Token, TopicPartition
 from tests.integration.pg_helpers import (
     count_effects,
@@ -98,8 +99,8 @@ async def test_upgrade_from_version_1_keeps_rows(pg_dsn: str) -> None:
     store = await PgFenceStore.connect(pg_dsn, group_id="g", schema=schema)
     try:
         assert await store.observe([TP]) == {TP: Token(4, 40)}
-        assert await store.process(TP, Token(4, 40), make_records(TP, [40, 41]),
-                                   effect_handler(schema)) == Token(4, 42)
+        assert await store.process(BatchCall(TP, make_records(TP, [40, 41]),
+                                             effect_handler(schema)), Token(4, 40)) == Token(4, 42)
     finally:
         await store.close()
         await drop_schema(pg_dsn, schema)
@@ -128,15 +129,16 @@ async def test_least_privilege_worker_role(pg_dsn: str, fence_schema: str) -> No
         store = await PgFenceStore.connect(worker_dsn, group_id="gw", schema=fence_schema)
         try:
             tok = (await store.claim([ClaimRequest(TP, 0, "tid")], lifetime="W"))[TP]
-            tok = await store.process(TP, tok, make_records(TP, [0, 1, 2], bad=[1]),
-                                      effect_handler(fence_schema))
+            tok = await store.process(BatchCall(TP, make_records(TP, [0, 1, 2], bad=[1]),
+                                                effect_handler(fence_schema)), tok)
             assert tok == Token(1, 3)
             assert (await store.validate([SourceCheck(TP, SourceFacts("tid", 0, 9))]))[TP].ok
             assert await store.skip(TP, tok, to_offset=5, reason="gap") == Token(1, 5)
             await store.journal([TP], lifetime="W", event="release", epoch=1)
             await store.heartbeat(lifetime="W", member_id=None, host="h", pid=1, state="up")
             with pytest.raises(Fenced):
-                await store.process(TP, tok, make_records(TP, [9]), effect_handler(fence_schema))
+                await store.process(BatchCall(TP, make_records(TP, [9]),
+                                              effect_handler(fence_schema)), tok)
         finally:
             await store.close()
         counts = await count_effects(pg_dsn, fence_schema)

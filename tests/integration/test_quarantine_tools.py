@@ -51,6 +51,7 @@ import pytest
 
 from fencing.postgres.schema import load_migrations
 from fencing.postgres.store import PgFenceStore
+from fencing.store import BatchCall
 from fencing.testing.pgproxy import Action, PgProxy
 from fencing.types import ClaimRequest, TopicPartition
 from ops.operator.quarantine import grant_operator_sql
@@ -83,8 +84,8 @@ async def quarantined(pg_dsn: str, fence_schema: str) -> AsyncIterator[tuple[str
     store = await PgFenceStore.connect(pg_dsn, group_id=group, schema=fence_schema)
     try:
         token = (await store.claim([ClaimRequest(TP, 0)], lifetime="lt-q"))[TP]
-        await store.process(TP, token, make_records(TP, range(6), bad=BAD),
-                            effect_handler(fence_schema))
+        await store.process(BatchCall(TP, make_records(TP, range(6), bad=BAD),
+                                      effect_handler(fence_schema)), token)
     finally:
         await store.close()
     yield fence_schema, group
@@ -415,8 +416,8 @@ async def test_requarantined_after_a_frontier_reset_is_quarantined_again(
     store = await PgFenceStore.connect(pg_dsn, group_id=group, schema=schema)
     try:
         token = (await store.claim([ClaimRequest(TP, 0)], lifetime="lt-q2"))[TP]
-        await store.process(TP, token, make_records(TP, range(2, 6), bad=BAD),
-                            effect_handler(schema))
+        await store.process(BatchCall(TP, make_records(TP, range(2, 6), bad=BAD),
+                                      effect_handler(schema)), token)
     finally:
         await store.close()
     states = await _states(pg_dsn, schema)

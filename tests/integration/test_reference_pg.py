@@ -14,6 +14,7 @@ import pytest
 
 from fencing.postgres.schema import migrate
 from fencing.postgres.store import PgFenceStore
+from fencing.store import BatchCall
 from fencing.types import ClaimRequest, Reject, SourceRecord, TopicPartition
 from ops.reference import generate, make_pg_handler, to_source_records
 from ops.reference.oracle import check, fold
@@ -74,7 +75,7 @@ async def test_pg_handler_through_fence_store_equals_oracle(
 
         async def run_partition(tp: TopicPartition) -> None:  # partitions run concurrently
             for batch in (b for b in plan if b[0].tp == tp):
-                tokens[tp] = await store.process(tp, tokens[tp], batch, handle)
+                tokens[tp] = await store.process(BatchCall(tp, batch, handle), tokens[tp])
 
         await asyncio.gather(*(run_partition(tp) for tp in tps))
     finally:

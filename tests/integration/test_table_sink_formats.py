@@ -24,6 +24,7 @@ from fencing.postgres.sink import SinkSpec, ensure_table, make_table_sink
 from fencing.postgres.sink.keys import Format
 from fencing.postgres.sink.registry import Registry
 from fencing.postgres.store import PgFenceStore
+from fencing.store import BatchCall
 from fencing.types import ClaimRequest, SourceRecord, TopicPartition
 from ops.stack.config import ServiceSettings
 from tests.integration.registry_support import (
@@ -271,8 +272,8 @@ async def test_a_registry_that_does_not_answer_fails_the_batch_as_unavailable(
     try:
         token = (await store.claim([ClaimRequest(tp, 0)], lifetime="L"))[tp]
         with pytest.raises(HandlerFailed) as info:
-            await store.process(tp, token, [rec(tp, 0, b"\x00\x00\x00\x00\x07abc")],
-                                make_table_sink(spec))
+            await store.process(BatchCall(tp, [rec(tp, 0, b"\x00\x00\x00\x00\x07abc")],
+                                          make_table_sink(spec)), token)
         assert info.value.unavailable and info.value.transient
         assert "schema registry http://127.0.0.1:1/apis/ccompat/v7: schema id 7" in str(
             info.value)
@@ -300,12 +301,12 @@ async def test_batches_of_two_partitions_decoding_at_once_keep_their_own_keys(
     store = await PgFenceStore.connect(pg_dsn, group_id="g", schema=schema, pool_max=4)
     try:
         tokens = await store.claim([ClaimRequest(a, 0), ClaimRequest(b, 0)], lifetime="L")
-        warm = await store.process(a, tokens[a], [rec(a, 0, None, as_long(7))], sink)
+        warm = await store.process(BatchCall(a, [rec(a, 0, None, as_long(7))], sink), tokens[a])
         await asyncio.gather(
-            store.process(a, warm, [rec(a, 1, None, as_long(1)),  # its schema known
-                                    rec(a, 2, None, as_int(3))], sink),  # asked for
-            store.process(b, tokens[b], [rec(b, 0, None, as_string("2")),
-                                         rec(b, 1, None, as_string("4"))], sink))
+            store.process(BatchCall(a, [rec(a, 1, None, as_long(1)),  # its schema known
+                                    rec(a, 2, None, as_int(3))], sink), warm),  # asked for
+            store.process(BatchCall(b, [rec(b, 0, None, as_string("2")),
+                                         rec(b, 1, None, as_string("4"))], sink), tokens[b]))
     finally:
         await store.close()
     assert await fetch(pg_dsn, f'SELECT count(*) FROM "{schema}".quarantine') == [(0,)]

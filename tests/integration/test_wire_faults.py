@@ -44,6 +44,7 @@ from fencing.errors import (
     TooSlow,
 )
 from fencing.postgres.store import PgFenceStore
+from fencing.store import BatchCall
 from fencing.testing.pgproxy import Action, PgProxy
 from fencing.types import (
     ClaimRequest,
@@ -280,7 +281,7 @@ async def _batch(env: Env, fault: str, case: Case) -> None:
     env.probe = _batches(env)
     records = make_records(TP, range(4))
     ran = await _faulted(env, case, fault, lambda: lc.process(
-        TP, records, effect_handler(env.schema)))
+        BatchCall(TP, records, effect_handler(env.schema))))
     _typed(env, case, fault)
     durable = (await env.direct.observe([TP]))[TP]
     offsets = sorted(r[0] for r in await env.sql('SELECT "offset" FROM {s}.effects'))
@@ -411,7 +412,7 @@ async def retire(env: Env, fault: str) -> None:
     env.probe = lambda: _journal(env, "retire")
     await env.direct.claim([ClaimRequest(TP, 0)], lifetime="lt-newer")  # fences the lifetime
     ran = await _faulted(env, CASES["retire"], fault, lambda: lc.process(
-        TP, make_records(TP, range(2)), effect_handler(env.schema)))
+        BatchCall(TP, make_records(TP, range(2)), effect_handler(env.schema))))
     _typed(env, CASES["retire"], fault)
     assert lc.state is LifetimeState.RETIRED and lc.token(TP) is None
     assert await _effects(env) == 0
@@ -449,7 +450,7 @@ async def quarantine_replay(env: Env, fault: str) -> None:
     async def rejecting(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
         return [Reject("bad") for _ in records]
 
-    await env.direct.process(TP, token, make_records(TP, [0]), rejecting)
+    await env.direct.process(BatchCall(TP, make_records(TP, [0]), rejecting), token)
     key = QuarantineKey(env.group, TP.topic, TP.partition, 0)
     handler = effect_handler(env.schema)
     replays = lambda: env.count("SELECT count(*) FROM {s}.journal WHERE event = 'replay'")  # noqa: E731
@@ -505,7 +506,7 @@ async def purge_replayed(env: Env, fault: str) -> None:
     async def rejecting(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
         return [Reject("bad") for _ in records]
 
-    await env.direct.process(TP, token, make_records(TP, [0, 1]), rejecting)
+    await env.direct.process(BatchCall(TP, make_records(TP, [0, 1]), rejecting), token)
     await env.sql("UPDATE {s}.quarantine SET state = 'replayed', replayed_at = now()")
     purges = lambda: env.count("SELECT count(*) FROM {s}.journal WHERE event = 'purge'")  # noqa: E731
     before = datetime.now(UTC) + timedelta(hours=1)

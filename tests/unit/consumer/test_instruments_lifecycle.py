@@ -12,6 +12,7 @@ from consumer.lifecycle import Lifecycle
 from consumer.observability.instruments import Instruments
 from fencing.memory.faults import Fault, FaultOutcome, Operation
 from fencing.memory.store import MemoryFenceStore
+from fencing.store import BatchCall
 from fencing.types import ACCEPT, Reject, SourceCheck, SourceFacts, SourceRecord, TopicPartition
 
 TP = TopicPartition("orders", 0)
@@ -49,9 +50,9 @@ async def test_batches_rejects_unknown_outcomes_and_retries() -> None:
     recs = [SourceRecord("orders", 0, o, None, b"v") for o in range(4)]
     store.begin_attempt("b1", [Fault(Operation.PROCESS, 1, FaultOutcome.ABORT),
                                Fault(Operation.PROCESS, 2, FaultOutcome.UNKNOWN_COMMITTED)])
-    assert (await lc.process(TP, recs[:2], handler)).frontier == 2
+    assert (await lc.process(BatchCall(TP, recs[:2], handler))).frontier == 2
     store.begin_attempt("b2")
-    assert (await lc.process(TP, recs[2:], handler)).frontier == 4
+    assert (await lc.process(BatchCall(TP, recs[2:], handler))).frontier == 4
     points = _points(reader)
     assert _sum(points["fence.records.processed"], partition=0) == 4
     assert _sum(points["fence.records.rejected"], partition=0) == 2
@@ -73,7 +74,7 @@ async def test_a_fenced_batch_counts_a_fence_and_no_records() -> None:
     await new.assign([check])  # epoch 2: the old lifetime's token is stale
     recs = [SourceRecord("orders", 0, 0, None, b"v")]
     try:
-        await old.process(TP, recs, handler)
+        await old.process(BatchCall(TP, recs, handler))
     except Exception as exc:
         assert type(exc).__name__ in ("Fenced", "Retired")
     else:

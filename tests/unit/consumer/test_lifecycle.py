@@ -16,7 +16,7 @@ from consumer.observability.otel_tracing import OtelTracing
 from fencing.errors import ConfigError, Fenced, RetentionGap, Retired, TokenDropped
 from fencing.memory.faults import Fault, FaultOutcome, InterleavePoint, Operation
 from fencing.memory.store import MemoryFenceStore
-from fencing.store import HandlerFn
+from fencing.store import BatchCall, HandlerFn
 from fencing.types import ACCEPT, SourceCheck, SourceFacts, SourceRecord, Token, TopicPartition
 
 TP = TopicPartition("t", 0)
@@ -101,13 +101,14 @@ async def test_process_advances_and_drops_already_durable_records(
         store: MemoryFenceStore, clock: Clock) -> None:
     lc = make(store, clock)
     await lc.assign([check()])
-    assert await lc.process(TP, recs(TP, 0, 1, 4), accept) == Token(1, 5)
+    assert await lc.process(BatchCall(TP, recs(TP, 0, 1, 4), accept)) == Token(1, 5)
     events = len(store.events)
-    assert await lc.process(TP, recs(TP, 3, 4), accept) == Token(1, 5)  # nothing new: no I/O
+    assert await lc.process(BatchCall(TP, recs(TP, 3, 4),
+                                      accept)) == Token(1, 5)  # nothing new: no I/O
     assert len(store.events) == events
-    assert await lc.process(TP, recs(TP, 4, 6), accept) == Token(1, 7)
+    assert await lc.process(BatchCall(TP, recs(TP, 4, 6), accept)) == Token(1, 7)
     with pytest.raises(ValueError):
-        await lc.process(TP, recs(TP1, 7), accept)
+        await lc.process(BatchCall(TP, recs(TP1, 7), accept))
     assert lc.state is LifetimeState.LIVE
 
 
@@ -120,7 +121,7 @@ async def test_refused_source_retires_before_raising(store: MemoryFenceStore, cl
         await lc.assign([check(low=5)])
     assert lc.state is LifetimeState.RETIRED and "RetentionGap" in (lc.retired_reason or "")
     events = len(store.events)
-    for call in (lc.seek(TP), lc.assign([check()]), lc.process(TP, recs(TP, 0), accept),
+    for call in (lc.seek(TP), lc.assign([check()]), lc.process(BatchCall(TP, recs(TP, 0), accept)),
                  lc.revoke([TP])):
         with pytest.raises(Retired):
             await call
@@ -154,7 +155,7 @@ async def test_late_seek_and_process_after_revoke_or_lost_are_fenced_without_io(
     await lc.revoke([TP])
     lc.lost([TP1])
     events = len(store.events)
-    for call in (lc.seek(TP), lc.process(TP, recs(TP, 0), accept), lc.seek(TP1)):
+    for call in (lc.seek(TP), lc.process(BatchCall(TP, recs(TP, 0), accept)), lc.seek(TP1)):
         with pytest.raises(Fenced):
             await call
     assert len(store.events) == events and lc.state is LifetimeState.LIVE
@@ -170,7 +171,7 @@ async def test_stop_is_final_and_does_no_io(store: MemoryFenceStore, clock: Cloc
     assert lc.state is LifetimeState.STOPPED and lc.retired_reason == "stopped"
     assert lc.token(TP) is None
     with pytest.raises(Retired):
-        await lc.process(TP, recs(TP, 0), accept)
+        await lc.process(BatchCall(TP, recs(TP, 0), accept))
     with pytest.raises(Retired):
         lc.lost([TP])
     assert len(store.writes) == writes
@@ -182,7 +183,7 @@ async def test_budget_exhaustion_retires_without_journal(store: MemoryFenceStore
     await lc.assign([check()])
     store.begin_attempt("p", [Fault(Operation.PROCESS, n, FaultOutcome.ABORT) for n in (1, 2)])
     with pytest.raises(Retired) as info:
-        await lc.process(TP, recs(TP, 0), accept)
+        await lc.process(BatchCall(TP, recs(TP, 0), accept))
     assert "BudgetExceeded" in repr(info.value.__cause__)
     assert clock.waits == [0.1, 0.2]
     assert [e.call for e in store.events if e.operation == "process"] == [1, 2]
@@ -219,9 +220,10 @@ async def test_partitions_proceed_concurrently_and_revoke_waits_for_in_flight_wo
     await lc.assign([check(TP), check(TP1)])
     slow, entered, release = held_accept()
 
-    p0 = asyncio.ensure_future(lc.process(TP, recs(TP, 0, 1), slow))
+    p0 = asyncio.ensure_future(lc.process(BatchCall(TP, recs(TP, 0, 1), slow)))
     await entered.wait()
-    assert await lc.process(TP1, recs(TP1, 0), accept) == Token(1, 1)  # not blocked by TP
+    assert await lc.process(BatchCall(TP1, recs(TP1, 0),
+                                      accept)) == Token(1, 1)  # not blocked by TP
     revoke = asyncio.ensure_future(lc.revoke([TP]))
     await asyncio.sleep(0.01)
     assert not revoke.done() and lc.token(TP) == Token(1, 0)
@@ -237,7 +239,7 @@ async def test_lost_during_in_flight_process_never_reinstalls_the_token(
     await lc.assign([check()])
     slow, entered, release = held_accept()
 
-    p0 = asyncio.ensure_future(lc.process(TP, recs(TP, 0), slow))
+    p0 = asyncio.ensure_future(lc.process(BatchCall(TP, recs(TP, 0), slow)))
     await entered.wait()
     lc.lost([TP])
     release.set()
@@ -252,9 +254,10 @@ async def test_a_process_queued_behind_the_guard_when_lost_is_token_dropped_with
     lc = make(store, clock)
     await lc.assign([check()])
     slow, entered, release = held_accept()
-    p0 = asyncio.ensure_future(lc.process(TP, recs(TP, 0), slow))
+    p0 = asyncio.ensure_future(lc.process(BatchCall(TP, recs(TP, 0), slow)))
     await entered.wait()
-    p1 = asyncio.ensure_future(lc.process(TP, recs(TP, 1), accept))  # waits for the guard
+    p1 = asyncio.ensure_future(lc.process(BatchCall(TP, recs(TP, 1),
+                                                    accept)))  # waits for the guard
     await asyncio.sleep(0.01)
     lc.lost([TP])
     release.set()
@@ -300,7 +303,7 @@ async def test_spans_carry_messaging_and_fence_attributes(
     lc = make(store, clock, tracing=OtelTracing(provider.get_tracer("fenceworker")))
     await lc.assign([check()])
     await lc.seek(TP)
-    await lc.process(TP, recs(TP, 0, 3), accept)
+    await lc.process(BatchCall(TP, recs(TP, 0, 3), accept))
     await lc.revoke([TP])
     spans = {s.name: s for s in exporter.get_finished_spans()}
     assert set(spans) == {"fence.assign", "fence.validate", "fence.claim", "fence.seek",
@@ -325,7 +328,7 @@ async def test_seek_and_assign_wait_for_in_flight_work_instead_of_self_fencing(
     await lc.assign([check()])
     slow, entered, release = held_accept()
 
-    p0 = asyncio.ensure_future(lc.process(TP, recs(TP, 0, 1), slow))
+    p0 = asyncio.ensure_future(lc.process(BatchCall(TP, recs(TP, 0, 1), slow)))
     await entered.wait()
     seek = asyncio.ensure_future(lc.seek(TP))
     await asyncio.sleep(0.01)
@@ -335,7 +338,7 @@ async def test_seek_and_assign_wait_for_in_flight_work_instead_of_self_fencing(
     assert await seek == 2 and lc.state is LifetimeState.LIVE
     entered.clear()
     release.clear()
-    p1 = asyncio.ensure_future(lc.process(TP, recs(TP, 2), slow))
+    p1 = asyncio.ensure_future(lc.process(BatchCall(TP, recs(TP, 2), slow)))
     await entered.wait()
     again = asyncio.ensure_future(lc.assign([check()]))
     await asyncio.sleep(0.01)
@@ -352,15 +355,15 @@ async def test_retirement_is_a_write_barrier_for_other_partitions(
     lc = make(store, clock)
     await lc.assign([check(TP), check(TP1)])
     slow, entered, release = held_accept()
-    p1 = asyncio.ensure_future(lc.process(TP1, recs(TP1, 0, 1), slow))
+    p1 = asyncio.ensure_future(lc.process(BatchCall(TP1, recs(TP1, 0, 1), slow)))
     await entered.wait()
     await make(store, clock, "L2").assign([check(TP)])  # a newer owner of TP
-    p0 = asyncio.ensure_future(lc.process(TP, recs(TP, 0), accept))
+    p0 = asyncio.ensure_future(lc.process(BatchCall(TP, recs(TP, 0), accept)))
     await asyncio.sleep(0.01)
     assert not p0.done()  # the retirement waits for TP1's batch before journaling
     assert lc.state is LifetimeState.RETIRING  # the gate is closed; the journal row pending
     with pytest.raises(Retired):
-        await lc.process(TP1, recs(TP1, 2), accept)  # no new call starts while retiring
+        await lc.process(BatchCall(TP1, recs(TP1, 2), accept))  # no new call starts while retiring
     release.set()
     with pytest.raises(Fenced):
         await p0

@@ -13,6 +13,7 @@ from consumer import Lifecycle, LifetimeState
 from fencing.errors import Retired
 from fencing.memory.faults import InterleavePoint, Operation
 from fencing.memory.store import MemoryFenceStore
+from fencing.store import BatchCall
 from fencing.types import SourceCheck, SourceFacts, SourceRecord, TopicPartition, Verdict
 
 TP = TopicPartition("t", 0)
@@ -45,7 +46,7 @@ async def _no_later_writes(lc: Lifecycle, store: MemoryFenceStore, release: asyn
     release.set()  # the blocked I/O could now continue if it were still running
     await asyncio.sleep(0.01)
     for call in (lc.assign([CHECK]), lc.seek(TP), lc.revoke([TP]),
-                 lc.process(TP, [SourceRecord("t", 0, 0, b"k", b"v")], _never)):
+                 lc.process(BatchCall(TP, [SourceRecord("t", 0, 0, b"k", b"v")], _never))):
         with pytest.raises(Retired):
             await asyncio.wait_for(call, BOUND_S)
     assert store.writes == writes
@@ -115,7 +116,7 @@ async def test_retire_settles_the_guards_it_saw_when_another_is_added_meanwhile(
     the guards dict lazily)."""
     lc = lifecycle(MemoryFenceStore("g"))
     lc._guards[TP] = asyncio.Lock()
-    settling = asyncio.ensure_future(lc._settle_others(None))
+    settling = asyncio.ensure_future(lc._gate.settle_others(None))
     await asyncio.sleep(0)  # the wait is set up, not yet started
     lc._guards[TopicPartition("t", 1)] = asyncio.Lock()
     await asyncio.wait_for(settling, BOUND_S)

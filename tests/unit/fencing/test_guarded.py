@@ -17,10 +17,15 @@ from fencing.errors import (
     Unresolved,
 )
 from fencing.guarded import CallHooks, guarded_claim, guarded_observe, guarded_process
+from fencing.store import BatchCall
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition
 
 TP = TopicPartition("t", 0)
 RECORDS = [SourceRecord("t", 0, o, None, b"v") for o in (10, 11, 14)]  # batch end 15
+
+
+async def _unused(conn: Any, records: Sequence[SourceRecord]) -> list[Any]:
+    raise AssertionError("the fake store never runs the handler")
 TOKEN = Token(3, 10)
 
 
@@ -46,8 +51,7 @@ class FakeStore:
         self.settled.append(settled)
         return {TP: await self._next("observe")}
 
-    async def process(self, tp: TopicPartition, token: Token, records: Sequence[SourceRecord],
-                      handler: Any, *, clear_attempts: bool = False) -> Token:
+    async def process(self, call: BatchCall, token: Token) -> Token:
         return await self._next("process")  # type: ignore[no-any-return,unused-ignore]
 
     async def claim(self, claims: Sequence[ClaimRequest], *,
@@ -75,8 +79,8 @@ class Rec:
 
 
 async def _process(store: FakeStore, rec: Rec) -> Token:
-    return await guarded_process(store, TP, TOKEN, RECORDS, None,  # type: ignore[arg-type]
-                                 wait=rec.wait, check_live=rec.check_live,
+    return await guarded_process(store, BatchCall(TP, RECORDS, _unused),  # type: ignore[arg-type]
+                                 TOKEN, wait=rec.wait, check_live=rec.check_live,
                                  hooks=CallHooks(on_resolve=rec.on_resolve))
 
 
@@ -195,8 +199,8 @@ async def test_resolution_span_records_its_outcome_through_the_tracing_port() ->
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     store, rec = FakeStore(process=[OutcomeUnknown("lost")], observe=[Token(3, 15)]), Rec()
-    await guarded_process(store, TP, TOKEN, RECORDS, None,  # type: ignore[arg-type]
-                          wait=rec.wait, check_live=rec.check_live,
+    await guarded_process(store, BatchCall(TP, RECORDS, _unused),  # type: ignore[arg-type]
+                          TOKEN, wait=rec.wait, check_live=rec.check_live,
                           hooks=CallHooks(tracing=OtelTracing(provider.get_tracer("t"))))
     (span,) = exporter.get_finished_spans()
     assert span.name == "fence.resolve" and span.attributes is not None
@@ -207,12 +211,11 @@ async def test_resolution_span_records_its_outcome_through_the_tracing_port() ->
 class HandlerStore(FakeStore):
     """Like ``FakeStore``, but a scripted reply ``("after", reply)`` first runs the handler."""
 
-    async def process(self, tp: TopicPartition, token: Token, records: Sequence[SourceRecord],
-                      handler: Any, *, clear_attempts: bool = False) -> Token:
+    async def process(self, call: BatchCall, token: Token) -> Token:
         reply = self.script["process"][0]
         if isinstance(reply, tuple):
             self.script["process"][0] = reply[1]
-            await handler(None, records)
+            await call.handler(None, call.records)
         return await self._next("process")  # type: ignore[no-any-return,unused-ignore]
 
 
@@ -221,10 +224,10 @@ async def _once(store: FakeStore, rec: Rec, ran: list[int]) -> Token:
         ran.append(len(records))
         return []
 
-    return await guarded_process(store, TP, TOKEN, RECORDS, handler,  # type: ignore[arg-type]
-                                 wait=rec.wait,
-                                 check_live=rec.check_live,
-                                 hooks=CallHooks(on_resolve=rec.on_resolve), replay=False)
+    return await guarded_process(store,  # type: ignore[arg-type]
+                                 BatchCall(TP, RECORDS, handler, uncertain=True), TOKEN,
+                                 wait=rec.wait, check_live=rec.check_live,
+                                 hooks=CallHooks(on_resolve=rec.on_resolve))
 
 
 @pytest.mark.parametrize("reply, observed", [

@@ -20,6 +20,7 @@ from fencing.errors import (
 )
 from fencing.memory.faults import Fault, FaultOutcome, Interleave, InterleavePoint, Operation
 from fencing.memory.store import MemoryFenceStore
+from fencing.store import BatchCall
 from fencing.types import (
     ACCEPT,
     ClaimRequest,
@@ -75,7 +76,7 @@ async def test_epochs_start_at_zero_and_each_claim_adds_one() -> None:
 async def test_process_commits_effects_quarantine_and_frontier_together() -> None:
     store = MemoryFenceStore("g")
     token = await claimed(store)
-    new = await store.process(TP, token, recs(0, 1, 4, bad=[1]), handler)
+    new = await store.process(BatchCall(TP, recs(0, 1, 4, bad=[1]), handler), token)
     assert new == Token(1, 5) == store.token_of(TP)  # visible offset 4 -> frontier 5
     assert store.tables() == {"effects": {0: b"ok", 4: b"ok"}}
     assert [(q.offset, q.reason, q.epoch) for q in store.quarantine] == [(1, "bad value", 1)]
@@ -87,7 +88,7 @@ async def test_stale_epoch_or_frontier_is_fenced_and_applies_nothing(stale: Toke
     await claimed(store)
     before = snapshot(store)
     with pytest.raises(Fenced):
-        await store.process(TP, stale, recs(3, 4, bad=[4]), handler)
+        await store.process(BatchCall(TP, recs(3, 4, bad=[4]), handler), stale)
     assert snapshot(store) == before
     assert store.events[-1].observed == "fenced" and not store.events[-1].applied
 
@@ -105,10 +106,10 @@ async def test_handler_writes_are_invisible_unless_the_transaction_commits() -> 
         return []
 
     with pytest.raises(HandlerFailed) as info:  # the store's contract: typed, rolled back
-        await store.process(TP, token, recs(0), boom)
+        await store.process(BatchCall(TP, recs(0), boom), token)
     assert isinstance(info.value.__cause__, RuntimeError) and not info.value.transient
     with pytest.raises(HandlerDeclarationError):
-        await store.process(TP, token, recs(0), short)
+        await store.process(BatchCall(TP, recs(0), short), token)
     assert store.tables() == {} and store.token_of(TP) == token
 
 
@@ -136,10 +137,10 @@ async def test_process_outcomes(outcome: FaultOutcome, error: Any, applied: bool
     token = await claimed(store)
     store.begin_attempt("p", [Fault(Operation.PROCESS, 1, outcome)])
     if error is None:
-        await store.process(TP, token, recs(0, 1, bad=[1]), handler)
+        await store.process(BatchCall(TP, recs(0, 1, bad=[1]), handler), token)
     else:
         with pytest.raises(error):
-            await store.process(TP, token, recs(0, 1, bad=[1]), handler)
+            await store.process(BatchCall(TP, recs(0, 1, bad=[1]), handler), token)
     assert store.token_of(TP) == (Token(1, 2) if applied else token)
     assert len(store.quarantine) == (1 if applied else 0)  # atomic with the frontier
     assert store.tables() == ({"effects": {0: b"ok"}} if applied else {})
@@ -183,7 +184,7 @@ async def test_a_fault_never_overrides_the_storage_fence() -> None:
     await claimed(store)
     store.begin_attempt("z", [Fault(Operation.PROCESS, 1, FaultOutcome.UNKNOWN_COMMITTED)])
     with pytest.raises(Fenced):
-        await store.process(TP, Token(0, 0), recs(0), handler)
+        await store.process(BatchCall(TP, recs(0), handler), Token(0, 0))
     ev = store.events[-1]
     assert (ev.requested, ev.applied, ev.observed) == ("unknown-committed", False, "fenced")
 
@@ -216,7 +217,7 @@ async def test_cancellation_at_an_interleave_point(at: str, applied: bool) -> No
             task.cancel()
 
     store.interleave_hook = hook
-    task = asyncio.ensure_future(store.process(TP, token, recs(0), handler))
+    task = asyncio.ensure_future(store.process(BatchCall(TP, recs(0), handler), token))
     with pytest.raises(asyncio.CancelledError):
         await task
     assert points[-1] == ("process", at)
@@ -235,7 +236,7 @@ async def test_process_holds_the_row_lock_so_a_claim_waits_for_commit() -> None:
         await release.wait()
         return [ACCEPT] * len(records)
 
-    proc = asyncio.ensure_future(store.process(TP, token, recs(0, 1), slow))
+    proc = asyncio.ensure_future(store.process(BatchCall(TP, recs(0, 1), slow), token))
     await entered.wait()
     claim = asyncio.ensure_future(claimed(store))
     await asyncio.sleep(0)

@@ -14,6 +14,7 @@ import pytest
 
 import ops.reference.oracle as oracle_mod
 from fencing.memory.store import MemoryFenceStore
+from fencing.store import BatchCall
 from fencing.types import ClaimRequest, Reject, SourceRecord, TopicPartition
 from ops.reference import generate, memory_ref_handler, partition_for, to_source_records
 from ops.reference.oracle import Expected, check, diff, fold, outbox_problems
@@ -104,7 +105,7 @@ async def test_memory_store_prefixes_match_oracle(seed: int, klass: str) -> None
     tokens = dict(await store.claim([ClaimRequest(tp, 0) for tp in tps], lifetime="L1"))
     for n, batch in enumerate(batches(src, random.Random(seed))):
         tp = batch[0].tp
-        tokens[tp] = await store.process(tp, tokens[tp], batch, memory_ref_handler)
+        tokens[tp] = await store.process(BatchCall(tp, batch, memory_ref_handler), tokens[tp])
         if n % 5 == 0:
             frontiers = {(t.topic, t.partition): tok.frontier for t, tok in tokens.items()}
             assert check(src, frontiers, memory_store_state(store)) == []
