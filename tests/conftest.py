@@ -279,6 +279,8 @@ async def pg_store(pg_dsn: str, fence_schema: str) -> AsyncIterator[Any]:
         yield store
     finally:
         await store.close()
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the ``protocols`` mark added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``kafka_faults`` only under ``FENCE_KAFKA_FAULTS=full`` (``make
