@@ -14,6 +14,14 @@ Rules
   two ``consume()`` calls); each result comes back through ``on_commit`` (librdkafka serves
   it inside ``consume()``). A failed commit is counted by reason and retried after
   ``retry_s`` while the partition is still assigned and Kafka still lacks the frontier.
+- A commit with no answer is sent again: when ``unanswered_s`` (default 10 s) passed since
+  the last commit of an assigned partition that Kafka still lacks and neither a result nor
+  a queued batch came meanwhile, the frontier is committed again. librdkafka can drop an
+  asynchronous commit's result during a coordinator move (a member's commits sent before a
+  SIGKILL of the coordinator's node never came back, neither failed nor acknowledged; with
+  no later batch on the partition its Kafka offset stayed behind for good: Kafka's own lag
+  tool read 1,077 on a drained partition). Offset commits are idempotent, so a duplicate
+  costs a request.
 - Revoke and graceful shutdown commit synchronously whatever Kafka lacks. librdkafka's
   synchronous commit (``rd_kafka_commit_queue`` without a queue) waits without a timeout
   of its own (``RD_POLL_INFINITE``). What bounds it (librdkafka ``rdkafka_cgrp.c``,
@@ -56,15 +64,19 @@ class Committer:
     """The mirror of one consumer's assignment; see the module Rules."""
 
     def __init__(self, *, clock: Callable[[], float], on_failure: OnFailure | None = None,
-                 read_timeout_s: float = 5.0, retry_s: float = 1.0) -> None:
+                 read_timeout_s: float = 5.0, retry_s: float = 1.0,
+                 unanswered_s: float = 10.0) -> None:
         self._clock = clock
         self._on_failure = on_failure or (lambda _reason, _count: None)
         self._read_timeout_s = read_timeout_s
         self._retry_s = retry_s
+        self._unanswered_s = unanswered_s
         self._lock = threading.Lock()
         self._pending: dict[TopicPartition, int] = {}
         self._states: dict[TopicPartition, MirrorState] = {}
         self._retry_at: dict[TopicPartition, float] = {}
+        # the last commit sent and not answered yet: (when, offset)
+        self._sent_at: dict[TopicPartition, tuple[float, int]] = {}
         self._frozen = False
 
     # ---- loop side --------------------------------------------------------------------------
@@ -85,6 +97,7 @@ class Committer:
             self._frozen = True
             self._pending.clear()
             self._retry_at.clear()
+            self._sent_at.clear()
 
     def snapshot(self) -> dict[TopicPartition, MirrorState]:
         """The mirror of every positioned partition (for the lag warning)."""
@@ -126,6 +139,12 @@ class Committer:
                 elif at <= now and tp in assigned:
                     del self._retry_at[tp]
                     send.setdefault(tp, state.durable)
+            for tp, (at, _offset) in list(self._sent_at.items()):
+                state = self._states.get(tp)
+                if state is None or not mirror.needs_commit(state) or tp not in assigned:
+                    del self._sent_at[tp]
+                elif now - at >= self._unanswered_s and tp not in self._retry_at:
+                    send.setdefault(tp, state.durable)  # no answer: sent again (Rules)
         if dropped:
             log.info("kafka commit dropped for %s: no longer assigned", _fmt(
                 {tp: pending[tp] for tp in dropped}))
@@ -158,6 +177,7 @@ class Committer:
                 self._states.pop(tp, None)
                 self._pending.pop(tp, None)
                 self._retry_at.pop(tp, None)
+                self._sent_at.pop(tp, None)
 
     def lost(self, tps: Iterable[TopicPartition]) -> None:
         """``tps`` were lost: drop what Kafka lacks (counted), commit nothing."""
@@ -167,6 +187,7 @@ class Committer:
                 state = self._states.pop(tp, None)
                 queued = self._pending.pop(tp, None)
                 self._retry_at.pop(tp, None)
+                self._sent_at.pop(tp, None)
                 if queued is not None or (state is not None and mirror.needs_commit(state)):
                     dropped += 1
         if dropped:
@@ -183,6 +204,11 @@ class Committer:
                 ok[tp] = p.offset
             else:
                 failed.setdefault(perr.name(), {})[tp] = p.offset
+        with self._lock:  # answered: a failure is retried after its backoff instead
+            for offs in (ok, *failed.values()):
+                for tp, off in offs.items():
+                    if tp in self._sent_at and off >= self._sent_at[tp][1]:
+                        del self._sent_at[tp]
         if ok:
             now = self._clock()
             with self._lock:
@@ -209,6 +235,10 @@ class Committer:
     def _send_async(self, consumer: Any, send: dict[TopicPartition, int]) -> None:
         if self._frozen:
             return
+        now = self._clock()
+        with self._lock:
+            for tp, offset in send.items():
+                self._sent_at[tp] = (now, offset)
         try:
             consumer.commit(offsets=_ktps(send), asynchronous=True)
         except KafkaException as exc:  # refused before sending (e.g. a fatal error)

@@ -238,3 +238,41 @@ def test_module_exports() -> None:
 
     for module in (mirror, committer, kafka_tools):
         assert all(hasattr(module, name) for name in module.__all__), module
+
+
+def test_a_commit_with_no_answer_is_sent_again_after_the_bound() -> None:
+    # librdkafka can drop an asynchronous commit's result during a coordinator move: with no
+    # later batch, the partition's Kafka offset would stay behind for good
+    c, now, failures = _committer()
+    consumer = Consumer({A: 0})
+    c.positioned(consumer, {A: 0})
+    c.queue(A, 10)
+    c.flush(consumer, {A})
+    now[0] = 9.0
+    c.flush(consumer, {A})
+    assert consumer.sent == [(True, {A: 10})]  # within the bound: waiting for the answer
+    now[0] = 10.0
+    c.flush(consumer, {A})
+    assert consumer.sent[-1] == (True, {A: 10}) and len(consumer.sent) == 2
+    c.results(None, [KafkaTP("orders", 0, 10)])
+    now[0] = 30.0
+    c.flush(consumer, {A})
+    assert len(consumer.sent) == 2 and c.snapshot()[A].in_sync and failures == []
+
+
+def test_an_answer_to_an_older_commit_keeps_the_newer_one_watched() -> None:
+    c, now, _f = _committer()
+    consumer = Consumer({A: 0})
+    c.positioned(consumer, {A: 0})
+    c.queue(A, 10)
+    c.flush(consumer, {A})
+    c.queue(A, 20)
+    c.flush(consumer, {A})
+    c.results(None, [KafkaTP("orders", 0, 10)])  # the first one answered, the second never
+    now[0] = 10.0
+    c.flush(consumer, {A})
+    assert consumer.sent[-1] == (True, {A: 20}) and len(consumer.sent) == 3
+    c.flush(consumer, {B})  # no longer assigned: nothing more
+    now[0] = 20.0
+    c.flush(consumer, {B})
+    assert len(consumer.sent) == 3
