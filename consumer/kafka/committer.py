@@ -16,12 +16,12 @@ Rules
   ``retry_s`` while the partition is still assigned and Kafka still lacks the frontier.
 - A commit with no answer is sent again: when ``unanswered_s`` (default 10 s) passed since
   the last commit of an assigned partition that Kafka still lacks and neither a result nor
-  a queued batch came meanwhile, the frontier is committed again. librdkafka can drop an
-  asynchronous commit's result during a coordinator move (a member's commits sent before a
-  SIGKILL of the coordinator's node never came back, neither failed nor acknowledged; with
-  no later batch on the partition its Kafka offset stayed behind for good: Kafka's own lag
-  tool read 1,077 on a drained partition). Offset commits are idempotent, so a duplicate
-  costs a request.
+  a queued batch came meanwhile, the frontier is committed again (offset commits are
+  idempotent: a duplicate costs a request). After a SIGKILL of the coordinator's node a
+  member's asynchronous commits were seen never to come back, neither failed nor
+  acknowledged, leaving a drained partition's Kafka offset behind. The resend does not cure
+  that when librdkafka keeps its commits for the dead coordinator (the resent ones wait the
+  same way: docs/kafka-failures.md, known limits); it covers a result that was dropped.
 - Revoke and graceful shutdown commit synchronously whatever Kafka lacks. librdkafka's
   synchronous commit (``rd_kafka_commit_queue`` without a queue) waits without a timeout
   of its own (``RD_POLL_INFINITE``). What bounds it (librdkafka ``rdkafka_cgrp.c``,
