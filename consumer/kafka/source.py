@@ -84,10 +84,9 @@ class KafkaSource:
     def __init__(self, admin_conf: dict[str, str], *, request_timeout_s: float = 10.0) -> None:
         # librdkafka's informational lines (e.g. "Purging 1 unserved events from background
         # queue" when the client is destroyed) are noise on a command's output: warnings up
-        conf: dict[str, str | int | float | bool] = {
-            "log_level": "4", "enable.sparse.connections": False, **admin_conf}
         self._conf = dict(admin_conf)
-        self._admin_conf = dict[str, str | int | float | bool](conf)
+        self._admin_conf: dict[str, str | int | float | bool] = {
+            "log_level": "4", "enable.sparse.connections": False, **admin_conf}
         self._admin = AdminClient(self._admin_conf)
         self._timeout_s = request_timeout_s
         self._failures = 0  # failed calls in a row (any thread; a rough count is enough)
