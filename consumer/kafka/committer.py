@@ -14,14 +14,24 @@ Rules
   two ``consume()`` calls); each result comes back through ``on_commit`` (librdkafka serves
   it inside ``consume()``). A failed commit is counted by reason and retried after
   ``retry_s`` while the partition is still assigned and Kafka still lacks the frontier.
+- Kafka behind with nothing on the way is committed again: an assigned partition whose
+  mirror lacks the frontier while no commit of it is queued, due for a retry or awaiting
+  its answer gets the frontier committed at the next ``flush``. Why: librdkafka applies a
+  member's commits out of order across a coordinator move. After a SIGKILL of the
+  coordinator's node (librdkafka 2.16, ``debug=cgrp``), the commits sent meanwhile wait in
+  its wait-for-coordinator queue (``rd_kafka_cgrp_defer_offset_commit``, up to
+  ``session.timeout.ms``) or fail with ``_TRANSPORT`` and are retried
+  (``rd_kafka_handle_OffsetCommit``); once a new coordinator is up they are sent as a burst
+  (105 of them at once in one member) and an older offset can land after a newer one:
+  Kafka then holds an offset below the frontier although every commit succeeded. The
+  results come back in the order the coordinator applied them, so the last answer tells
+  what Kafka holds (``mirror.confirmed``) and a late success of an older offset leaves the
+  mirror behind: committed again here. Offset commits are idempotent: a duplicate costs a
+  request.
 - A commit with no answer is sent again: when ``unanswered_s`` (default 10 s) passed since
   the last commit of an assigned partition that Kafka still lacks and neither a result nor
-  a queued batch came meanwhile, the frontier is committed again (offset commits are
-  idempotent: a duplicate costs a request). After a SIGKILL of the coordinator's node a
-  member's asynchronous commits were seen never to come back, neither failed nor
-  acknowledged, leaving a drained partition's Kafka offset behind. The resend does not cure
-  that when librdkafka keeps its commits for the dead coordinator (the resent ones wait the
-  same way: docs/kafka-failures.md, known limits); it covers a result that was dropped.
+  a queued batch came meanwhile, the frontier is committed again (a result librdkafka
+  dropped would otherwise leave the partition's Kafka offset behind for good).
 - Revoke and graceful shutdown commit synchronously whatever Kafka lacks. librdkafka's
   synchronous commit (``rd_kafka_commit_queue`` without a queue) waits without a timeout
   of its own (``RD_POLL_INFINITE``). What bounds it (librdkafka ``rdkafka_cgrp.c``,
@@ -145,6 +155,14 @@ class Committer:
                     del self._sent_at[tp]
                 elif now - at >= self._unanswered_s and tp not in self._retry_at:
                     send.setdefault(tp, state.durable)  # no answer: sent again (Rules)
+            behind = {tp: state for tp, state in self._states.items()
+                      if tp in assigned and tp not in send and tp not in self._retry_at
+                      and tp not in self._sent_at and mirror.needs_commit(state)}
+            send.update({tp: state.durable for tp, state in behind.items()})
+        if behind and not self._frozen:  # behind with nothing on the way (Rules)
+            log.info("kafka holds %s after its last answer, below the durable frontier: "
+                     "committing %s again", _fmt({tp: s.kafka for tp, s in behind.items()}),
+                     _fmt({tp: s.durable for tp, s in behind.items()}))
         if dropped:
             log.info("kafka commit dropped for %s: no longer assigned", _fmt(
                 {tp: pending[tp] for tp in dropped}))

@@ -34,12 +34,9 @@ FULL = os.environ.get("FENCE_KAFKA_FAULTS") == "full"
 SCENARIOS = ("coordinator-kill", "controller-kill", "leader-kill", "rolling-restart",
              "short-failover", "two-nodes-down")
 BOUND_S = 20  # --outage-bound-s of the two-nodes-down members
-#: make test: the rolling restart under a classic protocol. Not the coordinator kill: after a
-#: SIGKILL of the coordinator's node a member's offset commits can go unanswered for minutes
-#: under every protocol (librdkafka keeps them for the dead coordinator; the group drains,
-#: exactly once holds, but Kafka's lag tool shows stale offsets): docs/kafka-failures.md,
-#: known limits; make test-kafka-faults runs it
-CI_CELLS = (("rolling-restart", "cooperative-sticky"),)
+#: make test: the coordinator kill and the rolling restart, each under a protocol of its own
+#: (make test-kafka-faults runs every scenario under every protocol)
+CI_CELLS = (("coordinator-kill", "kip848-consumer"), ("rolling-restart", "cooperative-sticky"))
 CELLS = [(s, p) for s in SCENARIOS for p in PROTOCOLS] if FULL else list(CI_CELLS)
 
 

@@ -276,3 +276,40 @@ def test_an_answer_to_an_older_commit_keeps_the_newer_one_watched() -> None:
     now[0] = 20.0
     c.flush(consumer, {B})
     assert len(consumer.sent) == 3
+
+
+def test_a_late_success_of_an_older_commit_is_corrected() -> None:
+    # after a coordinator move librdkafka sends the commits it held back as a burst and an
+    # older offset can land after a newer one (seen with debug=cgrp after a SIGKILL of the
+    # coordinator's node): every commit succeeded, yet Kafka holds the older offset
+    c, now, failures = _committer()
+    consumer = Consumer({A: 0})
+    c.positioned(consumer, {A: 0})
+    for frontier in (10, 20):
+        c.queue(A, frontier)
+        c.flush(consumer, {A})
+    c.results(None, [KafkaTP("orders", 0, 20)])
+    c.results(None, [KafkaTP("orders", 0, 10)])  # applied last: Kafka holds 10
+    assert c.snapshot()[A] == MirrorState(20, 10, 0.0)
+    c.flush(consumer, {A})
+    assert consumer.sent[-1] == (True, {A: 20}) and len(consumer.sent) == 3  # at once
+    c.flush(consumer, {A})
+    assert len(consumer.sent) == 3  # awaiting that answer: not sent twice
+    c.results(None, [KafkaTP("orders", 0, 20)])
+    now[0] = 60.0
+    c.flush(consumer, {A})
+    assert len(consumer.sent) == 3 and c.snapshot()[A].in_sync and failures == []
+
+
+def test_kafka_behind_is_not_recommitted_for_a_partition_no_longer_assigned() -> None:
+    c, _now, _f = _committer()
+    consumer = Consumer({A: 0})
+    c.positioned(consumer, {A: 0})
+    c.queue(A, 10)
+    c.flush(consumer, {A})
+    c.queue(A, 20)
+    c.flush(consumer, {A})
+    c.results(None, [KafkaTP("orders", 0, 20)])
+    c.results(None, [KafkaTP("orders", 0, 10)])
+    c.flush(consumer, {B})
+    assert len(consumer.sent) == 2
