@@ -7,7 +7,8 @@ Rules
 - Members are ``fencectl run`` subprocesses pointed at the cluster (their
   ``KAFKA_BOOTSTRAP_SERVERS``), running ``tests.integration.fault_handlers:counting_handler``
   with a per-batch delay so the backlog lasts through a fault; logs under
-  ``artifacts/kafka-faults/<group>/``.
+  ``artifacts/kafka-faults/<group>/``. ``FENCE_FAULTS_MEMBER_ARGS`` adds flags to every
+  member (e.g. ``-X debug=cgrp`` for librdkafka's group log when a scenario fails).
 - Classic members use a 20 s session (``CLASSIC_SESSION``), not the suite's 2 s: librdkafka
   drops a classic assignment once the coordinator has not answered for the session timeout
   (its "SESSTMOUT" check), and a coordinator failover takes 10-15 s here. A session
@@ -27,6 +28,8 @@ Rules
 from __future__ import annotations
 
 import asyncio
+import os
+import shlex
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -83,7 +86,8 @@ class FaultGroup:
         self.topic, self.group = unique(f"kf_{name}"), unique(f"gkf_{name}")
         self.partitions, self.records_count = partitions, records
         session = CLASSIC_SESSION if "classic" in self.setup.args else ()
-        self.flags = ("--batch-max-records", str(batch), *HANDLER, *session, *extra)
+        self.flags = ("--batch-max-records", str(batch), *HANDLER, *session, *extra,
+                      *shlex.split(os.environ.get("FENCE_FAULTS_MEMBER_ARGS", "")))
         self.env = {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
                     "FENCE_TEST_BATCH_DELAY_S": str(delay_s)}
         self.dir = ARTIFACTS / self.group
