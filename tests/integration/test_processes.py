@@ -109,10 +109,12 @@ def test_members_drain_a_backlog_exactly_once_and_stop_on_sigterm(services) -> N
         pids = _wait_all_running(w, group, schema)
         assert all(len(p) == 1 for p in pids.values()), w.log()
         children = {p[0] for p in pids.values()}
-        # one HTTP port per member: the set's port + the member's index
+        # one HTTP port per member: the set's port + the member's index (each ready once
+        # its assignment is positioned; a session lost on a loaded machine rebalances again)
         for i in (0, 1):
-            got = readyz(f"http://127.0.0.1:{port + i}")
-            assert got is not None and got[0] == 200, (i, got)
+            url = f"http://127.0.0.1:{port + i}"
+            wait_until(lambda url=url: (readyz(url) or (0,))[0] == 200, timeout_s=60,
+                       what=f"member {i} ready on {url}")
         produce(services.kafka_bootstrap, recs)  # the backlog, for both to drain
         wait_until(lambda: committed_total(services.dsn, schema, group, topic) >= len(source),
                    timeout_s=120, what="the backlog committed")
