@@ -119,10 +119,13 @@ def tracked_pid(pid_path: Path, *, marker: str) -> int | None:
     return pid
 
 
-def stop_pid(pid: int, *, sig: signal.Signals, grace_s: float, poll_s: float = 0.1) -> bool:
-    """Send ``sig`` to ``pid``, wait ``grace_s``, then SIGKILL; True when it exited gracefully."""
+def stop_pid(pid: int, *, sig: signal.Signals, grace_s: float, poll_s: float = 0.1,
+             signalled: bool = False) -> bool:
+    """Send ``sig`` to ``pid`` (unless ``signalled`` already), wait ``grace_s``, then SIGKILL;
+    True when it exited gracefully."""
     try:
-        os.kill(pid, sig)
+        if not signalled:
+            os.kill(pid, sig)
     except ProcessLookupError:
         return True
     if wait_until(lambda: not alive(pid), timeout_s=grace_s, poll_s=poll_s):
