@@ -13,7 +13,8 @@ dies, pinned (``consumer/kafka/source.py`` Rules; docs/kafka-failures.md).
   nor returns a wrong value (``KafkaSource.committed_offsets``: a consumer, not an admin
   request to the coordinator).
 
-``make test`` runs the AdminClient's reconnects; ``make test-kafka-faults`` all four.
+``make test-kafka-faults`` runs all four (``make test`` none: they are facts about librdkafka;
+the worker's settings are unit-tested and the fault scenarios throw the same kills at them).
 """
 
 from __future__ import annotations
@@ -186,6 +187,8 @@ print(round((cpu() - c0) / (time.monotonic() - t0), 3), flush=True)
 """
 
 
+@pytest.mark.kafka_faults  # a librdkafka fact; make test pins the setting itself
+# (tests/unit/consumer/test_kafka_source_settings.py) and throws the coordinator kill at it
 def test_an_admin_client_with_sparse_connections_spins_on_a_dead_broker(cluster: Any) -> None:
     """librdkafka 2.16: an AdminClient with its default sparse connections, after asking a
     broker for offsets, reconnects to it without backoff once it is dead (most of a CPU);
