@@ -40,6 +40,7 @@ from typing import Any
 
 import asyncpg
 
+from fencing.crashpoints import crash_point
 from fencing.errors import ConfigError, Unavailable
 from fencing.postgres.sink.catalog import SinkSpec, Target
 from fencing.postgres.sink.evolve import add_columns, json_column
@@ -116,7 +117,6 @@ class Evolution:
         if created:  # asked again if another member's table is found on the retry
             self.pending[target.quoted] = statements
         else:
-            self._asked.update((target.quoted, n) for n in names)
             have = {r[0] for r in await conn.fetch(_COLUMN_NAMES, target.quoted)}
             missing = [s for f, s in zip(fields, statements, strict=True) if f.name not in have]
             if missing:
@@ -124,6 +124,8 @@ class Evolution:
                 log.info("table sink: added to %s: %s", target.quoted,
                          ", ".join(f"{f.name} {f.pg_type}" for f in fields
                                    if f.name not in have))
+                crash_point("sink-after-alter", table=target.quoted, added=len(missing))
+            self._asked.update((target.quoted, n) for n in names)
         raise TableEvolved(f"table sink: {target.quoted} gained column(s) "
                            f"{', '.join(names)}: the batch is written again")
 

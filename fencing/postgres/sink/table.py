@@ -139,7 +139,7 @@ class _Targets:
         reader = key_reader(target.layout.key_columns, spec.key_format,
                             self.decoding.keys if self.decoding else None) if keys else None
         writer = Writer(target, spec.method, kafka_key=reader)
-        UNKNOWN_FIELDS.add(target.quoted, (), 0)  # the table's count exported from 0
+        UNKNOWN_FIELDS.add(f"{target.schema}.{target.name}", (), 0)  # exported from 0
         if not created:
             self.writers[spec.table] = writer
         return writer, created
@@ -154,7 +154,7 @@ class _Targets:
             if adds:
                 self.writers.pop(self.spec.for_topic(topic).table, None)
                 await self.evolution.evolve(conn, writer.t, adds, created=created)
-        UNKNOWN_FIELDS.add(writer.t.quoted, fields, len(found))
+        UNKNOWN_FIELDS.add(f"{writer.t.schema}.{writer.t.name}", fields, len(found))
 
 
 def make_table_sink(spec: SinkSpec) -> HandlerFn:

@@ -2,7 +2,7 @@
 silent (pure, no I/O; read by the worker's metrics and member rows, ``fencectl status``).
 
 Rules
-- Per table (quoted, ``schema.name``): the records that held at least one field without a
+- Per table (``schema.name``, unquoted): the records that held at least one field without a
   column, in batches written while ignoring those fields, and the names of those fields (at
   most ``MAX_FIELDS`` per table: a producer's free-form keys must not grow a member row
   without bound). Counted per handler call: a batch written again after a retry (a lost
