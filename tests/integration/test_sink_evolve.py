@@ -173,7 +173,7 @@ def test_two_sessions_adding_one_column_the_second_waits_then_skips(services: An
 
 
 def _item(topic: str, p: int, i: int, encode: Any, **extra: Any) -> GeneratedRecord:
-    return GeneratedRecord(topic, p, str(i).encode(),  # type: ignore[arg-type]
+    return GeneratedRecord(topic, p, str(i).encode(),
                            encode({"id": i, "name": f"n{i}", **extra}))
 
 
@@ -260,7 +260,7 @@ def test_avro_v1_to_v2_mid_stream_under_a_kill_after_the_alter_and_a_lost_commit
 
 
 def _json(topic: str, p: int, i: int, **extra: Any) -> GeneratedRecord:
-    return GeneratedRecord(topic, p, str(i).encode(),  # type: ignore[arg-type]
+    return GeneratedRecord(topic, p, str(i).encode(),
                            json.dumps({"id": i, "name": f"n{i}", **extra}).encode())
 
 
