@@ -79,9 +79,9 @@ sink-routing: setup
 	  -k pattern_routed $(PYTEST_ARGS)
 
 # schema evolution (--sink-evolve add-columns; the count without it): every group-involved
-# test under every group protocol, FENCE_SINK_EVOLVE_REPEAT times each (default 5)
+# test under every group protocol, FENCE_SINK_EVOLUTION_REPEAT times each (default 5)
 sink-evolve: setup
-	FENCE_SINK_EVOLVE=full FENCE_ALL_PROTOCOLS=full $(BIN)/pytest -q \
+	FENCE_SINK_EVOLUTION=full FENCE_ALL_PROTOCOLS=full $(BIN)/pytest -q \
 	  tests/integration/test_sink_evolve.py $(PYTEST_ARGS)
 
 # the crash-point matrix: every point x every group protocol (make test runs one protocol per

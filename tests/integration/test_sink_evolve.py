@@ -14,11 +14,13 @@ the count of ignored fields without it.
   record exactly once, the new columns filled from their version on.
 - JSON with two members meeting new fields at once: both evolve (each logs the retry) and
   the table gets one column per field, typed from the values.
+- A routed table made by its topic's first batch gets the new columns in that batch.
 - Without the flag: the fields are ignored and counted (the metric and
   ``fencectl status``).
 
 ``make test`` runs each group-involved test under one protocol; ``make sink-evolve``
-(``FENCE_SINK_EVOLVE=full``) every protocol ``FENCE_SINK_EVOLVE_REPEAT`` times (default 5).
+(``FENCE_SINK_EVOLUTION=full``) every protocol ``FENCE_SINK_EVOLUTION_REPEAT`` times
+(default 5).
 """
 
 from __future__ import annotations
@@ -65,8 +67,8 @@ V4 = {**V3, "fields": [*V2["fields"], {"name": "qty", "type": "string", "default
 
 
 def _cases() -> list[Any]:
-    if os.environ.get("FENCE_SINK_EVOLVE") == "full":
-        repeat = int(os.environ.get("FENCE_SINK_EVOLVE_REPEAT", "5"))
+    if os.environ.get("FENCE_SINK_EVOLUTION") == "full":
+        repeat = int(os.environ.get("FENCE_SINK_EVOLUTION_REPEAT", "5"))
         return [pytest.param(s, id=f"{s.name}-{n}") for s in GROUP_SETUPS
                 for n in range(1, repeat + 1)]
     return [pytest.param(s, id=s.name) for s in GROUP_SETUPS]
@@ -317,7 +319,7 @@ def test_without_the_flag_unknown_fields_are_ignored_and_counted(
     create_topic(bootstrap, topic, 2)
     port = free_port()
     w = WorkerProc(topic=topic, group=group, schema=schema, setup=setup, name="w",
-                   env={"FENCE_DSN": dsn},
+                   env={"FENCE_DSN": dsn, "FENCE_SINK_EVOLVE": ""},
                    extra=("--sink", f"table={schema}.{table}", "--http-port", str(port),
                           "--heartbeat-interval-s", "1"))
     name = f"{schema}.{table}"
@@ -355,3 +357,33 @@ def test_without_the_flag_unknown_fields_are_ignored_and_counted(
         w.ensure_dead()
     assert "color" not in _columns(dsn, schema, table)
     assert len(_rows(dsn, schema, table)) == 80
+
+
+@pytest.mark.parametrize("setup", _cases())
+def test_a_routed_table_made_by_its_first_batch_gets_the_new_columns_in_that_batch(
+        services: Any, setup: GroupSetup) -> None:
+    """A topic known only by ``--topic-pattern``: its table is created inside its first
+    batch's transaction, invisible to the DDL connection; the columns come in the same
+    transaction when the batch is written again."""
+    bootstrap, dsn = services.kafka_bootstrap, services.dsn
+    prefix, group = unique("evor"), unique("gevor")
+    topic = f"{prefix}-a"
+    schema = asyncio.run(fresh_schema(dsn))
+    create_topic(bootstrap, topic, 2)
+    produce(bootstrap, [_json(topic, i % 2, i, note=f"t{i}") for i in range(40)])
+    w = WorkerProc(topic=None, group=group, schema=schema, setup=setup, name="w",
+                   env={"FENCE_DSN": dsn, "FENCE_DDL_DSN": dsn},
+                   extra=("--topic-pattern", f"{prefix}-.*", "--sink", f"table={schema}.{{topic}}",
+                          "--sink-key", "id", "--sink-evolve", "add-columns"))
+    try:
+        wait_until(lambda: committed_total(dsn, schema, group, topic) >= 40, timeout_s=120,
+                   what="committed")
+        w.terminate()
+        assert w.wait(30) == 0, w.log()[-3000:]
+    finally:
+        w.ensure_dead()
+    columns = _columns(dsn, schema, topic)
+    assert (columns["id"], columns["name"], columns["note"]) == ("text", "text", "text")
+    rows = {r["id"]: r for r in _rows(dsn, schema, topic)}
+    assert len(rows) == 40 and all(rows[str(i)]["note"] == f"t{i}" for i in range(40))
+    assert "created table" in w.log() and "gained column(s)" in w.log()
