@@ -26,7 +26,10 @@ Rules
   the DDL connection: its columns are added in the batch's own transaction when the
   retried batch creates it again (the worker's role owns the table it creates).
 - A field asked for once per table and process is not asked again: a column that does not
-  appear after its ALTER (never expected) cannot loop the batch.
+  appear after its ALTER (never expected) cannot loop the batch. A batch converted by a
+  writer whose layout was read before a field's column was made sure of (another partition
+  of the table, converted meanwhile) is written again by a writer that reads the table
+  anew, never with the field dropped.
 - The DDL connection failing, or the lock not granted in time, raises ``Unavailable``:
   the batch is retried with backoff until the ALTER goes through.
 """
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -85,38 +89,46 @@ class Evolution:
         self._registry = registry
         self._conn: Any = None
         self._lock: asyncio.Lock | None = None
-        self._asked: set[tuple[str, str]] = set()
+        #: (table, field) -> when its column was made sure of (``time.monotonic_ns``)
+        self._asked: dict[tuple[str, str], int] = {}
         #: statements for a table a batch creates (routed, first sight), run in that batch
         self.pending: dict[str, tuple[str, ...]] = {}
 
-    async def fields(self, target: Target, topic: str, strays: Mapping[str, Sequence[Any]]
-                     ) -> list[Field]:
-        """The columns to add for ``strays`` (field -> values), none already asked for."""
-        todo = {n: v for n, v in strays.items() if (target.quoted, n) not in self._asked
-                and len(n.encode()) <= MAX_NAME_BYTES}
+    async def fields(self, writer: Any, topic: str, strays: Mapping[str, Sequence[Any]]
+                     ) -> tuple[list[Field], bool]:
+        """The columns to add for ``strays`` (field -> values) of a batch converted by
+        ``writer``, and whether ``writer`` is older than a column asked for them (then the
+        batch is only written again, by a writer that reads the table anew)."""
+        table = writer.t.quoted
+        asked = [self._asked.get((table, n)) for n in strays]
+        if any(at is not None and at >= writer.born for at in asked):
+            return [], True
+        todo = {n: v for (n, v), at in zip(strays.items(), asked, strict=True)
+                if at is None and len(n.encode()) <= MAX_NAME_BYTES}
         if not todo:
-            return []
+            return [], False
         if self._registry is None or not self._spec.value_format.registry:
             typed = ((n, json_column(v)) for n, v in todo.items())
-            return [Field(n, t, False) for n, t in typed if t is not None]
+            return [Field(n, t, False) for n, t in typed if t is not None], False
         try:
             got = await self._registry.latest_fields(self._spec.value_format, f"{topic}-value")
         except Misfit:
             got = None
+        have = {f.name: f for f in (got[0] if got else ())}
         # a field the latest schema lacks is not looked up again for each batch
-        self._asked.update((target.quoted, n) for n in todo if not got or n not in {
-            f.name for f in got[0]})
-        return [Field(f.name, f.pg_type, False) for f in (got[0] if got else ())
-                if f.name in todo]
+        now = time.monotonic_ns()
+        self._asked.update(((table, n), now) for n in todo if n not in have)
+        return [Field(n, have[n].pg_type, False) for n in todo if n in have], False
 
     async def evolve(self, conn: Any, target: Target, fields: Sequence[Field], *,
                      created: bool) -> None:
-        """Add ``fields`` to ``target`` and raise ``TableEvolved`` (see the module Rules)."""
+        """Add ``fields`` to ``target`` (none: only retry) and raise ``TableEvolved`` (see
+        the module Rules)."""
         names = [f.name for f in fields]
         statements = add_columns(target.quoted, fields)
         if created:  # asked again if another member's table is found on the retry
             self.pending[target.quoted] = statements
-        else:
+        elif fields:
             have = {r[0] for r in await conn.fetch(_COLUMN_NAMES, target.quoted)}
             missing = [s for f, s in zip(fields, statements, strict=True) if f.name not in have]
             if missing:
@@ -125,9 +137,11 @@ class Evolution:
                          ", ".join(f"{f.name} {f.pg_type}" for f in fields
                                    if f.name not in have))
                 crash_point("sink-after-alter", table=target.quoted, added=len(missing))
-            self._asked.update((target.quoted, n) for n in names)
+            now = time.monotonic_ns()  # after the columns exist: writers born later see them
+            self._asked.update(((target.quoted, n), now) for n in names)
         raise TableEvolved(f"table sink: {target.quoted} gained column(s) "
-                           f"{', '.join(names)}: the batch is written again")
+                           f"{', '.join(names) or '(added by another member)'}: the batch is "
+                           "written again")
 
     async def _run(self, statements: Sequence[str]) -> None:
         if self._lock is None:

@@ -38,11 +38,16 @@ Rules
   one in order, each in its own SAVEPOINT; a refused record is rejected with PostgreSQL's
   message, the others applied. Every other error propagates: the fence rolls the whole
   batch back and retries it.
-- Only the given connection is used; the sink never commits.
+- A field with no column is ignored and counted (``unknown``), or with ``--sink-evolve
+  add-columns`` gets a column, added outside the batch's transaction, and the batch is
+  written again (``evolving``).
+- Only the given connection is used (but for ``evolving``'s DDL connection); the sink never
+  commits.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -114,6 +119,7 @@ class _Targets:
         got = self.writers.get(spec.table)
         if got is not None:
             return got, False
+        born = time.monotonic_ns()  # before the layout is read (see ``evolving``)
         created = False
         if spec.routed or self.spec.routed:
             try:
@@ -138,7 +144,7 @@ class _Targets:
                                      parse_json=parse_json)
         reader = key_reader(target.layout.key_columns, spec.key_format,
                             self.decoding.keys if self.decoding else None) if keys else None
-        writer = Writer(target, spec.method, kafka_key=reader)
+        writer = Writer(target, spec.method, kafka_key=reader, born=born)
         UNKNOWN_FIELDS.add(f"{target.schema}.{target.name}", (), 0)  # exported from 0
         if not created:
             self.writers[spec.table] = writer
@@ -150,9 +156,10 @@ class _Targets:
         (raises ``TableEvolved``), or count what is ignored (``unknown``)."""
         fields = stray_fields(found, writer.known)
         if self.evolution is not None:
-            adds = await self.evolution.fields(writer.t, topic, fields)
-            if adds:
-                self.writers.pop(self.spec.for_topic(topic).table, None)
+            adds, stale = await self.evolution.fields(writer, topic, fields)
+            if adds or stale:
+                if self.writers.get(self.spec.for_topic(topic).table) is writer:
+                    self.writers.pop(self.spec.for_topic(topic).table)
                 await self.evolution.evolve(conn, writer.t, adds, created=created)
         UNKNOWN_FIELDS.add(f"{writer.t.schema}.{writer.t.name}", fields, len(found))
 

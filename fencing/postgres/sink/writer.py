@@ -34,9 +34,10 @@ _BY_KEY = attrgetter("key")  # sorts upserts and deletes by the key columns' val
 class Writer:
     """The SQL of one target; ``write`` runs the fast path, ``one`` a single operation."""
 
-    def __init__(self, target: Target, method: Method, *, kafka_key: KeyReader | None = None
-                 ) -> None:
+    def __init__(self, target: Target, method: Method, *, kafka_key: KeyReader | None = None,
+                 born: int = 0) -> None:
         self.t = target
+        self.born = born  # ``time.monotonic_ns`` before its layout was read (``evolving``)
         self.method = method
         self.keys = target.layout.keys
         # the staged upsert passes a timestamptz kafka_timestamp as milliseconds, converted

@@ -59,3 +59,20 @@ def test_the_conversion_notes_each_value_holding_a_field_without_a_column() -> N
                                b'{"id": 3, "new": "x"}']):
         convert(record(value, i))
     assert found == [{"id": 3, "new": "x"}]  # "hidden": a column the sink does not write
+
+
+async def test_a_writer_older_than_a_columns_ask_retries_and_a_newer_one_ignores_it() -> None:
+    from types import SimpleNamespace
+
+    from fencing.postgres.sink.catalog import SinkSpec
+    from fencing.postgres.sink.evolving import Evolution
+
+    evolution = Evolution(SinkSpec("s.t", evolve=True, ddl_dsn="postgresql://x/y"), None)
+    table = SimpleNamespace(quoted='"s"."t"')
+    evolution._asked[('"s"."t"', "a")] = 20  # its column made sure of at t=20
+    older, newer = SimpleNamespace(t=table, born=10), SimpleNamespace(t=table, born=30)
+    assert await evolution.fields(older, "t", {"a": [1]}) == ([], True)
+    assert await evolution.fields(newer, "t", {"a": [1]}) == ([], False)  # never looped
+    assert await evolution.fields(newer, "t", {"a": [1], "b": [2], "c": [None],
+                                               "x" * 64: [1]}) == ([Field("b", "int8", False)],
+                                                                   False)
