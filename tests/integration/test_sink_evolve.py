@@ -222,15 +222,21 @@ def test_avro_v1_to_v2_mid_stream_under_a_kill_after_the_alter_and_a_lost_commit
         assert committed_total(admin, schema, group, topic) == 200  # ... the batch did not
         start("w2")
         committed(400)
-        rule = proxy.add_rule("COMMIT", Action.CUT_AFTER, times=1)  # the retried batch's
+        # the retried batch's COMMIT (exact: a statement that merely holds the word is not it)
+        rule = proxy.add_rule("COMMIT", Action.CUT_AFTER, times=1, exact=True)
         produce(bootstrap, [_item(topic, 0, i, v3, note=None, qty=i) for i in range(400, 450)])
         wait_until(lambda: rule.count >= 1, timeout_s=60, what="the COMMIT cut")
         committed(450)
-        # the cut COMMIT was a batch's (heartbeats send none): the retried one, partition
-        # 0's first since its records came, whose first attempt rolled back
-        got = http_get(f"http://127.0.0.1:{port}/metrics")
-        assert got is not None and metric(got[1], "fence_unknown_outcomes_total",
-                                          operation="process") == 1
+        # the cut COMMIT was a batch's: the retried one, partition 0's first since its
+        # records came, whose first attempt rolled back. PostgreSQL committed it before the
+        # cut, so the worker resolves its outcome after the frontier already shows it
+
+        def unknown_outcomes() -> float:
+            got = http_get(f"http://127.0.0.1:{port}/metrics")
+            return -1.0 if got is None else metric(got[1], "fence_unknown_outcomes_total",
+                                                   operation="process")
+        wait_until(lambda: unknown_outcomes() >= 1, timeout_s=60, what="the outcome resolved")
+        assert unknown_outcomes() == 1
         produce(bootstrap, [_item(topic, 1, i, v4, note=None, qty=f"q{i}")
                             for i in range(450, 460)])
         committed(460)
@@ -387,3 +393,17 @@ def test_a_routed_table_made_by_its_first_batch_gets_the_new_columns_in_that_bat
     rows = {r["id"]: r for r in _rows(dsn, schema, topic)}
     assert len(rows) == 40 and all(rows[str(i)]["note"] == f"t{i}" for i in range(40))
     assert "created table" in w.log() and "gained column(s)" in w.log()
+
+
+def test_an_unreachable_ddl_connection_stops_the_start_with_exit_2(services: Any) -> None:
+    topic = unique("evox")
+    create_topic(services.kafka_bootstrap, topic, 1)
+    schema = asyncio.run(fresh_schema(services.dsn))
+    got = run_fencectl("run", "--topic", topic, "--group", unique("gevox"), "--schema", schema,
+                       "--sink", f"table={schema}.items", "--sink-evolve", "add-columns",
+                       env={"FENCE_DSN": services.dsn,
+                            "KAFKA_BOOTSTRAP_SERVERS": services.kafka_bootstrap,
+                            "FENCE_DDL_DSN": "postgresql://owner:s3cret@127.0.0.1:1/app"})
+    assert got.returncode == 2, got.stderr[-2000:]
+    assert "FENCE_DDL_DSN (--sink-evolve add-columns): cannot connect" in got.stderr
+    assert "s3cret" not in got.stderr + got.stdout
