@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 .PHONY: setup stack-up stack-down stack-status test test-unit test-integration test-monitoring \
         test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
         demo migrate clean crash-matrix docs test-kafka-faults test-handler-blame bench-blame sink-churn \
-        sink-routing test-bench test-protocols
+        sink-routing sink-evolve test-bench test-protocols
 
 setup: $(STAMP)
 
@@ -77,6 +77,12 @@ sink-churn: setup
 sink-routing: setup
 	FENCE_SINK_ROUTING=full $(BIN)/pytest -q tests/integration/test_sink_routing.py \
 	  -k pattern_routed $(PYTEST_ARGS)
+
+# schema evolution (--sink-evolve add-columns; the count without it): every group-involved
+# test under every group protocol, FENCE_SINK_EVOLUTION_REPEAT times each (default 5)
+sink-evolve: setup
+	FENCE_SINK_EVOLUTION=full FENCE_ALL_PROTOCOLS=full $(BIN)/pytest -q \
+	  tests/integration/test_sink_evolve.py $(PYTEST_ARGS)
 
 # the crash-point matrix: every point x every group protocol (make test runs one protocol per
 # point); prints the table, writes artifacts/crash-matrix/full.json, keeps failed cells' logs

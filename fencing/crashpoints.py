@@ -57,9 +57,11 @@ POINTS: Mapping[str, str] = {
     "in-heartbeat": "consumer.observability.heartbeat: member row written",
     "in-shutdown": "consumer.lifetime_run: after SIGTERM, fetching stopped, batches in flight",
 }
-#: points in the operator tools, armed the same way; each is proven by its tool's own tests
-#: (not by the worker's crash matrix, which covers ``POINTS``)
+#: points in the operator tools and the table sink's evolution, armed the same way; each is
+#: proven by its own tests (not by the worker's crash matrix, which covers ``POINTS``)
 TOOL_POINTS: Mapping[str, str] = {
+    "sink-after-alter": "fencing.postgres.sink.evolving: the columns added over FENCE_DDL_DSN "
+                        "(committed), before the batch is rolled back and retried",
     "relay-after-ack": "ops.commands.relay: the broker acknowledged the dead letters, before "
                        "their rows are marked relayed",
 }

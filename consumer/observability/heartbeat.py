@@ -126,10 +126,12 @@ class MemberHeartbeat:
         unavailable_factor: float = 3.0,
         final_timeout_s: float = 2.0,
         detail: Mapping[str, Any] | None = None,
+        live_detail: Callable[[], Mapping[str, Any]] | None = None,
         on_operator_owned: Callable[[Collection[TopicPartition]], None] | None = None,
     ) -> None:
         """``detail``: written in every row of this lifetime (e.g. the handler's
-        declaration, which ``fencectl status`` reads)."""
+        declaration, which ``fencectl status`` reads); ``live_detail``: read at each write
+        and added (e.g. the table sink's fields without a column)."""
         if interval_s <= 0 or min_gap_s < 0 or unavailable_factor < 1:
             raise ValueError("heartbeat: interval_s > 0, min_gap_s >= 0, unavailable_factor >= 1")
         self._store = store
@@ -142,6 +144,7 @@ class MemberHeartbeat:
         self._final_timeout_s = final_timeout_s
         self._fixed = dict(detail or {})  # written in every row (e.g. the run's handler)
         self._on_operator_owned = on_operator_owned
+        self._live = live_detail
         self._wanted = MemberState.STARTING
         self._extra: dict[str, Any] = dict(detail or {})
         self._written: MemberState | None = None
@@ -174,7 +177,8 @@ class MemberHeartbeat:
 
     async def _write(self, state: MemberState) -> bool:
         detail = {**self._fixed, "heartbeat_interval_s": self.interval_s,
-                  "unavailable_after_s": self.unavailable_after_s, **self._extra}
+                  "unavailable_after_s": self.unavailable_after_s, **self._extra,
+                  **(self._live() if self._live is not None else {})}
         self._last_write_s = self._clock()
         try:
             owned = await self._store.heartbeat(

@@ -5,7 +5,8 @@ Rules
   a no-op until ``ops.worker.telemetry.setup_telemetry`` installs a provider).
 - Labels are bounded: ``topic``, ``partition``, ``operation``, ``resolution``, ``reason``,
   ``kind``, ``outcome``, ``phase``, ``group`` (the process's one consumer group, on the lag
-  and ownership gauges); never record keys, offsets or lifetime ids.
+  and ownership gauges), ``table`` (a table sink's table: one per topic at most); never
+  record keys, offsets, field names or lifetime ids.
 - ``fence.kafka.commits.failed`` is exported from the start with 0 for every reason
   (``consumer.mirror.CommitFailure``), so an alert on its rate needs no first failure.
 - The state gauges (lag, ownership, readiness, stalls, the offset mirror, the handler's
@@ -21,11 +22,11 @@ Rules
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import metrics
-from opentelemetry.metrics import Meter
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from consumer.mirror import CommitFailure
 from consumer.observability.gauges import Gauges
@@ -117,6 +118,7 @@ class Instruments(Gauges):
         for failure in CommitFailure:
             self._kafka_commits_failed.add(0, {"reason": failure.value})
         super().__init__(m, group_id=group_id)
+        self._meter = m
         self._last_rejects: dict[TopicPartition, int] = {}
         for operation, resolution in UNKNOWN_OUTCOME_LABELS:
             self._unknown.add(0, {"operation": operation, "resolution": resolution})
@@ -228,6 +230,17 @@ class Instruments(Gauges):
     def kafka_commit_failed(self, reason: CommitFailure, partitions: int = 1) -> None:
         """Kafka commits of ``partitions`` partitions failed or were dropped (the mirror)."""
         self._kafka_commits_failed.add(partitions, {"reason": reason.value})
+
+    def watch_unknown_fields(self, read: Callable[[], Mapping[str, int]]) -> None:
+        """Export ``fence.sink.unknown_fields`` per ``table`` from ``read`` (the table
+        sink's count, ``fencing.postgres.sink.unknown``; a table appears at 0 when the sink
+        first writes it)."""
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(n, {"table": t}) for t, n in read().items()]
+        self._meter.create_observable_counter(
+            "fence.sink.unknown_fields", callbacks=[observe], unit="{record}",
+            description="Records the table sink wrote while ignoring fields that have no "
+                        "column (without --sink-evolve add-columns), by table")
 
     # rebalances ----------------------------------------------------------------------------
 

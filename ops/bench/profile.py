@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _profile(a: argparse.Namespace) -> int:
-    from ops.bench.worker import RUNS, SINK_RUNS, produce_topics
+    from ops.bench.sources import produce_topics
+    from ops.bench.worker import RUNS, SINK_RUNS
 
     dsn = os.environ["FENCE_DSN"]
     run = (next(r for r in RUNS if r.name == a.run) if a.run

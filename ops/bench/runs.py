@@ -66,7 +66,8 @@ class Run:
     kind: str  # "baseline" | "worker"
     args: tuple[str, ...] = ()
     topic: str = "main"  # which produced topic: "main", "single" (the batch-1 subset), "sink"
-    #                      (100-byte JSON values) or "sink_avro" (the same records in Avro)
+    #                      (100-byte JSON values), "sink_avro" (the same records in Avro) or
+    #                      "sink_routed" (three topics sharing such records)
     members: int = 1
     processes: int = 0  # > 0: one ``fencectl run --processes N`` (a set) instead of members
     repeat: bool = True  # alternates with the other repeated runs ``--repeat`` times
@@ -159,9 +160,11 @@ def fresh_schema(dsn: str) -> str:
 
 
 def worker_argv(run: Run, topic: str, group: str, schema: str, clock_file: Path) -> list[str]:
-    """``fencectl run`` of ``run``; a set's members mark ``clock_file`` with their pid."""
+    """``fencectl run`` of ``run``; a set's members mark ``clock_file`` with their pid;
+    ``topic``: one name, or several joined by ``,`` (one ``--topic`` each)."""
     sets = ("--processes", str(run.processes)) if run.processes else ()
-    return [PY, "-m", "ops.cli", "run", "--topic", topic, "--group", group, "--schema", schema,
+    topics = [x for t in topic.split(",") for x in ("--topic", t)]
+    return [PY, "-m", "ops.cli", "run", *topics, "--group", group, "--schema", schema,
             "--log-level", "WARNING", *COOPERATIVE, *sets,
             "--handler", f"{clock.__name__}:{clock.clocked.__name__}",
             "--handler-setting", f"clock_file={clock_file}",

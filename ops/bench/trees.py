@@ -31,7 +31,8 @@ from typing import Any
 from ops.bench.latency import steady
 from ops.bench.provenance import provenance
 from ops.bench.runs import ROOT, delete_topics, execute
-from ops.bench.worker import RUNS, produce_topics, summarize
+from ops.bench.sources import produce_topics
+from ops.bench.worker import RUNS, summarize
 
 OUT = ROOT / "artifacts" / "bench" / "trees.json"
 

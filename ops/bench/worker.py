@@ -14,7 +14,10 @@ table per run, and one worker run in insert mode (no key); ``--sink-only`` runs 
 (``make bench-sink``); the sink also runs with 2 and 3 members (one try each). The Avro sink
 runs beside a JSON sink run on the same records (a fourth topic holds them in Avro,
 ``ops.bench.sink.produce_avro_values``) into the same typed table (``TYPED_DDL``: a column
-per field), alternating: ``c_sink_avro_over_json`` is their ratio. The repeated
+per field), alternating: ``c_sink_avro_over_json`` is their ratio. The routed sink
+(``--sink table='{topic}'``) reads three topics of a third of the records each (a third of
+the partitions each: as many in all) into three tables, alternating with the single-table
+upsert run: ``c_sink_routed_over_single``. The repeated
 runs alternate ``--repeat`` times on the same data; the median by records/s is reported.
 Then scale (``ops.bench.scale``): assignment cost, join → first commit, members 1..3, the
 backlog drain and memory; each reported peak RSS is checked against the memory
@@ -30,9 +33,7 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +44,11 @@ from ops.bench.runs import (
     TOPICS,
     Run,
     delete_topics,
-    env,
     execute,
     interpreter_mib,
-    new_topic,
 )
-from ops.bench.sink import produce_avro_values, produce_values
+from ops.bench.sink import produce_values
+from ops.bench.sources import produce, produce_topics
 from ops.commands.run import SINK_BATCH_MAX_RECORDS
 
 OUT = ROOT / "artifacts" / "bench" / "worker.json"
@@ -106,6 +106,8 @@ SINK_RUNS: list[Run] = [
                  table="bench_sink_typed", more=("layout=typed",)),
     _sink_worker("c_sink_typed_avro", "(c) sink: Avro into columns", repeat=True,
                  topic="sink_avro", table="bench_sink_typed", more=("format=avro",)),
+    _sink_worker("c_sink_routed", "(c) sink: 3 topics into 3 tables, upsert", repeat=True,
+                 topic="sink_routed", table="{topic}"),
 ]
 RUNS += SINK_RUNS
 #: ratio name -> (numerator run, denominator run), of records/s
@@ -121,15 +123,11 @@ RATIOS: dict[str, tuple[str, str]] = {
     "c_sink_over_b_prime_sink": ("c_sink_fenceworker", "b_prime_sink_stop_and_wait"),
     "c_sink_over_e_sink": ("c_sink_fenceworker", "e_sink_db_ceiling"),
     "c_sink_avro_over_json": ("c_sink_typed_avro", "c_sink_typed_json"),
+    "c_sink_routed_over_single": ("c_sink_routed", "c_sink_fenceworker"),
 }
 TARGETS = {"c_over_b": 0.95, "c_over_e": 0.8, "c_over_d": 10,
-           "c_sink_fenceworker_records_per_s": 60_000, "c_sink_avro_over_json": 0.9}
-
-
-def produce(topic: str, count: int, partitions: int, seed: int) -> None:
-    subprocess.run([PY, "-m", "ops.cli", "produce", "--topic", topic, "--count", str(count),
-                    "--seed", str(seed), "--class", "valid", "--partitions", str(partitions)],
-                   check=True, env=env(), cwd=ROOT, stdout=subprocess.DEVNULL)
+           "c_sink_fenceworker_records_per_s": 60_000, "c_sink_avro_over_json": 0.9,
+           "c_sink_routed_over_single": 0.9}
 
 
 def throughput(runs: list[Run], topics: dict[str, tuple[str, int]], repeat: int,
@@ -161,28 +159,6 @@ def summarize(tries: list[dict[str, Any]]) -> dict[str, Any]:
             "all_steal_share": [x.get("steal_share") for x in tries],
             # the upper median, as the rate's (``ordered[len // 2]``)
             "median_cpu_us_per_record": statistics.median_high(cpu) if cpu else None}
-
-
-def produce_topics(kinds: Iterable[str], count: int, single_count: int,
-                   partitions: int) -> dict[str, tuple[str, int]]:
-    """A fresh topic per kind of ``Run.topic`` asked (``main``: ``count`` reference records;
-    ``single``: the batch-1 subset, ``single_count`` of another seed; ``sink``: ``count``
-    100-byte JSON values; ``sink_avro``: the same records in Avro), produced: kind ->
-    (topic, records)."""
-    prefixes = {"main": "bench", "single": "bench1", "sink": "benchsink",
-                "sink_avro": "benchsinkavro"}
-    topics = {kind: (new_topic(prefixes[kind]), single_count if kind == "single" else count)
-              for kind in sorted(set(kinds))}
-    for kind, (name, n) in topics.items():
-        print(f"producing {n} records to {name} ...", flush=True)
-        if kind == "sink":
-            produce_values(name, n, partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"])
-        elif kind == "sink_avro":
-            produce_avro_values(name, n, partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"],
-                                os.environ["SCHEMA_REGISTRY_URL"])
-        else:
-            produce(name, n, partitions, 1 if kind == "main" else 2)
-    return topics
 
 
 def _per_try(n: dict[str, Any], d: dict[str, Any]) -> float | None:
@@ -297,7 +273,8 @@ def _bench(a: argparse.Namespace) -> int:
         "clock": "CLOCK_MONOTONIC, first handler call -> last handler return (ops.bench.clock)",
         "sink": "table sink: 100-byte JSON values, upsert on id (c_sink_insert: no key), "
                 "binary COPY (the default method); c_sink_typed_json and c_sink_typed_avro: "
-                "the same records as JSON and as Avro into one typed table",
+                "the same records as JSON and as Avro into one typed table; c_sink_routed: "
+                "three topics into three tables (--sink table='{topic}')",
         "runs": runs, "ratios": ratios(runs), "paired_ratios": ratios(runs, "paired"),
         "cpu_ratios": ratios(runs, "cpu"), "targets": TARGETS,
         "interpreter_mib": interpreter,

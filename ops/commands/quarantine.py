@@ -5,7 +5,7 @@
   fencectl quarantine show   --group G --topic T --partition P --offset O [--json]
   fencectl quarantine replay --group G [--topic T] [--partition P] [--offset O ...]
       [--handler module:name | --sink table=NAME [--sink-key COL] [--sink-format F]
-      [--sink-key-format F]] [--handler-setting K=V ...] [--limit N] [--json]
+      [--sink-key-format F] [--sink-evolve M]] [--handler-setting K=V ...] [--limit N] [--json]
   fencectl quarantine purge  --group G --before TIMESTAMP [--topic T] [--json]
   fencectl quarantine relay  --group G --topic DLQ [--follow] ...   (``ops.commands.relay``)
 
@@ -99,6 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                            help="with --sink: how values are encoded, as for run")
             a.add_argument("--sink-key-format", default=None, metavar="FORMAT",
                            help="with --sink: how the Kafka key is encoded, as for run")
+            a.add_argument("--sink-evolve", default=None, help="with --sink: as for run")
             a.add_argument("--handler-setting", action="append", default=[],
                            metavar="KEY=VALUE",
                            help="a setting for a handler factory (with the recorded handler: "
@@ -200,15 +201,14 @@ async def _handler_choice(conn: Any, args: argparse.Namespace) -> HandlerChoice:
     """``--handler``/``--sink`` when given, else the group's recorded handler."""
     settings = parse_x_options(args.handler_setting, flag="--handler-setting",
                                strip_values=False)
-    given = handler_from_flags(
-        handler=args.handler, settings=settings, sink=args.sink,
-        sink_options={attr: getattr(args, attr) for attr, _flag, _setting in SINK_FLAGS},
-        registry=os.environ.get("SCHEMA_REGISTRY_URL", ""))
+    urls = os.environ.get("SCHEMA_REGISTRY_URL", ""), os.environ.get("FENCE_DDL_DSN", "")
+    options = {attr: getattr(args, attr) for attr, _flag, _setting in SINK_FLAGS}
+    given = handler_from_flags(handler=args.handler, settings=settings, sink=args.sink,
+                               sink_options=options, registry=urls[0], ddl_dsn=urls[1])
     if given is not None:
         return given
     now, members = await read_member_rows(conn, schema=args.schema, group=args.group)
-    return with_registry(choose(members, group=args.group, now=now, overrides=settings),
-                         os.environ.get("SCHEMA_REGISTRY_URL", ""))
+    return with_registry(choose(members, group=args.group, now=now, overrides=settings), *urls)
 
 
 async def _replay(conn: Any, args: argparse.Namespace,

@@ -5,7 +5,9 @@ the translation of flags and environment into a ``WorkerConfig``.
 
 Settings: flags below; ``KAFKA_BOOTSTRAP_SERVERS``, ``FENCE_DSN`` (never a flag: a secret
 must not appear in argv), ``SCHEMA_REGISTRY_URL`` (``--sink`` with a schema'd format; it
-may carry credentials, so never a flag either), ``FENCE_SCHEMA``, standard ``OTEL_*``.
+may carry credentials, so never a flag either), ``FENCE_DDL_DSN`` (``--sink-evolve
+add-columns``: the connection that alters the table; a secret too), ``FENCE_SINK_EVOLVE``,
+``FENCE_SCHEMA``, standard ``OTEL_*``.
 Exit codes: see ``consumer.exits`` (0 stopped, 2 configuration, 3 retired, 4 source refused,
 5 unavailable, 6 shutdown bound exceeded).
 """
@@ -98,6 +100,11 @@ def register(sub: Any) -> None:
                    help="with --sink: how the Kafka key is encoded, for tombstones and "
                         "records whose value lacks a key column: string (default), json, "
                         "avro, protobuf or json-schema")
+    p.add_argument("--sink-evolve", default=None, metavar="MODE",
+                   help="with --sink: add-columns gives a field with no column a nullable "
+                        "column (ALTER TABLE over $FENCE_DDL_DSN, then the batch is retried); "
+                        "none (default) ignores such fields and counts them (default "
+                        "$FENCE_SINK_EVOLVE, else none)")
     p.add_argument("--handler-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting given to a handler factory (repeatable)")
     p.add_argument("-X", dest="x", action="append", default=[], metavar="KEY=VALUE",
@@ -195,13 +202,17 @@ def _handler_of(args: argparse.Namespace, env: Mapping[str, str]
                 ) -> tuple[str, dict[str, str]]:
     """The handler spec and factory settings: ``--handler``/``--handler-setting``, or the
     table sink's factory for ``--sink table=NAME [--sink-key COL] [--sink-format F]
-    [--sink-key-format F]`` (and ``SCHEMA_REGISTRY_URL`` as its ``registry``)."""
+    [--sink-key-format F] [--sink-evolve MODE]`` (``FENCE_SINK_EVOLVE`` when the flag is
+    not given; ``SCHEMA_REGISTRY_URL`` as its ``registry``, ``FENCE_DDL_DSN`` as its
+    ``ddl_dsn``)."""
     settings = parse_x_options(args.handler_setting, flag="--handler-setting",
                                strip_values=False)
+    options = {attr: getattr(args, attr) for attr, _flag, _setting in SINK_FLAGS}
+    if args.sink is not None and options.get("sink_evolve") is None:
+        options["sink_evolve"] = env.get("FENCE_SINK_EVOLVE") or None
     chosen = handler_from_flags(
-        handler=args.handler, settings=settings, sink=args.sink,
-        sink_options={attr: getattr(args, attr) for attr, _flag, _setting in SINK_FLAGS},
-        registry=env.get("SCHEMA_REGISTRY_URL", ""))
+        handler=args.handler, settings=settings, sink=args.sink, sink_options=options,
+        registry=env.get("SCHEMA_REGISTRY_URL", ""), ddl_dsn=env.get("FENCE_DDL_DSN", ""))
     if chosen is None:
         return DEFAULT_HANDLER, settings
     return chosen.spec, dict(chosen.settings)

@@ -9,7 +9,8 @@ Rules
   its name listed under ``redacted``: member rows are read by operators. The table sink's
   ``registry`` (the schema registry's URL, which may carry credentials) is never recorded:
   it comes from ``SCHEMA_REGISTRY_URL`` in the environment of the command that builds the
-  sink (``with_registry``), and only for a format that needs the registry. Rows also carry
+  sink (``with_registry``), and only for a format that needs the registry; so is its
+  ``ddl_dsn`` (``FENCE_DDL_DSN``, ``--sink-evolve add-columns`` only). Rows also carry
   the handler's declaration (``durability``, ``effects``, ``on_failure``).
 - ``choose`` (pure) picks the group's handler from its member rows: the handler of its
   live members (observed now, neither stopped nor retired), which must agree; with none
@@ -53,6 +54,7 @@ _SECRET_NAME = re.compile(r"pass|secret|token|credential|dsn|api[-_.]?key|privat
 _URL_PASSWORD = re.compile(r"://[^/@\s:]*:[^@\s]+@")
 #: the sink's formats that decode through the schema registry (``sink.keys.Format.registry``)
 _REGISTRY_FORMATS = frozenset(f.value for f in Format if f.registry)
+_FROM_ENV = ("registry", "ddl_dsn")  # the sink's settings from the environment, never recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,17 +75,25 @@ class HandlerChoice:
 def record_of(spec: str, settings: Mapping[str, str]) -> dict[str, Any]:
     """What a member row records of its handler (see the module Rules)."""
     settings = {k: v for k, v in settings.items() if not (spec == SINK_HANDLER
-                                                          and k == "registry")}
+                                                          and k in _FROM_ENV)}
     kept = {k: v for k, v in settings.items()
             if not _SECRET_NAME.search(k) and not _URL_PASSWORD.search(v)}
     return {"spec": spec, "settings": kept,
             "redacted": sorted(k for k in settings if k not in kept)}
 
 
-def with_registry(choice: HandlerChoice, registry: str) -> HandlerChoice:
+def with_registry(choice: HandlerChoice, registry: str, ddl_dsn: str = "") -> HandlerChoice:
     """``choice`` with the schema registry's URL (``SCHEMA_REGISTRY_URL``) added when it is
-    the table sink with a format that needs the registry; unchanged otherwise."""
-    if choice.spec != SINK_HANDLER or not registry.strip() or "registry" in choice.settings:
+    the table sink with a format that needs the registry, and ``ddl_dsn``
+    (``FENCE_DDL_DSN``) when it is the sink with ``evolve=add-columns``; unchanged
+    otherwise."""
+    if choice.spec != SINK_HANDLER:
+        return choice
+    if ddl_dsn.strip() and choice.settings.get("evolve") == "add-columns" and (
+            "ddl_dsn" not in choice.settings):
+        choice = dataclasses.replace(choice, settings={**choice.settings,
+                                                       "ddl_dsn": ddl_dsn.strip()})
+    if not registry.strip() or "registry" in choice.settings:
         return choice
     formats = (choice.settings.get("format"), choice.settings.get("key_format"))
     if not any(f in _REGISTRY_FORMATS for f in formats):
@@ -94,17 +104,20 @@ def with_registry(choice: HandlerChoice, registry: str) -> HandlerChoice:
 
 #: the sink's flags beside ``--sink``: (argparse attribute, flag, the factory's setting)
 SINK_FLAGS = (("sink_key", "--sink-key", "key"), ("sink_format", "--sink-format", "format"),
-              ("sink_key_format", "--sink-key-format", "key_format"))
+              ("sink_key_format", "--sink-key-format", "key_format"),
+              ("sink_evolve", "--sink-evolve", "evolve"))
 
 
 def handler_from_flags(*, handler: str | None, settings: Mapping[str, str],
                        sink: str | None, sink_options: Mapping[str, str | None] | None = None,
-                       registry: str = "") -> HandlerChoice | None:
+                       registry: str = "", ddl_dsn: str = "") -> HandlerChoice | None:
     """The handler ``--handler``/``--handler-setting`` or ``--sink`` with its
     ``sink_options`` (``SINK_FLAGS``' attributes -> values: ``--sink-key``,
     ``--sink-format``, ``--sink-key-format``) name; ``registry`` (``SCHEMA_REGISTRY_URL``)
     becomes the sink's ``registry`` setting. None when neither ``--handler`` nor ``--sink``
-    is given. Raises ``ConfigError``, naming the sink's mistakes before anything starts."""
+    is given; ``ddl_dsn`` (``FENCE_DDL_DSN``) becomes its ``ddl_dsn`` with
+    ``--sink-evolve add-columns``. Raises ``ConfigError``, naming the sink's mistakes before
+    anything starts."""
     options: dict[str, str] = {attr: value for attr, value in (sink_options or {}).items()
                                if value is not None}
     if sink is None:
@@ -124,7 +137,7 @@ def handler_from_flags(*, handler: str | None, settings: Mapping[str, str],
     for attr, _flag, setting in SINK_FLAGS:
         if attr in options:
             chosen[setting] = options[attr].strip()
-    choice = with_registry(HandlerChoice(SINK_HANDLER, chosen), registry)
+    choice = with_registry(HandlerChoice(SINK_HANDLER, chosen), registry, ddl_dsn)
     sink_module.SinkSpec.from_settings(choice.settings)
     return choice
 

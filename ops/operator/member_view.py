@@ -77,6 +77,7 @@ class MemberView:
             "last_observed": None if self.last_observed is None else {
                 "state": self.last_observed[0], "at": self.last_observed[1].isoformat()},
             "reason": self.detail.get("reason"),
+            "sink_unknown_fields": self.detail.get("sink_unknown_fields") or {},
         }
 
 

@@ -6,6 +6,8 @@ Rules
   and marks a committed offset that differs from the frontier with ``!``; the LAG column
   marks a best-effort handler's lag ``(best-effort)`` (its frontier claims no completeness).
 - A note shared by several partitions of one row set prints once.
+- A member whose table sink ignored fields with no column (its row's
+  ``sink_unknown_fields``) gets an UNKNOWN FIELDS line per table: never silent.
 """
 
 from __future__ import annotations
@@ -51,6 +53,13 @@ def render_text(status: Mapping[str, Any]) -> str:
                      None if last is None else f"{last['state']} at {last['at']}"))
     out += _table(("GROUP", "LIFETIME", "HOST", "PID", "AVAILABILITY", "STATE", "LAST-SEEN",
                    "LAST-OBSERVED"), mrow) if mrow else ["(no members seen recently)"]
+    unknown = [f"  {m['group']} {m['lifetime']}: {table}: {got['records']} records held "
+               f"fields with no column, ignored: {', '.join(got['fields'])}"
+               for m in status["members"]
+               for table, got in (m.get("sink_unknown_fields") or {}).items() if got["records"]]
+    if unknown:
+        out += ["", "UNKNOWN FIELDS (table sink; --sink-evolve add-columns adds them, "
+                "fencectl sink plan prints the ALTERs)", *unknown]
     return "\n".join(out)
 
 

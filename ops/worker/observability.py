@@ -32,6 +32,7 @@ from consumer.observability.observer import LagFacts, Observe, WorkerObserver
 from consumer.observability.readiness import LoopHeartbeat, ReadinessHolder
 from fencing.errors import ConfigError
 from fencing.handler import Declaration
+from fencing.postgres.sink.unknown import UNKNOWN_FIELDS
 from fencing.types import TopicPartition
 from ops.worker.http import HttpServer, start_http_server
 from ops.worker.telemetry import Telemetry
@@ -116,6 +117,12 @@ def options_from_args(args: argparse.Namespace,
                       offset_mirror_warn_s=mirror_s)
 
 
+def _unknown_fields() -> dict[str, Any]:
+    """A member row's ``sink_unknown_fields`` (``fencectl status``), when there are any."""
+    got = UNKNOWN_FIELDS.detail()
+    return {"sink_unknown_fields": got} if any(v["records"] for v in got.values()) else {}
+
+
 class WorkerObservability:
     """Start with ``start()``, stop with ``close()``; see the module docstring."""
 
@@ -138,6 +145,7 @@ class WorkerObservability:
         self.options = options
         self.telemetry = telemetry
         self.instruments = Instruments(telemetry.meter(), group_id=group_id)
+        self.instruments.watch_unknown_fields(UNKNOWN_FIELDS.records)
         handler = dict((member_detail or {}).get("handler") or {})
         if declaration is not None:
             handler.update(declaration.as_dict())
@@ -156,6 +164,7 @@ class WorkerObservability:
                 store=store, identity=MemberIdentity.of_this_process(lifetime),
                 clock=time.monotonic, interval_s=options.heartbeat_interval_s,
                 member_id=lambda: self.member_id_source(), detail=handler_detail,
+                live_detail=_unknown_fields,
                 on_operator_owned=lambda tps: self.on_operator_owned(tps))
 
         self.observer = WorkerObserver(

@@ -64,11 +64,11 @@ def test_clocked_with_handler_sink_builds_the_sink_and_its_table_setup() -> None
 def test_every_ratio_names_registered_runs_and_unchosen_ones_are_left_out() -> None:
     names = {r.name for r in RUNS}
     assert all(num in names and den in names for num, den in RATIOS.values())
-    assert {r.topic for r in SINK_RUNS} == {"sink", "sink_avro"}
+    assert {r.topic for r in SINK_RUNS} == {"sink", "sink_avro", "sink_routed"}
     got = ratios({"c_sink_fenceworker": {"records_per_s": 30},
                   "b_sink_pipelined": {"records_per_s": 40}})
     assert got == {"c_sink_over_b_sink": 0.75, "c_sink_over_b_prime_sink": None,
-                   "c_sink_over_e_sink": None}
+                   "c_sink_over_e_sink": None, "c_sink_routed_over_single": None}
 
 
 def test_the_avro_run_and_its_json_twin_write_one_typed_table(monkeypatch: pytest.MonkeyPatch

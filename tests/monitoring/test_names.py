@@ -1,8 +1,9 @@
 """Every metric name the dashboard, the alert rules and docs/monitoring.md use is one a
 running worker exports.
 
-A worker commits a few batches (so its histograms and the lag gauge exist too); its
-``/metrics`` gives the exported names. Each dashboard query and rule expression is parsed
+A worker commits a few batches (so its histograms and the lag gauge exist too), and a
+table sink worker the same records (the sink's own metrics); their ``/metrics`` give the
+exported names. Each dashboard query and rule expression is parsed
 by Prometheus (``/api/v1/parse_query``), so every selector's name is found wherever it
 sits in the expression.
 """
@@ -67,12 +68,21 @@ def exported(services: ServiceSettings) -> set[str]:
                    timeout_s=60, what="40 records counted")
         wait_until(lambda: "fence_partition_lag{" in scrape(), timeout_s=30,
                    what="the lag gauge sampled")
-        text = scrape()
+        names = exported_names(scrape())
+        worker.terminate()
+        assert worker.wait(30) == 0, worker.log()[-3000:]
+        worker = start_worker(topic=topic, group=f"{group}-sink", schema=schema,
+                              http_port=port, extra=["--sink", f"table={schema}.names"])
+        wait_until(lambda: (r := readyz(base)) is not None and r[0] == 200, timeout_s=60,
+                   what="sink worker ready")
+        wait_until(lambda: metric(scrape(), "fence_records_processed_total") == 40,
+                   timeout_s=60, what="40 records written by the sink")
+        names |= exported_names(scrape())
         worker.terminate()
         assert worker.wait(30) == 0, worker.log()[-3000:]
     finally:
         worker.ensure_dead()
-    return exported_names(text)
+    return names
 
 
 def test_every_dashboard_query_selects_exported_metrics(exported: set[str],

@@ -33,7 +33,9 @@ class Method(enum.Enum):
     EXECUTEMANY = "executemany"  # one prepared INSERT (... ON CONFLICT) executed per row
 
 
-_SETTINGS = ("table", "key", "method", "key_format", "format", "registry")
+_SETTINGS = ("table", "key", "method", "key_format", "format", "registry", "evolve",
+             "ddl_dsn")
+EVOLVE = ("none", "add-columns")  # --sink-evolve
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +43,9 @@ class SinkSpec:
     """What the sink writes: ``table`` (``name`` or ``schema.name``), its ``keys`` (the key
     columns; none: plain insert), the write ``method``, how values and Kafka keys are
     encoded (``value_format``, ``key_format``) and the schema registry's URL for the
-    schema'd formats (``registry``, from ``SCHEMA_REGISTRY_URL``; never logged)."""
+    schema'd formats (``registry``, from ``SCHEMA_REGISTRY_URL``; never logged); whether
+    a field with no column gets one (``evolve``, ``--sink-evolve add-columns``) over the
+    connection of ``ddl_dsn`` (``FENCE_DDL_DSN``; a secret, never logged)."""
 
     table: str
     keys: tuple[str, ...] = ()
@@ -49,6 +53,8 @@ class SinkSpec:
     value_format: Format = Format.JSON
     key_format: Format = Format.STRING
     registry: str | None = field(default=None, repr=False)
+    evolve: bool = False
+    ddl_dsn: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_settings(cls, settings: Any) -> SinkSpec:
@@ -81,7 +87,16 @@ class SinkSpec:
             fmt = value_format if value_format.registry else key_format
             raise ConfigError(f"{fmt.value} needs a schema registry: set SCHEMA_REGISTRY_URL "
                               "(e.g. eval \"$(fencectl stack env)\" for the local stack)")
-        return cls(table, keys, method, value_format, key_format, registry)
+        evolve = str(settings.get("evolve") or "none").strip()
+        if evolve not in EVOLVE:
+            raise ConfigError(f"--sink-evolve {evolve}: use {' | '.join(EVOLVE)}")
+        ddl_dsn = str(settings.get("ddl_dsn") or "").strip() or None
+        if evolve == "add-columns" and ddl_dsn is None:
+            raise ConfigError("--sink-evolve add-columns needs FENCE_DDL_DSN: a connection "
+                              "whose role may ALTER the table (its owner, or a member of the "
+                              "owning role); the worker's FENCE_DSN role needs no DDL right")
+        return cls(table, keys, method, value_format, key_format, registry,
+                   evolve == "add-columns", ddl_dsn)
 
     @property
     def quoted(self) -> str:
@@ -153,11 +168,13 @@ _WHERE = "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n " \
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """The resolved table: its schema and name, and the layout the sink writes."""
+    """The resolved table: its schema and name, the layout the sink writes and the names
+    of all its columns (``names``: also those the sink cannot write)."""
 
     schema: str
     name: str
     layout: Layout
+    names: frozenset[str] = frozenset()
 
     @property
     def quoted(self) -> str:
@@ -198,7 +215,7 @@ async def read_layout(conn: Any, spec: SinkSpec) -> tuple[Target | None, list[st
     if not columns:
         problems.append("no column the sink can write")
     layout = Layout(tuple(columns), spec.keys if not problems else ())
-    return Target(where["nspname"], where["relname"], layout), problems
+    return Target(where["nspname"], where["relname"], layout, frozenset(names)), problems
 
 
 async def _writer_fields(spec: SinkSpec, topics: Sequence[str], *, at_start: bool = True

@@ -1,6 +1,6 @@
 """The table sink's schema evolution plan: the ``ALTER TABLE`` statements a topic's writer
-schemas need of its table (``fencectl sink plan``), and what no statement of the sink's
-kind can fix (pure, no I/O).
+schemas need of its table (``fencectl sink plan``), what no statement of the sink's kind can
+fix, and the column a JSON field gets (``--sink-evolve add-columns``); pure, no I/O.
 
 Rules
 - A field of any schema version with no column (and not a reserved or key column) gets a
@@ -11,17 +11,26 @@ Rules
 - A field whose column cannot hold it (a type change), and a required column (NOT NULL, no
   default) that some version no longer fills (a dropped required field), are listed as
   problems, never altered: narrowing or retyping a column is the operator's decision.
+- A JSON field's column (``json_column``) is typed from the field's non-null values in the
+  batch: all booleans ``bool``, all integers ``bigint``, numbers with a fraction (with or
+  without integers) ``numeric`` (exact for the JSON text), all strings ``text``, anything
+  else (objects, arrays, mixed kinds) ``jsonb``, which holds any JSON. A field that is null
+  in every record gets no column yet.
+- ``strays`` finds, in the values of a batch that hold a field with no column, each such
+  field with its values, in the order first met.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import decimal
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fencing.postgres.schema import quote_ident
 from fencing.postgres.sink.schemas import Field, fits
 
-__all__ = ["Plan", "plan"]
+__all__ = ["Plan", "add_columns", "json_column", "plan", "strays"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +55,45 @@ def plan(table: str, versions: Sequence[tuple[str, Sequence[Field]]],
                 new[f.name] = f  # a later version's type replaces an earlier one's
         problems += [p for p in fits(fields, columns, filled_elsewhere, what)
                      if p not in problems]
-    statements = tuple(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {quote_ident(f.name)} "
-                       f"{f.pg_type};" for f in new.values())
-    return Plan(statements, tuple(problems))
+    return Plan(add_columns(table, new.values()), tuple(problems))
+
+
+def add_columns(table: str, fields: Iterable[Field]) -> tuple[str, ...]:
+    """One ``ALTER TABLE … ADD COLUMN IF NOT EXISTS`` (nullable) per field, for ``table``
+    (quoted)."""
+    return tuple(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {quote_ident(f.name)} "
+                 f"{f.pg_type};" for f in fields)
+
+
+def json_column(values: Iterable[Any]) -> str | None:
+    """The column type of a JSON field from its values (see the module Rules)."""
+    kinds = set()
+    for v in values:
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            kinds.add("bool")
+        elif isinstance(v, int):
+            kinds.add("int8")
+        elif isinstance(v, float | decimal.Decimal):
+            kinds.add("numeric")
+        elif isinstance(v, str):
+            kinds.add("text")
+        else:
+            kinds.add("jsonb")
+    if not kinds:
+        return None
+    if kinds == {"int8", "numeric"}:
+        return "numeric"
+    return kinds.pop() if len(kinds) == 1 else "jsonb"
+
+
+def strays(values: Iterable[Mapping[str, Any]], known: Collection[str]
+           ) -> dict[str, list[Any]]:
+    """Each field of ``values`` not in ``known``, with its values (see the module Rules)."""
+    out: dict[str, list[Any]] = {}
+    for value in values:
+        for name, v in value.items():
+            if name not in known:
+                out.setdefault(name, []).append(v)
+    return out

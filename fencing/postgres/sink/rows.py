@@ -260,13 +260,15 @@ def _upsert(key: Any, columns: tuple[str, ...], values: tuple[Any, ...]) -> Upse
 _PARSE: Any = object()  # convert_one's default: the value is JSON, parsed here
 
 
-def converter(layout: Layout, *, epoch_ms: bool = False, kafka_key: KeyReader | None = None
+def converter(layout: Layout, *, epoch_ms: bool = False, kafka_key: KeyReader | None = None,
+              known: frozenset[str] = frozenset(), strays: list[Any] | None = None
               ) -> Callable[..., Upsert | Delete]:
     """``convert`` for one layout, with what depends only on the layout decided once: per
     column the function that fills it (checks included), all columns' names, the key's
     position. Per record: one call per column, and a second pass only when a field is
     absent (its column left to its default). ``epoch_ms``: see ``EPOCH_MS``; ``kafka_key``:
-    the key columns from the Kafka key (default: a string key, ``keys.key_reader``).
+    the key columns from the Kafka key (default: a string key, ``keys.key_reader``);
+    ``strays``: each value holding a field not in ``known`` is appended to it.
 
     The function takes the record, and optionally its value already decoded (a mapping,
     ``None`` for a tombstone): a schema'd format's; without it the value is parsed as JSON."""
@@ -280,6 +282,7 @@ def converter(layout: Layout, *, epoch_ms: bool = False, kafka_key: KeyReader | 
     key_at = names.index(layout.keys[0]) if len(layout.keys) == 1 else -1
     keys_at = tuple(names.index(k) for k in layout.keys) if len(layout.keys) > 1 else ()
     read_key = kafka_key
+    is_known = known.issuperset
 
     def convert_one(record: SourceRecord, decoded: Any = _PARSE) -> Upsert | Delete:
         if decoded is _PARSE:
@@ -295,6 +298,8 @@ def converter(layout: Layout, *, epoch_ms: bool = False, kafka_key: KeyReader | 
                              "column")
             got = read_key(record)
             return Delete(got[0] if len(got) == 1 else got)
+        if strays is not None and not is_known(obj):
+            strays.append(obj)
         values = tuple([fill(record, obj, text) for fill in fills])
         key: Any
         if key_at >= 0:

@@ -38,11 +38,16 @@ Rules
   one in order, each in its own SAVEPOINT; a refused record is rejected with PostgreSQL's
   message, the others applied. Every other error propagates: the fence rolls the whole
   batch back and retries it.
-- Only the given connection is used; the sink never commits.
+- A field with no column is ignored and counted (``unknown``), or with ``--sink-evolve
+  add-columns`` gets a column, added outside the batch's transaction, and the batch is
+  written again (``evolving``).
+- Only the given connection is used (but for ``evolving``'s DDL connection); the sink never
+  commits.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,10 +56,13 @@ import asyncpg
 from fencing.errors import ConfigError
 from fencing.handler import HandlerContext, handler, handler_factory
 from fencing.postgres.sink.catalog import SinkSpec, ensure_in_batch, ensure_table, read_layout
+from fencing.postgres.sink.evolve import strays as stray_fields
+from fencing.postgres.sink.evolving import Evolution, check_ddl
 from fencing.postgres.sink.formats import Decoding
 from fencing.postgres.sink.keys import key_reader
 from fencing.postgres.sink.registry import Registry
 from fencing.postgres.sink.rows import Delete, Misfit, Upsert, parse_json
+from fencing.postgres.sink.unknown import UNKNOWN_FIELDS
 from fencing.postgres.sink.writer import Writer
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, Reject, SourceRecord, Verdict
@@ -99,22 +107,31 @@ class _Targets:
         self.registry = Registry(spec.registry) if spec.registry and (
             spec.value_format.registry or spec.key_format.registry) else None
         self.decoding: Decoding | None = None
+        self.evolution = Evolution(spec, self.registry) if spec.evolve else None
 
-    async def writer(self, conn: Any, topic: str) -> Writer | str:
+    async def writer(self, conn: Any, topic: str) -> tuple[Writer | str, bool]:
         """The writer of ``topic``'s table, or why its records cannot be written (the table
-        does not fit). A routed table missing is created inside this batch's transaction
-        (``catalog.ensure_in_batch``); its writer is kept only from the next batch on,
-        once the table is known to outlive this transaction."""
+        does not fit), and whether this transaction created the table. A routed table
+        missing is created inside this batch's transaction (``catalog.ensure_in_batch``;
+        with the columns ``evolving`` asked of it); its writer is kept only from the next
+        batch on, once the table is known to outlive this transaction."""
         spec = self.spec.for_topic(topic)
         got = self.writers.get(spec.table)
         if got is not None:
-            return got
+            return got, False
+        born = time.monotonic_ns()  # before the layout is read (see ``evolving``)
         created = False
         if spec.routed or self.spec.routed:
             try:
                 target, created = await ensure_in_batch(conn, spec, topic)
+                adds = self.evolution.pending.pop(target.quoted, ()) if (
+                    created and self.evolution is not None) else ()
+                for statement in adds:
+                    await conn.execute(statement)
+                if adds:
+                    target, _ = await ensure_in_batch(conn, spec, topic)
             except ConfigError as exc:
-                return str(exc)
+                return str(exc), False
         else:
             found, problems = await read_layout(conn, spec)
             if problems or found is None:
@@ -127,10 +144,24 @@ class _Targets:
                                      parse_json=parse_json)
         reader = key_reader(target.layout.key_columns, spec.key_format,
                             self.decoding.keys if self.decoding else None) if keys else None
-        writer = Writer(target, spec.method, kafka_key=reader)
+        writer = Writer(target, spec.method, kafka_key=reader, born=born)
+        UNKNOWN_FIELDS.add(f"{target.schema}.{target.name}", (), 0)  # exported from 0
         if not created:
             self.writers[spec.table] = writer
-        return writer
+        return writer, created
+
+    async def strays(self, conn: Any, writer: Writer, topic: str, found: list[Any],
+                     created: bool) -> None:
+        """The batch's values in ``found`` hold fields with no column: evolve the table
+        (raises ``TableEvolved``), or count what is ignored (``unknown``)."""
+        fields = stray_fields(found, writer.known)
+        if self.evolution is not None:
+            adds, stale = await self.evolution.fields(writer, topic, fields)
+            if adds or stale:
+                if self.writers.get(self.spec.for_topic(topic).table) is writer:
+                    self.writers.pop(self.spec.for_topic(topic).table)
+                await self.evolution.evolve(conn, writer.t, adds, created=created)
+        UNKNOWN_FIELDS.add(f"{writer.t.schema}.{writer.t.name}", fields, len(found))
 
 
 def make_table_sink(spec: SinkSpec) -> HandlerFn:
@@ -143,17 +174,19 @@ def make_table_sink(spec: SinkSpec) -> HandlerFn:
     async def sink(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
         if not records:
             return []
-        writer = await targets.writer(conn, records[0].topic)
+        writer, created = await targets.writer(conn, records[0].topic)
         if isinstance(writer, str):  # a routed table that does not fit: every record says so
             return [Reject(f"table sink: {writer}")] * len(records)
         verdicts: list[Verdict] = [ACCEPT] * len(records)
         ops: list[tuple[int, Upsert | Delete]] = []
         convert = writer.convert
         decoding = targets.decoding
+        strays = writer.strays  # filled by convert: from here to the copy nothing yields
         if decoding is not None:  # raises Unavailable when the registry does not answer
             values, batch_keys = await decoding.values(records)
             decoding.keys.clear()  # from here to the write nothing yields: see Decoding
             decoding.keys.update(batch_keys)
+            strays.clear()
             for i, record in enumerate(records):
                 try:
                     value = values[i]
@@ -163,11 +196,16 @@ def make_table_sink(spec: SinkSpec) -> HandlerFn:
                 except Misfit as exc:
                     verdicts[i] = Reject(f"table sink: {exc}")
         else:
+            strays.clear()
             for i, record in enumerate(records):
                 try:
                     ops.append((i, convert(record)))
                 except Misfit as exc:
                     verdicts[i] = Reject(f"table sink: {exc}")
+        if strays:
+            found = list(strays)
+            strays.clear()
+            await targets.strays(conn, writer, records[0].topic, found, created)
         if ops and await _in_savepoint(conn, lambda sp: writer.write(conn, [o for _, o in ops],
                                                                      sp)):
             for i, op in ops:  # the database refused a row: find it, one record at a time
@@ -185,6 +223,8 @@ async def _ensure(conn: Any, context: HandlerContext) -> None:
     """At start: the table, or with a routed table the table of each ``--topic`` (those of a
     ``--topic-pattern`` are not known yet: each is made on its first sight)."""
     spec = SinkSpec.from_settings(context.settings)
+    if spec.ddl_dsn is not None and spec.evolve:
+        await check_ddl(spec.ddl_dsn)
     if not spec.routed:
         await ensure_table(conn, spec, topics=context.topics)
         return

@@ -13,7 +13,14 @@ from fencing.postgres.schema import quote_ident as _quote
 from fencing.postgres.sink.catalog import Method, Target
 from fencing.postgres.sink.keys import KeyReader
 from fencing.postgres.sink.order import sets_then_rest
-from fencing.postgres.sink.rows import EPOCH_MS, Delete, Upsert, converter, in_epoch_ms
+from fencing.postgres.sink.rows import (
+    EPOCH_MS,
+    RESERVED,
+    Delete,
+    Upsert,
+    converter,
+    in_epoch_ms,
+)
 
 __all__ = ["Writer"]
 
@@ -27,9 +34,10 @@ _BY_KEY = attrgetter("key")  # sorts upserts and deletes by the key columns' val
 class Writer:
     """The SQL of one target; ``write`` runs the fast path, ``one`` a single operation."""
 
-    def __init__(self, target: Target, method: Method, *, kafka_key: KeyReader | None = None
-                 ) -> None:
+    def __init__(self, target: Target, method: Method, *, kafka_key: KeyReader | None = None,
+                 born: int = 0) -> None:
         self.t = target
+        self.born = born  # ``time.monotonic_ns`` before its layout was read (``evolving``)
         self.method = method
         self.keys = target.layout.keys
         # the staged upsert passes a timestamptz kafka_timestamp as milliseconds, converted
@@ -37,9 +45,15 @@ class Writer:
         staged = bool(self.keys) and method is Method.COPY
         self.ms = next((c.name for c in target.layout.columns if in_epoch_ms(c)),
                        None) if staged else None
+        #: the values of the last conversion run that hold a field with no column (the
+        #: sink empties it before each run; a run does not yield, see the sink's handler)
+        self.strays: list[Any] = []
+        self.known = target.names | frozenset(RESERVED)
         self.convert = converter(target.layout, epoch_ms=self.ms is not None,
-                                 kafka_key=kafka_key)
-        self.stage = f"fence_sink_stage_{zlib.crc32(target.quoted.encode()):08x}"
+                                 kafka_key=kafka_key, known=self.known, strays=self.strays)
+        # per table and column set: a table that gained a column gets a stage that has it
+        shape = "|".join([target.quoted, *(c.name for c in target.layout.columns)])
+        self.stage = f"fence_sink_stage_{zlib.crc32(shape.encode()):08x}"
         cols = ", ".join(f"NULL::int8 AS {_quote(c.name)}" if c.name == self.ms else
                          _quote(c.name) for c in target.layout.columns)
         self.make_stage = (f"SET LOCAL client_min_messages = warning; CREATE TEMP TABLE IF NOT "

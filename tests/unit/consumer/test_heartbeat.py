@@ -102,3 +102,18 @@ async def test_failure_backs_off_for_an_interval_and_close_is_final() -> None:
     assert not await hb.tick()
     assert [r["state"] for r in store.rows] == ["running", "retired"]
     assert store.rows[-1]["detail"]["reason"] == "fenced"
+
+
+async def test_live_detail_is_read_at_each_write() -> None:
+    clock, store = Clock(), RecordingStore()
+    live: dict[str, Any] = {}
+    hb = MemberHeartbeat(store=store, identity=MemberIdentity("lt-3", "h", 1), clock=clock,
+                         interval_s=1.0, min_gap_s=0.1, detail={"handler": {"spec": "m:f"}},
+                         live_detail=lambda: dict(live))
+    assert await hb.tick()
+    live["sink_unknown_fields"] = {"s.t": {"records": 2, "fields": ["x"]}}
+    clock.now += 1.0
+    assert await hb.tick()
+    assert "sink_unknown_fields" not in store.rows[0]["detail"]
+    assert store.rows[1]["detail"]["sink_unknown_fields"]["s.t"]["records"] == 2
+    assert store.rows[1]["detail"]["handler"] == {"spec": "m:f"}

@@ -103,6 +103,13 @@ def test_prometheus_exposition_names() -> None:
     assert 'topic="orders"' in line and 'partition="2"' in line and line.endswith(" 3.0")
     lag = next(ln for ln in text.splitlines() if ln.startswith("fence_partition_lag"))
     assert lag.endswith(" 5.0")
+    counts = {"s.orders": 0}
+    inst.watch_unknown_fields(lambda: counts)
+    assert 'fence_sink_unknown_fields_total{table="s.orders"} 0.0' in \
+        generate_latest(tel.registry).decode()
+    counts["s.orders"] = 4
+    assert 'fence_sink_unknown_fields_total{table="s.orders"} 4.0' in \
+        generate_latest(tel.registry).decode()
     tel.shutdown(timeout_s=1)
 
 

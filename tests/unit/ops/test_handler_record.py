@@ -99,3 +99,18 @@ def test_the_registry_url_is_never_recorded_and_added_only_for_a_schemad_format(
     assert with_registry(recorded, "") == recorded
     assert with_registry(HandlerChoice("m:f", {"format": "avro"}), url).settings == {
         "format": "avro"}
+
+
+def test_the_ddl_dsn_is_never_recorded_and_added_back_for_an_evolving_sink() -> None:
+    ddl = "postgresql://owner:pw@db/app"
+    chosen = handler_from_flags(handler=None, settings={}, sink="table=o",
+                                sink_options={"sink_evolve": "add-columns"}, ddl_dsn=ddl)
+    assert chosen is not None and chosen.settings["ddl_dsn"] == ddl
+    recorded = record_of(chosen.spec, chosen.settings)
+    assert recorded == {"spec": SINK_HANDLER, "settings": {"table": "o",
+                                                           "evolve": "add-columns"},
+                        "redacted": []}
+    back = HandlerChoice(SINK_HANDLER, recorded["settings"], "recorded")
+    assert with_registry(back, "", ddl).settings["ddl_dsn"] == ddl
+    still = HandlerChoice(SINK_HANDLER, {"table": "o"}, "recorded")
+    assert with_registry(still, "", ddl) == still  # not evolving: no DDL connection

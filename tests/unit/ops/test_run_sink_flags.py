@@ -100,3 +100,35 @@ def test_sink_format_mistakes_are_named_before_anything_starts(extra: tuple[str,
 def test_sink_format_flags_need_the_sink(flag: str) -> None:
     with pytest.raises(ConfigError, match=f"{flag} json: needs --sink table=NAME"):
         config_from_args(run_args(flag, "json"), ENV)
+
+
+def test_sink_evolve_from_the_flag_or_env_and_the_ddl_dsn_from_env_only() -> None:
+    ddl = "postgresql://owner:secret@db/app"
+    env = {**ENV, "FENCE_DDL_DSN": ddl}
+    cfg = config_from_args(run_args("--sink", "table=t", "--sink-evolve", "add-columns"), env)
+    assert dict(cfg.handler_settings) == {"table": "t", "evolve": "add-columns",
+                                          "ddl_dsn": ddl}
+    spec = SinkSpec.from_settings(cfg.handler_settings)
+    assert spec.evolve and spec.ddl_dsn == ddl and "secret" not in repr(spec)
+    by_env = config_from_args(run_args("--sink", "table=t"),
+                              {**env, "FENCE_SINK_EVOLVE": "add-columns"})
+    assert SinkSpec.from_settings(by_env.handler_settings).evolve
+    flag_wins = config_from_args(run_args("--sink", "table=t", "--sink-evolve", "none"),
+                                 {**env, "FENCE_SINK_EVOLVE": "add-columns"})
+    assert not SinkSpec.from_settings(flag_wins.handler_settings).evolve
+    plain = config_from_args(run_args("--sink", "table=t"), env)  # the DSN only when evolving
+    assert "ddl_dsn" not in plain.handler_settings
+    # FENCE_SINK_EVOLVE is the sink's: without --sink it does nothing
+    assert config_from_args(run_args(), {**env, "FENCE_SINK_EVOLVE": "add-columns"}).handler
+
+
+@pytest.mark.parametrize(("extra", "env", "named"), [
+    (("--sink-evolve", "add-columns"), {}, "--sink-evolve add-columns needs FENCE_DDL_DSN"),
+    (("--sink-evolve", "yes"), {"FENCE_DDL_DSN": "postgresql://a/b"},
+     "--sink-evolve yes: use none | add-columns"),
+])
+def test_sink_evolve_mistakes_are_named(extra: tuple[str, ...], env: dict[str, str],
+                                        named: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_args(run_args("--sink", "table=t", *extra), {**ENV, **env})
+    assert named in str(info.value)

@@ -271,3 +271,24 @@ def test_a_best_effort_owner_never_claims_completeness(durability: str | None,
         TopicPartition("t", 0): SourceFacts("id", 0, 10)}, topic_notes={})
     lag_cell = "0 (best-effort)" if completeness == "not-claimed" else "0 "
     assert lag_cell in render_text(status)
+
+
+def test_a_members_ignored_fields_show_as_a_line_per_table() -> None:
+    row = member("running", age_s=1, lifetime="lt-s")
+    counted = MemberRow(row.lifetime_id, row.group_id, row.member_id, row.host, row.pid,
+                        row.state, row.started_at, row.last_seen,
+                        {**row.detail, "sink_unknown_fields": {
+                            "s.orders": {"records": 7, "fields": ["color", "size"]},
+                            "s.idle": {"records": 0, "fields": []}}})
+    status = build_status(now=NOW, partitions=[], members=[counted, member("running", age_s=1)],
+                          facts={}, topic_notes={})
+    by = {m["lifetime"]: m for m in status["members"]}
+    assert by["lt-s"]["sink_unknown_fields"]["s.orders"]["records"] == 7
+    assert by["lt-a"]["sink_unknown_fields"] == {}
+    lines = render_text(status).splitlines()
+    at = lines.index(next(ln for ln in lines if ln.startswith("UNKNOWN FIELDS")))
+    assert lines[at + 1:] == [
+        "  g lt-s: s.orders: 7 records held fields with no column, ignored: color, size"]
+    assert not any(ln.startswith("UNKNOWN FIELDS") for ln in render_text(
+        build_status(now=NOW, partitions=[], members=[member("running", age_s=1)], facts={},
+                     topic_notes={})).splitlines())
