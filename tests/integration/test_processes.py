@@ -113,8 +113,11 @@ def test_members_drain_a_backlog_exactly_once_and_stop_on_sigterm(services) -> N
         # its assignment is positioned; a session lost on a loaded machine rebalances again)
         for i in (0, 1):
             url = f"http://127.0.0.1:{port + i}"
-            wait_until(lambda url=url: (readyz(url) or (0,))[0] == 200, timeout_s=60,
-                       what=f"member {i} ready on {url}")
+
+            def ready(url: str = url) -> bool:
+                got = readyz(url)
+                return got is not None and got[0] == 200
+            wait_until(ready, timeout_s=60, what=f"member {i} ready on {url}")
         produce(services.kafka_bootstrap, recs)  # the backlog, for both to drain
         wait_until(lambda: committed_total(services.dsn, schema, group, topic) >= len(source),
                    timeout_s=120, what="the backlog committed")
