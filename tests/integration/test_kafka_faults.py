@@ -149,6 +149,7 @@ def test_kafka_fault_under_load(groups: Callable[..., FaultGroup], scenario: str
     kill = {"records": 15000}
     sizes: dict[str, dict[str, Any]] = {
         "coordinator-kill": kill, "controller-kill": kill, "leader-kill": kill,
+        "short-failover": kill,
         "rolling-restart": {"records": 3000, "feed": 60000},
         # more than the members can process within the bound (prefetched records are
         # processed while two nodes are down)
