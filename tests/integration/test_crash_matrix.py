@@ -1,11 +1,13 @@
-"""The crash-point conformance matrix (issue 11; ``tests/crash``).
+"""The crash-point conformance matrix by family (issues 11 and 29; ``tests/crash``).
 
-``make test`` runs every point under one protocol, rotating by point so all three protocols
-appear; ``make crash-matrix`` (``FENCE_CRASH_MATRIX=full``) runs every point under every
-protocol. Each cell asserts PASS; the module prints the matrix and writes it as JSON under
-``artifacts/crash-matrix/``. ``test_broken_successor_fails_the_cells_it_must`` shows the
-matrix can fail: a successor that takes its progress from Kafka's committed offsets turns
-the cells where Kafka lags PostgreSQL to FAIL, and leaves a cell with nothing to lose PASS.
+``make test`` runs the reference family's every point under one protocol, rotating by point
+so all three protocols appear, and one cell of each other family (sink, failures, replay,
+reset), its protocol rotating by family; ``make crash-matrix`` (``FENCE_CRASH_MATRIX=full``)
+runs every family's every point under every protocol. Each cell asserts PASS; the module
+prints the matrix and writes it as JSON under ``artifacts/crash-matrix/``.
+``test_broken_successor_fails_the_cells_it_must`` shows the matrix can fail: a successor
+that takes its progress from Kafka's committed offsets turns the cells where Kafka lags
+PostgreSQL to FAIL, and leaves a cell with nothing to lose PASS.
 
 The three-node column (``test_crash_point_cell_on_three_nodes``, the ``cluster`` fixture)
 kills the group's coordinator at the crash point: ``make crash-matrix`` and ``make
@@ -23,8 +25,10 @@ from typing import Any
 import pytest
 
 from tests.crash.cell import BROKEN, CellResult, run_cell
-from tests.crash.plans import all_cells, ci_cells, three_node_cells
+from tests.crash.families import all_cells, ci_cells, family_of
+from tests.crash.plans import three_node_cells
 from tests.crash.report import render, write_json
+from tests.crash.tool_cell import run_tool_cell
 
 pytestmark = pytest.mark.integration
 
@@ -48,11 +52,14 @@ def _matrix_report(request: pytest.FixtureRequest) -> Iterator[None]:
         print("\n" + render(_RESULTS) + f"\n(JSON: {path})", flush=True)
 
 
-@pytest.mark.parametrize(("point", "protocol"), CELLS, ids=[f"{p}-{g}" for p, g in CELLS])
-def test_crash_point_cell(services: Any, point: str, protocol: str) -> None:
-    result = run_cell(services, point, protocol)
+@pytest.mark.parametrize(("family", "point", "protocol"), CELLS,
+                         ids=[f"{f}-{p}-{g}" for f, p, g in CELLS])
+def test_crash_point_cell(services: Any, family: str, point: str, protocol: str) -> None:
+    fam = family_of(family)
+    result = run_tool_cell(services, fam, protocol) if fam.tool else \
+        run_cell(services, point, protocol, family=fam)
     _RESULTS.append(result)
-    assert result.passed, (f"{point} x {protocol} FAILED (kept {result.kept}):\n  "
+    assert result.passed, (f"{family} {point} x {protocol} FAILED (kept {result.kept}):\n  "
                            + "\n  ".join(result.problems))
 
 
