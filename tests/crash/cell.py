@@ -1,12 +1,15 @@
-"""Run one cell of the crash-point matrix against real services.
+"""Run one cell of a worker family of the crash-point matrix (``tests.crash.families``:
+``reference``, ``sink``, ``failures``) against real services.
 
 Long because the five phases share one cell's processes, proxy and deadlines; the judgement
 lives in ``tests.crash.verdict`` and the reads in ``tests.crash.facts``.
 
 Rules
 - A cell is fresh: its own topic (3 partitions), group and schema (with the audit trigger of
-  ``tests.crash.facts``), and a seeded reference source of class ``conflict`` (stale and
-  skipped revisions, duplicates, malformed records).
+  ``tests.crash.facts``), and its family's seeded source: for ``reference`` of class
+  ``conflict`` (stale and skipped revisions, duplicates, malformed records), for ``sink``
+  and ``failures`` that of ``tests.crash.oracles``; A and B run with the family's flags and
+  the family's oracle judges the effects.
 - Phases run in order, each under its own deadline (``DEADLINES_S``): ``setup``, ``crash``
   (A armed, brought to its point, marker written, A dead or frozen), ``restart`` (a fresh
   process B commits), ``drain`` (every frontier at its high watermark; the zombie is then

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from ops.bench.provenance import provenance
 from tests.crash.cell import CellResult
 from tests.crash.families import FAMILIES
 from tests.crash.plans import PROTOCOLS
@@ -74,11 +75,16 @@ def render(results: Sequence[CellResult]) -> str:
     return "\n".join(lines)
 
 
-def write_json(results: Sequence[CellResult], *, name: str) -> Path:
+def write_json(results: Sequence[CellResult], *, name: str, command: str = "",
+               wall_s: float = 0.0) -> Path:
+    """``artifacts/crash-matrix/<name>.json``; with ``command``, its provenance (what
+    ``ops.bench.crash_tables`` prints above the published table)."""
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / f"{name}.json"
     path.write_text(json.dumps({
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **({"provenance": provenance(command)} if command else {}),
+        "wall_s": round(wall_s, 1),
         "cells": [asdict(r) for r in results],
         "recovery_s": distribution(results),
         "passed": sum(r.passed for r in results), "total": len(results)}, indent=1))

@@ -32,6 +32,7 @@ from typing import Any
 
 import asyncpg
 
+from ops.operator.reset_plan import journal_prefix
 from ops.reference.generate import GeneratedRecord
 from tests.crash.cell import CELLS, ROOT, CellResult, PhaseFailed, _Clock, _complete, _db
 from tests.crash.facts import install_audit, read_markers, read_partitions
@@ -234,8 +235,8 @@ class _ToolCell:
             "quarantine": {(r["partition"], r["offset"]): (r["state"], r["replays"],
                                                            r["reason"]) for r in quarantine},
             "replay_journal": tuple(r["detail"] for r in journal if r["event"] == "replay"),
-            "operation_rows": sum(1 for r in journal
-                                  if (r["detail"] or "").startswith(self.operation)),
+            "operation_rows": sum(1 for r in journal if (r["detail"] or "").startswith(
+                journal_prefix(self.operation))),
             "moves_back": moves}
 
     def drain_again(self) -> None:
