@@ -55,14 +55,16 @@ from tests.crash.facts import (
     read_partitions,
     read_rows,
 )
-from tests.crash.families import FAILURES, REFERENCE, SINK, Family
+from tests.crash.families import FAILURES, REFERENCE, SINK, UNCERTAIN, Family
 from tests.crash.oracles import (
+    UNCERTAIN_FLAGS,
     failing_flags,
     failing_records,
     failures_problems,
     sink_problems,
     sink_records,
     sink_setup,
+    uncertain_problems,
 )
 from tests.crash.plans import CellPlan, Trigger
 from tests.crash.verdict import judge
@@ -194,7 +196,7 @@ class _Cell:
                      replication=1 if self.cluster is None else -1)
         if self.family is SINK:
             recs, self.expected = sink_records(self.topic, count=RECORDS, partitions=PARTITIONS)
-        elif self.family is FAILURES:
+        elif self.family in (FAILURES, UNCERTAIN):
             recs = failing_records(self.topic)
         else:
             recs, self.source = generated(self.topic, count=RECORDS, partitions=PARTITIONS,
@@ -230,6 +232,8 @@ class _Cell:
             own = ("--sink", f"table={self.schema}.acct", "--sink-key", "id")
         elif self.family is FAILURES:
             own = failing_flags()
+        elif self.family is UNCERTAIN:
+            own = UNCERTAIN_FLAGS
         return (*COMMON, *own, *(("--allow-retention-gap",) if self.plan.retention_gap
                                  else ()))
 
@@ -371,6 +375,8 @@ class _Cell:
         try:
             if self.family is SINK:
                 return await sink_problems(conn, self.schema, self.group, self.expected)
+            if self.family is UNCERTAIN:
+                return await uncertain_problems(conn, self.schema, self.group, self.topic)
             return await failures_problems(conn, self.schema, self.group, self.topic)
         finally:
             await conn.close()

@@ -2,16 +2,18 @@
 the oracle that judges the outcome.
 
 Rules
-- A worker family (``reference``, ``sink``, ``failures``) is run by ``tests.crash.cell``:
-  worker A runs with the family's flags and source, is killed at the point, B drains with
-  the same flags; the common verdict (``tests.crash.verdict``) plus the family's oracle.
+- A worker family (``reference``, ``sink``, ``failures``, ``uncertain``) is run by
+  ``tests.crash.cell``: worker A runs with the family's flags and source, is killed at the
+  point, B drains with the same flags; the common verdict (``tests.crash.verdict``) plus
+  the family's oracle.
 - A tool family (``replay``, ``reset``) is run by ``tests.crash.tool_cell``: a worker drains
   the family's source, the operator tool is killed at its point inside its transaction,
   then run again, and the family's oracle judges.
 - Each family lists the points its own code reaches. The worker points that sit before any
   effect (validate, claim, seek, heartbeat, gap skip, revoke, shutdown) are the same code
-  whatever the handler, and the ``reference`` family covers them; ``sink`` and ``failures``
-  take the points where their effects are written, committed or counted.
+  whatever the handler, and the ``reference`` family covers them; ``sink`` and
+  ``failures`` take the points where their effects are written, committed or counted; so does
+  ``uncertain``, the failures family's outcome-uncertain variant (its own handler).
 - Oracles are pure functions of rows read back (``tests.crash.oracles``); the source and
   its expected outcome come from a fixed seed.
 """
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 from fencing.crashpoints import POINTS, TOOL_POINTS
 from tests.crash.plans import PLANS, PROTOCOLS, CellPlan
 
-__all__ = ["FAILURES", "FAMILIES", "REFERENCE", "REPLAY", "RESET", "SINK", "Family",
+__all__ = ["FAILURES", "FAMILIES", "REFERENCE", "REPLAY", "RESET", "SINK", "UNCERTAIN", "Family",
            "all_cells", "ci_cells", "family_of"]
 
 
@@ -64,13 +66,19 @@ FAILURES = Family(
     summary="a handler failing transiently once per partition and on one poison record per "
             "partition: retries, attempt counts, bisection, quarantine",
     ci_points=("after-attempt-count",))
+UNCERTAIN = Family(
+    "uncertain",
+    tuple(p for p in PLANS if p.point in _FAILURE_POINTS[:2]),
+    summary="an outcome-uncertain handler (an external call per record before its "
+            "transaction): each batch preceded by its durable intent",
+    ci_points=("in-handler",))
 REPLAY = Family("replay", (CellPlan("in-replay", "in-replay"),), tool="replay",
                 summary="fencectl quarantine replay of two poison records: one fixed by the "
                         "operator's handler, one still failing")
 RESET = Family("reset", (CellPlan("in-reset", "in-reset"),), tool="reset",
                summary="fencectl reset frontier back on a drained partition with its owner "
                        "running")
-FAMILIES = (REFERENCE, SINK, FAILURES, REPLAY, RESET)
+FAMILIES = (REFERENCE, SINK, FAILURES, UNCERTAIN, REPLAY, RESET)
 
 
 def family_of(name: str) -> Family:

@@ -8,6 +8,9 @@ Rules
 - ``failures``: every non-poison record applied exactly once (the handler's ``applied``
   table counts applications per offset), every poison record quarantined exactly once
   with its ``ValueError`` and never applied.
+- ``uncertain``: at most one external effect per record (the handler's ``external`` table,
+  written on its own connection before the transaction); every record applied exactly once
+  or quarantined exactly once as outcome unknown, never both.
 - ``counts_problems`` is the pure comparison of applications per offset with the expected
   ones; the replay and reset families use it with their own expectations.
 """
@@ -21,10 +24,24 @@ from typing import Any
 from ops.reference.generate import GeneratedRecord
 from tests.integration.sink_churn import ACCOUNT_TABLE, Script, script
 
-__all__ = ["FAIL_PARTITIONS", "FAIL_RECORDS", "POISON", "SINK_TABLE", "TRANSIENT",
-           "applied_counts", "counts_problems", "failing_flags", "failing_records",
-           "failures_problems", "quarantined", "sink_problems", "sink_records",
-           "sink_setup"]
+__all__ = [
+    "FAIL_PARTITIONS",
+    "FAIL_RECORDS",
+    "POISON",
+    "SINK_TABLE",
+    "TRANSIENT",
+    "UNCERTAIN_FLAGS",
+    "applied_counts",
+    "counts_problems",
+    "failing_flags",
+    "failing_records",
+    "failures_problems",
+    "quarantined",
+    "sink_problems",
+    "sink_records",
+    "sink_setup",
+    "uncertain_problems",
+]
 
 SINK_TABLE = "acct"
 FAIL_PARTITIONS, FAIL_RECORDS = 3, 400  # per partition
@@ -116,4 +133,30 @@ async def failures_problems(conn: Any, schema: str, group: str, topic: str) -> l
                         f"{sorted(POISON)}")
     problems += [f"quarantine {r['partition']}@{r['offset']}: reason {r['reason']!r} does not "
                  "name the ValueError" for r in rows if "ValueError" not in r["reason"]]
+    return problems
+
+
+UNCERTAIN_FLAGS = ("--handler", "tests.integration.handlers:uncertain_handler")
+
+
+async def uncertain_problems(conn: Any, schema: str, group: str, topic: str) -> list[str]:
+    """At most one external effect per record; a record is applied exactly once or, left
+    in flight by a dead owner, quarantined exactly once (outcome unknown) and never
+    applied."""
+    every = {(p, o) for p in range(FAIL_PARTITIONS) for o in range(FAIL_RECORDS)}
+    rows = await conn.fetch(f'SELECT partition, "offset", n FROM "{schema}".external'
+                            " WHERE topic = $1", topic)
+    external = {(r["partition"], r["offset"]): r["n"] for r in rows}
+    problems = [f"{len(twice)} records with more than one external effect: {twice[:6]}"
+                for twice in [sorted(k for k, n in external.items() if n > 1)] if twice]
+    reasons = {(r["partition"], r["offset"]): r["reason"] for r in await conn.fetch(
+        f'SELECT partition, "offset", reason FROM "{schema}".quarantine WHERE group_id = $1',
+        group)}
+    held = set(reasons)
+    problems += [f"quarantine {k}: reason {v!r}, expected outcome unknown"
+                 for k, v in sorted(reasons.items()) if not v.startswith("outcome unknown")][:3]
+    expected = {k: 1 for k in every - held}
+    problems += counts_problems(await applied_counts(conn, schema, topic), expected)
+    if held - every:
+        problems.append(f"quarantine rows of no record: {sorted(held - every)[:6]}")
     return problems
