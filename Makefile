@@ -83,7 +83,8 @@ sink-routing: setup
 # family); prints the table, writes artifacts/crash-matrix/full.json, keeps failed cells' logs;
 # once every cell passed, publishes the JSON to docs/bench/ and regenerates the page's table
 crash-matrix: setup
-	FENCE_CRASH_MATRIX=full $(BIN)/pytest -q tests/integration/test_crash_matrix.py $(PYTEST_ARGS)
+	FENCE_CRASH_MATRIX=full FENCE_CRASH_MATRIX_ARGS='$(PYTEST_ARGS)' $(BIN)/pytest -q \
+	  tests/integration/test_crash_matrix.py $(PYTEST_ARGS)
 	cp artifacts/crash-matrix/full.json docs/bench/crash-matrix.json
 	$(BIN)/python -m ops.bench.tables --page docs/crash-matrix.md
 

@@ -37,8 +37,9 @@ def crash_matrix(report: dict[str, Any]) -> list[str]:
     rec = report.get("recovery_s") or {}
     lines = [f"`{p.get('command', '?')}` on {p.get('date', '?')} at commit "
              f"{p.get('commit', '?')} (`docs/bench/crash-matrix.json`): "
-             f"{report['passed']}/{report['total']} cells PASS in "
-             f"{report.get('wall_s', 0) / 60:.0f} min.", "",
+             f"{report['passed']}/{report['total']} cells PASS; the run (with the "
+             f"broken-successor test) took {report.get('wall_s', 0) / 60:.0f} min, load "
+             f"average {p.get('load_average_1m_at_start', '?')} at its start.", "",
              "| family | point | " + " | ".join(PROTOCOLS) + " |",
              "|---|---|" + "---|" * len(PROTOCOLS)]
     lines += [f"| {f} | {pt} | " + " | ".join(_cell(by.get((f, pt, g))) for g in PROTOCOLS)

@@ -48,8 +48,10 @@ def _matrix_report(request: pytest.FixtureRequest) -> Iterator[None]:
     if not _RESULTS:
         return
     name = "full" if FULL else "ci"
-    path = write_json(_RESULTS, name=name, wall_s=time.monotonic() - start,
-                      command="make crash-matrix" if FULL else "make test")
+    args = os.environ.get("FENCE_CRASH_MATRIX_ARGS", "")  # make crash-matrix PYTEST_ARGS=
+    command = "make test" if not FULL else "make crash-matrix" + (
+        f" PYTEST_ARGS='{args}'" if args else "")
+    path = write_json(_RESULTS, name=name, wall_s=time.monotonic() - start, command=command)
     capman = request.config.pluginmanager.getplugin("capturemanager")
     with capman.global_and_fixture_disabled() if capman else nullcontext():
         print("\n" + render(_RESULTS) + f"\n(JSON: {path})", flush=True)
