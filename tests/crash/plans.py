@@ -11,7 +11,8 @@ Rules
   committed something, it is asked to stop. ``ZOMBIE``: the successor starts while A is
   frozen at the point; A is continued once the successor drained.
 - ``three_node_cells()``: the column on the three-node cluster (the group's coordinator
-  SIGKILLed at the crash point) for ``THREE_NODE_POINTS``, rotating the protocol the same way.
+  SIGKILLed at the crash point) for ``THREE_NODE_POINTS`` (reference family), rotating the
+  protocol by point.
 """
 
 from __future__ import annotations
