@@ -72,6 +72,7 @@ from consumer.alone_gate import AloneGate
 from consumer.decisions import LifetimeState
 from consumer.observability.instruments import Instruments
 from consumer.ports import LifecyclePort
+from fencing.crashpoints import crash_point, is_armed_for
 from fencing.errors import EffectUncertain, Fenced, HandlerFailed, TooSlow
 from fencing.failures import (
     Bisection,
@@ -141,6 +142,17 @@ def with_rejects(inner: HandlerFn, rejects: Mapping[int, Reject]) -> HandlerFn:
         got = iter(check_verdicts(await inner(conn, apply), len(apply)) if apply else ())
         return [rejects[r.offset] if r.offset in rejects else next(got) for r in records]
 
+    return handler
+
+
+def _probe_point(inner: HandlerFn, tp: TopicPartition, bisecting: bool) -> HandlerFn:
+    """``inner`` followed by the ``in-bisection-probe`` crash point (a probe's effects
+    written in its transaction, not committed); wrapped only when that point is armed."""
+    async def handler(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
+        verdicts = await inner(conn, records)
+        crash_point("in-bisection-probe", partition=str(tp), first=records[0].offset,
+                    last=records[-1].offset, bisecting=bisecting)
+        return verdicts
     return handler
 
 
@@ -478,6 +490,8 @@ class FailureRun:
             records = batch[probe.start:probe.end]
             handler = with_rejects(inner, {i: rejects[i] for i in
                                            (batch[j].offset for j in probe.reject)})
+            if is_armed_for("in-bisection-probe"):
+                handler = _probe_point(handler, tp, probe.bisecting)
             try:
                 token = await self._once(BatchCall(tp, records, handler, clear_attempts=True),
                                          wait.stopped)

@@ -1,7 +1,8 @@
 """Named crash points in the production code path, inert unless armed.
 
-It lives in ``fencing`` (not ``consumer``) because two points sit in the PostgreSQL store
-(``in-handler``, ``commit-in-flight``) and one in the guarded skip (``in-gap-skip``), and
+It lives in ``fencing`` (not ``consumer``) because three points sit in the PostgreSQL store
+(``in-handler``, ``commit-in-flight``, ``after-attempt-count``) and one in the guarded skip
+(``in-gap-skip``), and
 the fence may not import the worker; the worker and its Kafka adapter import it from here.
 
 Rules
@@ -56,6 +57,10 @@ POINTS: Mapping[str, str] = {
     "in-gap-skip": "fencing.guarded: gap-skip committed, before the token is retained",
     "in-heartbeat": "consumer.observability.heartbeat: member row written",
     "in-shutdown": "consumer.lifetime_run: after SIGTERM, fetching stopped, batches in flight",
+    "after-attempt-count": "fencing.postgres.store: a retry's attempt count committed, before "
+                           "the retry runs",
+    "in-bisection-probe": "consumer.failure_run: a bisection probe's handler returned inside "
+                          "its transaction, before COMMIT",
 }
 #: points in the operator tools and the table sink's evolution, armed the same way; each is
 #: proven by its own tests (not by the worker's crash matrix, which covers ``POINTS``)
@@ -64,6 +69,10 @@ TOOL_POINTS: Mapping[str, str] = {
                         "(committed), before the batch is rolled back and retried",
     "relay-after-ack": "ops.commands.relay: the broker acknowledged the dead letters, before "
                        "their rows are marked relayed",
+    "in-replay": "ops.operator.quarantine: a replayed record applied and its row marked, "
+                 "before the replay's COMMIT",
+    "in-reset": "ops.commands.reset: the partition rows moved and journaled under the "
+                "operation id, before the reset's COMMIT",
 }
 
 _SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP}

@@ -384,6 +384,8 @@ class PgFenceStore:
         if not rows:
             raise Fenced(f"record attempt {tp}: token epoch={token.epoch} "
                          f"frontier={token.frontier} no longer matches")
+        crash_point("after-attempt-count", partition=str(tp), epoch=token.epoch,
+                    frontier=token.frontier, offset=offset, attempts=int(rows[0]["attempts"]))
         return Attempts(count=int(rows[0]["attempts"]), last_error=rows[0]["last_error"],
                         alone=int(rows[0]["alone"]))
 

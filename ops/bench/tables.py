@@ -1,5 +1,6 @@
 """The benchmark tables of ``docs/benchmarks.md`` (and the table sink's of
-``docs/table-sink-formats.md``, ``ops.bench.sink_tables``), generated from the JSON in
+``docs/table-sink-formats.md``, ``ops.bench.sink_tables``; the crash matrix's of
+``docs/crash-matrix.md``, ``ops.bench.crash_tables``), generated from the JSON in
 ``docs/bench/``.
 
 Long because each generated region of the pages has its renderer here (the table sink's in
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ops.bench import sink_tables
+from ops.bench import crash_tables, sink_tables
 
 __all__ = ["PAGE", "PAGES", "REGIONS", "main", "render_page"]
 
@@ -384,6 +385,7 @@ REGIONS: dict[str, Region] = {
     "sink-in-order": Region("sink-in-order.json", sink_tables.in_order, SINK_PAGE),
     "sink-decode": Region("sink-decode.json", sink_tables.decode, SINK_PAGE),
     "sink-avro": Region("sink-avro.json", sink_tables.avro_runs, SINK_PAGE),
+    "crash-matrix": Region("crash-matrix.json", crash_tables.crash_matrix, "crash-matrix.md"),
 }
 #: every page with generated regions
 PAGES = tuple(sorted({ROOT / "docs" / r.page for r in REGIONS.values()}))

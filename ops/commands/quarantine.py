@@ -18,9 +18,9 @@ after a crash, applies nothing twice. Exit codes: 0 done (replay: every selected
 applied; show: found), 1 a replayed record failed again, a row was not found, or the
 database failed before COMMIT (nothing of that record or purge applied), 2 bad usage or
 configuration (``FENCE_DSN`` unset or refused, schema not migrated, unknown ``--group``, no
-recorded handler or members that disagree and no ``--handler``/``--sink``), 3 outcome
-unknown (a replay's or the purge's COMMIT was sent and its reply lost or past
-``--timeout-s``): re-run the same command, which applies nothing twice.
+recorded handler or members that disagree and no ``--handler``/``--sink``, a bad
+``FENCE_CRASH_AT``), 3 outcome unknown (a replay's or the purge's COMMIT was sent and its
+reply lost or past ``--timeout-s``): re-run the same command, which applies nothing twice.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
 from ops.commands import relay
 from ops.commands.reset import EXIT_OUTCOME_UNKNOWN, operator_identity
 from ops.hints import schema_advice
-from ops.operator.db import DEFAULT_TIMEOUT_S, connection, dsn_from_env, require_known_group
+from ops.operator.db import DEFAULT_TIMEOUT_S, connection, require_known_group, tool_dsn_from_env
 from ops.operator.handler_record import (
     SINK_FLAGS,
     HandlerChoice,
@@ -302,7 +302,7 @@ def _report(choice: HandlerChoice, results: Sequence[ReplayResult], as_json: boo
 
 
 def _main(args: argparse.Namespace) -> int:
-    dsn = dsn_from_env("fencectl quarantine")
+    dsn = tool_dsn_from_env("fencectl quarantine")
     if dsn is None:
         return 2
     try:

@@ -40,7 +40,7 @@ from fencing.crashpoints import crash_point
 from fencing.errors import ConfigError, SchemaMismatch
 from ops.hints import schema_advice
 from ops.librdkafka_logs import client_log_settings
-from ops.operator.db import connection, dsn_from_env, require_known_group
+from ops.operator.db import connection, require_known_group, tool_dsn_from_env
 from ops.operator.relay import DeadLetter, Delivered, dead_letter, mark, pending, relay_lock
 
 __all__ = ["add_parser"]
@@ -158,7 +158,7 @@ async def _run(dsn: str, args: argparse.Namespace, bootstrap: str,
 
 
 def main(args: argparse.Namespace) -> int:
-    dsn = dsn_from_env("fencectl quarantine relay")
+    dsn = tool_dsn_from_env("fencectl quarantine relay")
     if dsn is None:
         return 2
     bootstrap = args.bootstrap_servers or os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from consumer.config import redact
+from fencing import crashpoints
 from fencing.errors import ConfigError, FenceError
 from fencing.postgres.classify import Phase, connection_suspect, translate
 from fencing.postgres.schema import check_version, quote_schema
@@ -47,6 +48,7 @@ __all__ = [
     "one_transaction",
     "require_known_group",
     "server_not_answering",
+    "tool_dsn_from_env",
 ]
 
 T = TypeVar("T")
@@ -108,6 +110,18 @@ def dsn_from_env(command: str) -> str | None:
               f"eval \"$({fencectl()} stack env)\")", file=sys.stderr)
         return None
     return dsn
+
+
+def tool_dsn_from_env(command: str) -> str | None:
+    """``dsn_from_env`` for a tool with crash points (``fencing.crashpoints.TOOL_POINTS``):
+    also None (then exit 2) when ``FENCE_CRASH_AT`` is malformed or names an unknown point,
+    never silently disarmed."""
+    try:
+        crashpoints.armed()
+    except ConfigError as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return None
+    return dsn_from_env(command)
 
 
 def connect_mistake(exc: BaseException, *, dsn: str) -> str | None:

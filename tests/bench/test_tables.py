@@ -1,6 +1,7 @@
 """The benchmark tables of docs/benchmarks.md (and the table sink's of
-docs/table-sink-formats.md) are what ``ops.bench.tables`` renders from docs/bench/*.json: a
-page cannot drift from the JSON the benchmark wrote."""
+docs/table-sink-formats.md, the crash matrix's of docs/crash-matrix.md) are what
+``ops.bench.tables`` renders from docs/bench/*.json: a page cannot drift from the JSON the
+benchmark wrote."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def test_the_pages_match_their_json(page: Path) -> None:
 
 
 def test_check_covers_every_page() -> None:
-    assert {p.name for p in PAGES} == {"benchmarks.md", "table-sink-formats.md"}
+    assert {p.name for p in PAGES} == {"benchmarks.md", "table-sink-formats.md",
+                                       "crash-matrix.md"}
     assert main(["--check"]) == 0
 
 
@@ -57,3 +59,19 @@ def test_text_outside_the_regions_is_kept_and_bad_regions_are_refused() -> None:
         render_page("<!-- generated: nope -->\n<!-- end generated -->\n")
     with pytest.raises(ValueError, match="not closed"):
         render_page("<!-- generated: store -->\nx\n")
+
+
+def test_the_crash_matrix_table_rows_are_family_and_point() -> None:
+    from ops.bench.crash_tables import crash_matrix
+    cells = [{"family": "reference", "point": "after-claim", "protocol": "eager-range",
+              "passed": True, "recovery_s": 2.04},
+             {"family": "reset", "point": "in-reset", "protocol": "kip848-consumer",
+              "passed": False, "recovery_s": None},
+             {"family": "reference", "point": "after-claim", "protocol": "eager-range",
+              "passed": True, "recovery_s": 9.0, "three_nodes": True}]
+    lines = crash_matrix({"provenance": {"command": "make crash-matrix", "date": "d",
+                                         "commit": "c"}, "cells": cells, "passed": 2,
+                          "total": 3, "wall_s": 120, "recovery_s": {"count": 0}})
+    assert lines[0].startswith("`make crash-matrix` on d at commit c") and "2/3" in lines[0]
+    assert "| reference | after-claim | PASS 2.0s | - | - |" in lines
+    assert "| reset | in-reset | - | - | FAIL |" in lines

@@ -1,12 +1,15 @@
-"""Run one cell of the crash-point matrix against real services.
+"""Run one cell of a worker family of the crash-point matrix (``tests.crash.families``:
+``reference``, ``sink``, ``failures``) against real services.
 
 Long because the five phases share one cell's processes, proxy and deadlines; the judgement
 lives in ``tests.crash.verdict`` and the reads in ``tests.crash.facts``.
 
 Rules
 - A cell is fresh: its own topic (3 partitions), group and schema (with the audit trigger of
-  ``tests.crash.facts``), and a seeded reference source of class ``conflict`` (stale and
-  skipped revisions, duplicates, malformed records).
+  ``tests.crash.facts``), and its family's seeded source: for ``reference`` of class
+  ``conflict`` (stale and skipped revisions, duplicates, malformed records), for ``sink``
+  and ``failures`` that of ``tests.crash.oracles``; A and B run with the family's flags and
+  the family's oracle judges the effects.
 - Phases run in order, each under its own deadline (``DEADLINES_S``): ``setup``, ``crash``
   (A armed, brought to its point, marker written, A dead or frozen), ``restart`` (a fresh
   process B commits), ``drain`` (every frontier at its high watermark; the zombie is then
@@ -52,7 +55,18 @@ from tests.crash.facts import (
     read_partitions,
     read_rows,
 )
-from tests.crash.plans import CellPlan, Trigger, plan_for
+from tests.crash.families import FAILURES, REFERENCE, SINK, UNCERTAIN, Family
+from tests.crash.oracles import (
+    UNCERTAIN_FLAGS,
+    failing_flags,
+    failing_records,
+    failures_problems,
+    sink_problems,
+    sink_records,
+    sink_setup,
+    uncertain_problems,
+)
+from tests.crash.plans import CellPlan, Trigger
 from tests.crash.verdict import judge
 from tests.integration.workers import (
     FENCECTL,
@@ -103,6 +117,7 @@ class CellResult:
     kept: str | None = None  # the folder kept for a failed cell
     successor: str = "fencectl"
     three_nodes: bool = False  # the three-node column: a broker killed at the crash point
+    family: str = "reference"
 
 
 class PhaseFailed(Exception):
@@ -148,9 +163,9 @@ async def _with_conn(dsn: str, fn: Callable[[Any], Any]) -> Any:
 class _Cell:
     """The state of one running cell (see the module Rules)."""
 
-    def __init__(self, services: Any, plan: CellPlan, protocol: str, successor: Successor,
-                 cluster: Any = None):
-        self.s, self.plan, self.successor = services, plan, successor
+    def __init__(self, services: Any, family: Family, plan: CellPlan, protocol: str,
+                 successor: Successor, cluster: Any = None):
+        self.s, self.family, self.plan, self.successor = services, family, plan, successor
         self.cluster = cluster
         self.bootstrap = services.kafka_bootstrap if cluster is None else cluster.bootstrap
         self.killed_node: int | None = None  # killed and not yet started again
@@ -159,7 +174,8 @@ class _Cell:
         self.topic, self.group = unique("crash"), unique("gcrash")
         broken = "" if successor is CORRECT else f"--broken-{successor.name}"
         column = protocol if cluster is None else f"3nodes-{protocol}"
-        self.dir = CELLS / f"{plan.point}--{column}{broken}--{uuid.uuid4().hex[:6]}"
+        self.dir = CELLS / (f"{family.name}--{plan.point}--{column}{broken}--"
+                            f"{uuid.uuid4().hex[:6]}")
         self.dir.mkdir(parents=True, exist_ok=True)
         self.marker = self.dir / "marker.jsonl"
         self.clock = _Clock()
@@ -169,6 +185,7 @@ class _Cell:
         self.rule: Any = None
         self.schema = ""
         self.source: list[SourceRecord] = []
+        self.expected: Any = None  # the sink family's fold
         self.gaps: dict[int, int] = {}
         self.a_stopped = False
         self.at_death: tuple[Any, ...] = ()
@@ -177,10 +194,17 @@ class _Cell:
     def prepare(self) -> None:
         create_topic(self.bootstrap, self.topic, PARTITIONS,
                      replication=1 if self.cluster is None else -1)
-        recs, self.source = generated(self.topic, count=RECORDS, partitions=PARTITIONS,
-                                      klass="conflict", seed=SEED)
+        if self.family is SINK:
+            recs, self.expected = sink_records(self.topic, count=RECORDS, partitions=PARTITIONS)
+        elif self.family in (FAILURES, UNCERTAIN):
+            recs = failing_records(self.topic)
+        else:
+            recs, self.source = generated(self.topic, count=RECORDS, partitions=PARTITIONS,
+                                          klass="conflict", seed=SEED)
         produce(self.bootstrap, recs)
         self.schema = _db(fresh_schema(self.s.dsn), self.clock.left())
+        if self.family is SINK:
+            _db(_with_conn(self.s.dsn, lambda c: sink_setup(c, self.schema)), self.clock.left())
         _db(_with_conn(self.s.dsn, lambda c: install_audit(c, self.schema)), self.clock.left())
         if self.plan.retention_gap:
             _db(self._pre_claim(), self.clock.left())
@@ -203,7 +227,15 @@ class _Cell:
             await store.close()
 
     def _flags(self) -> tuple[str, ...]:
-        return (*COMMON, *(("--allow-retention-gap",) if self.plan.retention_gap else ()))
+        own: tuple[str, ...] = ()
+        if self.family is SINK:
+            own = ("--sink", f"table={self.schema}.acct", "--sink-key", "id")
+        elif self.family is FAILURES:
+            own = failing_flags()
+        elif self.family is UNCERTAIN:
+            own = UNCERTAIN_FLAGS
+        return (*COMMON, *own, *(("--allow-retention-gap",) if self.plan.retention_gap
+                                 else ()))
 
     def _kafka_env(self) -> dict[str, str]:
         return {} if self.cluster is None else {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap}
@@ -323,8 +355,7 @@ class _Cell:
                    what="B running (member row)")
         self.b.terminate()
         b_exit = self.b.wait(min(30, self.clock.left()))
-        oracle = _db(exactly_once_problems(self.s.dsn, self.schema, self.group, self.topic,
-                                           self.source), self.clock.left())
+        oracle = _db(self._oracle(), self.clock.left())
         rows = _db(_with_conn(self.s.dsn, lambda c: read_rows(
             c, self.schema, self.group, self.topic)), self.clock.left())
         final = _db(_with_conn(self.s.dsn, lambda c: read_partitions(
@@ -336,6 +367,20 @@ class _Cell:
             oracle_problems=tuple(oracle), setup_lifetimes=frozenset({SETUP_LIFETIME}),
             commit_reply_held=None if self.rule is None else self.rule.fired.is_set(), **rows)
 
+    async def _oracle(self) -> list[str]:
+        if self.family is REFERENCE:
+            return await exactly_once_problems(self.s.dsn, self.schema, self.group, self.topic,
+                                               self.source)
+        conn = await asyncpg.connect(self.s.dsn)
+        try:
+            if self.family is SINK:
+                return await sink_problems(conn, self.schema, self.group, self.expected)
+            if self.family is UNCERTAIN:
+                return await uncertain_problems(conn, self.schema, self.group, self.topic)
+            return await failures_problems(conn, self.schema, self.group, self.topic)
+        finally:
+            await conn.close()
+
     def close(self) -> None:
         for w in (self.a, self.b):
             if w is not None:
@@ -345,12 +390,12 @@ class _Cell:
         self._restart_node()
 
 
-def run_cell(services: Any, point: str, protocol: str, *,
+def run_cell(services: Any, point: str, protocol: str, *, family: Family = REFERENCE,
              successor: Successor = CORRECT, cluster: Any = None) -> CellResult:
-    """Run one cell (on ``cluster``, the three-node column); never raises for a failing cell
-    (its problems say why)."""
-    plan = plan_for(point)
-    cell = _Cell(services, plan, protocol, successor, cluster)
+    """Run one cell of a worker family (on ``cluster``, the three-node column); never raises
+    for a failing cell (its problems say why)."""
+    plan = family.plan(point)
+    cell = _Cell(services, family, plan, protocol, successor, cluster)
     problems: list[str] = []
     recovery: float | None = None
     bookkeeping: tuple[str, ...] = ()
@@ -378,14 +423,15 @@ def run_cell(services: Any, point: str, protocol: str, *,
     else:
         kept = str(cell.dir.relative_to(ROOT))
         (cell.dir / "cell.json").write_text(json.dumps({
-            "point": point, "protocol": protocol, "three_nodes": cluster is not None,
+            "family": family.name, "point": point, "protocol": protocol,
+            "three_nodes": cluster is not None,
             "killed_node": cell.killed, "topic": cell.topic, "group": cell.group,
             "schema": cell.schema, "problems": problems, "phase_s": cell.clock.phase_s,
             "facts": None if facts is None else _jsonable(asdict(facts))}, indent=1,
             default=str))
     return CellResult(point, protocol, passed, None if recovery is None else round(recovery, 2),
                       tuple(problems), dict(cell.clock.phase_s), bookkeeping, kept,
-                      successor.name, three_nodes=cluster is not None)
+                      successor.name, three_nodes=cluster is not None, family=family.name)
 
 
 def _complete(marker: Path) -> bool:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from fencing.crashpoints import POINTS
+from fencing.crashpoints import POINTS, TOOL_POINTS
 from tests.crash.cell import CellResult
 from tests.crash.facts import (
     AuditRow,
@@ -18,7 +18,8 @@ from tests.crash.facts import (
     PartitionRow,
     QuarantineRow,
 )
-from tests.crash.plans import PLANS, PROTOCOLS, all_cells, ci_cells, plan_for
+from tests.crash.families import FAMILIES, REFERENCE, all_cells, ci_cells
+from tests.crash.plans import FAILURE_ONLY, PLANS, PROTOCOLS, plan_for
 from tests.crash.report import distribution, render
 from tests.crash.verdict import judge
 
@@ -94,21 +95,30 @@ def test_the_continued_zombie_may_only_write_its_own_bookkeeping() -> None:
         facts, a_stopped_at_marker=False)).problems)
 
 
-def test_every_point_has_a_plan_and_ci_rotates_protocols() -> None:
-    assert {p.arm.partition("@")[0] for p in PLANS} == set(POINTS)
-    assert len(all_cells()) == len(PLANS) * 3
+def test_every_point_has_a_family_and_ci_rotates_protocols() -> None:
+    reached = {p.arm.partition("@")[0] for f in FAMILIES for p in f.plans}
+    assert reached == set(POINTS) | {"in-replay", "in-reset"}
+    assert {"in-replay", "in-reset"} <= set(TOOL_POINTS)
+    assert {p.arm.partition("@")[0] for p in PLANS} == set(POINTS) - FAILURE_ONLY
+    assert len(all_cells()) == sum(len(f.plans) for f in FAMILIES) * 3
     ci = ci_cells()
-    assert [p for p, _ in ci] == [p.point for p in PLANS]
-    assert {g for _, g in ci} == set(PROTOCOLS)
+    reference = [(p, g) for f, p, g in ci if f == REFERENCE.name]
+    assert [p for p, _ in reference] == [p.point for p in PLANS]
+    assert {g for _, g in reference} == set(PROTOCOLS)
+    others = [(f, g) for f, _p, g in ci if f != REFERENCE.name]  # one cell per other family
+    assert [f for f, _ in others] == [f.name for f in FAMILIES[1:]]
+    assert {g for _, g in others} == set(PROTOCOLS)
 
 
 def test_render_and_distribution() -> None:
     results = [CellResult("after-claim", "eager-range", True, 2.0, ()),
                CellResult("after-claim", "kip848-consumer", True, 6.0, ()),
-               CellResult("zombie", "eager-range", False, None, ("boom",), kept="x")]
+               CellResult("zombie", "eager-range", False, None, ("boom",), kept="x"),
+               CellResult("in-reset", "cooperative-sticky", True, None, (), family="reset")]
     text = render(results)
-    assert "| after-claim | PASS 2.0s | - | PASS 6.0s |" in text
-    assert "| zombie | FAIL | - | - |" in text and "FAIL zombie x eager-range (kept x): boom" \
-        in text
+    assert "| reference | after-claim | PASS 2.0s | - | PASS 6.0s |" in text
+    assert "| reference | zombie | FAIL | - | - |" in text
+    assert "FAIL reference zombie x eager-range (kept x): boom" in text
+    assert "| reset | in-reset | - | PASS | - |" in text
     assert distribution(results) == {"count": 2, "min": 2.0, "median": 4.0, "p90": 6.0,
                                      "max": 6.0}

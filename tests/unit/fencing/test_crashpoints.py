@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,3 +120,18 @@ def test_bad_arming_is_refused_by_armed(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(crashpoints, "_ARMING_ERROR", "FENCE_CRASH_AT 'x': unknown crash point")
     with pytest.raises(ConfigError, match="unknown crash point"):
         crashpoints.armed()
+
+
+def test_every_point_sits_where_its_description_says() -> None:
+    """Each point (worker and tool) is reached by a ``crash_point("<name>"`` call in the
+    module its description names, and no call names a point that is not listed."""
+    named = {**POINTS, **crashpoints.TOOL_POINTS}
+    for point, where in named.items():
+        module = where.split(":", 1)[0]
+        source = (ROOT / (module.replace(".", "/") + ".py")).read_text()
+        assert f'crash_point("{point}"' in source, f"{point}: no call in {module}"
+    calls = set()
+    for tree in ("consumer", "fencing", "ops"):
+        for path in (ROOT / tree).rglob("*.py"):
+            calls |= set(re.findall(r'crash_point\(\s*"([\w-]+)"', path.read_text()))
+    assert calls == set(named)

@@ -149,3 +149,16 @@ def test_run_retries_an_unreachable_kafka_within_its_bound_then_exits_5() -> Non
     assert last.startswith(f"fencectl run: KAFKA_BOOTSTRAP_SERVERS {NOWHERE_KAFKA}: Kafka did "
                            "not answer for "), last
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("tool", [
+    ("quarantine", "replay", "--group", "g"),
+    ("quarantine", "relay", "--group", "g", "--topic", "dlq"),
+    ("reset", "frontier", "--group", "g", "--topic", "t", "--partition", "0", "--to-offset",
+     "1", "--yes-i-understand"),
+])
+def test_a_tool_with_crash_points_refuses_a_bad_fence_crash_at(tool: tuple[str, ...]) -> None:
+    """Never silently disarmed: the crash matrix's tool cells rely on the point firing."""
+    done = fencectl(*tool, env={"FENCE_CRASH_AT": "in-replays"})
+    assert done.returncode == 2, done.stderr
+    assert "FENCE_CRASH_AT 'in-replays'" in one_line(done)
