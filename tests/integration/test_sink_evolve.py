@@ -51,6 +51,7 @@ from tests.integration.workers import (
     create_topic,
     fresh_schema,
     produce,
+    stop_live,
     unique,
     wait_until,
 )
@@ -240,11 +241,7 @@ def test_avro_v1_to_v2_mid_stream_under_a_kill_after_the_alter_and_a_lost_commit
         produce(bootstrap, [_item(topic, 1, i, v4, note=None, qty=f"q{i}")
                             for i in range(450, 460)])
         committed(460)
-        live = [w for w in procs if w.alive()]
-        for w in live:
-            w.terminate()
-        for w in live:
-            assert w.wait(30) == 0, w.log()[-3000:]
+        stop_live(procs)
     finally:
         for w in procs:
             w.ensure_dead()

@@ -40,6 +40,7 @@ from tests.integration.workers import (
     durable_rows,
     fresh_schema,
     produce,
+    stop_live,
     unique,
     wait_until,
 )
@@ -251,11 +252,7 @@ def test_upsert_sink_with_a_bigint_key_under_kills_and_lost_commits_equals_the_f
         wait_until(lambda: len(epochs_of(dsn, schema, group, topic)) == UPSERT_PARTITIONS
                    and min(epochs_of(dsn, schema, group, topic).values()) >= 2,
                    timeout_s=90, what="every partition handed over at least once")
-        live = [w for w in procs if w.alive()]
-        for w in live:
-            w.terminate()
-        for w in live:
-            assert w.wait(30) == 0, w.log()[-3000:]
+        stop_live(procs)
     finally:
         for w in procs:
             w.ensure_dead()

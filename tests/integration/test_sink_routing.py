@@ -40,6 +40,7 @@ from tests.integration.workers import (
     durable_rows,
     fresh_schema,
     produce,
+    stop_live,
     unique,
     wait_until,
 )
@@ -174,11 +175,7 @@ def test_a_pattern_routed_into_three_tables_under_a_kill_and_lost_commits(
         for f in feeders:
             f.join(timeout=120)
         wait_until(lambda: total() >= 3 * COUNT, timeout_s=240, what="every record committed")
-        live = [w for w in procs if w.alive()]
-        for w in live:
-            w.terminate()
-        for w in live:
-            assert w.wait(30) == 0, w.log()[-3000:]
+        stop_live(procs)
     finally:
         for w in procs:
             w.ensure_dead()

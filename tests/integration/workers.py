@@ -289,6 +289,15 @@ class ProxyThread:
         self._thread.join(timeout=10)
 
 
+def stop_live(procs: Sequence[WorkerProc], timeout_s: float = 30.0) -> None:
+    """SIGTERM every member still alive, then assert each exits 0 within ``timeout_s``."""
+    live = [w for w in procs if w.alive()]
+    for w in live:
+        w.terminate()
+    for w in live:
+        assert w.wait(timeout_s) == 0, w.log()[-3000:]
+
+
 def run_until_committed(*, topic: str, group: str, schema: str, dsn: str, setup: GroupSetup,
                         total: int, extra: Sequence[str] = ()) -> str:
     """Run one worker until ``total`` records are committed, stop it with SIGTERM (it must
