@@ -122,3 +122,4 @@ class InterleavePoint:
     at: str
     fault: Fault | None
     attempt: str
+    partition: int | None = None  # the call's partition (process), None for a set's call

@@ -209,10 +209,11 @@ class MemoryFenceStore:
             self.on_event(event)
 
     async def _point(
-        self, op: Operation, call: int, at: str, fault: Fault | None, label: str
+        self, op: Operation, call: int, at: str, fault: Fault | None, label: str,
+        partition: int | None = None,
     ) -> None:
         if self.interleave_hook is not None:
-            await self.interleave_hook(InterleavePoint(op, call, at, fault, label))
+            await self.interleave_hook(InterleavePoint(op, call, at, fault, label, partition))
         await asyncio.sleep(0)  # cancellation point
 
     def _lock(self, tp: TopicPartition) -> asyncio.Lock:
@@ -331,7 +332,8 @@ class MemoryFenceStore:
         async def effect(
             fault: Fault | None, label: str, state: dict[str, bool], call: int
         ) -> Token:
-            await self._point(Operation.PROCESS, call, "before", fault, label)
+            await self._point(Operation.PROCESS, call, "before", fault, label,
+                              tp.partition)
             async with self._lock(tp):
                 self._require(tp, token)
                 if fault is not None and fault.outcome is FaultOutcome.ABORT:
@@ -357,7 +359,8 @@ class MemoryFenceStore:
                         self.retry_scheduled.pop(key, None)
                         self.alone_epochs.pop(key, None)
                 state["applied"] = True
-            await self._point(Operation.PROCESS, call, "after", fault, label)
+            await self._point(Operation.PROCESS, call, "after", fault, label,
+                              tp.partition)
             if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_COMMITTED:
                 raise OutcomeUnknown(
                     f"process {tp}: injected lost COMMIT reply, committed (call {call})"

@@ -149,11 +149,12 @@ class Checker:
     def exclude(self, tp: TopicPartition, first: int, end: int) -> None:
         """Drop source records of ``tp`` in [first, end) (an accepted retention gap);
         ``excluded`` counts the records dropped."""
+        # also where no record is left: one left out (``leave_out``) is given up too
+        self.gone.add(tp.partition, first, end)
         kept = tuple(r for r in self.source if not (r.tp == tp and first <= r.offset < end))
         if len(kept) == len(self.source):
             return
         self.excluded += len(self.source) - len(kept)
-        self.gone.add(tp.partition, first, end)
         self.source = kept
         self._folds = _PartitionFolds(self.source)
         self._last_seen = self._last_data = None

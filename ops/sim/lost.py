@@ -3,9 +3,15 @@
 Rules
 - ``lost`` (actor): the group session is lost; the lifetime drops the tokens of the
   partitions locally (``Lifecycle.lost``), no I/O, as ``consumer.lifetime_run`` does.
-- A ``lost: true`` interleave on a process step's process call: the next batch of each of
-  the step's partitions is delivered to the same lifetime and queues behind the partition's
-  guard (the step's batch holds it), then the assignment of the step's partitions is lost.
+- A ``lost: true`` interleave on a process step's process call: the next batch of that
+  call's partition is delivered to the same lifetime and queues behind the partition's
+  guard (the call holds it until the interleave returns), then the assignment of the
+  step's partitions is lost. Only that partition's: production submits a partition's
+  batches one after another (one runner task per partition, ``consumer.lifetime_run``), so
+  a queued batch never overtakes its predecessor; the step's other batches may be between
+  calls (a handler failure's retry gives the guard up and takes it again), and a batch
+  queued behind one of them could reach the guard first and commit past the records its
+  predecessor still owes -- an interleaving production cannot produce.
 - After a lost interleave, every batch of the step (the ones in flight and the queued ones)
   that failed is judged by the production worker's rule
   (``consumer.decisions.after_batch_failure``, read through the module so a mutant sees
@@ -42,9 +48,10 @@ def lose(run: Any, worker: int, ps: tuple[int, ...]) -> str:
 
 
 async def queue_and_lose(run: Any, worker: int, ps: tuple[int, ...],
-                         record: dict[str, Any]) -> None:
-    """The ``lost: true`` interleave: queue the next batch of each partition, then lose
-    them all. ``record`` (the interleave's entry) gets the queued partitions."""
+                         record: dict[str, Any], *, behind: int | None) -> None:
+    """The ``lost: true`` interleave: queue the next batch of ``behind`` (the interleaving
+    call's partition, whose guard that call holds), then lose all of ``ps``. ``record``
+    (the interleave's entry) gets the queued partitions."""
     lc = run.lifecycles[worker]
 
     async def queued(p: int, batch: tuple[SourceRecord, ...]) -> None:
@@ -54,7 +61,7 @@ async def queue_and_lose(run: Any, worker: int, ps: tuple[int, ...],
         except FenceError as exc:
             run.queued_results[p] = (type(exc).__name__, exc)
 
-    for p in ps:
+    for p in (behind,) if behind in ps else ():
         batch = run.take_batch(worker, p, queued=True)
         if not isinstance(batch, str):
             run.pending.append(asyncio.ensure_future(queued(p, batch)))

@@ -165,7 +165,8 @@ class _Run:
             "stop": il.stop, "replacement": il.replacement, "revoke": il.revoke}
         if il.lost:  # the next batches queue behind the guards, then the loss
             entry["lost"] = True
-            await queue_and_lose(self, step.worker, step.partitions, entry)
+            await queue_and_lose(self, step.worker, step.partitions, entry,
+                                 behind=point.partition)
         if il.stop:
             entry["stopped_from"] = self.lifecycles[step.worker].state.value
             self.lifecycles[step.worker].stop()
