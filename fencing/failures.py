@@ -29,7 +29,9 @@ Rules
   quarantined instead of tried (``ProcessDeath``). An attempt alone after a retry was
   counted and scheduled (the process died while backing off) is that retry: ``count`` does
   not grow twice for one run; an attempt alone whose lifetime then ended cleanly (a release
-  or retire row: it did not die) is replaced by the next one instead of added to.
+  or retire row: it did not die) is replaced by the next one instead of added to, in
+  ``alone`` and in ``count`` (a handover or a lost reply interrupted it, not the record: a
+  record's retries are not spent by its partition moving).
 - An ``outcome-uncertain`` batch is preceded by a durable intent (its partition, the
   frontier it starts at and its last offset). An intent that starts at the durable frontier
   was never followed by a commit: its records' outcome is unknown (``Attempts.uncertain_to``)

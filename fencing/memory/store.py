@@ -481,14 +481,15 @@ class MemoryFenceStore:
             was, scheduled = self.attempt_rows.get(key, Attempts()), None
             if key in self.attempt_rows:
                 scheduled = self.retry_scheduled.get(key)
-            count = was.count if alone and scheduled else max(was.count + 1, at_least)
+            last = self.alone_epochs.get(key)
+            # the last attempt alone was no death (its lifetime ended cleanly): replaced
+            replaced = alone and last is not None and self._ended_cleanly(tp, last)
+            count = was.count if alone and (scheduled or replaced) else max(was.count + 1,
+                                                                            at_least)
             self.retry_scheduled[key] = next_retry_in_s is not None
             deaths = was.alone
             if alone:
-                last = self.alone_epochs.get(key)
-                if last is not None and self._ended_cleanly(tp, last):
-                    deaths -= 1  # the last attempt alone was no death: replaced, not added to
-                deaths += 1
+                deaths += 0 if replaced else 1
                 self.alone_epochs[key] = token.epoch
             now = Attempts(count=count,
                            last_error=error if error is not None else was.last_error,

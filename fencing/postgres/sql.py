@@ -53,6 +53,16 @@ class Statements:
     @classmethod
     def for_schema(cls, schema: str) -> Statements:
         s = quote_schema(schema)
+        # the last attempt alone (of the attempts row ``a``) was no death: its lifetime
+        # journaled a release or retire after its claim
+        clean_end = f"""EXISTS (
+            SELECT 1 FROM {s}.journal c
+            WHERE c.group_id = $1 AND c.topic = $2 AND c.partition = $3 AND c.event = 'claim'
+              AND c.epoch = a.alone_epoch AND EXISTS (
+                  SELECT 1 FROM {s}.journal x
+                  WHERE x.group_id = $1 AND x.topic = $2 AND x.partition = $3
+                    AND x.lifetime = c.lifetime AND x.id > c.id
+                    AND x.event IN ('release', 'retire')))"""
         observe = f"""
 SELECT p.topic, p.partition, p.epoch, p.frontier, p.topic_id, p.id
 FROM unnest($2::text[], $3::int[]) AS r(topic, partition)
@@ -159,18 +169,14 @@ INSERT INTO {s}.attempts AS a (group_id, topic, partition, "offset", attempts, a
 SELECT $1, $2, $3, $6, $10, $11, CASE WHEN $11 = 1 THEN $4 END, $7, $8,
        now() + make_interval(secs => $9), $4 FROM p
 ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE
-    SET attempts = CASE WHEN EXCLUDED.alone = 1 AND a.next_retry_at IS NOT NULL
-                        THEN a.attempts  -- this attempt alone is the retry counted already
+    SET attempts = CASE WHEN EXCLUDED.alone = 1 AND (a.next_retry_at IS NOT NULL
+                                                     OR {clean_end})
+                        -- this attempt alone is the retry counted already, or it replaces
+                        -- the last one, which a clean end of its lifetime interrupted
+                        THEN a.attempts
                         ELSE greatest(a.attempts + 1, EXCLUDED.attempts) END,
-        alone = a.alone + EXCLUDED.alone - CASE WHEN EXCLUDED.alone = 1 AND EXISTS (
-            -- the last attempt alone was no death: its lifetime ended cleanly after it
-            SELECT 1 FROM {s}.journal c
-            WHERE c.group_id = $1 AND c.topic = $2 AND c.partition = $3 AND c.event = 'claim'
-              AND c.epoch = a.alone_epoch AND EXISTS (
-                  SELECT 1 FROM {s}.journal x
-                  WHERE x.group_id = $1 AND x.topic = $2 AND x.partition = $3
-                    AND x.lifetime = c.lifetime AND x.id > c.id
-                    AND x.event IN ('release', 'retire'))) THEN 1 ELSE 0 END,
+        alone = a.alone + EXCLUDED.alone - CASE WHEN EXCLUDED.alone = 1 AND {clean_end}
+                                                THEN 1 ELSE 0 END,
         alone_epoch = CASE WHEN EXCLUDED.alone = 1 THEN EXCLUDED.epoch ELSE a.alone_epoch END,
         max_attempts = EXCLUDED.max_attempts,
         last_error = coalesce(EXCLUDED.last_error, a.last_error),

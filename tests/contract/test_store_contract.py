@@ -339,20 +339,30 @@ async def test_a_release_with_an_open_suspect_window_leaves_the_next_owner_suspi
 async def test_an_attempt_alone_by_a_lifetime_that_ended_cleanly_is_no_death(
         h: Harness) -> None:
     """A flaky suspect record whose owner is revoked while it backs off: the next owner's
-    attempt alone replaces that one (no death); after a real death it adds up."""
+    attempt alone replaces that one (no death, no attempt spent); after a real death it
+    adds up."""
     store: Any = h.store
     t1 = (await store.claim([ClaimRequest(TP, 0)], lifetime="A"))[TP]
-    assert (await store.record_attempt(TP, t1, offset=0, max_attempts=3, error=None,
-                                       next_retry_in_s=None, alone=True)).alone == 1
+    got = await store.record_attempt(TP, t1, offset=0, max_attempts=3, error=None,
+                                     next_retry_in_s=None, alone=True)
+    assert (got.count, got.alone) == (1, 1)
     await store.journal([TP], lifetime="A", event="release", epoch=t1.epoch,
                         detail=SUSPECT_OPEN)  # revoked cleanly, mid-window
     t2 = (await store.claim([ClaimRequest(TP, 0)], lifetime="B"))[TP]
-    assert (await store.record_attempt(TP, t2, offset=0, max_attempts=3, error=None,
-                                       next_retry_in_s=None, alone=True)).alone == 1
-    t3 = (await store.claim([ClaimRequest(TP, 0)], lifetime="C"))[TP]  # B died
-    assert (await store.record_attempt(TP, t3, offset=0, max_attempts=3, error=None,
-                                       next_retry_in_s=None, alone=True)).alone == 2
+    got = await store.record_attempt(TP, t2, offset=0, max_attempts=3, error=None,
+                                     next_retry_in_s=None, alone=True)
+    assert (got.count, got.alone) == (1, 1)
+    await store.journal([TP], lifetime="B", event="retire", epoch=t2.epoch,
+                        detail="OutcomeUnknown: lost reply")  # retired cleanly, mid-window
+    t3 = (await store.claim([ClaimRequest(TP, 0)], lifetime="C"))[TP]
+    got = await store.record_attempt(TP, t3, offset=0, max_attempts=3, error=None,
+                                     next_retry_in_s=None, alone=True)
+    assert (got.count, got.alone) == (1, 1)
+    t4 = (await store.claim([ClaimRequest(TP, 0)], lifetime="D"))[TP]  # C died
+    got = await store.record_attempt(TP, t4, offset=0, max_attempts=3, error=None,
+                                     next_retry_in_s=None, alone=True)
+    assert (got.count, got.alone) == (2, 2)
     # a retry count by the same owner keeps the attempt alone where it is
-    got = await store.record_attempt(TP, t3, offset=0, max_attempts=5, error="E",
+    got = await store.record_attempt(TP, t4, offset=0, max_attempts=5, error="E",
                                      next_retry_in_s=1.0, at_least=3)
-    assert got.alone == 2
+    assert (got.count, got.alone) == (3, 2)
