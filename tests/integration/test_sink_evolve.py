@@ -283,11 +283,14 @@ def test_json_two_members_meeting_new_fields_at_once_both_evolve(
                              "FENCE_SINK_EVOLVE": "add-columns"},
                         extra=("--sink", f"table={schema}.{table}")) for name in ("w1", "w2")]
     try:
+        # both own partitions before v1, so each writes v1 rows and holds the table's v1
+        # layout when v2's fields arrive (a member whose first batch came after the other's
+        # ALTER would read the new layout and never meet the fields without columns)
+        wait_until(lambda: all(w.owns_partitions() for w in procs), timeout_s=90,
+                   what="both members owning partitions")
         produce(bootstrap, [_json(topic, i % PARTITIONS, i) for i in range(100)])
         wait_until(lambda: committed_total(admin, schema, group, topic) >= 100, timeout_s=120,
                    what="v1 committed")
-        wait_until(lambda: all(w.owns_partitions() for w in procs), timeout_s=90,
-                   what="both members owning partitions")
         produce(bootstrap, [_json(topic, i % PARTITIONS, i, note=f"t{i}", score=i / 4,
                                   tags=["a"]) for i in range(100, 300)])
         wait_until(lambda: committed_total(admin, schema, group, topic) >= 300, timeout_s=120,
