@@ -61,11 +61,11 @@ async def queue_and_lose(run: Any, worker: int, ps: tuple[int, ...],
         except FenceError as exc:
             run.queued_results[p] = (type(exc).__name__, exc)
 
-    for p in (behind,) if behind in ps else ():
-        batch = run.take_batch(worker, p, queued=True)
+    if behind in ps:
+        batch = run.take_batch(worker, behind, queued=True)
         if not isinstance(batch, str):
-            run.pending.append(asyncio.ensure_future(queued(p, batch)))
-            record.setdefault("queued", []).append(p)
+            run.pending.append(asyncio.ensure_future(queued(behind, batch)))
+            record.setdefault("queued", []).append(behind)
     for _ in range(QUEUE_TURNS):
         await asyncio.sleep(0)
     if lc.state is LifetimeState.LIVE:
