@@ -279,8 +279,12 @@ def _bench(a: argparse.Namespace) -> int:
         "cpu_ratios": ratios(runs, "cpu"), "targets": TARGETS,
         "interpreter_mib": interpreter,
     }
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    partial = a.out.with_suffix(".partial.json")  # what a section that fails would lose
+    partial.write_text(json.dumps(result, indent=2) + "\n")
     if not a.no_extra:  # one process per core, latency at shares of (c), the peer
         result.update(_extra(a, dsn, runs, topics))
+        partial.write_text(json.dumps(result, indent=2) + "\n")
     if not a.no_scale:
         result["scale"] = scale.run_all(dsn, quick=a.quick, produce=produce)
     result["memory"] = memory.checks(result)  # the documented bound against each peak
@@ -289,6 +293,7 @@ def _bench(a: argparse.Namespace) -> int:
     result["steal_share"] = steal_summary(result)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2) + "\n")
+    partial.unlink(missing_ok=True)
     from ops.bench import plots
 
     charts = plots.write_all(result, a.out.parent, "_sink" if a.sink_only else "")
