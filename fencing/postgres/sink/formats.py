@@ -18,7 +18,7 @@ Rules
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -65,6 +65,11 @@ def wire(data: bytes, fmt: Format, record: SourceRecord, *, key: bool = False
                      f"format (magic byte, schema id): {type(exc).__name__}: {exc}") from None
     ref = sid.id if sid.id is not None else sid.guid
     return ref, tuple(sid.message_indexes or ()), payload
+
+
+def _unread(payload: bytes) -> Any:
+    """The fast path's reader before a record's schema id was read."""
+    raise ValueError("no schema id read yet")
 
 
 class _Need:
@@ -148,36 +153,45 @@ class Decoding:
         the Kafka keys the batch needs, decoded, by offset. Raises ``Unavailable``."""
         keys: dict[int, Any] = {}
         out: list[Any] = []
+        append = out.append
         known = self.registry.by_id(self.value_format) if self.value_format in _FAST else {}
         schemad_key = self.key_format.registry and bool(self.key_columns)
-        head, read = b"\xff", None  # the last wire header read fast and its reader
+        # the last wire header read fast and its reader
+        head: bytes = b"\xff"
+        read: Callable[[bytes], Any] = _unread
         for record in records:
             data = record.value
             value: Any
-            fast = None
-            if data is not None and len(data) > 5 and not (
-                    record.headers and _id_header(record, False)):
-                fast = read if data.startswith(head) else (
-                    known.get(data[1:5]) if data[0] == 0 else None)
-            if data is None:
-                value = None
-            elif fast is not None:
-                # the fast path: a schema id seen before, in the 5-byte header (module Rules)
-                if fast is not read:
-                    head, read = data[:5], fast
+            if data is not None and data.startswith(head) and not record.headers:
+                # the fast path: the schema id of the record before, in the 5-byte header
                 try:
-                    value = fast(data[5:])
+                    value = read(data[5:])
                 except Exception:
                     value = self._value(record)  # the same failure, named the slow way
                 if type(value) is not dict:
                     value = self._value(record)
+            elif data is None:
+                value = None
             else:
-                value = self._value(record)
-                if isinstance(value, _Need):
-                    value = await self.decode(data, self.value_format, record)
-                    if value is not None and not isinstance(value, Mapping | Misfit):
+                fast = None
+                if len(data) > 5 and data[0] == 0 and not (
+                        record.headers and _id_header(record, False)):
+                    fast = known.get(data[1:5])  # a schema id seen before (module Rules)
+                if fast is not None:
+                    head, read = data[:5], fast
+                    try:
+                        value = fast(data[5:])
+                    except Exception:
                         value = self._value(record)
-            out.append(value)
+                    if type(value) is not dict:
+                        value = self._value(record)
+                else:
+                    value = self._value(record)
+                    if isinstance(value, _Need):
+                        value = await self.decode(data, self.value_format, record)
+                        if value is not None and not isinstance(value, Mapping | Misfit):
+                            value = self._value(record)
+            append(value)
             if schemad_key and record.key is not None and not isinstance(value, Misfit) \
                     and self._needs_key(value):
                 keys[record.offset] = await self.decode(record.key, self.key_format, record,
