@@ -165,7 +165,9 @@ BENCH_ARGS ?=
 bench: stack-up
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m ops.bench.peer --ensure-venv
-	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.worker $(BENCH_ARGS)
+	eval "$$($(BIN)/fencectl stack env)" && \
+		FENCE_BENCH_COMMAND='make bench$(if $(BENCH_ARGS), BENCH_ARGS="$(BENCH_ARGS)")' \
+		$(BIN)/python -m ops.bench.worker $(BENCH_ARGS)
 
 # the table sink alone: its write methods per batch (printed), then its b/b'/e/c runs (same
 # clock and registry as make bench) -> artifacts/bench/worker_sink.json and its chart

@@ -21,8 +21,9 @@ Rules
   least the harness's own RSS (measured: a child sleeping 0.5 s under a parent holding
   200 MiB: ``ru_maxrss`` 213 MiB, ``VmHWM`` 13 MiB; earlier benches reported ~112-116 MiB
   for every process smaller than the harness).
-- PostgreSQL is brought to the same state before every run, as pgbench practice asks:
-  the previous run's schema is dropped (else autovacuum vacuums and analyzes its 200,000
+- PostgreSQL is brought to the same state before every run of every section (latency,
+  scaling, the peer and scale too: ``fresh_schema``), as pgbench practice asks: the
+  previous run's schema is dropped (else autovacuum vacuums and analyzes its 200,000
   fresh rows while a later run is measured) and a ``CHECKPOINT`` runs (else a run pays for
   an earlier run's dirty buffers, or crosses the checkpoint that ~500 MB of WAL triggers
   at the default ``max_wal_size``; the dev stack grants ``pg_checkpoint``). Measured on the
@@ -155,8 +156,20 @@ async def _schema(dsn: str) -> str:
     return schema
 
 
+_MADE: list[str] = []  # the schemas ``fresh_schema`` made in this process, not dropped yet
+
+
 def fresh_schema(dsn: str) -> str:
-    return asyncio.run(_schema(dsn))
+    """A new schema with the fence and reference tables, on a quiesced PostgreSQL: the
+    schemas made before by this process dropped (their runs are over: every section runs
+    one run at a time), then CHECKPOINT (module Rules) — so no run shares the machine with
+    the autovacuum or checkpoint of the rows an earlier run of any section wrote."""
+    while _MADE:
+        asyncio.run(_quiesce(dsn, _MADE.pop()))
+    quiesce(dsn)
+    schema = asyncio.run(_schema(dsn))
+    _MADE.append(schema)
+    return schema
 
 
 def worker_argv(run: Run, topic: str, group: str, schema: str, clock_file: Path) -> list[str]:
