@@ -263,6 +263,41 @@ def _fill(col: Column, layout: Layout, epoch_ms: bool, kafka_key: KeyReader) -> 
     return _field(col)
 
 
+def _attribute(col: Column, *, epoch_ms: bool) -> str | None:
+    """The ``SourceRecord`` attribute a reserved column's fill returns unchanged (no check,
+    no conversion: what ``_reserved`` and ``_fill`` decide for it), else None."""
+    name = col.name
+    if name == "kafka_topic":
+        return "topic"
+    if name == "kafka_partition" and col.type_name in ("int4", "int8"):
+        return "partition"
+    if name == "kafka_offset" and col.type_name == "int8":
+        return "offset"
+    if name == "kafka_timestamp" and epoch_ms and in_epoch_ms(col) and not col.not_null:
+        return "timestamp_ms"
+    return None
+
+
+def _row(layout: Layout, fills: tuple[Fill, ...], epoch_ms: bool
+         ) -> Callable[[SourceRecord, Any, str | None], tuple[Any, ...]]:
+    """One function per layout that returns a record's values as one tuple display: a
+    reserved column that is a record attribute read inline, one call per other column's
+    fill. Generated from a fixed vocabulary (``record.<attribute>``, ``f<i>(…)``; no name
+    from the catalog enters the source), as ``dataclasses`` makes its methods."""
+    env: dict[str, Any] = {}
+    parts = []
+    for i, (col, fill) in enumerate(zip(layout.columns, fills, strict=True)):
+        attr = _attribute(col, epoch_ms=epoch_ms) if col.name in RESERVED else None
+        if attr is not None:
+            parts.append(f"record.{attr}")
+        else:
+            env[f"f{i}"] = fill
+            parts.append(f"f{i}(record, obj, text)")
+    exec(f"def row(record, obj, text):\n    return ({', '.join(parts)},)\n", env)
+    row: Callable[[SourceRecord, Any, str | None], tuple[Any, ...]] = env["row"]
+    return row
+
+
 _set_op = tuple(getattr(Upsert, name).__set__ for name in ("key", "columns", "values"))
 
 
@@ -284,10 +319,11 @@ def converter(layout: Layout, *, epoch_ms: bool = False, kafka_key: KeyReader | 
               ) -> Callable[..., Upsert | Delete]:
     """``convert`` for one layout, with what depends only on the layout decided once: per
     column the function that fills it (checks included), all columns' names, the key's
-    position. Per record: one call per column, and a second pass only when a field is
-    absent (its column left to its default). ``epoch_ms``: see ``EPOCH_MS``; ``kafka_key``:
-    the key columns from the Kafka key (default: a string key, ``keys.key_reader``);
-    ``strays``: each value holding a field not in ``known`` is appended to it.
+    position. Per record: one call per column that is not a record attribute (``_row``),
+    and a second pass only when a field is absent (its column left to its default).
+    ``epoch_ms``: see ``EPOCH_MS``; ``kafka_key``: the key columns from the Kafka key
+    (default: a string key, ``keys.key_reader``); ``strays``: each value holding a field
+    not in ``known`` is appended to it.
 
     The function takes the record, and optionally its value already decoded (a mapping,
     ``None`` for a tombstone): a schema'd format's; without it the value is parsed as JSON."""
@@ -295,6 +331,7 @@ def converter(layout: Layout, *, epoch_ms: bool = False, kafka_key: KeyReader | 
     if kafka_key is None:
         kafka_key = key_reader(key_cols, Format.STRING) if key_cols else _no_key
     fills = tuple(_fill(c, layout, epoch_ms, kafka_key) for c in layout.columns)
+    row = _row(layout, fills, epoch_ms)
     names = tuple(c.name for c in layout.columns)
     has_fields = any(c.name not in RESERVED and c.name not in layout.keys
                      for c in layout.columns)
@@ -319,7 +356,7 @@ def converter(layout: Layout, *, epoch_ms: bool = False, kafka_key: KeyReader | 
             return Delete(got[0] if len(got) == 1 else got)
         if strays is not None and not is_known(obj):
             strays.append(obj)
-        values = tuple([fill(record, obj, text) for fill in fills])
+        values = row(record, obj, text)
         key: Any
         if key_at >= 0:
             key = values[key_at]

@@ -162,3 +162,56 @@ def test_a_kafka_timestamp_past_pythons_datetime_is_a_misfit_unless_sql_converts
     with pytest.raises(Misfit, match=rf"kafka_timestamp: Kafka timestamp {ms} ms is out of"):
         converter(TS_LAYOUT)(r)
     assert converter(TS_LAYOUT, epoch_ms=True)(r).values[1] == ms  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("epoch_ms", [False, True])
+@pytest.mark.parametrize("partition_type,offset_type,ts_type,ts_not_null", [
+    ("int4", "int8", "timestamptz", False), ("int8", "int8", "timestamptz", True),
+    ("int2", "int4", "timestamp", False), ("int4", "int8", "timestamp", True)])
+def test_the_row_reads_record_attributes_inline_exactly_as_the_reserved_fills(
+        epoch_ms: bool, partition_type: str, offset_type: str, ts_type: str,
+        ts_not_null: bool) -> None:
+    """The generated row (``rows._row``) reads a reserved column inline only where its fill
+    returns the record's attribute unchanged; every other column keeps its checks."""
+    from fencing.postgres.sink.rows import _fill, _no_key
+
+    layout = Layout((Column("id", "text", not_null=True), Column("kafka_topic", "text"),
+                     Column("kafka_partition", partition_type),
+                     Column("kafka_offset", offset_type),
+                     Column("kafka_timestamp", ts_type, not_null=ts_not_null),
+                     Column("n", "int8")), keys=("id",))
+    convert_one = converter(layout, epoch_ms=epoch_ms)
+    for timestamp_ms in (1_700_000_000_123, None):
+        r = SourceRecord("topic", 3, 9, b"k", b'{"id": "a", "n": 4}', timestamp_ms=timestamp_ms)
+        fills = [_fill(c, layout, epoch_ms, _no_key) for c in layout.columns]
+        try:
+            expected: Any = tuple(f(r, {"id": "a", "n": 4}, '{"id": "a", "n": 4}')
+                                  for f in fills)
+        except Misfit as exc:
+            expected = str(exc)
+        try:
+            got: Any = convert_one(r).values  # type: ignore[union-attr]
+        except Misfit as exc:
+            got = str(exc)
+        assert got == expected
+    if ts_not_null:
+        no_time = SourceRecord("topic", 3, 9, b"k", b'{"id": "a"}', timestamp_ms=None)
+        with pytest.raises(Misfit, match="kafka_timestamp is NOT NULL"):
+            convert_one(no_time)
+
+
+@pytest.mark.parametrize("column,value,reason", [
+    (Column("v", "int2"), 2**15, r"column v \(int2\): 32768 is out of range"),
+    (Column("v", "int8"), True, r"column v \(int8\): expected an integer, got true"),
+    (Column("v", "text"), "a\x00b", "column v: text cannot hold a NUL character"),
+    (Column("v", "varchar", max_chars=2), "abc", r"column v \(varchar\(2\)\): 3 characters"),
+    (Column("v", "text", not_null=True), None, "column v is NOT NULL but the value holds null"),
+])
+def test_a_fields_inline_common_case_keeps_every_check(column: Column, value: Any,
+                                                      reason: str) -> None:
+    layout = Layout((Column("id", "text", not_null=True), column), keys=("id",))
+    with pytest.raises(Misfit, match=reason):
+        convert(layout, rec({"id": "a", "v": value}))
+    inline = {"int2": 2**15 - 1, "int8": -(2**63), "text": "ab", "varchar": "ab"}
+    op = convert(layout, rec({"id": "a", "v": inline[column.type_name]}))
+    assert op.values == ("a", inline[column.type_name])  # type: ignore[union-attr]
