@@ -154,14 +154,19 @@ class _Targets:
                      created: bool) -> None:
         """The batch's values in ``found`` hold fields with no column: evolve the table
         (raises ``TableEvolved``), or count what is ignored (``unknown``)."""
+        table = f"{writer.t.schema}.{writer.t.name}"
+        if self.evolution is None:  # to count, the names are enough (a payload layout:
+            # every record has fields without a column; their values are not gathered)
+            UNKNOWN_FIELDS.add(table, sorted(set().union(*found).difference(writer.known)),
+                               len(found))
+            return
         fields = stray_fields(found, writer.known)
-        if self.evolution is not None:
-            adds, stale = await self.evolution.fields(writer, topic, fields)
-            if adds or stale:
-                if self.writers.get(self.spec.for_topic(topic).table) is writer:
-                    self.writers.pop(self.spec.for_topic(topic).table)
-                await self.evolution.evolve(conn, writer.t, adds, created=created)
-        UNKNOWN_FIELDS.add(f"{writer.t.schema}.{writer.t.name}", fields, len(found))
+        adds, stale = await self.evolution.fields(writer, topic, fields)
+        if adds or stale:
+            if self.writers.get(self.spec.for_topic(topic).table) is writer:
+                self.writers.pop(self.spec.for_topic(topic).table)
+            await self.evolution.evolve(conn, writer.t, adds, created=created)
+        UNKNOWN_FIELDS.add(table, fields, len(found))
 
 
 def make_table_sink(spec: SinkSpec) -> HandlerFn:
