@@ -14,6 +14,15 @@ Rules
   two ``consume()`` calls); each result comes back through ``on_commit`` (librdkafka serves
   it inside ``consume()``). A failed commit is counted by reason and retried after
   ``retry_s`` while the partition is still assigned and Kafka still lacks the frontier.
+- One commit request awaits its answer at a time: while one does (and is younger than
+  ``unanswered_s``), ``flush`` sends nothing and the frontiers queued meanwhile go together
+  in the next request. Why: the coordinator answers a connection's requests in order, and
+  the group's heartbeats share that connection. At a low rate every batch holds a record or
+  two (1,000 records/s on 6 partitions: ~960 transactions/s); committing each batch queued
+  OffsetCommit requests faster than the coordinator answered them, until a heartbeat waited
+  behind them past the session timeout ("Timed out HeartbeatRequest in flight ... possibly
+  held back by preceeding OffsetCommitRequest", librdkafka 2.16) and the member lost its
+  assignment for 20-30 s (``ops.bench.latency``, the table sink at 1,000 records/s).
 - Kafka behind with nothing on the way is committed again: an assigned partition whose
   mirror lacks the frontier while no commit of it is queued, due for a retry or awaiting
   its answer gets the frontier committed at the next ``flush``. Why: librdkafka applies a
@@ -139,6 +148,9 @@ class Committer:
         """Send queued commits and due retries asynchronously (between two consume())."""
         now = self._clock()
         with self._lock:
+            if any(tp in assigned and now - at < self._unanswered_s
+                   for tp, (at, _offset) in self._sent_at.items()):
+                return  # one request awaits its answer: the rest goes next (Rules)
             pending, self._pending = self._pending, {}
             dropped = [tp for tp in pending if tp not in assigned or tp not in self._states]
             send = {tp: off for tp, off in pending.items() if tp not in dropped}

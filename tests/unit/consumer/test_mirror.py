@@ -260,6 +260,27 @@ def test_a_commit_with_no_answer_is_sent_again_after_the_bound() -> None:
     assert len(consumer.sent) == 2 and c.snapshot()[A].in_sync and failures == []
 
 
+def test_one_commit_request_awaits_its_answer_at_a_time() -> None:
+    # committing every batch at a low rate queued OffsetCommit requests faster than the
+    # coordinator answered, until a heartbeat behind them timed the session out
+    c, now, _f = _committer()
+    consumer = Consumer({A: 0, B: 0})
+    c.positioned(consumer, {A: 0, B: 0})
+    c.queue(A, 10)
+    c.flush(consumer, {A, B})
+    for frontier in (11, 12, 13):  # batches committed while the first request is out
+        c.queue(A, frontier)
+        c.queue(B, frontier)
+        now[0] += 0.001
+        c.flush(consumer, {A, B})
+    assert consumer.sent == [(True, {A: 10})]
+    c.results(None, [KafkaTP("orders", 0, 10)])
+    c.flush(consumer, {A, B})
+    assert consumer.sent[-1] == (True, {A: 13, B: 13}) and len(consumer.sent) == 2
+    c.results(None, [KafkaTP("orders", 0, 13), KafkaTP("orders", 1, 13)])
+    assert c.snapshot()[A].in_sync and c.snapshot()[B].in_sync
+
+
 def test_an_answer_to_an_older_commit_keeps_the_newer_one_watched() -> None:
     c, now, _f = _committer()
     consumer = Consumer({A: 0})
@@ -267,13 +288,15 @@ def test_an_answer_to_an_older_commit_keeps_the_newer_one_watched() -> None:
     c.queue(A, 10)
     c.flush(consumer, {A})
     c.queue(A, 20)
+    now[0] = 10.0  # the first one unanswered past the bound: the next request goes out
     c.flush(consumer, {A})
+    assert consumer.sent[-1] == (True, {A: 20}) and len(consumer.sent) == 2
     c.results(None, [KafkaTP("orders", 0, 10)])  # the first one answered, the second never
-    now[0] = 10.0
+    now[0] = 20.0
     c.flush(consumer, {A})
     assert consumer.sent[-1] == (True, {A: 20}) and len(consumer.sent) == 3
     c.flush(consumer, {B})  # no longer assigned: nothing more
-    now[0] = 20.0
+    now[0] = 30.0
     c.flush(consumer, {B})
     assert len(consumer.sent) == 3
 
@@ -285,29 +308,31 @@ def test_a_late_success_of_an_older_commit_is_corrected() -> None:
     c, now, failures = _committer()
     consumer = Consumer({A: 0})
     c.positioned(consumer, {A: 0})
-    for frontier in (10, 20):
+    for frontier in (10, 20):  # the second after the first went unanswered past the bound
         c.queue(A, frontier)
         c.flush(consumer, {A})
+        now[0] += 10.0
     c.results(None, [KafkaTP("orders", 0, 20)])
     c.results(None, [KafkaTP("orders", 0, 10)])  # applied last: Kafka holds 10
-    assert c.snapshot()[A] == MirrorState(20, 10, 0.0)
+    assert c.snapshot()[A] == MirrorState(20, 10, 20.0)  # behind since that answer
     c.flush(consumer, {A})
     assert consumer.sent[-1] == (True, {A: 20}) and len(consumer.sent) == 3  # at once
     c.flush(consumer, {A})
     assert len(consumer.sent) == 3  # awaiting that answer: not sent twice
     c.results(None, [KafkaTP("orders", 0, 20)])
-    now[0] = 60.0
+    now[0] = 80.0
     c.flush(consumer, {A})
     assert len(consumer.sent) == 3 and c.snapshot()[A].in_sync and failures == []
 
 
 def test_kafka_behind_is_not_recommitted_for_a_partition_no_longer_assigned() -> None:
-    c, _now, _f = _committer()
+    c, now, _f = _committer()
     consumer = Consumer({A: 0})
     c.positioned(consumer, {A: 0})
     c.queue(A, 10)
     c.flush(consumer, {A})
     c.queue(A, 20)
+    now[0] = 10.0
     c.flush(consumer, {A})
     c.results(None, [KafkaTP("orders", 0, 20)])
     c.results(None, [KafkaTP("orders", 0, 10)])
