@@ -158,3 +158,61 @@ def test_kafka_offsets_equal_frontiers_after_churn(services, setup: GroupSetup) 
         w5.ensure_dead()
     assert _frontiers(dsn, schema, group, topic) == frontiers  # nothing was reprocessed
     _assert_tool_agrees(bootstrap, group, topic, frontiers, ends)
+
+
+def _produce_paced(bootstrap: str, recs: list, per_s: int) -> threading.Thread:
+    """Produce ``recs`` in order at ``per_s`` records a second, in 1 ms steps."""
+    from confluent_kafka import Producer
+
+    def run() -> None:
+        p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                      "linger.ms": 1})
+        start = time.monotonic()
+        for i, r in enumerate(recs):
+            due = start + i / per_s
+            if due > time.monotonic():
+                p.poll(0)
+                time.sleep(max(0.0, due - time.monotonic()))
+            p.produce(r.topic, r.value, r.key, partition=r.partition)
+        assert p.flush(60) == 0, "records left unflushed"
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("setup", GROUP_SETUPS, ids=lambda s: s.name)
+def test_a_stream_of_one_record_batches_keeps_the_member_and_kafka_in_step(
+        services, setup: GroupSetup) -> None:
+    """A low rate makes batches of a record or two (1,000 records/s on 4 partitions: ~1,000
+    transactions/s): every batch's frontier is mirrored, yet one offset commit awaits its
+    answer at a time (``consumer.kafka.committer``). Committing each batch queued
+    OffsetCommit requests faster than the coordinator answered, until a heartbeat behind
+    them timed the session out and the member lost its assignment (seen at 1,000 records/s,
+    ~14 s in). The member must keep its first claim of every partition, and Kafka's tool
+    must show the frontier, lag 0."""
+    bootstrap, dsn = services.kafka_bootstrap, services.dsn
+    topic, group = unique("onebatch"), unique("gonebatch")
+    create_topic(bootstrap, topic, PARTITIONS)
+    recs, source = generated(topic, count=30_000, partitions=PARTITIONS, seed=21)
+    ends = {p: max(r.offset for r in source if r.partition == p) + 1 for p in range(PARTITIONS)}
+    schema = asyncio.run(fresh_schema(dsn))
+    w = WorkerProc(topic=topic, group=group, schema=schema, setup=setup, name="one")
+    try:
+        wait_until(lambda: "assigned {'partitions': ['" in w.log(), timeout_s=60,
+                   what="the member owns its partitions")
+        producer = _produce_paced(bootstrap, recs, per_s=1_000)
+        producer.join(timeout=120)
+        wait_until(lambda: _frontiers(dsn, schema, group, topic) == ends, timeout_s=120,
+                   what="every partition drained")
+        w.terminate()
+        assert w.wait(30) == 0, w.log()[-3000:]
+    finally:
+        w.ensure_dead()
+    rows = asyncio.run(durable_rows(dsn, schema, group, topic))
+    assert {p: epoch for p, (epoch, _f) in rows.items()} == dict.fromkeys(range(PARTITIONS), 1), (
+        rows, w.log()[-3000:])  # claimed once: never revoked, never lost
+    assert "session timed out" not in w.log().lower(), w.log()[-3000:]
+    assert asyncio.run(exactly_once_problems(dsn, schema, group, topic, source)) == []
+    frontiers = _frontiers(dsn, schema, group, topic)
+    _assert_tool_agrees(bootstrap, group, topic, frontiers, ends)
