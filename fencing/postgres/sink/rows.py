@@ -293,7 +293,8 @@ def _row(layout: Layout, fills: tuple[Fill, ...], epoch_ms: bool
         else:
             env[f"f{i}"] = fill
             parts.append(f"f{i}(record, obj, text)")
-    exec(f"def row(record, obj, text):\n    return ({', '.join(parts)},)\n", env)
+    values = f"({', '.join(parts)},)" if parts else "()"
+    exec(f"def row(record, obj, text):\n    return {values}\n", env)
     row: Callable[[SourceRecord, Any, str | None], tuple[Any, ...]] = env["row"]
     return row
 
