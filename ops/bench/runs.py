@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,9 +123,9 @@ def env(root: Path = ROOT) -> dict[str, str]:
     return e
 
 
-async def _quiesce(dsn: str, drop: str | None) -> None:
+async def _quiesce(dsn: str, drops: Sequence[str]) -> None:
     async with connection(dsn) as conn:
-        if drop is not None:
+        for drop in drops:
             await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(drop)} CASCADE")
         try:
             await conn.execute("CHECKPOINT")
@@ -142,7 +142,7 @@ _CHECKPOINT_REFUSED = False
 
 def quiesce(dsn: str, *, drop: str | None = None) -> None:
     """Drop ``drop`` (a finished run's schema), then CHECKPOINT (see the module Rules)."""
-    asyncio.run(_quiesce(dsn, drop))
+    asyncio.run(_quiesce(dsn, () if drop is None else (drop,)))
 
 
 async def _schema(dsn: str) -> str:
@@ -164,9 +164,8 @@ def fresh_schema(dsn: str) -> str:
     schemas made before by this process dropped (their runs are over: every section runs
     one run at a time), then CHECKPOINT (module Rules) — so no run shares the machine with
     the autovacuum or checkpoint of the rows an earlier run of any section wrote."""
-    while _MADE:
-        asyncio.run(_quiesce(dsn, _MADE.pop()))
-    quiesce(dsn)
+    asyncio.run(_quiesce(dsn, _MADE))
+    _MADE.clear()
     schema = asyncio.run(_schema(dsn))
     _MADE.append(schema)
     return schema
@@ -294,7 +293,6 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
     produce their records there, once every member owns partitions). PostgreSQL's CPU per
     record is over the span (``_pg_over_span``)."""
     schema, group = fresh_schema(dsn), uid("gb" if run.kind == "baseline" else "gw")
-    quiesce(dsn)
     pg = PgCpu(dsn)
     ticks = cpu_ticks()
     pg_first: tuple[float, float | None] | None = None  # (monotonic, PostgreSQL CPU s)

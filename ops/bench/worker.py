@@ -293,7 +293,6 @@ def _bench(a: argparse.Namespace) -> int:
     result["topics"] = list(TOPICS)  # deleted when the bench ends (ops.bench.runs.new_topic)
     result["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     result["steal_share"] = steal_summary(result)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2) + "\n")
     partial.unlink(missing_ok=True)
     from ops.bench import plots

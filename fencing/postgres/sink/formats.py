@@ -162,35 +162,31 @@ class Decoding:
         for record in records:
             data = record.value
             value: Any
-            if data is not None and data.startswith(head) and not record.headers:
-                # the fast path: the schema id of the record before, in the 5-byte header
+            if data is None:
+                value = None
+                fast = False
+            else:
+                # the fast path: the schema id of the record before, or one seen before, in
+                # the 5-byte header (module Rules)
+                fast = data.startswith(head) and not record.headers
+                if not fast and len(data) > 5 and data[0] == 0 and not (
+                        record.headers and _id_header(record, False)):
+                    seen = known.get(data[1:5])
+                    if seen is not None:
+                        head, read, fast = data[:5], seen, True
+            if fast:
                 try:
-                    value = read(data[5:])
+                    value = read(data[5:])  # type: ignore[index]
                 except Exception:
                     value = self._value(record)  # the same failure, named the slow way
                 if type(value) is not dict:
                     value = self._value(record)
-            elif data is None:
-                value = None
-            else:
-                fast = None
-                if len(data) > 5 and data[0] == 0 and not (
-                        record.headers and _id_header(record, False)):
-                    fast = known.get(data[1:5])  # a schema id seen before (module Rules)
-                if fast is not None:
-                    head, read = data[:5], fast
-                    try:
-                        value = fast(data[5:])
-                    except Exception:
+            elif data is not None:
+                value = self._value(record)
+                if isinstance(value, _Need):
+                    value = await self.decode(data, self.value_format, record)
+                    if value is not None and not isinstance(value, Mapping | Misfit):
                         value = self._value(record)
-                    if type(value) is not dict:
-                        value = self._value(record)
-                else:
-                    value = self._value(record)
-                    if isinstance(value, _Need):
-                        value = await self.decode(data, self.value_format, record)
-                        if value is not None and not isinstance(value, Mapping | Misfit):
-                            value = self._value(record)
             append(value)
             if schemad_key and record.key is not None and not isinstance(value, Misfit) \
                     and self._needs_key(value):

@@ -37,6 +37,7 @@ import datetime as dt
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from fencing.jsontext import reader
@@ -134,13 +135,10 @@ def _reserved(col: Column, *, epoch_ms: bool = False
         return lambda record, obj, text: json_text(col, obj)
     if name == "payload":  # text and the like: the compact re-encoding, length-checked
         return lambda record, obj, text: text_value(col, json_text(col, obj))
-    if name == "kafka_topic":
-        return lambda record, obj, text: record.topic
-    # Kafka's partition is an int32 and its offset an int64: no range to check in those
-    if name == "kafka_partition" and col.type_name in ("int4", "int8"):
-        return lambda record, obj, text: record.partition
-    if name == "kafka_offset" and col.type_name == "int8":
-        return lambda record, obj, text: record.offset
+    attr = _attribute(col, epoch_ms=epoch_ms)
+    if attr is not None:  # the record's attribute unchanged (``_row`` reads it inline)
+        get = attrgetter(attr)
+        return lambda record, obj, text: get(record)
     if name == "kafka_partition":
         return lambda record, obj, text: integer_value(col, record.partition)
     if name == "kafka_offset":
@@ -269,6 +267,7 @@ def _attribute(col: Column, *, epoch_ms: bool) -> str | None:
     name = col.name
     if name == "kafka_topic":
         return "topic"
+    # Kafka's partition is an int32 and its offset an int64: no range to check in those
     if name == "kafka_partition" and col.type_name in ("int4", "int8"):
         return "partition"
     if name == "kafka_offset" and col.type_name == "int8":
