@@ -10,7 +10,8 @@ stack-up`` finds the services the session started; ``FENCE_SCHEMA`` gives each p
 schema of its own, and the page's tables and topics are dropped before and after it, so a
 page meets what a fresh clone meets.
 
-``make demo``, the README's first command, runs as typed from the clone.
+``make demo``, the README's first command, runs as typed from the clone. What each block
+printed goes to ``artifacts/doc-pages/PAGE.txt``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import asyncpg
 import pytest
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from tests.doc_pages import DOCS, README
 from tests.doc_runner import PageRun, blocks
@@ -39,6 +41,7 @@ VENV_BIN = Path(sys.executable).parent
 #: what a page leaves behind in Kafka and PostgreSQL (dropped before and after each page)
 TOPICS = ("orders", "payments", "accounts")
 TABLES = ("public.orders", "public.order_totals", "public.balances", "public.accounts")
+SUBJECTS = ("accounts-value", "accounts-key")
 #: connection settings a reader's shell gets from the page (``eval "$(fencectl stack env)"``)
 _CONNECTION = ("KAFKA_BOOTSTRAP_SERVERS", "FENCE_DSN", "FENCE_SCHEMA", "JAEGER_QUERY_URL",
                "SCHEMA_REGISTRY_URL", "PYTHONPATH", "VIRTUAL_ENV")
@@ -77,8 +80,9 @@ def reader_env(home: Path, *, activated: bool, schema: str) -> dict[str, str]:
     return env
 
 
-def fresh_start(dsn: str, bootstrap: str, schema: str) -> None:
-    """What a fresh clone meets: none of the pages' topics and tables, no fence schema."""
+def fresh_start(dsn: str, bootstrap: str, registry_url: str, schema: str) -> None:
+    """What a fresh clone meets: none of the pages' topics, tables and schema subjects, no
+    fence schema."""
     async def drop() -> None:
         conn = await asyncpg.connect(dsn)
         try:
@@ -89,6 +93,11 @@ def fresh_start(dsn: str, bootstrap: str, schema: str) -> None:
             await conn.close()
 
     asyncio.run(drop())
+    registry = SchemaRegistryClient({"url": registry_url})
+    for subject in SUBJECTS:  # a fresh registry: the sink creates a table from the latest
+        if subject in registry.get_subjects():
+            registry.delete_subject(subject)
+            registry.delete_subject(subject, permanent=True)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     present = [t for t in TOPICS if t in admin.list_topics(timeout=10).topics]
     if present:
@@ -101,13 +110,13 @@ def fresh_start(dsn: str, bootstrap: str, schema: str) -> None:
 @pytest.fixture
 def reader(services: Any, tmp_path: Path) -> Iterator[tuple[Path, str]]:
     schema = f"page_{uuid.uuid4().hex[:8]}"
-    fresh_start(services.dsn, services.kafka_bootstrap, schema)
+    fresh_start(services.dsn, services.kafka_bootstrap, services.schema_registry_url, schema)
     (tmp_path / "home").mkdir()
     (tmp_path / "shells").mkdir()
     try:
         yield tmp_path, schema
     finally:
-        fresh_start(services.dsn, services.kafka_bootstrap, schema)
+        fresh_start(services.dsn, services.kafka_bootstrap, services.schema_registry_url, schema)
 
 
 def test_every_page_listed_has_blocks_to_run() -> None:
@@ -127,7 +136,13 @@ def test_the_page_runs_as_written(reader: tuple[Path, str], name: str) -> None:
     run = PageRun(_page(name), start=ROOT if in_clone else home / "work",
                   env=reader_env(home, activated=not in_clone, schema=schema),
                   work=tmp / "shells")
-    transcript = run.run()
+    log = ROOT / "artifacts" / "doc-pages" / f"{name}.txt"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        transcript = run.run()
+    finally:  # what each block printed, for a reader of a failure
+        log.write_text("".join(f"---- {name}:{block.line} {dict(block.options)}\n{out}\n"
+                               for block, out in run.transcript))
     assert transcript, f"{name}: nothing ran"
 
 
