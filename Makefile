@@ -31,8 +31,10 @@ stack-down: setup
 stack-status: setup
 	$(BIN)/fencectl stack status
 
+# two pytest-xdist workers; an `exclusive` test runs alone (tests/suite_lock.py)
+XDIST ?= -n 2 --dist loadgroup
 test: setup
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-unit: setup
 	$(BIN)/pytest -q tests/unit tests/sim tests/bench tests/docs $(PYTEST_ARGS)

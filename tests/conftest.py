@@ -281,6 +281,22 @@ async def pg_store(pg_dsn: str, fence_schema: str) -> AsyncIterator[Any]:
         await store.close()
 
 
+@pytest.fixture(autouse=True)
+def _alone_or_beside(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under pytest-xdist (``make test``), an ``exclusive`` test or one on the three-node
+    cluster runs alone; every other test beside at most one other (``tests.suite_lock``)."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id is None:
+        yield
+        return
+    from tests.suite_lock import folder_for_run, holding
+
+    exclusive = (request.node.get_closest_marker("exclusive") is not None
+                 or CLUSTER_FIXTURE in request.fixturenames)
+    with holding(folder_for_run(run_id), exclusive=exclusive):
+        yield
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the ``protocols`` mark added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``kafka_faults`` only under ``FENCE_KAFKA_FAULTS=full`` (``make
@@ -295,6 +311,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             items[:] = [i for i in items if i.get_closest_marker("kafka_faults") is None]
     _one_protocol_each(config, items)
     on_cluster = [i for i in items if CLUSTER_FIXTURE in getattr(i, "fixturenames", ())]
+    for item in on_cluster:  # one worker's session holds the cluster (make test's -n 2)
+        item.add_marker(pytest.mark.xdist_group(CLUSTER_SCOPE))
     if on_cluster:
         rest = [i for i in items if CLUSTER_FIXTURE not in getattr(i, "fixturenames", ())]
         items[:] = rest + on_cluster

@@ -29,7 +29,7 @@ from ops.bench.worker import RATIOS, RUNS
 from ops.worker.supervisor import cores
 from tests.integration.workers import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.exclusive]  # loads both cores
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -35,7 +35,8 @@ from tests.doc_runner import PageRun, blocks
 from tests.integration.workers import ROOT
 from tests.polling import wait_until
 
-pytestmark = pytest.mark.integration
+# one after another: the pages share fixed names (topic orders, port 9464)
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("doc-pages")]
 
 VENV_BIN = Path(sys.executable).parent
 #: what a page leaves behind in Kafka and PostgreSQL (dropped before and after each page)

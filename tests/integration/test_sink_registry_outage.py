@@ -31,7 +31,7 @@ from tests.integration.workers import (
     wait_until,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.exclusive]  # freezes the shared registry
 
 SETUP = next(s for s in GROUP_SETUPS if s.name == "cooperative-sticky")
 PARTITIONS = 4
