@@ -39,7 +39,6 @@ __all__ = ["PAGE", "PAGES", "REGIONS", "main", "render_page"]
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "benchmarks.md"
-SINK_PAGE = "table-sink-formats.md"
 BENCH = ROOT / "docs" / "bench"
 
 _REGION = re.compile(r"(<!-- generated: ([\w-]+) -->\n)(.*?)(<!-- end generated -->)", re.S)
@@ -103,6 +102,16 @@ def _machine(report: Report) -> str:
     return text + "."
 
 
+def _in_order(report: Report) -> list[str]:
+    return [f"Measured by {_made(report, 'sink-in-order.json')}", "",
+            *sink_tables.in_order(report)]
+
+
+def _decode(report: Report) -> list[str]:
+    return [f"Measured by {_made(report, 'sink-decode.json')}", "",
+            *sink_tables.decode(report)]
+
+
 def _avro_runs(report: Report) -> list[str]:
     return [f"Measured by {_made(report, 'worker-quiet.json')}", "",
             *sink_tables.avro_runs(report)]
@@ -139,7 +148,7 @@ _RATIOS = (
     ("c_over_e_prime", f"c/e{_PRIME}"), ("e_prime_over_e", f"e{_PRIME}/e"),
     ("e_second_over_e", f"e{_DOUBLE_PRIME}/e"), ("c_over_d", "c/d"),
     ("c_sink_over_b_sink", "sink c/b"), ("c_sink_over_b_prime_sink", f"sink c/b{_PRIME}"),
-    ("c_sink_over_e_sink", "sink c/e"),
+    ("c_sink_over_e_sink", "sink c/e"), ("c_sink_routed_over_single", "sink routed/single"),
 )
 
 
@@ -387,9 +396,9 @@ REGIONS: dict[str, Region] = {
     "scaling": Region("worker-quiet.json", scaling_runs),
     "prediction": Region("worker-quiet.json", prediction),
     "peer": Region("worker-quiet.json", peer_runs),
-    "sink-in-order": Region("sink-in-order.json", sink_tables.in_order, SINK_PAGE),
-    "sink-decode": Region("sink-decode.json", sink_tables.decode, SINK_PAGE),
-    "sink-avro": Region("worker-quiet.json", _avro_runs, SINK_PAGE),
+    "sink-in-order": Region("sink-in-order.json", _in_order),
+    "sink-decode": Region("sink-decode.json", _decode),
+    "sink-avro": Region("worker-quiet.json", _avro_runs),
     "crash-matrix": Region("crash-matrix.json", crash_tables.crash_matrix, "crash-matrix.md"),
 }
 #: every page with generated regions

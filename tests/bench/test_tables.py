@@ -1,5 +1,5 @@
-"""The benchmark tables of docs/benchmarks.md (and the table sink's of
-docs/table-sink-formats.md, the crash matrix's of docs/crash-matrix.md) are what
+"""The benchmark tables of docs/benchmarks.md (and the crash matrix's of
+docs/crash-matrix.md) are what
 ``ops.bench.tables`` renders from docs/bench/*.json: a page cannot drift from the JSON the
 benchmark wrote."""
 
@@ -20,8 +20,7 @@ def test_the_pages_match_their_json(page: Path) -> None:
 
 
 def test_check_covers_every_page() -> None:
-    assert {p.name for p in PAGES} == {"benchmarks.md", "table-sink-formats.md",
-                                       "crash-matrix.md"}
+    assert {p.name for p in PAGES} == {"benchmarks.md", "crash-matrix.md"}
     assert main(["--check"]) == 0
 
 
