@@ -39,6 +39,7 @@ from fencing.postgres.sink import Method, SinkSpec, ensure_table, make_table_sin
 from fencing.postgres.store import PgFenceStore
 from fencing.store import BatchCall
 from fencing.types import ClaimRequest, SourceRecord, TopicPartition
+from ops.bench.provenance import provenance
 from ops.operator.db import connection
 
 __all__ = ["AVRO_SCHEMA", "TYPED_DDL", "measure_decode", "measure_in_order", "measure_methods",
@@ -307,19 +308,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode", action="store_true",
                    help="ns per record of JSON and Avro decoding and conversion (module doc)")
     a = p.parse_args(argv)
+    # the command as typed, its commit and date: docs/benchmarks.md prints them above a table
+    made = {"provenance": provenance(" ".join(["python -m ops.bench.sink",
+                                               *(sys.argv[1:] if argv is None else argv)]))}
     if a.decode:
-        print(json.dumps(asyncio.run(measure_decode(os.environ["SCHEMA_REGISTRY_URL"])),
-                         indent=2))
+        print(json.dumps({**made, **asyncio.run(measure_decode(
+            os.environ["SCHEMA_REGISTRY_URL"]))}, indent=2))
         return 0
     dsn = os.environ["FENCE_DSN"]
     if a.in_order:
         got = asyncio.run(measure_in_order(
             dsn, batch=a.batch or 2000, rounds=a.rounds or 12,
             repeats=tuple(int(r) for r in a.repeats.split(","))))
-        print(json.dumps(got, indent=2))
+        print(json.dumps({**made, **got}, indent=2))
         return 0
     got = asyncio.run(measure_methods(dsn, batch=a.batch or 500, rounds=a.rounds or 20))
-    print(json.dumps(got, indent=2))
+    print(json.dumps({**made, **got}, indent=2))
     return 0
 
 

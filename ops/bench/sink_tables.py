@@ -1,4 +1,4 @@
-"""The table sink's measured tables of ``docs/table-sink-formats.md``, rendered from the JSON
+"""The table sink's measured tables of ``docs/benchmarks.md``, rendered from the JSON
 its tools wrote in ``docs/bench/`` (registered as regions in ``ops.bench.tables``, which
 rewrites and checks them): ``python -m ops.bench.sink --in-order`` (``sink-in-order.json``),
 ``python -m ops.bench.sink --decode`` (``sink-decode.json``) and the Avro and JSON sink runs

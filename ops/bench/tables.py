@@ -1,10 +1,9 @@
-"""The benchmark tables of ``docs/benchmarks.md`` (and the table sink's of
-``docs/table-sink-formats.md``, ``ops.bench.sink_tables``; the crash matrix's of
-``docs/crash-matrix.md``, ``ops.bench.crash_tables``), generated from the JSON in
-``docs/bench/``.
+"""The generated tables of the evidence pages, rendered from the JSON in ``docs/bench/``:
+``docs/benchmarks.md`` (the headline first, then every section's tables; the table sink's
+through ``ops.bench.sink_tables``) and ``docs/crash-matrix.md`` (``ops.bench.crash_tables``).
 
-Long because each generated region of the pages has its renderer here (the table sink's in
-``ops.bench.sink_tables``), beside the registry that names them.
+Long because each generated region of the pages has its renderer here, beside the registry
+that names them.
 
 ``python -m ops.bench.tables`` rewrites every generated region of those pages; ``--check``
 only compares and exits 1 naming the regions that differ. A region is the text between
@@ -12,11 +11,12 @@ only compares and exits 1 naming the regions that differ. A region is the text b
     <!-- generated: NAME -->
     <!-- end generated -->
 
-and NAME is a key of ``REGIONS``: the JSON file it reads and how it renders it. Each table
-opens with the command, date and commit its JSON was measured at (``provenance``), so a
-figure on the page cannot drift from the file the tool wrote.
+and NAME is a key of ``REGIONS``: the JSON file it reads and how it renders it.
 
 Rules:
+- each region with a table opens with one provenance line, "Measured by `COMMAND` at commit
+  C on DATE (`docs/bench/FILE`)", from the JSON's ``provenance``: a figure on the page
+  cannot drift from the file the tool wrote, and names what reproduces it;
 - the page's text outside the regions is never touched;
 - a region the page names but ``REGIONS`` lacks, or a region left unclosed, is an error;
 - rendering is pure: the same JSON gives the same text.
@@ -35,7 +35,7 @@ from typing import Any
 
 from ops.bench import crash_tables, sink_tables
 
-__all__ = ["PAGE", "PAGES", "REGIONS", "main", "render_page"]
+__all__ = ["PAGE", "PAGES", "REGIONS", "headline", "main", "render_page", "stale_regions"]
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "benchmarks.md"
@@ -62,9 +62,10 @@ def _pct(share: float) -> str:
 
 
 def _made(report: Report, source: str) -> str:
+    """"`COMMAND` at commit C on DATE (`docs/bench/SOURCE`)." from the JSON's provenance."""
     p = report.get("provenance") or {}
-    return (f"`{p.get('command', '?')}` on {p.get('date', '?')} at commit "
-            f"{p.get('commit', '?')} (`docs/bench/{source}`).")
+    return (f"`{p.get('command', '?')}` at commit {p.get('commit', '?')} on "
+            f"{p.get('date', '?')} (`docs/bench/{source}`).")
 
 
 def _tries(run: Report) -> str:
@@ -97,8 +98,6 @@ def _machine(report: Report) -> str:
     if steal:
         text += (f"; CPU stolen by the hypervisor: median {_pct(steal['median'])}, "
                  f"at most {_pct(steal['max'])} over every try")
-    if "load_average_1m_at_end" in report:
-        text += f"; load average {report['load_average_1m_at_end']} at the end"
     return text + "."
 
 
@@ -244,8 +243,7 @@ def store(report: Report) -> list[str]:
     lines = [f"Measured by {_made(report, 'store.json')} {m['nproc']} cores "
              f"\"{m['cpu_model']}\", PostgreSQL {pg['server_version']} (fsync {pg['fsync']}, "
              f"synchronous_commit {pg['synchronous_commit']}), asyncpg {m['asyncpg']}, "
-             f"{report['clients']} client, {report['rounds']} runs per size; load average "
-             f"{report['provenance'].get('load_average_1m_at_start', '?')} at the start.", "",
+             f"{report['clients']} client, {report['rounds']} runs per size.", "",
              "| batch | fenced rec/s | unfenced rec/s | ratio (throughput) "
              "| median batch ms fenced / unfenced | fence cost ms/batch (paired median) "
              "| ratio (paired) |", "|---:|---:|---:|---:|---:|---:|---:|"]
@@ -382,7 +380,77 @@ def peer_runs(report: Report) -> list[str]:
     return lines
 
 
+def _headline_rows(report: Report) -> list[tuple[str, str, str]]:
+    """(what, figure, section link) of each headline figure the report holds."""
+    runs, ratios, paired = report["runs"], report["ratios"], report["paired_ratios"]
+    rows: list[tuple[str, str, str]] = []
+    if "c_fenceworker" in runs and "c_over_b" in ratios:
+        rows.append(("The reference handler, one member",
+                     f"{_n(runs['c_fenceworker']['records_per_s'])} records/s: "
+                     f"{ratios['c_over_b']:.2f} of an unfenced pipelined consumer's rate "
+                     f"({paired['c_over_b']:.2f} paired)", "[Throughput](#throughput)"))
+    sink = runs.get("c_sink_fenceworker")
+    if sink:
+        cpu = ""
+        if sink.get("median_pg_cpu_us_per_record") is not None:
+            cpu = (f"; the worker's CPU {sink['median_cpu_us_per_record']:,.1f} µs per record "
+                   f"against PostgreSQL's {sink['median_pg_cpu_us_per_record']:,.1f}")
+        rows.append(("The table sink upserting, one member",
+                     f"{_n(sink['records_per_s'])} records/s{cpu}",
+                     "[The table sink](#the-table-sink)"))
+    if "c_sink_avro_over_json" in ratios:
+        rows.append(("Avro records against JSON into the same table",
+                     f"{ratios['c_sink_avro_over_json']:.2f} of JSON's rate "
+                     f"({paired['c_sink_avro_over_json']:.2f} paired)",
+                     "[Avro and JSON](#avro-and-json)"))
+    steady = (report.get("latency") or {}).get("steady") or []
+    if steady:
+        low = min(r["share"] for r in steady)
+        cells = [f"{r['handler']} at {_n(r['rate'])}/s: p50 {_ms(r['commit_ms']['p50'])}, "
+                 f"p99 {_ms(r['commit_ms']['p99'])}" for r in steady if r["share"] == low]
+        rows.append((f"Produce to committed at {low:.0%} of capacity", "; ".join(cells),
+                     "[Latency](#latency-under-steady-load)"))
+    memory = report.get("memory") or []
+    if memory:
+        first = memory[0]
+        below = all(m["within_bound"] for m in memory)
+        margin = min(1 - m["peak_rss_mib"] / m["bound_mib"] for m in memory)
+        rows.append(("Memory of one member",
+                     f"peak {first['peak_rss_mib']:.0f} MiB on {first['partitions']} partitions, "
+                     f"bound {first['bound_mib']:.0f} MiB; "
+                     + (f"every run below its bound (margin ≥ {margin:.0%})" if below
+                        else "**a run exceeded its bound**"), "[Memory](#memory)"))
+    peer = report.get("peer") or {}
+    by = {(r["tool"], r["mode"]): r for r in (peer.get("runs") or {}).values()}
+    if ("fenceworker", "insert") in by and ("quixstreams", "insert") in by:
+        rows.append(("Beside Quix Streams' PostgreSQL sink, inserting",
+                     f"fenceworker {_n(by['fenceworker', 'insert']['records_per_s'])} rows/s, "
+                     f"Quix Streams {_n(by['quixstreams', 'insert']['records_per_s'])}",
+                     "[A peer side by side](#a-peer-side-by-side)"))
+    kills = {k["tool"]: k for k in peer.get("kill") or []}
+    if "fenceworker" in kills and "quixstreams" in kills:
+        rows.append(("Duplicate rows after a SIGKILL and a restart",
+                     f"fenceworker {_n(kills['fenceworker']['duplicates'])}, Quix Streams "
+                     f"{_n(kills['quixstreams']['duplicates'])} (of "
+                     f"{_n(kills['fenceworker']['records'])} records)",
+                     "[A peer side by side](#a-peer-side-by-side)"))
+    return rows
+
+
+def headline(report: Report) -> list[str]:
+    """The handful of figures a user asks for first, each linking to its section."""
+    return [f"Measured by {_made(report, 'worker-quiet.json')} {_machine(report)}", "",
+            "| what | measured | section |", "|---|---|---|",
+            *(f"| {what} | {figure} | {link} |" for what, figure, link in _headline_rows(report))]
+
+
+def _recovery(report: Report) -> list[str]:
+    return [f"Measured by {_made(report, 'crash-matrix.json')}", "",
+            *crash_tables.recovery(report)]
+
+
 REGIONS: dict[str, Region] = {
+    "headline": Region("worker-quiet.json", headline),
     "store": Region("store.json", store),
     "worker-runs": Region("worker-quiet.json", worker_runs),
     "worker-ratios": Region("worker-quiet.json", ratios),
@@ -399,6 +467,7 @@ REGIONS: dict[str, Region] = {
     "sink-in-order": Region("sink-in-order.json", _in_order),
     "sink-decode": Region("sink-decode.json", _decode),
     "sink-avro": Region("worker-quiet.json", _avro_runs),
+    "crash-recovery": Region("crash-matrix.json", _recovery),
     "crash-matrix": Region("crash-matrix.json", crash_tables.crash_matrix, "crash-matrix.md"),
 }
 #: every page with generated regions

@@ -38,7 +38,8 @@ def test_a_changed_figure_makes_its_region_stale(tmp_path: Path) -> None:
     worker = json.loads((bench / "worker-quiet.json").read_text())
     worker["runs"]["c_fenceworker"]["records_per_s"] += 1
     (bench / "worker-quiet.json").write_text(json.dumps(worker))
-    assert stale_regions(PAGE.read_text(encoding="utf-8"), bench) == ["worker-runs"]
+    # the headline quotes (c) too: both regions go stale, nothing else
+    assert stale_regions(PAGE.read_text(encoding="utf-8"), bench) == ["headline", "worker-runs"]
 
 
 def test_a_typed_edit_inside_a_region_is_caught() -> None:
@@ -71,6 +72,28 @@ def test_the_crash_matrix_table_rows_are_family_and_point() -> None:
     lines = crash_matrix({"provenance": {"command": "make crash-matrix", "date": "d",
                                          "commit": "c"}, "cells": cells, "passed": 2,
                           "total": 3, "wall_s": 120, "recovery_s": {"count": 0}})
-    assert lines[0].startswith("`make crash-matrix` on d at commit c") and "2/3" in lines[0]
+    assert lines[0].startswith("Measured by `make crash-matrix` at commit c on d")
+    assert "2/3" in lines[0]
     assert "| reference | after-claim | PASS 2.0s | - | - |" in lines
     assert "| reset | in-reset | - | - | FAIL |" in lines
+
+
+def test_the_headline_quotes_its_sections_and_leaves_out_what_the_run_lacks() -> None:
+    from ops.bench.tables import headline
+    full = json.loads((BENCH / "worker-quiet.json").read_text())
+    text = "\n".join(headline(full))
+    c = full["runs"]["c_fenceworker"]["records_per_s"]
+    assert f"{c:,} records/s" in text
+    assert "[A peer side by side](#a-peer-side-by-side)" in text
+    assert f"Quix Streams {full['peer']['kill'][1]['duplicates']:,}" in text
+    quick = {**full, "latency": None, "peer": None, "memory": []}
+    rows = [line for line in headline(quick) if line.startswith("| ")][1:]
+    assert rows and not any("Latency" in r or "peer" in r or "Memory" in r for r in rows)
+
+
+def test_crash_recovery_is_summarised_from_the_matrix() -> None:
+    from ops.bench.crash_tables import recovery
+    report = {"passed": 3, "total": 3,
+              "recovery_s": {"count": 2, "min": 1.5, "median": 2.0, "p90": 3.25, "max": 4.0}}
+    assert recovery(report)[-1] == "| 3/3 | 2 | 1.50 s | 2.00 s | 3.25 s | 4.00 s |"
+    assert recovery({"passed": 1, "total": 2, "recovery_s": {}})[-1].startswith("| 1/2 | 0 |")
