@@ -31,8 +31,9 @@ stack-down: setup
 stack-status: setup
 	$(BIN)/fencectl stack status
 
-# two pytest-xdist workers; an `exclusive` test runs alone (tests/suite_lock.py)
-XDIST ?= -n 2 --dist loadgroup
+# two pytest-xdist workers, a module's tests in one of them; an `exclusive` test runs alone
+# (tests/suite_lock.py)
+XDIST ?= -n 2 --dist loadfile
 test: setup
 	$(BIN)/pytest -q $(XDIST) $(PYTEST_ARGS)
 

@@ -36,14 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import importlib
-import os
-import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fencing.errors import ConfigError, HandlerDeclarationError, Transient, Unavailable
+from fencing.importing import import_module_of
 from fencing.store import HandlerFn
 from fencing.types import ACCEPT, Accept, Reject, Verdict
 
@@ -236,35 +234,11 @@ def _resolve(spec: str) -> Any:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"--handler {spec!r}: expected module:callable")
-    module = _import(spec, module_name)
+    module = import_module_of(spec, module_name)
     target: Any = getattr(module, attr, None)
     if target is None or not callable(target):
         raise ConfigError(f"--handler {spec!r}: {module_name!r} has no callable {attr!r}")
     return target
-
-
-def _import(spec: str, module_name: str) -> Any:
-    """``module_name`` from the installed packages, else from the current directory (where
-    ``python -m`` looks too; an installed console script such as ``fencectl`` does not put
-    it on ``sys.path`` by itself). The directory is searched last, so a folder of the
-    user's named like one of fenceworker's packages cannot replace it. Raises
-    ``ConfigError`` naming the module and where it was looked for."""
-    here = os.getcwd()
-    if here not in sys.path and "" not in sys.path:
-        sys.path.append(here)
-        importlib.invalidate_caches()
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or module_name
-        if module_name == missing or module_name.startswith(missing + "."):
-            raise ConfigError(
-                f"--handler {spec!r}: cannot import {module_name!r}: no module named "
-                f"{missing!r} in the current directory ({here}) or in the environment "
-                f"{sys.prefix}") from exc
-        raise ConfigError(f"--handler {spec!r}: cannot import {module_name!r}: {exc}") from exc
-    except ImportError as exc:
-        raise ConfigError(f"--handler {spec!r}: cannot import {module_name!r}: {exc}") from exc
 
 
 def _checked(spec: str, fn: Any) -> HandlerFn:

@@ -10,7 +10,10 @@ The ``services`` fixture yields one ``ServiceSettings``, chosen in this order:
 3. the local stack (``ops.stack.control``), started once for the session. Services a test
    session started stop when the last concurrent session ends (``ops.stack.lease``;
    set FENCE_KEEP_STACK=1 to keep them); services that were already running, e.g.
-   from ``fencectl stack up``, are left alone.
+   from ``fencectl stack up``, are left alone. Jaeger and Prometheus, which a new machine
+   builds from Go sources for minutes, are built in the background and started for the
+   tests that ask for ``go_services`` (traces read from Jaeger, ``fencectl stack up``, the
+   monitoring tests); those tests run after the others.
 
 The chosen settings are exported into ``os.environ`` for the session, so worker
 subprocesses (``.venv/bin/fencectl run ...``) inherit them. A missing service
@@ -39,12 +42,16 @@ from typing import Any
 
 import pytest
 
-from ops.stack.config import ServiceSettings
+from ops.stack.config import Service, ServiceSettings
 
 __all__ = ["ServiceSettings"]
 
 CLUSTER_FIXTURE = "kafka_cluster"
 CLUSTER_SCOPE = "kafka-cluster"
+#: built from Go sources when missing, in the background (``_GoBuilds``)
+GO_BUILT = (Service.JAEGER, Service.PROMETHEUS)
+#: fixtures of tests that need Jaeger or Prometheus (run after the others: ``_GoBuilds``)
+GO_FIXTURES = ("go_services", "prometheus", "promtool")
 
 # Redpanda (the issue's first choice) has no KIP-848 `consumer` group protocol
 # (redpanda-data/redpanda#29223), which the suite exercises; use Apache Kafka.
@@ -169,6 +176,70 @@ def _progress_printer(config: pytest.Config) -> Callable[[str], None]:
     return show
 
 
+class _GoBuilds:
+    """Jaeger's and Prometheus's binaries, built from Go sources when missing (minutes on a new
+    machine) in a thread of their own at a lower CPU priority (nice 10, which the ``go``
+    processes inherit), while the tests that need neither run; ``started()`` waits for them,
+    then starts both services under the session's lease."""
+
+    def __init__(self, settings: Any, progress: Callable[[str], None]) -> None:
+        import threading
+
+        self.settings = settings
+        self.progress = progress
+        self.error: Exception | None = None
+        self.done = False
+        self.thread = threading.Thread(target=self._build, name="go-builds", daemon=True)
+        self.thread.start()
+
+    def _build(self) -> None:
+        import threading
+
+        from ops.stack import jaeger, prometheus
+
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        try:
+            for path, build in ((self.settings.paths.jaeger_binary, jaeger.binary),
+                                (self.settings.paths.prometheus_binary, prometheus.promtool)):
+                if not path.exists():
+                    self.progress(f"building {path.name} in the background (minutes, once)")
+                    build(self.settings)
+        except Exception as exc:  # reported to the tests that need these services
+            self.error = exc
+
+    def started(self) -> None:
+        """Both services built, running and healthy; fails the calling test otherwise."""
+        from ops.stack import control as stack
+        from ops.stack import lease as stack_lease
+
+        self.thread.join()
+        if self.error is not None:
+            pytest.fail(f"could not build Jaeger or Prometheus: {self.error}", pytrace=False)
+        if self.done:
+            return
+        try:
+            report = stack.up(self.settings, services=GO_BUILT, out=self.progress)
+        except stack.StackError as exc:
+            pytest.fail(f"could not start Jaeger or Prometheus: {exc}", pytrace=False)
+        if not os.environ.get("FENCE_KEEP_STACK"):
+            stack_lease.record_started(self.settings, report.started)
+        self.done = True
+
+
+#: the local stack's Go-built services (``_GoBuilds``); None for services from elsewhere
+_GO_BUILDS: _GoBuilds | None = None
+
+
+@pytest.fixture(scope="session")
+def go_services(services: ServiceSettings) -> ServiceSettings:
+    """The session's services with Jaeger and Prometheus running: a test that reads traces
+    from Jaeger, or runs ``fencectl stack up`` itself, asks for this fixture (such tests run
+    after the others, so a new machine builds both while those run)."""
+    if _GO_BUILDS is not None:
+        _GO_BUILDS.started()
+    return services
+
+
 @contextmanager
 def _local_stack(progress: Callable[[str], None]) -> Iterator[ServiceSettings]:
     """The local stack of ``fencectl stack``, held by a lease (``ops.stack.lease``):
@@ -178,6 +249,7 @@ def _local_stack(progress: Callable[[str], None]) -> Iterator[ServiceSettings]:
     from ops.stack import lease as stack_lease
     from ops.stack.config import settings_from
 
+    global _GO_BUILDS
     settings: ServiceSettings | None = None
     failure = ""
     try:
@@ -187,7 +259,10 @@ def _local_stack(progress: Callable[[str], None]) -> Iterator[ServiceSettings]:
         pytest.fail(f"local stack misconfigured: {exc}", pytrace=False)
     try:
         try:
-            report = stack.up(stack_settings, out=progress)
+            _GO_BUILDS = _GoBuilds(stack_settings, progress)
+            core = [s for s in stack.default_services(stack_settings.kafka_nodes)
+                    if s not in GO_BUILT]
+            report = stack.up(stack_settings, services=core, out=progress)
             if not os.environ.get("FENCE_KEEP_STACK"):
                 stack_lease.record_started(stack_settings, report.started)
             settings = ServiceSettings.from_env(stack.env(stack_settings))
@@ -310,9 +385,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             config.hook.pytest_deselected(items=deselected)
             items[:] = [i for i in items if i.get_closest_marker("kafka_faults") is None]
     _one_protocol_each(config, items)
+    late = [i for i in items if set(GO_FIXTURES) & set(getattr(i, "fixturenames", ()))]
+    if late:
+        items[:] = [i for i in items if i not in late] + late
     on_cluster = [i for i in items if CLUSTER_FIXTURE in getattr(i, "fixturenames", ())]
-    for item in on_cluster:  # one worker's session holds the cluster (make test's -n 2)
-        item.add_marker(pytest.mark.xdist_group(CLUSTER_SCOPE))
     if on_cluster:
         rest = [i for i in items if CLUSTER_FIXTURE not in getattr(i, "fixturenames", ())]
         items[:] = rest + on_cluster

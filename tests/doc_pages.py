@@ -53,11 +53,24 @@ def _code_lines(text: str) -> list[str]:
     return lines
 
 
+def _before_pipe(piece: str) -> str:
+    """``piece`` up to its first unquoted, unescaped ``|`` (a pipeline's first command)."""
+    quote = ""
+    for i, char in enumerate(piece):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "|" and (i == 0 or piece[i - 1] != "\\"):
+            return piece[:i].strip()
+    return piece
+
+
 def _pieces(line: str) -> list[str]:
     line = re.sub(r"\s+#\s.*$", "", line).strip()
     out = []
     for piece in line.split("&&"):
-        piece = piece.strip()
+        piece = _before_pipe(piece.strip())
         m = re.fullmatch(r'eval "\$\((.+)\)"', piece)
         if m:
             piece = m.group(1).strip()

@@ -29,7 +29,7 @@ from tests.integration.observability_support import (
 from tests.integration.workers import ROOT, create_topic, durable_rows, fresh_schema, unique
 from tests.polling import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("go_services")]  # Jaeger
 
 RECORDS = 300  # one batch (--batch-max-records 300): past the span's 128 producer links
 BAD_VALUE = b'{"id": 1, "amount": 5 "currency": "EUR", "note": "no comma before currency"}'

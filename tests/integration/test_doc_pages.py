@@ -35,8 +35,9 @@ from tests.doc_runner import PageRun, blocks
 from tests.integration.workers import ROOT
 from tests.polling import wait_until
 
-# one after another: the pages share fixed names (topic orders, port 9464)
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("doc-pages")]
+# make stack-up starts every service; the pages run one after another in one worker (make
+# test's --dist loadfile): they share fixed names (topic orders, port 9464)
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("go_services")]
 
 VENV_BIN = Path(sys.executable).parent
 #: what a page leaves behind in Kafka and PostgreSQL (dropped before and after each page)

@@ -43,7 +43,7 @@ from tests.integration.workers import (
 )
 from tests.polling import until_blocking, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("go_services")]  # Jaeger
 
 
 def _record_headers(bootstrap: str, topic: str, partition: int, offset: int) -> dict[str, bytes]:

@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from ops.reference import generate
 from ops.stack.config import ServiceSettings
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("go_services")]  # Jaeger
 
 # W3C trace context: version 00, trace id, parent (span) id, flags (bit 0 = sampled; the
 # SDK also sets bit 1, "random trace id", from trace context level 2)

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from ops.stack.config import ServiceSettings
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("go_services")]  # Jaeger
 
 READ_BACK_TIMEOUT_S = 30.0
 

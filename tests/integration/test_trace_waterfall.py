@@ -23,7 +23,7 @@ from tests.integration.observability_support import (
 from tests.integration.workers import durable_rows, fresh_schema, unique
 from tests.polling import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("go_services")]  # Jaeger
 
 
 def test_waterfall_of_one_record_batch(services: ServiceSettings) -> None:

@@ -65,7 +65,7 @@ def _say(line: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def promtool() -> Path:
+def promtool(go_services: ServiceSettings) -> Path:
     """promtool of the pinned Prometheus, built through the Go module proxy when missing."""
     try:
         return stack_prometheus.promtool(settings_from())
@@ -74,7 +74,7 @@ def promtool() -> Path:
 
 
 @pytest.fixture(scope="session")
-def prometheus(services: ServiceSettings) -> Iterator[Prometheus]:
+def prometheus(go_services: ServiceSettings) -> Iterator[Prometheus]:
     settings = settings_from()
     rows = {row.service: row for row in stack.status(settings)}
     if rows[Service.PROMETHEUS].state is stack.ServiceState.UP:
