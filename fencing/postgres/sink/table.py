@@ -41,6 +41,13 @@ Rules
 - A field with no column is ignored and counted (``unknown``), or with ``--sink-evolve
   add-columns`` gets a column, added outside the batch's transaction, and the batch is
   written again (``evolving``).
+- A table's layout is read on its first batch and kept; a batch in which a record misfits
+  a layout read before the batch reads the table again inside the batch's transaction, and
+  when its columns changed (an operator's ``ALTER TABLE``: a column made nullable, a wider
+  type) converts the batch again by the new layout, which is kept. So a record is judged
+  by the table as it is when its batch runs: one that fits the table now (as
+  ``fencectl quarantine replay``, a fresh process, saw it) is written, also when a reset
+  brings it back, never quarantined again by a layout the worker read before the fix.
 - Only the given connection is used (but for ``evolving``'s DDL connection); the sink never
   commits.
 """
@@ -97,6 +104,11 @@ async def _one(conn: Any, writer: Writer, op: Upsert | Delete, savepoint: str) -
     await conn.execute(f"RELEASE SAVEPOINT {savepoint}")
 
 
+def _changed(a: Writer, b: Writer) -> bool:
+    """Whether two writers of one table were read from different table definitions."""
+    return a.t.layout != b.t.layout or a.t.names != b.t.names
+
+
 class _Targets:
     """The writer of each table the sink writes, made on its table's first sight (one for an
     unrouted ``--sink table=T``; one per topic for ``table='{topic}'``, see ``routes``)."""
@@ -150,6 +162,24 @@ class _Targets:
             self.writers[spec.table] = writer
         return writer, created
 
+    async def reread(self, conn: Any, topic: str, writer: Writer) -> Writer | None:
+        """The writer of ``topic``'s table read again from the catalog, when its columns
+        differ from ``writer``'s (kept for the next batches); None when they do not (the
+        cached writer stays) or the table no longer fits (the database judges the write)."""
+        table = self.spec.for_topic(topic).table
+        cached = self.writers.get(table)
+        if cached is not None and cached is not writer:  # another batch read it already
+            return cached if _changed(cached, writer) else None
+        self.writers.pop(table, None)
+        try:
+            fresh, _created = await self.writer(conn, topic)
+        except ConfigError:
+            fresh = "does not fit"
+        if isinstance(fresh, str) or not _changed(fresh, writer):
+            self.writers[table] = writer
+            return None
+        return fresh
+
     async def strays(self, conn: Any, writer: Writer, topic: str, found: list[Any],
                      created: bool) -> None:
         """The batch's values in ``found`` hold fields with no column: evolve the table
@@ -169,6 +199,46 @@ class _Targets:
         UNKNOWN_FIELDS.add(table, fields, len(found))
 
 
+def _convert(writer: Writer, records: Sequence[SourceRecord], decoding: Decoding | None,
+             decoded: tuple[Sequence[Any], dict[int, Any]] | None,
+             ) -> tuple[list[Verdict], list[tuple[int, Upsert | Delete]], int, list[Any]]:
+    """The batch converted by ``writer``: each record's verdict, the operations of those
+    that fit (with their index), how many ``writer``'s layout refused (a misfit of the
+    conversion, not of the decoding) and the values holding fields with no column. Never
+    yields: the decoded keys it sets and the writer's strays it reads are shared with the
+    other partitions' batches (see ``Decoding``)."""
+    verdicts: list[Verdict] = [ACCEPT] * len(records)
+    ops: list[tuple[int, Upsert | Delete]] = []
+    misfits = 0
+    convert = writer.convert
+    strays = writer.strays  # filled by convert
+    strays.clear()
+    if decoding is not None and decoded is not None:
+        values, batch_keys = decoded
+        decoding.keys.clear()
+        decoding.keys.update(batch_keys)
+        for i, record in enumerate(records):
+            value = values[i]
+            if isinstance(value, Misfit):
+                verdicts[i] = Reject(f"table sink: {value}")
+                continue
+            try:
+                ops.append((i, convert(record, value)))
+            except Misfit as exc:
+                verdicts[i] = Reject(f"table sink: {exc}")
+                misfits += 1
+    else:
+        for i, record in enumerate(records):
+            try:
+                ops.append((i, convert(record)))
+            except Misfit as exc:
+                verdicts[i] = Reject(f"table sink: {exc}")
+                misfits += 1
+    found = list(strays)
+    strays.clear()
+    return verdicts, ops, misfits, found
+
+
 def make_table_sink(spec: SinkSpec) -> HandlerFn:
     """The sink handler for ``spec`` (a table is read from the catalog on the first batch of
     a topic it takes; with a schema'd format records are decoded through ``spec.registry``
@@ -179,37 +249,21 @@ def make_table_sink(spec: SinkSpec) -> HandlerFn:
     async def sink(conn: Any, records: Sequence[SourceRecord]) -> list[Verdict]:
         if not records:
             return []
+        batch_ns = time.monotonic_ns()
         writer, created = await targets.writer(conn, records[0].topic)
         if isinstance(writer, str):  # a routed table that does not fit: every record says so
             return [Reject(f"table sink: {writer}")] * len(records)
-        verdicts: list[Verdict] = [ACCEPT] * len(records)
-        ops: list[tuple[int, Upsert | Delete]] = []
-        convert = writer.convert
-        decoding = targets.decoding
-        strays = writer.strays  # filled by convert: from here to the copy nothing yields
-        if decoding is not None:  # raises Unavailable when the registry does not answer
-            values, batch_keys = await decoding.values(records)
-            decoding.keys.clear()  # from here to the write nothing yields: see Decoding
-            decoding.keys.update(batch_keys)
-            strays.clear()
-            for i, record in enumerate(records):
-                try:
-                    value = values[i]
-                    if isinstance(value, Misfit):
-                        raise value
-                    ops.append((i, convert(record, value)))
-                except Misfit as exc:
-                    verdicts[i] = Reject(f"table sink: {exc}")
-        else:
-            strays.clear()
-            for i, record in enumerate(records):
-                try:
-                    ops.append((i, convert(record)))
-                except Misfit as exc:
-                    verdicts[i] = Reject(f"table sink: {exc}")
-        if strays:
-            found = list(strays)
-            strays.clear()
+        decoded = None
+        if targets.decoding is not None:  # raises Unavailable when the registry does not answer
+            decoded = await targets.decoding.values(records)
+        verdicts, ops, misfits, found = _convert(writer, records, targets.decoding, decoded)
+        if misfits and writer.born < batch_ns:  # judged by a layout read before this batch
+            fresh = await targets.reread(conn, records[0].topic, writer)
+            if fresh is not None:
+                writer = fresh
+                verdicts, ops, _misfits, found = _convert(writer, records, targets.decoding,
+                                                          decoded)
+        if found:
             await targets.strays(conn, writer, records[0].topic, found, created)
         if ops and await _in_savepoint(conn, lambda sp: writer.write(conn, [o for _, o in ops],
                                                                      sp)):

@@ -51,8 +51,10 @@ class Writer:
         self.known = target.names | frozenset(RESERVED)
         self.convert = converter(target.layout, epoch_ms=self.ms is not None,
                                  kafka_key=kafka_key, known=self.known, strays=self.strays)
-        # per table and column set: a table that gained a column gets a stage that has it
-        shape = "|".join([target.quoted, *(c.name for c in target.layout.columns)])
+        # per table, column set and types: a table that gained a column, or whose column
+        # changed its type, gets a stage that has it as the table has it now
+        shape = "|".join([target.quoted, *(f"{c.name}:{c.type_name}"
+                                           for c in target.layout.columns)])
         self.stage = f"fence_sink_stage_{zlib.crc32(shape.encode()):08x}"
         cols = ", ".join(f"NULL::int8 AS {_quote(c.name)}" if c.name == self.ms else
                          _quote(c.name) for c in target.layout.columns)
