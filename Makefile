@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 SEED ?= 18
 PYTEST_ARGS ?=
 
-.PHONY: setup stack-up stack-down stack-status test test-unit test-integration test-monitoring \
+.PHONY: setup stack-up stack-down stack-status test check test-unit test-integration test-monitoring \
         test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
         demo migrate clean crash-matrix docs test-kafka-faults test-handler-blame bench-blame sink-churn \
         sink-routing sink-evolve test-bench test-protocols
@@ -36,6 +36,11 @@ stack-status: setup
 XDIST ?= -n 2 --dist loadfile
 test: setup
 	$(BIN)/pytest -q $(XDIST) $(PYTEST_ARGS)
+
+# the quick tier for the edit loop: every test but the long scenarios (`slow`: kills,
+# rebalances, session timeouts, the three-node cluster, the bench, the doc pages)
+check: setup
+	$(BIN)/pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 test-unit: setup
 	$(BIN)/pytest -q tests/unit tests/sim tests/bench tests/docs $(PYTEST_ARGS)

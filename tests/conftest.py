@@ -38,6 +38,7 @@ import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,6 +49,26 @@ __all__ = ["ServiceSettings"]
 
 CLUSTER_FIXTURE = "kafka_cluster"
 CLUSTER_SCOPE = "kafka-cluster"
+#: the modules of long scenarios (kills, rebalances, session timeouts, three nodes, the
+#: bench): marked ``slow``, so ``make check`` (``-m "not slow"``) leaves them to ``make test``
+SLOW_MODULES = frozenset({
+    "integration/test_bench_smoke", "integration/test_claim_unblocks",
+    "integration/test_cli_untruths", "integration/test_crash_matrix",
+    "integration/test_doc_pages", "integration/test_durability_classes",
+    "integration/test_handler_blame", "integration/test_kafka_facts_failover",
+    "integration/test_kafka_faults", "integration/test_observability_status",
+    "integration/test_processes", "integration/test_produce", "integration/test_quarantine_relay",
+    "integration/test_reset_pickup", "integration/test_sink_evolve",
+    "integration/test_sink_rebalance", "integration/test_sink_registry_outage",
+    "integration/test_sink_routing", "integration/test_slow_handlers",
+    "integration/test_startup_outage", "integration/test_static_membership",
+    "integration/test_worker_exits", "integration/test_worker_failures",
+    "integration/test_worker_idle", "integration/test_worker_kafka_facts",
+    "integration/test_worker_liveness", "integration/test_worker_lostcommit",
+    "integration/test_worker_offset_mirror", "integration/test_worker_rebalance",
+    "integration/test_worker_zombie", "monitoring/test_member_killed",
+    "monitoring/test_spare_member", "monitoring/test_stall_alert",
+})
 #: built from Go sources when missing, in the background (``_GoBuilds``)
 GO_BUILT = (Service.JAEGER, Service.PROMETHEUS)
 #: fixtures of tests that need Jaeger or Prometheus (run after the others: ``_GoBuilds``)
@@ -385,6 +406,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             config.hook.pytest_deselected(items=deselected)
             items[:] = [i for i in items if i.get_closest_marker("kafka_faults") is None]
     _one_protocol_each(config, items)
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        module = Path(str(item.fspath)).resolve()
+        if module.is_relative_to(tests) and \
+                module.relative_to(tests).with_suffix("").as_posix() in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
     late = [i for i in items if set(GO_FIXTURES) & set(getattr(i, "fixturenames", ()))]
     if late:
         items[:] = [i for i in items if i not in late] + late

@@ -308,9 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode", action="store_true",
                    help="ns per record of JSON and Avro decoding and conversion (module doc)")
     a = p.parse_args(argv)
-    # the command as typed, its commit and date: docs/benchmarks.md prints them above a table
-    made = {"provenance": provenance(" ".join(["python -m ops.bench.sink",
-                                               *(sys.argv[1:] if argv is None else argv)]))}
+    typed = ["python -m ops.bench.sink", *(sys.argv[1:] if argv is None else argv)]
+    made = {"provenance": provenance(" ".join(typed))}  # shown above its table in the docs
     if a.decode:
         print(json.dumps({**made, **asyncio.run(measure_decode(
             os.environ["SCHEMA_REGISTRY_URL"]))}, indent=2))

@@ -380,6 +380,12 @@ def peer_runs(report: Report) -> list[str]:
     return lines
 
 
+def _paired(paired: Report, key: str) -> str:
+    """`` (0.99 paired)`` when the run paired its tries (a quick run has one try: none)."""
+    value = paired.get(key)
+    return "" if value is None else f" ({value:.2f} paired)"
+
+
 def _headline_rows(report: Report) -> list[tuple[str, str, str]]:
     """(what, figure, section link) of each headline figure the report holds."""
     runs, ratios, paired = report["runs"], report["ratios"], report["paired_ratios"]
@@ -387,8 +393,8 @@ def _headline_rows(report: Report) -> list[tuple[str, str, str]]:
     if "c_fenceworker" in runs and "c_over_b" in ratios:
         rows.append(("The reference handler, one member",
                      f"{_n(runs['c_fenceworker']['records_per_s'])} records/s: "
-                     f"{ratios['c_over_b']:.2f} of an unfenced pipelined consumer's rate "
-                     f"({paired['c_over_b']:.2f} paired)", "[Throughput](#throughput)"))
+                     f"{ratios['c_over_b']:.2f} of an unfenced pipelined consumer's rate"
+                     f"{_paired(paired, 'c_over_b')}", "[Throughput](#throughput)"))
     sink = runs.get("c_sink_fenceworker")
     if sink:
         cpu = ""
@@ -400,8 +406,8 @@ def _headline_rows(report: Report) -> list[tuple[str, str, str]]:
                      "[The table sink](#the-table-sink)"))
     if "c_sink_avro_over_json" in ratios:
         rows.append(("Avro records against JSON into the same table",
-                     f"{ratios['c_sink_avro_over_json']:.2f} of JSON's rate "
-                     f"({paired['c_sink_avro_over_json']:.2f} paired)",
+                     f"{ratios['c_sink_avro_over_json']:.2f} of JSON's rate"
+                     f"{_paired(paired, 'c_sink_avro_over_json')}",
                      "[Avro and JSON](#avro-and-json)"))
     steady = (report.get("latency") or {}).get("steady") or []
     if steady:

@@ -65,8 +65,8 @@ def _page(name: str) -> Path:
 
 
 def reader_env(home: Path, *, activated: bool, schema: str) -> dict[str, str]:
-    """A reader's terminal: no connection settings, no virtualenv on PATH (unless the
-    reader activated it already), HOME a folder of their own."""
+    """A reader's terminal (80 columns): no connection settings, no virtualenv on PATH
+    (unless the reader activated it already), HOME a folder of their own."""
     from ops.stack.config import settings_from
 
     cache = settings_from().paths.cache
@@ -77,7 +77,7 @@ def reader_env(home: Path, *, activated: bool, schema: str) -> dict[str, str]:
     if activated:
         path.insert(0, str(VENV_BIN))
         env["VIRTUAL_ENV"] = str(VENV_BIN.parent)
-    env.update({"PATH": os.pathsep.join(path), "HOME": str(home),
+    env.update({"PATH": os.pathsep.join(path), "HOME": str(home), "COLUMNS": "80",
                 "FENCE_CACHE_DIR": str(cache), "FENCE_SCHEMA": schema})
     return env
 
