@@ -169,6 +169,13 @@ def register(sub: Any) -> None:
     p.set_defaults(func=main)
 
 
+def _instance_id(given: str | None, env: Mapping[str, str]) -> str | None:
+    """``--instance-id`` as this process uses it: member i of a ``--processes`` set takes
+    ``ID-i`` (static membership needs one id per member; the set's restarts keep the index)."""
+    index = supervisor.member_index(env)
+    return given if given is None or index is None else f"{given}-{index}"
+
+
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
     """A checked ``WorkerConfig``; raises ``ConfigError`` naming the bad setting."""
     handler, settings = _handler_of(args, env)
@@ -186,7 +193,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
         queue_max_batches=args.queue_max_batches, db_concurrency=args.db_concurrency,
         shutdown_timeout_s=args.shutdown_timeout_s, allow_retention_gap=args.allow_retention_gap,
         restart_lifetimes=args.restart_lifetimes, outage_bound_s=args.outage_bound_s,
-        instance_id=args.instance_id or env.get("FENCE_INSTANCE_ID") or None,
+        instance_id=_instance_id(args.instance_id or env.get("FENCE_INSTANCE_ID") or None, env),
         db_idle_in_transaction_timeout_s=args.db_idle_in_transaction_timeout_s,
         budget_s=args.call_budget_s,
         x_options=parse_x_options(args.x),

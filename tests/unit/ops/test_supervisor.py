@@ -179,3 +179,20 @@ def test_processes_flag() -> None:
     for bad in ("0", "-1", "two"):
         with pytest.raises(ConfigError, match="--processes"):
             members_asked(bad, {})
+
+
+def test_each_member_of_a_set_has_its_own_instance_id() -> None:
+    """--processes N with --instance-id: member i is ID-i, so the set's members never share
+    one static id (Kafka would fence one with the other); outside a set the id is as given."""
+    from ops import cli
+    from ops.commands.run import config_from_args
+
+    args = cli.build_parser().parse_args(
+        ["run", "--topic", "t", "--group", "g", "--instance-id", "pod-0", "--processes", "2"])
+    base = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9", "FENCE_DSN": "postgresql://x@h/d"}
+    assert config_from_args(args, base).instance_id == "pod-0"
+    ids = [config_from_args(args, {**base, "FENCE_MEMBER_INDEX": str(i)}).instance_id
+           for i in range(2)]
+    assert ids == ["pod-0-0", "pod-0-1"]
+    plain = cli.build_parser().parse_args(["run", "--topic", "t", "--group", "g"])
+    assert config_from_args(plain, {**base, "FENCE_MEMBER_INDEX": "1"}).instance_id is None
