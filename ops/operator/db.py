@@ -124,6 +124,23 @@ def tool_dsn_from_env(command: str) -> str | None:
     return dsn_from_env(command)
 
 
+def _tls_mistake(exc: BaseException) -> str | None:
+    """What is wrong with ``FENCE_DSN``'s TLS settings when ``exc`` shows it, else None: a
+    certificate that does not verify, a certificate or key file that cannot be read
+    (``sslrootcert``, ``sslcert``, ``sslkey``), a server without TLS asked for it (asyncpg
+    raises a bare ``ConnectionError`` "rejected SSL upgrade"). None of these is retried."""
+    import ssl
+
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        detail = getattr(exc, "verify_message", "") or exc
+        return f"the server's certificate does not verify ({detail})"
+    if isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError):
+        return f"a TLS file cannot be read ({exc})"
+    if type(exc) is ConnectionError and "SSL upgrade" in str(exc):
+        return f"{exc}: the server does not speak TLS, or sslmode asks for it"
+    return None
+
+
 def connect_mistake(exc: BaseException, *, dsn: str) -> str | None:
     """One line naming ``FENCE_DSN`` when ``exc`` (or its cause) shows the connection could
     not be set up; None for any other failure. The password never appears in it."""
@@ -132,6 +149,9 @@ def connect_mistake(exc: BaseException, *, dsn: str) -> str | None:
     seen: BaseException | None = exc
     while seen is not None:
         state = str(getattr(seen, "sqlstate", "") or "")
+        if (tls := _tls_mistake(seen)) is not None:
+            return redact(f"FENCE_DSN: TLS: {tls}; check sslmode, sslrootcert, sslcert and "
+                          "sslkey in FENCE_DSN", dsn=dsn)
         if isinstance(seen, asyncpg.PostgresError) and state[:2] in _LOGIN_REFUSED_CLASSES:
             return redact(f"FENCE_DSN: PostgreSQL refused the connection: {seen}; check the "
                           "user, password and database name in FENCE_DSN", dsn=dsn)
@@ -170,6 +190,8 @@ def server_not_answering(exc: BaseException, *, dsn: str) -> str | None:
             return None  # refused login, unknown database, or another server answer
         if isinstance(seen, asyncpg.ClientConfigurationError | ValueError):
             return None  # a malformed DSN
+        if _tls_mistake(seen) is not None:
+            return None  # a TLS setting: a mistake (connect_mistake names it)
         if isinstance(seen, socket.gaierror):
             if seen.errno == socket.EAI_AGAIN:
                 return redact(f"FENCE_DSN: the host name did not resolve now ({seen})", dsn=dsn)

@@ -102,3 +102,25 @@ def test_unknown_librdkafka_property_exits_2_naming_it(target: tuple[str, str]) 
     assert time.monotonic() - started < 20
     assert done.returncode == 2, done.stderr[-3000:]
     assert "no.such.property" in one_line(done)
+
+
+@pytest.mark.parametrize(("query", "reason"), [
+    ("sslmode=require", 'rejected SSL upgrade: the server does not speak TLS, or sslmode asks'),
+    ("sslmode=verify-full&sslrootcert=/nonexistent/ca.pem", "a TLS file cannot be read"),
+], ids=["server-without-tls", "missing-root-cert"])
+def test_a_tls_mistake_in_the_dsn_is_exit_2_at_once(services: Any, target: tuple[str, str],
+                                                    query: str, reason: str) -> None:
+    """A TLS setting of FENCE_DSN the server or the file system refuses is a configuration
+    mistake: exit 2 naming the TLS settings, before --outage-bound-s (not retried as an
+    unanswering server, exit 5)."""
+    topic, schema = target
+    dsn = services.dsn + ("&" if "?" in services.dsn else "?") + query
+    started = time.monotonic()
+    done = fencectl("run", "--topic", topic, "--group", unique("g"), "--schema", schema,
+                    "--outage-bound-s", "30", env={"FENCE_DSN": dsn})
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert time.monotonic() - started < 20
+    line = one_line(done)
+    assert line.startswith("fencectl run: FENCE_DSN: TLS: "), line
+    assert reason in line and line.endswith("check sslmode, sslrootcert, sslcert and sslkey "
+                                            "in FENCE_DSN"), line

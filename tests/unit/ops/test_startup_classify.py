@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 
 import asyncpg
 import pytest
@@ -39,7 +40,19 @@ def test_a_server_that_does_not_answer_is_retried(exc: BaseException) -> None:
     asyncpg.InvalidCatalogNameError("database \"fw\" does not exist"),
     socket.gaierror(socket.EAI_NONAME, "Name or service not known"),
     asyncpg.ClientConfigurationError("invalid DSN"),
+    ConnectionError('PostgreSQL server at "db.example:5432" rejected SSL upgrade'),
+    FileNotFoundError(2, "No such file or directory"),
+    ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify "
+                                 "failed: self-signed certificate"),
 ])
 def test_a_configuration_mistake_is_not(exc: BaseException) -> None:
     assert server_not_answering(_wrapped(exc), dsn=DSN) is None
     assert connect_mistake(_wrapped(exc), dsn=DSN) is not None
+
+
+def test_a_tls_mistake_names_the_tls_settings() -> None:
+    line = connect_mistake(_wrapped(ConnectionError(
+        'PostgreSQL server at "db.example:5432" rejected SSL upgrade')), dsn=DSN)
+    assert line == ('FENCE_DSN: TLS: PostgreSQL server at "db.example:5432" rejected SSL '
+                    "upgrade: the server does not speak TLS, or sslmode asks for it; check "
+                    "sslmode, sslrootcert, sslcert and sslkey in FENCE_DSN")
