@@ -41,10 +41,12 @@ __all__ = [
     "DEFAULT_ASSIGNMENT_STRATEGY",
     "DEFAULT_BATCH_LINGER_S",
     "DEFAULT_BATCH_MAX_RECORDS",
+    "KAFKA_CONFIG_ENV",
     "PREFETCH",
     "GroupProtocol",
     "WorkerConfig",
     "check_topic_pattern",
+    "client_properties",
     "kafka_settings",
     "parse_x_options",
     "redact",
@@ -267,6 +269,37 @@ def check_topic_pattern(pattern: str) -> None:
         raise ConfigError(f"--topic-pattern {shlex.quote(pattern)}: {found.group()} is not "
                           "POSIX extended regex syntax, which librdkafka uses; write a bracket "
                           "expression such as [0-9] or [a-z0-9_]")
+
+
+#: the file of librdkafka properties every command's Kafka clients take (TLS, SASL and
+#: their secrets, which so never appear in argv)
+KAFKA_CONFIG_ENV = "FENCE_KAFKA_CONFIG"
+
+
+def client_properties(env: Mapping[str, str]) -> dict[str, str]:
+    """The librdkafka properties of the file ``FENCE_KAFKA_CONFIG`` names ({} when unset):
+    one ``key=value`` per line, blank lines and ``#`` comments ignored. Raises
+    ``ConfigError`` naming the file (and the line) when it cannot be read or a line is not
+    ``key=value``; a value never appears in a message."""
+    path = env.get(KAFKA_CONFIG_ENV, "").strip()
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"{KAFKA_CONFIG_ENV} {path}: cannot read it ({exc.strerror})") \
+            from None
+    out: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{KAFKA_CONFIG_ENV} {path}: line {number} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
 
 
 def parse_x_options(items: Sequence[str], *, flag: str = "-X",

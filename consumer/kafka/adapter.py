@@ -82,7 +82,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol
@@ -90,6 +90,7 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
+from consumer.config import KAFKA_CONFIG_ENV, client_properties
 from consumer.kafka.committer import Committer, OnFailure
 from consumer.mirror import CommitFailure, MirrorState, classify_commit_error
 from consumer.outage import DEFAULT_BOUND_S, OutageBound
@@ -97,8 +98,8 @@ from fencing.crashpoints import crash_point
 from fencing.errors import ConfigError, InstanceFenced, KafkaClientFailed, RetentionGap
 from fencing.types import SourceRecord, TopicPartition
 
-__all__ = ["KafkaThread", "Rebalancer", "call_on_loop", "check_consumer_settings", "to_record",
-           "translated"]
+__all__ = ["KafkaThread", "Rebalancer", "call_on_loop", "check_consumer_settings",
+           "checked_client_properties", "to_record", "translated"]
 
 log = logging.getLogger("fenceworker.adapter")
 
@@ -538,14 +539,29 @@ def check_consumer_settings(settings: dict[str, str]) -> None:
     _build_consumer({"log_level": "0", **settings}).close()
 
 
+def checked_client_properties(env: Mapping[str, str]) -> dict[str, str]:
+    """``client_properties(env)`` (``FENCE_KAFKA_CONFIG``), checked by librdkafka the way
+    ``check_consumer_settings`` checks a worker's: ``ConfigError`` naming the file and
+    librdkafka's reason when it refuses one of them (an operator command's clients)."""
+    props = client_properties(env)
+    if props:
+        try:
+            Consumer({"bootstrap.servers": "127.0.0.1:9", "group.id": "fencectl-check",
+                      "log_level": "0", **props}).close()
+        except (KafkaException, ValueError, TypeError) as exc:
+            raise ConfigError(f"{KAFKA_CONFIG_ENV} {env[KAFKA_CONFIG_ENV]}: librdkafka "
+                              f"refused it: {_kafka_message(exc)}") from exc
+    return props
+
+
 def _build_consumer(settings: dict[str, Any]) -> Consumer:
     """A ``Consumer``; ``ConfigError`` with librdkafka's reason when it refuses ``settings``."""
     try:
         return Consumer(settings)
     except (KafkaException, ValueError, TypeError) as exc:
         raise ConfigError(f"librdkafka refused the consumer configuration: "
-                          f"{_kafka_message(exc)} (fix the -X option or the flag that sets "
-                          "it)") from exc
+                          f"{_kafka_message(exc)} (fix the -X option, FENCE_KAFKA_CONFIG's "
+                          "file or the flag that sets it)") from exc
 
 
 def _kafka_message(exc: BaseException) -> str:

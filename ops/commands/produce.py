@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaException, Producer
@@ -35,6 +35,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
+from consumer.kafka.adapter import checked_client_properties
+from fencing.errors import ConfigError
 from ops.librdkafka_logs import add_log_level_argument, client_log_settings
 from ops.reference.generate import CLASSES, GeneratedRecord, generate
 from ops.worker.telemetry import run_bounded
@@ -68,6 +70,7 @@ class ProduceOptions:
     flush_timeout_s: float = 60.0  # bound on waiting for deliveries
     otlp_endpoint: str | None = None  # OTLP gRPC endpoint; None: no export
     log_level: str = "info"  # debug also shows librdkafka's own log lines
+    kafka_properties: Mapping[str, str] = field(default_factory=dict)  # FENCE_KAFKA_CONFIG
 
 
 def register(sub: Any) -> None:
@@ -103,6 +106,10 @@ def options_from_args(
     bootstrap = args.bootstrap or env.get("KAFKA_BOOTSTRAP_SERVERS", "")
     if not bootstrap:
         return "KAFKA_BOOTSTRAP_SERVERS is not set and no --bootstrap-servers given"
+    try:
+        properties = checked_client_properties(env)
+    except ConfigError as exc:
+        return str(exc)
     endpoint = (env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
                 or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None)
     if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
@@ -114,7 +121,7 @@ def options_from_args(
         replication_factor=args.replication_factor,
         span_every=args.span_every or max(1, -(-args.count // _SPANS_EXPORTED_MAX)),
         flush_timeout_s=args.flush_timeout_s, otlp_endpoint=endpoint,
-        log_level=getattr(args, "log_level", None) or "info",
+        log_level=getattr(args, "log_level", None) or "info", kafka_properties=properties,
     )
 
 
@@ -203,7 +210,7 @@ def produce(opts: ProduceOptions, records: Sequence[GeneratedRecord], tracing: _
         "bootstrap.servers": opts.bootstrap, "enable.idempotence": True, "acks": "all",
         "linger.ms": 20, "batch.size": 1_000_000, "compression.type": "lz4",
         "queue.buffering.max.messages": 500_000, "client.id": SERVICE_NAME,
-        **client_log_settings(opts.log_level),
+        **opts.kafka_properties, **client_log_settings(opts.log_level),
     })
     failed: list[str] = []
 
@@ -257,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     # connection failures are reported once, by ensure_topic, not per retry
     admin = AdminClient({"bootstrap.servers": opts.bootstrap, "client.id": SERVICE_NAME,
-                         **client_log_settings(opts.log_level)})
+                         **opts.kafka_properties, **client_log_settings(opts.log_level)})
     refusal = ensure_topic(admin, opts)
     if refusal is not None:
         print(f"fencectl produce: {refusal}", file=sys.stderr)

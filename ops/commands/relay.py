@@ -36,6 +36,7 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 
 from consumer.config import parse_x_options, redact
+from consumer.kafka.adapter import checked_client_properties
 from fencing.crashpoints import crash_point
 from fencing.errors import ConfigError, SchemaMismatch
 from ops.hints import schema_advice
@@ -75,6 +76,7 @@ def _producer(args: argparse.Namespace, bootstrap: str) -> Producer:
         "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
         "message.timeout.ms": int(args.delivery_timeout_s * 1000), "linger.ms": 5,
         **client_log_settings(None)}
+    conf.update(checked_client_properties(os.environ))
     conf.update(parse_x_options(args.x, flag="-X"))
     try:
         producer = Producer(conf)

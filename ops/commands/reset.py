@@ -35,6 +35,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from consumer.kafka.adapter import checked_client_properties
 from fencing import crashpoints
 from fencing.crashpoints import crash_point
 from fencing.errors import ConfigError, NotCommitted, OutcomeUnknown, SchemaMismatch
@@ -128,7 +129,8 @@ def _facts(bootstrap: str | None, topic: str, partitions: Sequence[int], *,
         return {}
     from consumer.kafka.source import KafkaSource
 
-    source = KafkaSource({"bootstrap.servers": bootstrap}, request_timeout_s=timeout_s)
+    source = KafkaSource({"bootstrap.servers": bootstrap, **checked_client_properties(os.environ)},
+                         request_timeout_s=timeout_s)
     _tid, count = source.topic_id(topic)
     existing = [TopicPartition(topic, p) for p in partitions if p < count]
     return source.facts(existing) if existing else {}

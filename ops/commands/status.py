@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from consumer.kafka.adapter import checked_client_properties
 from fencing.errors import ConfigError, FenceError, SchemaMismatch, SourceRefused
 from fencing.failures import quarantine_cause
 from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
@@ -139,7 +140,8 @@ def kafka_facts(
         return facts, {t: "no Kafka configured (KAFKA_BOOTSTRAP_SERVERS)" for t in topics}
     from consumer.kafka.source import KafkaSource
 
-    source = KafkaSource({"bootstrap.servers": bootstrap, **client_log_settings(log_level)},
+    source = KafkaSource({"bootstrap.servers": bootstrap, **checked_client_properties(os.environ),
+                          **client_log_settings(log_level)},
                          request_timeout_s=timeout_s)
     for topic in topics:
         wanted = [tp for tp in tps if tp.topic == topic]
@@ -166,7 +168,8 @@ def kafka_committed(
         return out, notes
     from consumer.kafka.source import KafkaSource
 
-    source = KafkaSource({"bootstrap.servers": bootstrap, **client_log_settings(log_level)},
+    source = KafkaSource({"bootstrap.servers": bootstrap, **checked_client_properties(os.environ),
+                          **client_log_settings(log_level)},
                          request_timeout_s=timeout_s)
     for group, tps in sorted(groups.items()):
         try:

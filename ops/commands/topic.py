@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from consumer.kafka.adapter import checked_client_properties
+from fencing.errors import ConfigError
 from ops.librdkafka_logs import add_log_level_argument, client_log_settings
 
 __all__ = ["TopicInfo", "register", "topic_name_problem"]
@@ -110,8 +112,12 @@ def _admin(args: argparse.Namespace) -> Any:
     bootstrap = args.bootstrap_servers or os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
     if not bootstrap:
         raise _Usage("KAFKA_BOOTSTRAP_SERVERS is not set and no --bootstrap-servers given")
+    try:
+        props = checked_client_properties(os.environ)
+    except ConfigError as exc:
+        raise _Usage(str(exc)) from None
     admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": "fencectl-topic",
-                         **client_log_settings(args.log_level)})
+                         **props, **client_log_settings(args.log_level)})
     where = "--bootstrap-servers" if args.bootstrap_servers else "KAFKA_BOOTSTRAP_SERVERS"
     try:
         admin.list_topics(timeout=args.timeout_s)
