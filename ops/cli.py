@@ -47,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _remember_parsers(parser: argparse.ArgumentParser) -> None:
-    """Each (sub)parser records itself as a default, so the deepest one chosen is known."""
+    """Each (sub)parser records itself as a default, so the deepest one chosen is known; none
+    takes an abbreviated flag (``--shutdown-timeout`` is not ``--shutdown-timeout-s``: what a
+    page or a unit file writes is the flag's whole name, or it is refused)."""
+    parser.allow_abbrev = False
     parser.set_defaults(usage_parser=parser)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):

@@ -76,3 +76,17 @@ def test_console_script_env_configures_a_shell(
     port = {field: 42000 + i for i, field in enumerate(PORT_ENV)}
     assert out.stdout.split() == [f"127.0.0.1:{port['kafka']}",
                                   f"http://127.0.0.1:{port['jaeger_query']}"]
+
+
+def test_no_command_takes_an_abbreviated_flag() -> None:
+    """A truncated flag is refused, not read as the flag it begins (a docs page or a unit file
+    must name flags whole for the docs' flag checks to mean anything)."""
+    from ops.cli import build_parser
+
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(["run", "--topic", "t", "--group", "g",
+                                   "--shutdown-timeout", "5"])
+    assert refused.value.code == 2
+    args = build_parser().parse_args(["run", "--topic", "t", "--group", "g",
+                                      "--shutdown-timeout-s", "5"])
+    assert args.shutdown_timeout_s == 5
