@@ -72,7 +72,7 @@ SLOW_MODULES = frozenset({
 #: built from Go sources when missing, in the background (``_GoBuilds``)
 GO_BUILT = (Service.JAEGER, Service.PROMETHEUS)
 #: fixtures of tests that need Jaeger or Prometheus (run after the others: ``_GoBuilds``)
-GO_FIXTURES = ("go_services", "prometheus", "promtool")
+GO_FIXTURES = ("go_services", "_go_services_started", "prometheus", "promtool")
 
 # Redpanda (the issue's first choice) has no KIP-848 `consumer` group protocol
 # (redpanda-data/redpanda#29223), which the suite exercises; use Apache Kafka.
@@ -251,13 +251,24 @@ class _GoBuilds:
 _GO_BUILDS: _GoBuilds | None = None
 
 
+#: seconds the session waited for Jaeger and Prometheus, until a test reports it
+_GO_WAIT_S: list[float] = []
+
+
 @pytest.fixture(scope="session")
-def go_services(services: ServiceSettings) -> ServiceSettings:
+def _go_services_started(services: ServiceSettings) -> None:
+    """Jaeger and Prometheus started for the session (built first when missing)."""
+    asked = time.monotonic()
+    if _GO_BUILDS is not None:
+        _GO_BUILDS.started()
+    _GO_WAIT_S.append(time.monotonic() - asked)
+
+
+@pytest.fixture
+def go_services(services: ServiceSettings, _go_services_started: None) -> ServiceSettings:
     """The session's services with Jaeger and Prometheus running: a test that reads traces
     from Jaeger, or runs ``fencectl stack up`` itself, asks for this fixture (such tests run
     after the others, so a new machine builds both while those run)."""
-    if _GO_BUILDS is not None:
-        _GO_BUILDS.started()
     return services
 
 
@@ -380,16 +391,23 @@ async def pg_store(pg_dsn: str, fence_schema: str) -> AsyncIterator[Any]:
 @pytest.fixture(autouse=True)
 def _alone_or_beside(request: pytest.FixtureRequest) -> Iterator[None]:
     """Under pytest-xdist (``make test``), an ``exclusive`` test or one on the three-node
-    cluster runs alone; every other test beside at most one other (``tests.suite_lock``)."""
+    cluster runs alone; every other test of the shared services beside the others
+    (``tests.suite_lock``); a test of no shared service never waits."""
     run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run_id is None:
-        yield
+    exclusive = (request.node.get_closest_marker("exclusive") is not None
+                 or CLUSTER_FIXTURE in request.fixturenames)
+    while _GO_WAIT_S:  # the first test that asked for them waited for the Go builds
+        request.node.user_properties.append(("go_build_wait_s", round(_GO_WAIT_S.pop(), 3)))
+    if run_id is None or not (exclusive or "services" in request.fixturenames):
+        yield  # one process, or a test of no shared service: nothing to wait for
         return
     from tests.suite_lock import folder_for_run, holding
 
-    exclusive = (request.node.get_closest_marker("exclusive") is not None
-                 or CLUSTER_FIXTURE in request.fixturenames)
+    asked = time.monotonic()
     with holding(folder_for_run(run_id), exclusive=exclusive):
+        # the wait is the lock's, not the test's: ops.bench.suite subtracts it
+        request.node.user_properties.append(("suite_lock_wait_s",
+                                             round(time.monotonic() - asked, 3)))
         yield
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ops.bench import crash_tables, sink_tables
+from ops.bench import crash_tables, sink_tables, suite
 
 __all__ = ["PAGE", "PAGES", "REGIONS", "headline", "main", "render_page", "stale_regions"]
 
@@ -448,6 +448,13 @@ def headline(report: Report) -> list[str]:
     return [f"Measured by {_made(report, 'worker-quiet.json')} {_machine(report)}", "",
             "| what | measured | section |", "|---|---|---|",
             *(f"| {what} | {figure} | {link} |" for what, figure, link in _headline_rows(report))]
+
+
+def _suite(report: Report) -> list[str]:
+    tests, wall = report["tests"], report["wall_s"]
+    return [f"Measured by {_made(report, 'suite.json')} {tests['passed']:,} passed, "
+            f"{tests['failed']:,} failed, {tests['skipped']:,} skipped; {wall / 60:.1f} min "
+            "wall, the install and the services included.", "", *suite.render(report)]
 
 
 def _recovery(report: Report) -> list[str]:

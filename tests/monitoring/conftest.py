@@ -25,7 +25,7 @@ import pytest
 from ops.stack import control as stack
 from ops.stack import lease as stack_lease
 from ops.stack import prometheus as stack_prometheus
-from ops.stack.config import Service, ServiceSettings, StackError, StackSettings, settings_from
+from ops.stack.config import Service, StackError, StackSettings, settings_from
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +65,7 @@ def _say(line: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def promtool(go_services: ServiceSettings) -> Path:
+def promtool(_go_services_started: None) -> Path:
     """promtool of the pinned Prometheus, built through the Go module proxy when missing."""
     try:
         return stack_prometheus.promtool(settings_from())
@@ -74,7 +74,7 @@ def promtool(go_services: ServiceSettings) -> Path:
 
 
 @pytest.fixture(scope="session")
-def prometheus(go_services: ServiceSettings) -> Iterator[Prometheus]:
+def prometheus(_go_services_started: None) -> Iterator[Prometheus]:
     settings = settings_from()
     rows = {row.service: row for row in stack.status(settings)}
     if rows[Service.PROMETHEUS].state is stack.ServiceState.UP:
