@@ -2,10 +2,12 @@
 
 Each module in ``COMMAND_MODULES`` exposes ``register(subparsers)``, which adds its
 parser(s) and sets ``func`` to a callable ``(args) -> int`` (the exit code).
-Exit codes: 0 success, 1 failure of the work itself, 2 bad usage or configuration.
-A flag the chosen (sub)command does not know is refused with that command's usage, not the
-top-level one. A reader that closes the command's stdout early (``fencectl status --json |
-head``) ends it quietly with 141 (128 + SIGPIPE, as ``cat`` or ``grep`` end there).
+Exit codes: each command declares its table (``exits`` in its parser's defaults, e.g.
+``ops.commands.reset.EXITS``; ``docs/exit-codes.md`` renders them): 0 success, 1 failure of
+the work itself, 2 bad usage or configuration. ``COMMON_EXITS`` are every command's too: a
+flag the chosen (sub)command does not know is refused with that command's usage, not the
+top-level one (2); a reader that closes the command's stdout early (``fencectl status --json
+| head``) ends it quietly with 141 (128 + SIGPIPE, as ``cat`` or ``grep`` end there).
 """
 
 from __future__ import annotations
@@ -16,9 +18,20 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["COMMAND_MODULES", "PIPE_CLOSED", "build_parser", "main"]
+from consumer.exits import Exit
+
+__all__ = ["COMMAND_MODULES", "COMMON_EXITS", "PIPE_CLOSED", "build_parser", "main"]
 
 PIPE_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for ``cat`` cut off by ``| head``
+
+#: the codes every command may end with besides its own table's
+COMMON_EXITS = (
+    Exit(2, "usage: a flag the parser refuses (unknown, abbreviated, missing, not a number); "
+         "the (sub)command's usage and one `error:` line on stderr",
+         "fix the command line (its `--help` lists the flags)"),
+    Exit(PIPE_CLOSED, "the reader of stdout closed it early (`fencectl status --json | "
+         "head`): the command ends quietly, as `cat` does", "nothing"),
+)
 
 COMMAND_MODULES: tuple[str, ...] = (
     "ops.commands.stack",

@@ -2,7 +2,8 @@
 
 Running it twice is a no-op. ``--grant-worker ROLE`` also grants ROLE the least
 privileges a worker needs on the fence tables (see ``fencing.postgres.schema.grant_worker_sql``).
-Exit codes: 0 applied or already current, 1 the database refused, 2 bad configuration.
+Exit codes: ``EXITS`` (0 applied or already current, 1 the database refused, 2 bad
+configuration).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import os
 import sys
 
+from consumer.exits import Exit
 from fencing.errors import ConfigError, SchemaMismatch
 from fencing.postgres.schema import (
     DEFAULT_SCHEMA,
@@ -23,7 +25,17 @@ from fencing.postgres.schema import (
 from ops.hints import schema_advice
 from ops.operator.db import connection, dsn_from_env
 
-__all__ = ["register", "run_migrate"]
+__all__ = ["EXITS", "register", "run_migrate"]
+
+DONE = Exit(0, "the schema is current: its migrations applied, or none needed (and the "
+            "grants of `--grant-worker` given)", "nothing")
+REFUSED = Exit(1, "the database refused a statement (e.g. the role may not create the schema "
+               "or its tables)",
+               "run it as a role that may (the schema's owner); run again, it applies only "
+               "what is missing")
+CONFIG = Exit(2, "`FENCE_DSN` unset, malformed, refused or unreachable; a bad `--schema`; a "
+              "schema newer than this build", "fix what the line on stderr names")
+EXITS = (DONE, REFUSED, CONFIG)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -32,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                    help="PostgreSQL schema for the fence tables (default: $FENCE_SCHEMA or fence)")
     p.add_argument("--grant-worker", metavar="ROLE", default=None,
                    help="also grant ROLE the least privileges a worker needs")
-    p.set_defaults(func=_main)
+    p.set_defaults(func=_main, exits=EXITS)
 
 
 async def run_migrate(dsn: str, *, schema: str, grant_role: str | None = None) -> list[int]:
@@ -49,19 +61,19 @@ async def run_migrate(dsn: str, *, schema: str, grant_role: str | None = None) -
 def _main(args: argparse.Namespace) -> int:
     dsn = dsn_from_env("fencectl migrate")
     if dsn is None:
-        return 2
+        return CONFIG.code
     try:
         quote_schema(args.schema)
         applied = asyncio.run(run_migrate(dsn, schema=args.schema, grant_role=args.grant_worker))
     except ConfigError as exc:
         print(f"fencectl migrate: {exc}", file=sys.stderr)
-        return 2
+        return CONFIG.code
     except SchemaMismatch as exc:
         print(f"fencectl migrate: {schema_advice(exc, args.schema)}", file=sys.stderr)
-        return 2
+        return CONFIG.code
     except Exception as exc:  # the database refused: report without the DSN
         print(f"fencectl migrate: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return REFUSED.code
     if applied:
         print(f"schema {args.schema!r}: applied {', '.join(map(str, applied))}; "
               f"now at version {SCHEMA_VERSION}")
@@ -69,4 +81,4 @@ def _main(args: argparse.Namespace) -> int:
         print(f"schema {args.schema!r}: already at version {SCHEMA_VERSION}; nothing to do")
     if args.grant_worker:
         print(f"granted worker privileges on {args.schema!r} to {args.grant_worker!r}")
-    return 0
+    return DONE.code

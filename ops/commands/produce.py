@@ -13,8 +13,8 @@ Rules
 - The producer is idempotent (acks=all) and every record's delivery is awaited.
 - librdkafka's own log lines (e.g. its retries while a fresh broker loads its transaction
   coordinator) stay off stderr unless ``--log-level debug`` (``ops.librdkafka_logs``).
-- Exit codes: 0 all delivered (one summary line on stdout); 1 a delivery failed;
-  2 bad arguments, unreachable bootstrap, or a topic that cannot hold the partitions.
+- Exit codes: ``EXITS`` (0 all delivered, one summary line on stdout; 1 a delivery failed;
+  2 bad arguments, unreachable bootstrap, or a topic that cannot hold the partitions).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
+from consumer.exits import Exit
 from consumer.kafka.adapter import checked_client_properties
 from fencing.errors import ConfigError
 from ops.librdkafka_logs import add_log_level_argument, client_log_settings
@@ -42,6 +43,7 @@ from ops.reference.generate import CLASSES, GeneratedRecord, generate
 from ops.worker.telemetry import run_bounded
 
 __all__ = [
+    "EXITS",
     "ProduceOptions",
     "ensure_topic",
     "options_from_args",
@@ -51,6 +53,14 @@ __all__ = [
 ]
 
 SERVICE_NAME = "fencectl-produce"
+
+DELIVERED = Exit(0, "every record delivered (one summary line on stdout)", "nothing")
+FAILED = Exit(1, "a delivery failed (the count is on stderr)",
+              "read librdkafka's reason (`--log-level debug`); check the topic and the "
+              "brokers, then run it again")
+USAGE = Exit(2, "bad arguments; Kafka unset or unreachable; a topic with fewer partitions "
+             "than `--partitions`", "fix what the line on stderr names")
+EXITS = (DELIVERED, FAILED, USAGE)
 _SPANS_EXPORTED_MAX = 5000
 
 
@@ -75,21 +85,25 @@ class ProduceOptions:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("produce", help="produce the reference domain's generated source")
-    p.add_argument("--topic", required=True)
+    p.add_argument("--topic", required=True, help="the topic (created when missing)")
     p.add_argument("--count", type=int, required=True, help="number of records")
     p.add_argument("--seed", type=int, required=True, help="generator seed")
-    p.add_argument("--class", dest="klass", choices=CLASSES, required=True)
+    p.add_argument("--class", dest="klass", choices=CLASSES, required=True,
+                   help="valid (every change applies in order) or conflict (stale and "
+                        "skipped revisions mixed in: the handler rejects those)")
     p.add_argument("--partitions", type=int, default=6, help="partitions (default 6)")
     p.add_argument("--bootstrap-servers", dest="bootstrap", default=None,
                    help="Kafka bootstrap servers (default $KAFKA_BOOTSTRAP_SERVERS)")
     # the old spelling, kept working for existing scripts and hidden from --help
     p.add_argument("--bootstrap", dest="bootstrap", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--replication-factor", type=int, default=1)
+    p.add_argument("--replication-factor", type=int, default=1,
+                   help="replication of a topic it creates (default 1)")
     p.add_argument("--span-every", type=int, default=0,
                    help=f"export every Nth record's span (default: at most {_SPANS_EXPORTED_MAX})")
-    p.add_argument("--flush-timeout-s", type=float, default=60.0)
+    p.add_argument("--flush-timeout-s", type=float, default=60.0,
+                   help="bound on waiting for every delivery, seconds (default 60)")
     add_log_level_argument(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, exits=EXITS)
 
 
 def options_from_args(
@@ -261,14 +275,14 @@ def run(args: argparse.Namespace) -> int:
     opts = options_from_args(args, os.environ)
     if isinstance(opts, str):
         print(f"fencectl produce: {opts}", file=sys.stderr)
-        return 2
+        return USAGE.code
     # connection failures are reported once, by ensure_topic, not per retry
     admin = AdminClient({"bootstrap.servers": opts.bootstrap, "client.id": SERVICE_NAME,
                          **opts.kafka_properties, **client_log_settings(opts.log_level)})
     refusal = ensure_topic(admin, opts)
     if refusal is not None:
         print(f"fencectl produce: {refusal}", file=sys.stderr)
-        return 2
+        return USAGE.code
     started = time.perf_counter()
     records = generate(opts.seed, count=opts.count, partitions=opts.partitions,
                        klass=opts.klass, topic=opts.topic)  # type: ignore[arg-type]
@@ -281,9 +295,9 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print(f"fencectl produce: {failed} of {opts.count} records not delivered to "
               f"{opts.topic}", file=sys.stderr)
-        return 1
+        return FAILED.code
     rate = opts.count / elapsed_s if elapsed_s > 0 else 0.0
     print(f"produced {opts.count} {opts.klass} records (seed {opts.seed}) to {opts.topic} "
           f"across {opts.partitions} partitions in {elapsed_s:.2f} s ({rate:,.0f} rec/s); "
           f"spans {spans}")
-    return 0
+    return DELIVERED.code

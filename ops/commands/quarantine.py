@@ -21,6 +21,7 @@ configuration (``FENCE_DSN`` unset or refused, schema not migrated, unknown ``--
 recorded handler or members that disagree and no ``--handler``/``--sink``, a bad
 ``FENCE_CRASH_AT``), 3 outcome unknown (a replay's or the purge's COMMIT was sent and its
 reply lost or past ``--timeout-s``): re-run the same command, which applies nothing twice.
+The table is ``EXITS``.
 """
 
 from __future__ import annotations
@@ -38,11 +39,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from consumer.config import parse_x_options, redact
+from consumer.exits import Exit
 from fencing.errors import ConfigError, NotCommitted, OutcomeUnknown, SchemaMismatch
 from fencing.handler import HandlerContext, build_handler
 from fencing.postgres.schema import DEFAULT_SCHEMA, quote_schema
 from ops.commands import relay
-from ops.commands.reset import EXIT_OUTCOME_UNKNOWN, operator_identity
+from ops.commands.reset import operator_identity
 from ops.hints import schema_advice
 from ops.operator.db import DEFAULT_TIMEOUT_S, connection, require_known_group, tool_dsn_from_env
 from ops.operator.handler_record import (
@@ -64,7 +66,23 @@ from ops.operator.quarantine import (
     select_rows,
 )
 
-__all__ = ["register", "row_dict"]
+__all__ = ["EXITS", "register", "row_dict"]
+
+DONE = Exit(0, "done: `list` printed, `show` found the row, `replay` applied every selected "
+            "record, `purge` deleted and journaled", "nothing")
+FAILED = Exit(1, "a replayed record failed again (still quarantined), `show` found no such "
+              "row, or the database failed before COMMIT (nothing of that record or purge "
+              "applied)",
+              "read the failure (`fencectl quarantine show`); fix the handler or the data, "
+              "then replay again: nothing is applied twice")
+CONFIG = Exit(2, "`FENCE_DSN` unset, refused or unreachable; schema not migrated; an unknown "
+              "`--group`; a replay with no recorded handler, or members that disagree, and "
+              "no `--handler`/`--sink`; a bad `FENCE_CRASH_AT`",
+              "fix what the line on stderr names")
+OUTCOME_UNKNOWN = Exit(3, "outcome unknown: a replay's or the purge's COMMIT was sent and its "
+                       "reply lost or past `--timeout-s`",
+                       "run the same command again: it applies nothing twice")
+EXITS = (DONE, FAILED, CONFIG, OUTCOME_UNKNOWN)
 
 _STATES = {"quarantined": State.QUARANTINED, "replayed": State.REPLAYED, "all": None}
 _REASON_INDENT = "    reason: "
@@ -80,11 +98,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     for name, help_text in helps.items():
         a = actions.add_parser(name, help=help_text)
         a.add_argument("--group", required=name != "list", default=None, help="consumer group")
-        a.add_argument("--topic", required=name == "show", default=None)
+        a.add_argument("--topic", required=name == "show", default=None,
+                       help="the source topic" if name == "show" else "only this source topic")
         if name != "purge":
-            a.add_argument("--partition", type=int, required=name == "show", default=None)
+            a.add_argument("--partition", type=int, required=name == "show", default=None,
+                           help="the partition" if name == "show" else "only this partition")
         if name == "show":
-            a.add_argument("--offset", type=int, required=True)
+            a.add_argument("--offset", type=int, required=True, help="the record's offset")
         if name == "replay":
             a.add_argument("--offset", type=int, action="append", default=[],
                            help="only this offset (repeatable; needs --topic and --partition)")
@@ -120,8 +140,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                            help="bound on each transaction in seconds (default 30; past it "
                                 "after COMMIT was sent the outcome is unknown)")
         a.add_argument("--json", action="store_true", help="machine-readable output")
-        a.add_argument("--schema", default=os.environ.get("FENCE_SCHEMA", DEFAULT_SCHEMA))
-        a.set_defaults(func=_main, quarantine_action=name)
+        a.add_argument("--schema", default=os.environ.get("FENCE_SCHEMA", DEFAULT_SCHEMA),
+                       help="fence schema (default: $FENCE_SCHEMA or fence)")
+        a.set_defaults(func=_main, quarantine_action=name, exits=EXITS)
     relay.add_parser(actions, schema_default=os.environ.get("FENCE_SCHEMA", DEFAULT_SCHEMA))
 
 
@@ -254,7 +275,7 @@ async def _run(dsn: str, args: argparse.Namespace) -> int:
             else:
                 print(f"purged {total} replayed quarantine row(s) of group {args.group} "
                       f"handled before {args.before.isoformat()}")
-            return 0
+            return DONE.code
         assert sel is not None
         rows = await select_rows(conn, args.schema, sel)
         if args.quarantine_action == "replay":
@@ -268,7 +289,7 @@ def _print_rows(rows: Sequence[Any], args: argparse.Namespace) -> int:
         if not rows:
             print(f"fencectl quarantine show: no quarantine row {args.group} "
                   f"{args.topic}[{args.partition}]@{args.offset}", file=sys.stderr)
-            return 1
+            return FAILED.code
         shown = row_dict(rows[0])
         if args.json:
             print(json.dumps(shown, indent=2))
@@ -276,16 +297,16 @@ def _print_rows(rows: Sequence[Any], args: argparse.Namespace) -> int:
             for field, value in shown.items():
                 shown_value = json.dumps(value) if isinstance(value, dict | list) else value
                 print(f"{field:>15}: {shown_value}")
-        return 0
+        return DONE.code
     if args.json:
         print(json.dumps([row_dict(r) for r in rows], indent=2))
-        return 0
+        return DONE.code
     for r in rows:
         print(f"{r['group_id']} {r['topic']}[{r['partition']}]@{r['offset']} {r['state']} "
               f"replays={r['replays']} at={_iso(r['at'])}")
         print("\n".join(_reason_lines(r["reason"], wide=args.wide)))
     print(f"{len(rows)} row(s)")
-    return 0
+    return DONE.code
 
 
 def _report(choice: HandlerChoice, results: Sequence[ReplayResult], as_json: bool) -> int:
@@ -298,33 +319,33 @@ def _report(choice: HandlerChoice, results: Sequence[ReplayResult], as_json: boo
     else:
         print(f"replay: {counts[Outcome.APPLIED]} applied, {counts[Outcome.FAILED]} failed "
               f"again (still quarantined), {counts[Outcome.SKIPPED]} skipped")
-    return 1 if counts[Outcome.FAILED] else 0
+    return (FAILED if counts[Outcome.FAILED] else DONE).code
 
 
 def _main(args: argparse.Namespace) -> int:
     dsn = tool_dsn_from_env("fencectl quarantine")
     if dsn is None:
-        return 2
+        return CONFIG.code
     try:
         quote_schema(args.schema)
         return asyncio.run(_run(dsn, args))
     except ConfigError as exc:
         print(f"fencectl quarantine: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
-        return 2
+        return CONFIG.code
     except SchemaMismatch as exc:
         print(f"fencectl quarantine: {schema_advice(exc, args.schema)}", file=sys.stderr)
-        return 2
+        return CONFIG.code
     except ReplayStopped as exc:
         print(f"fencectl quarantine: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
-        return EXIT_OUTCOME_UNKNOWN if exc.unknown else 1
+        return (OUTCOME_UNKNOWN if exc.unknown else FAILED).code
     except OutcomeUnknown as exc:  # purge
         print(f"fencectl quarantine: outcome unknown: {redact(str(exc), dsn=dsn)}: the purge "
               "may or may not have been applied; re-run it (rows already purged are gone, the "
               "rest is purged and journaled once)", file=sys.stderr)
-        return EXIT_OUTCOME_UNKNOWN
+        return OUTCOME_UNKNOWN.code
     except BrokenPipeError:
         raise  # the reader of stdout left: ops.cli ends quietly
     except Exception as exc:  # the database failed: report without the DSN; re-running is safe
         print(f"fencectl quarantine: {type(exc).__name__}: {redact(str(exc), dsn=dsn)}",
               file=sys.stderr)
-        return 1
+        return FAILED.code

@@ -16,9 +16,9 @@ Rules
   ending the run.
 - One relay per group at a time (``relay_lock``); the dead-letter topic must exist (it is
   never created here: its partitions and retention are the operator's to choose).
-- Exit codes: 0 done; 1 a delivery failed (one-shot) or the database failed; 2 bad usage
-  or configuration (``FENCE_DSN``/``KAFKA_BOOTSTRAP_SERVERS`` unset or refused, unknown
-  ``--group``, missing topic, another relay of the group running).
+- Exit codes: ``EXITS`` (0 done; 1 a delivery failed (one-shot) or the database failed; 2
+  bad usage or configuration: ``FENCE_DSN``/``KAFKA_BOOTSTRAP_SERVERS`` unset or refused,
+  unknown ``--group``, missing topic, another relay of the group running).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 
 from consumer.config import parse_x_options, redact
+from consumer.exits import Exit
 from consumer.kafka.adapter import checked_client_properties
 from fencing.crashpoints import crash_point
 from fencing.errors import ConfigError, SchemaMismatch
@@ -44,7 +45,18 @@ from ops.librdkafka_logs import client_log_settings
 from ops.operator.db import connection, require_known_group, tool_dsn_from_env
 from ops.operator.relay import DeadLetter, Delivered, dead_letter, mark, pending, relay_lock
 
-__all__ = ["add_parser"]
+__all__ = ["EXITS", "add_parser"]
+
+DONE = Exit(0, "done: no row left to relay (one-shot); `--follow` stopped by SIGTERM/SIGINT "
+            "once the pass in flight was marked", "nothing")
+FAILED = Exit(1, "a delivery failed (one-shot; its row stays unmarked), or the database failed",
+              "run it again: a row not marked is published again, with the same "
+              "`fenceworker.dlq.id`; read the reason on stderr if it persists", restart=True)
+CONFIG = Exit(2, "`FENCE_DSN` or `KAFKA_BOOTSTRAP_SERVERS` unset or refused; schema not "
+              "migrated; an unknown `--group`; the dead-letter topic missing (never created "
+              "here); another relay of the group running; `--batch`, `--interval-s` or "
+              "`--delivery-timeout-s` not positive", "fix what the line on stderr names")
+EXITS = (DONE, FAILED, CONFIG)
 
 
 def add_parser(actions: Any, *, schema_default: str) -> None:
@@ -67,8 +79,9 @@ def add_parser(actions: Any, *, schema_default: str) -> None:
     a.add_argument("-X", dest="x", action="append", default=[], metavar="KEY=VALUE",
                    help="librdkafka producer property (repeatable)")
     a.add_argument("--json", action="store_true", help="machine-readable summary")
-    a.add_argument("--schema", default=schema_default)
-    a.set_defaults(func=main)
+    a.add_argument("--schema", default=schema_default,
+                   help="fence schema (default: $FENCE_SCHEMA or fence)")
+    a.set_defaults(func=main, exits=EXITS)
 
 
 def _producer(args: argparse.Namespace, bootstrap: str) -> Producer:
@@ -156,22 +169,22 @@ async def _run(dsn: str, args: argparse.Namespace, bootstrap: str,
     else:
         print(f"relay: {relayed} row(s) of group {args.group} relayed to {args.topic}"
               + (f", {failures} delivery failure(s)" if failures else ""))
-    return 1 if failures and not args.follow else 0
+    return (FAILED if failures and not args.follow else DONE).code
 
 
 def main(args: argparse.Namespace) -> int:
     dsn = tool_dsn_from_env("fencectl quarantine relay")
     if dsn is None:
-        return 2
+        return CONFIG.code
     bootstrap = args.bootstrap_servers or os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
     if not bootstrap:
         print("fencectl quarantine relay: KAFKA_BOOTSTRAP_SERVERS is not set and no "
               "--bootstrap-servers given", file=sys.stderr)
-        return 2
+        return CONFIG.code
     if args.batch < 1 or args.interval_s <= 0 or args.delivery_timeout_s <= 0:
         print("fencectl quarantine relay: --batch, --interval-s and --delivery-timeout-s "
               "must be positive", file=sys.stderr)
-        return 2
+        return CONFIG.code
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -179,11 +192,11 @@ def main(args: argparse.Namespace) -> int:
         return asyncio.run(_run(dsn, args, bootstrap, stop))
     except ConfigError as exc:
         print(f"fencectl quarantine relay: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
-        return 2
+        return CONFIG.code
     except SchemaMismatch as exc:
         print(f"fencectl quarantine relay: {schema_advice(exc, args.schema)}", file=sys.stderr)
-        return 2
+        return CONFIG.code
     except Exception as exc:  # the database failed: rows not marked are relayed again
         print(f"fencectl quarantine relay: {type(exc).__name__}: {redact(str(exc), dsn=dsn)}",
               file=sys.stderr)
-        return 1
+        return FAILED.code

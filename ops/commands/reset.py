@@ -15,8 +15,8 @@ partition (its detail starts with the operation id), and commits. The operation 
 printed; by default it is a digest of the request, so running the same command again is
 recognised as the same operation and refused once it was applied.
 
-Exit codes: 0 applied; 1 refused (already applied, the partition moved, nothing to do) or
-not applied (the database failed before COMMIT: nothing changed); 2 bad usage or
+Exit codes (``EXITS``): 0 applied; 1 refused (already applied, the partition moved, nothing
+to do) or not applied (the database failed before COMMIT: nothing changed); 2 bad usage or
 configuration (``FENCE_DSN`` unset or refused, schema not migrated, unknown ``--group``,
 a bad ``FENCE_CRASH_AT``) or confirmation missing; 3 outcome unknown (COMMIT was sent and
 its reply lost, timed out or interrupted: run the same command again, which applies it if
@@ -35,6 +35,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from consumer.exits import Exit
 from consumer.kafka.adapter import checked_client_properties
 from fencing import crashpoints
 from fencing.crashpoints import crash_point
@@ -65,10 +66,27 @@ from ops.operator.reset_plan import (
     plan_reset,
 )
 
-__all__ = ["EXIT_OUTCOME_UNKNOWN", "apply_reset", "operator_identity", "register"]
+__all__ = ["EXITS", "apply_reset", "operator_identity", "register"]
 
 CONFIRM = "--yes-i-understand"
-EXIT_OUTCOME_UNKNOWN = 3
+
+APPLIED = Exit(0, "applied and journaled", "nothing: a running owner claims the partition "
+               "again and continues from the new frontier")
+REFUSED = Exit(1, "refused (already applied, the partition moved: `--expect-epoch`, nothing "
+               "to do), not applied (the database failed before COMMIT: nothing changed), "
+               "or Kafka or the database failed",
+               "read the reason on stderr; `fencectl status --history` shows the partition "
+               "now; a reset not applied can be run again")
+CONFIG = Exit(2, "the plan printed without `--yes-i-understand` (nothing changed); "
+              "`FENCE_DSN` unset, refused or unreachable; schema not migrated; an unknown "
+              "`--group`; a bad `--operation-id`, `--timeout-s` or `FENCE_CRASH_AT`",
+              "read the plan and run the command again with `--yes-i-understand`, or fix "
+              "what the line on stderr names")
+OUTCOME_UNKNOWN = Exit(3, "outcome unknown: COMMIT was sent and its reply lost, timed out or "
+                       "interrupted",
+                       "run the same command again: it applies the reset if it was not "
+                       "applied and refuses it as already applied (exit 1) if it was")
+EXITS = (APPLIED, REFUSED, CONFIG, OUTCOME_UNKNOWN)
 
 
 def operator_identity() -> str:
@@ -90,7 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     for action in Action:
         a = actions.add_parser(action.value, help=helps[action])
         a.add_argument("--group", required=True, help="consumer group")
-        a.add_argument("--topic", required=True)
+        a.add_argument("--topic", required=True, help="the topic")
         if action is Action.FRONTIER:
             a.add_argument("--partition", type=int, required=True, help="the partition")
         else:
@@ -116,10 +134,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
         a.add_argument(CONFIRM, dest="confirmed", action="store_true",
                        help="apply (without it the plan is only printed)")
         a.add_argument("--json", action="store_true", help="machine-readable output")
-        a.add_argument("--schema", default=os.environ.get("FENCE_SCHEMA", DEFAULT_SCHEMA))
-        a.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
-        a.add_argument("--kafka-timeout-s", type=float, default=5.0)
-        a.set_defaults(func=_main, reset_action=action)
+        a.add_argument("--schema", default=os.environ.get("FENCE_SCHEMA", DEFAULT_SCHEMA),
+                       help="fence schema (default: $FENCE_SCHEMA or fence)")
+        a.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"),
+                       help="Kafka, for the watermarks and topic id the plan checks "
+                            "(default: $KAFKA_BOOTSTRAP_SERVERS)")
+        a.add_argument("--kafka-timeout-s", type=float, default=5.0,
+                       help="bound of each Kafka request, seconds (default 5)")
+        a.set_defaults(func=_main, reset_action=action, exits=EXITS)
 
 
 def _facts(bootstrap: str | None, topic: str, partitions: Sequence[int], *,
@@ -270,13 +292,13 @@ def _unknown(args: argparse.Namespace, operation: str, why: str) -> int:
           f"if it was not applied and refuses it as already applied if it was (the journal "
           f"holds operation {operation} then; see `{fencectl()} status --history {where}`)",
           file=sys.stderr)
-    return EXIT_OUTCOME_UNKNOWN
+    return OUTCOME_UNKNOWN.code
 
 
 def _main(args: argparse.Namespace) -> int:
     dsn = dsn_from_env("fencectl reset")
     if dsn is None:
-        return 2
+        return CONFIG.code
     progress = Progress()
     try:
         crashpoints.armed()  # FENCE_CRASH_AT (the crash-point matrix)
@@ -286,30 +308,30 @@ def _main(args: argparse.Namespace) -> int:
             raise ConfigError(f"--timeout-s {args.timeout_s}: must be > 0")
     except (ConfigError, ValueError) as exc:
         print(f"fencectl reset: {exc}", file=sys.stderr)
-        return 2
+        return CONFIG.code
     try:
         applied, plans = asyncio.run(_run(dsn, args, operation, progress))
     except ConfigError as exc:
         print(f"fencectl reset: {exc}", file=sys.stderr)
-        return 2
+        return CONFIG.code
     except SchemaMismatch as exc:
         print(f"fencectl reset: {schema_advice(exc, args.schema)}", file=sys.stderr)
-        return 2
+        return CONFIG.code
     except ResetRefused as exc:
         print(f"fencectl reset: refused: {exc}", file=sys.stderr)
-        return 1
+        return REFUSED.code
     except OutcomeUnknown as exc:
         return _unknown(args, operation, f"COMMIT was sent and its reply lost ({exc})")
     except NotCommitted as exc:
         print(f"fencectl reset: not applied: {exc}; nothing changed (COMMIT was never "
               f"sent); run the command again (operation {operation})", file=sys.stderr)
-        return 1
+        return REFUSED.code
     except KeyboardInterrupt:
         if progress.phase is Phase.IN_FLIGHT:
             return _unknown(args, operation, "interrupted while COMMIT was in flight")
         raise
     except Exception as exc:  # Kafka or the database failed: report without the DSN
         print(f"fencectl reset: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return REFUSED.code
     _print(applied, plans, args.json, operation)
-    return 0 if applied else 2
+    return (APPLIED if applied else CONFIG).code

@@ -8,8 +8,8 @@ must not appear in argv), ``SCHEMA_REGISTRY_URL`` (``--sink`` with a schema'd fo
 may carry credentials, so never a flag either), ``FENCE_DDL_DSN`` (``--sink-evolve
 add-columns``: the connection that alters the table; a secret too), ``FENCE_SINK_EVOLVE``,
 ``FENCE_SCHEMA``, standard ``OTEL_*``.
-Exit codes: see ``consumer.exits`` (0 stopped, 2 configuration, 3 retired, 4 source refused,
-5 unavailable, 6 shutdown bound exceeded).
+Exit codes: ``consumer.exits.EXITS`` (0 stopped, 1 internal error, 2 configuration, 3
+retired, 4 source refused, 5 unavailable, 6 shutdown bound exceeded).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from consumer.config import (
     parse_x_options,
     redact,
 )
-from consumer.exits import ExitCode, exit_code_for
+from consumer.exits import EXITS, ExitCode, exit_code_for
 from consumer.kafka.adapter import KafkaThread, check_consumer_settings
 from consumer.kafka.source import KafkaSource
 from consumer.outage import DEFAULT_BOUND_S
@@ -117,20 +117,30 @@ def register(sub: Any) -> None:
     p.add_argument("--batch-max-records", type=int, default=None,
                    help=f"most records in one transaction (default {DEFAULT_BATCH_MAX_RECORDS}; "
                         f"{SINK_BATCH_MAX_RECORDS} with --sink)")
-    p.add_argument("--batch-max-bytes", type=int, default=1 << 20)
+    p.add_argument("--batch-max-bytes", type=int, default=1 << 20,
+                   help="most key + value bytes in one batch (default 1 MiB)")
     p.add_argument("--batch-linger-ms", type=float, default=DEFAULT_BATCH_LINGER_S * 1000,
                    help="longest a batch that is not full waits for more records after its "
                         f"oldest arrived (default {DEFAULT_BATCH_LINGER_S * 1000:g}; 0: never)")
     p.add_argument("--queue-max-batches", type=int, default=16,
                    help="pause a partition once this many batches wait locally")
-    p.add_argument("--db-concurrency", type=int, default=4)
-    p.add_argument("--shutdown-timeout-s", type=float, default=15.0)
+    p.add_argument("--db-concurrency", type=int, default=4,
+                   help="partitions with a batch in flight at once; the pool holds one "
+                        "connection more (default 4)")
+    p.add_argument("--shutdown-timeout-s", type=float, default=15.0,
+                   help="bound of the drain after SIGTERM/SIGINT; past it the in-flight "
+                        "work is abandoned and logged, exit 6 (default 15)")
     p.add_argument("--group-protocol", choices=[g.value for g in GroupProtocol],
-                   default="classic")
+                   default="classic",
+                   help="classic (the client assigns: eager rebalances with --assignment-"
+                        "strategy range or roundrobin, cooperative ones with cooperative-"
+                        "sticky) or consumer (KIP-848: the broker assigns, incrementally); "
+                        "three group protocols from two values (default classic)")
     p.add_argument("--assignment-strategy", default=None,
                    help="classic protocol only: range, roundrobin or cooperative-sticky "
                         "(default cooperative-sticky); refused with --group-protocol consumer")
-    p.add_argument("--auto-offset-reset", choices=["earliest", "latest"], default="earliest")
+    p.add_argument("--auto-offset-reset", choices=["earliest", "latest"], default="earliest",
+                   help="where a partition with no fence row starts (default earliest)")
     p.add_argument("--allow-retention-gap", action="store_true",
                    help="skip (and journal) records deleted before processing")
     p.add_argument("--db-idle-in-transaction-timeout-s", type=float, default=8.0,
@@ -167,7 +177,7 @@ def register(sub: Any) -> None:
                    help=f"{' | '.join(n.lower() for n in _LOG_LEVELS)} (default "
                         "$FENCE_LOG_LEVEL or info)")
     add_obs_arguments(p)
-    p.set_defaults(func=main)
+    p.set_defaults(func=main, exits=EXITS)
 
 
 def _instance_id(given: str | None, env: Mapping[str, str]) -> str | None:

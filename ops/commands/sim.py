@@ -6,9 +6,9 @@
   fencectl sim-worker --sweep FIRST..LAST [--steps 64] [--jobs N] [--manifest SUMMARY.json]
   fencectl sim-worker --corpus [--manifest MANIFEST.json]
 
-Exit codes: --seed and --replay exit 0 only for a strict PASS and 1 for any other status
-(PASS_WITH_EXCLUSIONS, INCOMPLETE, BLOCKED, ERROR) or a rejected trace. --sweep and
---corpus exit 0 when every run ended with its expected status (``ops.sim.corpus``: PASS;
+Exit codes (``EXITS``): --seed and --replay exit 0 only for a strict PASS and 1 for any
+other status (PASS_WITH_EXCLUSIONS, INCOMPLETE, BLOCKED, ERROR) or a rejected trace. --sweep
+and --corpus exit 0 when every run ended with its expected status (``ops.sim.corpus``: PASS;
 PASS_WITH_EXCLUSIONS for a config that accepts retention gaps; BLOCKED by a refusal an
 operator must settle), counted apart in the summary, and 1 otherwise. 2 for bad usage
 (bad options, unreadable files).
@@ -24,9 +24,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from consumer.exits import Exit
 from ops.hints import fencectl
 
-__all__ = ["register", "run"]
+__all__ = ["EXITS", "register", "run"]
+
+PASSED = Exit(0, "`--seed`, `--replay`: a strict PASS; `--sweep`, `--corpus`: every run ended "
+              "with its expected status", "nothing")
+FAILED = Exit(1, "any other status (PASS_WITH_EXCLUSIONS, INCOMPLETE, BLOCKED, ERROR), a "
+              "rejected trace, or a run of a sweep or the corpus with an unexpected status",
+              "run the `reproduce with:` or `replay with:` command printed on stderr; the "
+              "report names the failed check")
+USAGE = Exit(2, "bad options; unreadable files", "fix what the line on stderr names")
+EXITS = (PASSED, FAILED, USAGE)
 
 
 def register(subparsers: Any) -> None:
@@ -48,12 +58,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--manifest", type=Path, help="write the corpus manifest (--corpus), or "
                    "the sweep's summary with provenance (--sweep)")
     p.add_argument("--jobs", type=int, default=1, help="processes for --sweep (1)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, exits=EXITS)
 
 
 def _usage(message: str) -> int:
     print(f"fencectl sim-worker: {message}", file=sys.stderr)
-    return 2
+    return USAGE.code
 
 
 def _write(path: Path | None, text: str) -> None:
@@ -91,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         trace = parse(raw)
     except TraceError as exc:
         print(f"fencectl sim-worker: trace rejected: {exc}", file=sys.stderr)
-        return 1
+        return FAILED.code
     report = run_trace(trace)
     text = dumps_report(report)
     _write(args.report, text)
@@ -99,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if report["status"] != "PASS" and args.replay is None:
         print(f"reproduce with: {fencectl()} sim-worker --seed {args.seed} --class {args.klass} "
               f"--steps {args.steps}{' --no-drain' if args.no_drain else ''}", file=sys.stderr)
-    return 0 if report["status"] == "PASS" else 1
+    return (PASSED if report["status"] == "PASS" else FAILED).code
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -120,7 +130,7 @@ def _sweep(args: argparse.Namespace) -> int:
              "toolchain": toolchain(), "command": f"fencectl sim-worker --sweep {args.sweep} "
              f"--steps {args.steps} --jobs {args.jobs}"}, indent=1, sort_keys=True) + "\n")
     sys.stdout.write(text)
-    return 0 if summary["unexpected"] == 0 else 1
+    return (PASSED if summary["unexpected"] == 0 else FAILED).code
 
 
 def _corpus(args: argparse.Namespace) -> int:
@@ -133,4 +143,4 @@ def _corpus(args: argparse.Namespace) -> int:
     for entry in manifest["runs"]:
         for command in entry["replay"]:
             print(f"replay with: {command}", file=sys.stderr)
-    return 0 if manifest["passed"] == manifest["total"] else 1
+    return (PASSED if manifest["passed"] == manifest["total"] else FAILED).code

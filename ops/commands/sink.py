@@ -7,8 +7,8 @@ Reads every version registered under ``<topic>-value`` (``SCHEMA_REGISTRY_URL``)
 table (``FENCE_DSN``; ``--sink table='{topic}'`` names the topic's table), and prints the
 plan of ``fencing.postgres.sink.evolve``: one ``ALTER TABLE … ADD COLUMN IF NOT EXISTS`` per
 field without a column, then the problems no such statement fixes as ``--`` comments.
-Nothing is changed. Exit codes: 0 nothing to change; 1 statements or problems printed;
-2 bad usage or configuration (no registry, a missing table or subject, JSON values).
+Nothing is changed. Exit codes: ``EXITS`` (0 nothing to change; 1 statements or problems
+printed; 2 bad usage or configuration: no registry, a missing table or subject, JSON values).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from consumer.config import redact
+from consumer.exits import Exit
 from fencing.errors import ConfigError, Unavailable
 from fencing.postgres.sink import SinkSpec
 from fencing.postgres.sink.catalog import read_layout
@@ -30,7 +31,18 @@ from fencing.postgres.sink.rows import RESERVED
 from fencing.postgres.sink.values import Misfit
 from ops.operator.db import connection, dsn_from_env
 
-__all__ = ["register"]
+__all__ = ["EXITS", "register"]
+
+CURRENT = Exit(0, "nothing to change: the table has a column for every field of every "
+               "registered schema", "nothing")
+PLANNED = Exit(1, "statements or problems printed (nothing was changed)",
+               "apply the statements as the table's owner (or run the worker with "
+               "`--sink-evolve add-columns`); each `--` problem needs a decision no `ADD "
+               "COLUMN` makes")
+CONFIG = Exit(2, "bad usage or configuration: `FENCE_DSN` or `SCHEMA_REGISTRY_URL` unset or "
+              "refused, a missing table or subject, a `--sink-format` without writer schemas "
+              "(json)", "fix what the line on stderr names")
+EXITS = (CURRENT, PLANNED, CONFIG)
 
 
 def register(sub: Any) -> None:
@@ -38,13 +50,16 @@ def register(sub: Any) -> None:
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     a = actions.add_parser("plan", help="print the ALTER TABLE statements a topic's schemas "
                                         "would need of its table")
-    a.add_argument("--topic", required=True)
-    a.add_argument("--sink", required=True, metavar="table=NAME")
-    a.add_argument("--sink-key", default=None, metavar="COLUMN[,COLUMN...]")
+    a.add_argument("--topic", required=True, help="the topic whose schemas are read "
+                   "(subject <topic>-value)")
+    a.add_argument("--sink", required=True, metavar="table=NAME",
+                   help="the table, as for run ('{topic}' names the topic's table)")
+    a.add_argument("--sink-key", default=None, metavar="COLUMN[,COLUMN...]",
+                   help="its key columns, as for run")
     a.add_argument("--sink-format", required=True, metavar="FORMAT",
                    help="avro, protobuf or json-schema")
-    a.add_argument("--json", action="store_true")
-    a.set_defaults(func=_main)
+    a.add_argument("--json", action="store_true", help="machine-readable output")
+    a.set_defaults(func=_main, exits=EXITS)
 
 
 async def _plan(dsn: str, spec: SinkSpec, topic: str) -> Plan:
@@ -74,7 +89,7 @@ async def _plan(dsn: str, spec: SinkSpec, topic: str) -> Plan:
 def _main(args: argparse.Namespace) -> int:
     dsn = dsn_from_env("fencectl sink plan")
     if dsn is None:
-        return 2
+        return CONFIG.code
     try:
         kind, _, name = args.sink.partition("=")
         if kind.strip() != "table" or not name.strip():
@@ -88,7 +103,7 @@ def _main(args: argparse.Namespace) -> int:
         got = asyncio.run(_plan(dsn, spec, args.topic))
     except ConfigError as exc:
         print(f"fencectl sink plan: {redact(str(exc), dsn=dsn)}", file=sys.stderr)
-        return 2
+        return CONFIG.code
     if args.json:
         print(json.dumps({"statements": list(got.statements), "problems": list(got.problems)},
                          indent=2))
@@ -97,4 +112,4 @@ def _main(args: argparse.Namespace) -> int:
             print(stmt)
         for problem in got.problems:
             print(f"-- not fixed by ADD COLUMN: {problem}")
-    return 1 if got.statements or got.problems else 0
+    return (PLANNED if got.statements or got.problems else CURRENT).code

@@ -2,8 +2,8 @@
 Kafka (one node, or three with ``--kafka-nodes 3`` / ``FENCE_KAFKA_NODES=3``), Jaeger and
 Prometheus.
 
-Exit codes: 0 success (``status``: every service up), 1 a service failed or is not
-up, 2 bad configuration (e.g. an invalid ``FENCE_*_PORT``).
+Exit codes: ``EXITS`` (0 success, ``status``: every service up; 1 a service failed or is
+not up; 2 bad configuration, e.g. an invalid ``FENCE_*_PORT``).
 """
 
 from __future__ import annotations
@@ -12,11 +12,21 @@ import argparse
 import dataclasses
 import sys
 
+from consumer.exits import Exit
 from ops.hints import fencectl
 from ops.stack import control as stack
 from ops.stack.config import KAFKA_NODE_COUNTS, KAFKA_NODES, StackError, env_lines, settings_from
 
-__all__ = ["register"]
+__all__ = ["EXITS", "register"]
+
+DONE = Exit(0, "done; `status`: every service up", "nothing")
+FAILED = Exit(1, "a service failed to start, stop or become healthy; `status`: a service is "
+              "not up", "read the line on stderr and the service's log under the stack "
+              "directory (`.stack/`, or `FENCE_STACK_DIR`); `fencectl stack up` starts what "
+              "is not running")
+CONFIG = Exit(2, "an invalid `FENCE_*_PORT` (not a port, or two equal) or `FENCE_KAFKA_NODES`",
+              "fix the variable the line on stderr names")
+EXITS = (DONE, FAILED, CONFIG)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                "cluster; return once it is healthy and in sync")
     start.add_argument("node", type=int, choices=range(1, len(KAFKA_NODES) + 1), metavar="N",
                        help="the node: 1, 2 or 3")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, exits=EXITS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,33 +68,33 @@ def run(args: argparse.Namespace) -> int:
         settings = settings_from(cli=fencectl())
     except StackError as exc:
         print(f"fencectl stack: {exc}", file=sys.stderr)
-        return 2
+        return CONFIG.code
     if getattr(args, "kafka_nodes", None) is not None:
         settings = dataclasses.replace(settings, kafka_nodes=args.kafka_nodes,
                                        kafka_nodes_chosen=True)
     try:
         if args.action == "up":
             stack.up(settings)
-            return 0
+            return DONE.code
         if args.action == "down":
             stack.down(settings, grace_s=args.grace_s)
-            return 0
+            return DONE.code
         if args.action == "status":
             return _status(settings)
         if args.action == "stop-node":
             if stack.stop_node(args.node, settings=settings, kill=args.kill,
                                grace_s=args.grace_s) is None:
                 print(f"kafka-{args.node}: not running", file=sys.stderr)
-            return 0
+            return DONE.code
         if args.action == "start-node":
             stack.start_node(args.node, settings=settings)
-            return 0
+            return DONE.code
         for line in env_lines(stack.env(settings)):
             print(line)
-        return 0
+        return DONE.code
     except StackError as exc:
         print(f"fencectl stack {args.action}: {exc}", file=sys.stderr)
-        return 1
+        return FAILED.code
 
 
 def _status(settings: stack.StackSettings) -> int:
@@ -95,4 +105,4 @@ def _status(settings: stack.StackSettings) -> int:
         line = (f"{row.service.value:<{width}} {row.state.value:<10} pid={pid:<8} "
                 f"port={row.port}")
         print(line + (f"  {row.detail}" if row.detail else ""))
-    return 0 if all(r.state is stack.ServiceState.UP for r in rows) else 1
+    return (DONE if all(r.state is stack.ServiceState.UP for r in rows) else FAILED).code

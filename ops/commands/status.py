@@ -4,9 +4,9 @@
 heartbeats from PostgreSQL (``FENCE_DSN``) and the watermarks, topic ids and each group's
 committed offsets from Kafka (``KAFKA_BOOTSTRAP_SERVERS``). ``fencectl status --history
 --topic T --partition P`` prints the ownership journal of one partition. Read-only. Exit
-codes: 0 shown (Kafka facts may be missing, see ``kafka.answered``), 1 the database
-failed, 2 bad usage or configuration (``FENCE_DSN`` unset or refused, schema not migrated,
-a ``--group`` with neither fence rows nor members: the known groups are listed).
+codes: ``EXITS`` (0 shown, Kafka facts may be missing, see ``kafka.answered``; 1 the
+database failed; 2 bad usage or configuration: ``FENCE_DSN`` unset or refused, schema not
+migrated, a ``--group`` with neither fence rows nor members: the known groups are listed).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from consumer.exits import Exit
 from consumer.kafka.adapter import checked_client_properties
 from fencing.errors import ConfigError, FenceError, SchemaMismatch, SourceRefused
 from fencing.failures import quarantine_cause
@@ -37,7 +38,17 @@ from ops.operator.status_view import (
     view_partition,
 )
 
-__all__ = ["build_status", "kafka_committed", "read_history", "read_rows", "register"]
+__all__ = ["EXITS", "build_status", "kafka_committed", "read_history", "read_rows",
+           "register"]
+
+SHOWN = Exit(0, "shown (Kafka facts may be missing: a note says so; `kafka.answered` in "
+             "`--json`)", "nothing")
+DB_FAILED = Exit(1, "the database failed mid-read", "run it again; if it persists, check "
+                 "PostgreSQL (its log, its connections)")
+CONFIG = Exit(2, "`FENCE_DSN` unset, malformed, refused or unreachable; schema not migrated; "
+              "an unknown `--group` (the known groups are listed); `--history` without "
+              "`--topic` and `--partition`", "fix what the line on stderr names")
+EXITS = (SHOWN, DB_FAILED, CONFIG)
 
 Facts = Mapping[TopicPartition, SourceFacts]
 Committed = Mapping[tuple[str, TopicPartition], int | None]
@@ -63,11 +74,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                         "last moved longer ago than this, seconds (default 30)")
     p.add_argument("--history", action="store_true",
                    help="print the ownership journal of --topic/--partition")
-    p.add_argument("--topic", default=None)
-    p.add_argument("--partition", type=int, default=None)
+    p.add_argument("--topic", default=None, help="the topic of --history")
+    p.add_argument("--partition", type=int, default=None, help="the partition of --history")
     p.add_argument("--limit", type=int, default=100, help="history rows, newest last")
     add_log_level_argument(p)
-    p.set_defaults(func=_main)
+    p.set_defaults(func=_main, exits=EXITS)
 
 
 async def read_rows(
@@ -254,26 +265,26 @@ async def _collect(dsn: str, args: argparse.Namespace) -> dict[str, Any] | list[
 def _main(args: argparse.Namespace) -> int:
     dsn = dsn_from_env("fencectl status")
     if dsn is None:
-        return 2
+        return CONFIG.code
     if args.history and (args.topic is None or args.partition is None):
         print("fencectl status --history needs --topic and --partition", file=sys.stderr)
-        return 2
+        return CONFIG.code
     try:
         quote_schema(args.schema)
         result = asyncio.run(_collect(dsn, args))
     except ConfigError as exc:
         print(f"fencectl status: {exc}", file=sys.stderr)
-        return 2
+        return CONFIG.code
     except SchemaMismatch as exc:
         print(f"fencectl status: {schema_advice(exc, args.schema)}", file=sys.stderr)
-        return 2
+        return CONFIG.code
     except Exception as exc:  # the database failed: report without the DSN
         print(f"fencectl status: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return DB_FAILED.code
     if args.json:
         print(json.dumps(result, indent=2))
     elif isinstance(result, list):
         print(render_history(result))
     else:
         print(render_text(result))
-    return 0
+    return SHOWN.code

@@ -16,9 +16,9 @@ Rules
 - An existing topic is an error (exit 1), unless ``--if-not-exists`` and it has at least
   ``--partitions`` partitions (exit 0, nothing changed).
 - librdkafka's own log lines stay off stderr unless ``--log-level debug``.
-- Exit codes: 0 done; 1 Kafka refused or failed (topic exists, not found, too few brokers
-  for the replication); 2 bad usage (a name Kafka refuses, ``--partitions`` < 1, Kafka not
-  configured or unreachable).
+- Exit codes: ``EXITS`` (0 done; 1 Kafka refused or failed: topic exists, not found, too few
+  brokers for the replication; 2 bad usage: a name Kafka refuses, ``--partitions`` < 1,
+  Kafka not configured or unreachable).
 """
 
 from __future__ import annotations
@@ -32,11 +32,22 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from consumer.exits import Exit
 from consumer.kafka.adapter import checked_client_properties
 from fencing.errors import ConfigError
 from ops.librdkafka_logs import add_log_level_argument, client_log_settings
 
-__all__ = ["TopicInfo", "register", "topic_name_problem"]
+__all__ = ["EXITS", "TopicInfo", "register", "topic_name_problem"]
+
+DONE = Exit(0, "done (`create --if-not-exists`: the topic exists with enough partitions, "
+            "unchanged)", "nothing")
+REFUSED = Exit(1, "Kafka refused or failed: the topic exists (`create`) or does not "
+               "(`describe`), too few brokers for the replication, no leader after the wait",
+               "read Kafka's reason on stderr; `fencectl topic list` shows what exists")
+USAGE = Exit(2, "a name Kafka refuses, `--partitions` or `--replication` below 1, Kafka not "
+             "configured (`KAFKA_BOOTSTRAP_SERVERS`, `FENCE_KAFKA_CONFIG`) or unreachable",
+             "fix what the line on stderr names")
+EXITS = (DONE, REFUSED, USAGE)
 
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 NAME_MAX = 249  # Kafka's Topic.MAX_NAME_LENGTH
@@ -76,7 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p = sub.add_parser("topic", help="create, list and describe Kafka topics")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = actions.add_parser("create", help="create a topic (waits until it is usable)")
-    create.add_argument("name", metavar="NAME")
+    create.add_argument("name", metavar="NAME", help="the topic's name")
     create.add_argument("--partitions", type=int, required=True, help="number of partitions")
     create.add_argument("--replication", type=int, default=None,
                         help="replication factor (default: the broker's "
@@ -86,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     listing = actions.add_parser("list", help="list topics and their partition counts")
     listing.add_argument("--all", action="store_true", help="also Kafka's internal __ topics")
     describe = actions.add_parser("describe", help="partitions, replication and topic id")
-    describe.add_argument("name", metavar="NAME")
+    describe.add_argument("name", metavar="NAME", help="the topic's name")
     for a in (create, listing, describe):
         a.add_argument("--bootstrap-servers", default=None,
                        help="Kafka bootstrap servers (default $KAFKA_BOOTSTRAP_SERVERS)")
@@ -95,15 +106,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
         if a is not create:
             a.add_argument("--json", action="store_true", help="machine-readable output")
         add_log_level_argument(a)
-        a.set_defaults(func=_main)
+        a.set_defaults(func=_main, exits=EXITS)
 
 
 class _Refused(Exception):
-    """Kafka refused or failed the request (exit 1)."""
+    """Kafka refused or failed the request (``REFUSED``)."""
 
 
 class _Usage(Exception):
-    """Bad usage or no usable Kafka (exit 2)."""
+    """Bad usage or no usable Kafka (``USAGE``)."""
 
 
 def _admin(args: argparse.Namespace) -> Any:
@@ -168,7 +179,7 @@ def _create(admin: Any, args: argparse.Namespace) -> int:
         if args.if_not_exists and existing.partitions >= args.partitions:
             print(f"topic {args.name} exists: {existing.partitions} partition(s), "
                   f"replication {existing.replication} (unchanged)")
-            return 0
+            return DONE.code
         raise _Refused(f"topic {args.name} already exists with {existing.partitions} "
                        "partition(s)")
     new = NewTopic(args.name, num_partitions=args.partitions,
@@ -184,7 +195,7 @@ def _create(admin: Any, args: argparse.Namespace) -> int:
                        f"after {_READY_TIMEOUT_S:g} s")
     print(f"created topic {args.name}: {info.partitions} partition(s), replication "
           f"{info.replication}")
-    return 0
+    return DONE.code
 
 
 def _describe(admin: Any, args: argparse.Namespace) -> int:
@@ -210,7 +221,7 @@ def _describe(admin: Any, args: argparse.Namespace) -> int:
               f"{info.replication}, id {info.topic_id or '-'}")
         for p, leader in enumerate(info.leaders):
             print(f"  partition {p}: leader {leader}")
-    return 0
+    return DONE.code
 
 
 def _list(admin: Any, args: argparse.Namespace) -> int:
@@ -223,7 +234,7 @@ def _list(admin: Any, args: argparse.Namespace) -> int:
         for name, count in rows:
             print(f"{name}  {count} partition(s)")
         print(f"{len(rows)} topic(s)")
-    return 0
+    return DONE.code
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -233,7 +244,7 @@ def _main(args: argparse.Namespace) -> int:
             admin, args)
     except _Usage as exc:
         print(f"fencectl topic: {exc}", file=sys.stderr)
-        return 2
+        return USAGE.code
     except _Refused as exc:
         print(f"fencectl topic: {exc}", file=sys.stderr)
-        return 1
+        return REFUSED.code

@@ -19,7 +19,7 @@ that quarantined records says how many (``quarantined=N``, the span's ``fence.re
 When the asked record has no producer link, a line says why: the span keeps at most
 ``LINKS_MAX`` (128) links, so a later record of a larger batch is past that cap, or the
 record carried no ``traceparent`` header.
-Exit codes: 0 found, 1 not found or Jaeger failed, 2 bad usage.
+Exit codes: ``EXITS`` (0 found, 1 not found or Jaeger failed, 2 bad usage).
 """
 
 from __future__ import annotations
@@ -34,17 +34,29 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from consumer.exits import Exit
 from consumer.observability.tracecontext import LINKS_MAX
 from ops.operator.trace_view import linked_span, render_waterfall, span_rows
 
-__all__ = ["batches_for_record", "own_link", "register"]
+__all__ = ["EXITS", "batches_for_record", "own_link", "register"]
+
+FOUND = Exit(0, "the record's batch found (every attempt that processed it is shown)",
+             "nothing")
+NOT_FOUND = Exit(1, "no `fence.process` span covers the record within `--lookback`, or the "
+                 "Jaeger query failed",
+                 "widen `--lookback`; check `--group` and `--service` (the worker's "
+                 "`OTEL_SERVICE_NAME`), that the worker exports traces "
+                 "(`OTEL_EXPORTER_OTLP_ENDPOINT`) and that Jaeger answers")
+USAGE = Exit(2, "`JAEGER_QUERY_URL` unset and no `--jaeger-url`; bad arguments",
+             "fix what the line on stderr names")
+EXITS = (FOUND, NOT_FOUND, USAGE)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
     p = sub.add_parser("trace", help="find the batch span that processed a record (Jaeger)")
-    p.add_argument("--topic", required=True)
-    p.add_argument("--partition", type=int, required=True)
-    p.add_argument("--offset", type=int, required=True)
+    p.add_argument("--topic", required=True, help="the record's topic")
+    p.add_argument("--partition", type=int, required=True, help="the record's partition")
+    p.add_argument("--offset", type=int, required=True, help="the record's offset")
     p.add_argument("--group", default=None, help="only this consumer group")
     p.add_argument("--service", default=os.environ.get("OTEL_SERVICE_NAME", "fenceworker"),
                    help="the worker's service name (default $OTEL_SERVICE_NAME or fenceworker)")
@@ -55,8 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--links", type=int, default=3,
                    help="producer links to look up and show per batch (default 3; 0: none)")
     p.add_argument("--width", type=int, default=40, help="waterfall width in columns")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_main)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_main, exits=EXITS)
 
 
 def _tags(span: Mapping[str, Any]) -> dict[str, Any]:
@@ -172,19 +184,19 @@ def _main(args: argparse.Namespace) -> int:
     if not args.jaeger_url:
         print("fencectl trace: JAEGER_QUERY_URL is not set (or pass --jaeger-url)",
               file=sys.stderr)
-        return 2
+        return USAGE.code
     try:
         traces = _query(args.jaeger_url, args)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         print(f"fencectl trace: Jaeger query failed: {exc}", file=sys.stderr)
-        return 1
+        return NOT_FOUND.code
     found = batches_for_record(traces, topic=args.topic, partition=args.partition,
                                offset=args.offset, group=args.group)
     try:
         trees = [_with_tree(args.jaeger_url, b, args) for b in found]
     except (urllib.error.URLError, OSError, ValueError) as exc:
         print(f"fencectl trace: Jaeger query failed: {exc}", file=sys.stderr)
-        return 1
+        return NOT_FOUND.code
     if args.json:
         print(json.dumps(found, indent=2))
     else:
@@ -203,4 +215,4 @@ def _main(args: argparse.Namespace) -> int:
         if not found:
             print(f"no fence.process span of {args.service} covers {args.topic}"
                   f"[{args.partition}]@{args.offset} within {args.lookback}", file=sys.stderr)
-    return 0 if found else 1
+    return (FOUND if found else NOT_FOUND).code
