@@ -203,6 +203,11 @@ def _time(col: Column, v: Any) -> dt.time:
         raise Misfit(f"column {col.name} (time): {v!r} is not an ISO-8601 time") from None
 
 
+def _timetz(col: Column, v: Any) -> dt.time:
+    t = _time(col, v)
+    return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)  # naive: read as UTC
+
+
 def _bytea(col: Column, v: Any) -> bytes:
     if isinstance(v, bytes | bytearray | memoryview):
         return bytes(v)
@@ -220,6 +225,7 @@ CONVERT: dict[str, Callable[[Column, Any], Any]] = {
     "text": text_value, "varchar": text_value, "bpchar": text_value, "name": text_value,
     "bool": _boolean, "json": json_text, "jsonb": json_text, "uuid": _uuid,
     "timestamptz": _timestamptz, "timestamp": _timestamp, "date": _date, "time": _time,
+    "timetz": _timetz,
     "bytea": _bytea,
 }
 

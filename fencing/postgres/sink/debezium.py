@@ -1,0 +1,322 @@
+"""Debezium change events for the table sink (``--sink-envelope debezium``): an event's
+envelope -> the table operation it stands for, with Debezium's and Kafka Connect's logical
+types read into the Python values the sink's converters write (pure, no I/O).
+
+Rules
+- An event's value is Debezium's envelope: ``op``, ``before``, ``after``, ``source``,
+  ``ts_ms``. With Kafka Connect's JSON converter and ``schemas.enable=true`` it comes as
+  ``{"schema": S, "payload": P}``; without schemas as ``P`` alone; through the schema
+  registry (Avro, Protobuf, JSON Schema) as the decoded record, with the writer schema's
+  Connect names (``connect.name``) as its schema.
+- ``op`` ``c`` (create), ``r`` (read: the snapshot) and ``u`` (update) upsert the ``after``
+  image; ``d`` deletes the row of the key (``before``'s key columns, else the Kafka key);
+  ``t`` (truncate) truncates the table, only when the sink is told to (else the event is a
+  ``Misfit`` naming why); ``m`` (a logical decoding message) is not a row change: a
+  ``Misfit``. A null value is the tombstone Debezium writes after a delete, for Kafka's
+  compaction: it changes nothing (``NOTHING``).
+- A field's logical type is its schema's name: ``io.debezium.time.{Date, Time, MicroTime,
+  NanoTime, Timestamp, MicroTimestamp, NanoTimestamp, ZonedTimestamp, ZonedTime}``,
+  ``org.apache.kafka.connect.data.{Decimal, Date, Time, Timestamp}``,
+  ``io.debezium.data.{VariableScaleDecimal, Json, Uuid, Bits, Enum, EnumSet}``; arrays of
+  them element by element. Each is read from every representation a converter gives it
+  (days or a ``date``, base64 text or bytes or a ``Decimal`` or a JSON number for a
+  decimal), into ``date``, ``time``, ``datetime`` (naive for a timestamp without time
+  zone, aware UTC for a zoned one), ``Decimal``, a parsed JSON value, ``UUID``, ``bytes``,
+  text, a list of text. A value no PostgreSQL type holds whole (nanoseconds below a
+  microsecond) is a ``Misfit``: never rounded or cut.
+- Without a schema (JSON without ``schemas.enable``) fields keep their JSON values: a
+  temporal or decimal column then needs the schema, and a record whose integer does not
+  fit its column is quarantined with the reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import decimal
+import enum
+import json
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fencing.postgres.sink.values import Misfit
+
+__all__ = ["Event", "Op", "field_types", "typed", "unwrap"]
+
+_EPOCH = dt.datetime(1970, 1, 1)
+_EPOCH_DAY = dt.date(1970, 1, 1)
+
+
+class Op(enum.Enum):
+    """What a change event asks of the target table."""
+
+    UPSERT = "upsert"  # c, r, u: write the after image
+    DELETE = "delete"  # d: delete the row of the key
+    TRUNCATE = "truncate"  # t
+    NOTHING = "nothing"  # the tombstone after a delete
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One change event read: the operation, its row image (typed; ``after`` for an upsert,
+    ``before`` for a delete, which may be None), and its ``source`` block (the version
+    guard's position, e.g. ``source.lsn``)."""
+
+    op: Op
+    image: Mapping[str, Any] | None
+    source: Mapping[str, Any]
+
+
+_OPS = {"c": Op.UPSERT, "r": Op.UPSERT, "u": Op.UPSERT, "d": Op.DELETE, "t": Op.TRUNCATE}
+_NOTHING = Event(Op.NOTHING, None, {})
+
+
+def _micros(value: Any, per_second: int, name: str) -> int:
+    """An integer count of ``1/per_second`` seconds as whole microseconds."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise Misfit(f"{name}: expected an integer, got {value!r}")
+    if per_second <= 1_000_000:
+        return value * (1_000_000 // per_second)
+    whole, rest = divmod(value, per_second // 1_000_000)
+    if rest:
+        raise Misfit(f"{name}: {value} ns has a part below a microsecond, which no "
+                     "PostgreSQL time type holds")
+    return whole
+
+
+def _since_epoch(per_second: int) -> Callable[[Any, str], Any]:
+    def read(value: Any, name: str) -> Any:
+        if isinstance(value, dt.datetime):
+            return value.astimezone(dt.UTC).replace(tzinfo=None) if value.tzinfo else value
+        try:
+            return _EPOCH + dt.timedelta(microseconds=_micros(value, per_second, name))
+        except OverflowError:
+            raise Misfit(f"{name}: {value} is out of the range of a timestamp") from None
+    return read
+
+
+def _time_of_day(per_second: int) -> Callable[[Any, str], Any]:
+    def read(value: Any, name: str) -> Any:
+        if isinstance(value, dt.time):
+            return value
+        if isinstance(value, dt.timedelta):  # fastavro's reading of some time encodings
+            value = value // dt.timedelta(microseconds=1)
+            per = 1_000_000
+        else:
+            per = per_second
+        us = _micros(value, per, name)
+        if not 0 <= us < 86_400_000_000:
+            raise Misfit(f"{name}: {value} is not a time of day")
+        return (dt.datetime.min + dt.timedelta(microseconds=us)).time()
+    return read
+
+
+def _days(value: Any, name: str) -> dt.date:
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise Misfit(f"{name}: expected days since 1970-01-01, got {value!r}")
+    try:
+        return _EPOCH_DAY + dt.timedelta(days=value)
+    except OverflowError:
+        raise Misfit(f"{name}: {value} days is out of the range of a date") from None
+
+
+def _zoned_timestamp(value: Any, name: str) -> dt.datetime:
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    try:
+        t = dt.datetime.fromisoformat(str(value))
+    except ValueError:
+        raise Misfit(f"{name}: {value!r} is not an ISO-8601 timestamp") from None
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+def _zoned_time(value: Any, name: str) -> dt.time:
+    if isinstance(value, dt.time):
+        return value
+    try:
+        return dt.time.fromisoformat(str(value))
+    except ValueError:
+        raise Misfit(f"{name}: {value!r} is not an ISO-8601 time") from None
+
+
+def _unscaled(value: Any, name: str) -> int:
+    """Connect's decimal bytes (big-endian two's complement), from bytes or base64 text."""
+    if isinstance(value, str):
+        try:
+            value = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise Misfit(f"{name}: {value!r} is not base64") from None
+    if not isinstance(value, bytes | bytearray):
+        raise Misfit(f"{name}: expected the decimal's bytes, got {value!r}")
+    return int.from_bytes(value, "big", signed=True)
+
+
+def _decimal(value: Any, name: str, scale: int) -> decimal.Decimal:
+    if isinstance(value, decimal.Decimal):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):  # decimal.format=NUMERIC
+        return decimal.Decimal(str(value))
+    return decimal.Decimal(_unscaled(value, name)).scaleb(-scale)
+
+
+def _variable_scale(value: Any, name: str) -> decimal.Decimal:
+    if isinstance(value, decimal.Decimal):
+        return value
+    if not isinstance(value, Mapping) or "value" not in value:
+        raise Misfit(f"{name}: expected {{scale, value}}, got {value!r}")
+    return decimal.Decimal(_unscaled(value["value"], name)).scaleb(-int(value["scale"]))
+
+
+def _bits(value: Any, name: str) -> bytes:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    try:
+        return base64.b64decode(str(value), validate=True)
+    except (binascii.Error, ValueError):
+        raise Misfit(f"{name}: {value!r} is not base64") from None
+
+
+def _json(value: Any, name: str) -> Any:
+    try:
+        return json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        raise Misfit(f"{name}: the JSON text does not parse") from None
+
+
+def _uuid(value: Any, name: str) -> uuid.UUID:
+    try:
+        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+    except ValueError:
+        raise Misfit(f"{name}: {value!r} is not a UUID") from None
+
+
+def _enum_set(value: Any, name: str) -> list[str]:
+    return [] if value == "" else str(value).split(",")
+
+
+_READERS: dict[str, Callable[[Any, str], Any]] = {
+    "io.debezium.time.Date": _days,
+    "io.debezium.time.Time": _time_of_day(1_000),
+    "io.debezium.time.MicroTime": _time_of_day(1_000_000),
+    "io.debezium.time.NanoTime": _time_of_day(1_000_000_000),
+    "io.debezium.time.Timestamp": _since_epoch(1_000),
+    "io.debezium.time.MicroTimestamp": _since_epoch(1_000_000),
+    "io.debezium.time.NanoTimestamp": _since_epoch(1_000_000_000),
+    "io.debezium.time.ZonedTimestamp": _zoned_timestamp,
+    "io.debezium.time.ZonedTime": _zoned_time,
+    "org.apache.kafka.connect.data.Date": _days,
+    "org.apache.kafka.connect.data.Time": _time_of_day(1_000),
+    "org.apache.kafka.connect.data.Timestamp": _since_epoch(1_000),
+    "io.debezium.data.VariableScaleDecimal": _variable_scale,
+    "io.debezium.data.Json": _json,
+    "io.debezium.data.Uuid": _uuid,
+    "io.debezium.data.Bits": _bits,
+    "io.debezium.data.Enum": lambda value, name: str(value),
+    "io.debezium.data.EnumSet": _enum_set,
+}
+
+#: a field's reader: (value, field name) -> the typed value
+Reader = Callable[[Any, str], Any]
+
+
+def _reader(schema: Mapping[str, Any]) -> Reader | None:
+    """How to read a value of this Connect field schema, None when it is kept as it is."""
+    name = schema.get("name") or schema.get("connect.name")
+    if name == "org.apache.kafka.connect.data.Decimal":
+        params = schema.get("parameters") or schema.get("connect.parameters") or {}
+        scale = int(params.get("scale", schema.get("scale", 0)))
+        return lambda value, field: _decimal(value, field, scale)
+    if name in _READERS:
+        return _READERS[name]
+    items = schema.get("items")
+    if schema.get("type") == "array" and isinstance(items, Mapping):
+        inner = _reader(items)
+        if inner is not None:
+            return lambda value, field: None if value is None else [
+                None if v is None else inner(v, field) for v in value]
+    return None
+
+
+def field_types(struct: Mapping[str, Any] | None) -> dict[str, Reader]:
+    """The readers of a Connect struct schema's fields that carry a logical type (a field
+    without one is kept as it is). Takes Kafka Connect's JSON schema (``fields`` with
+    ``field`` names) and an Avro record schema (``fields`` with ``name`` and ``type``)."""
+    readers: dict[str, Reader] = {}
+    for f in (struct or {}).get("fields") or ():
+        if "field" in f:  # Connect JSON: the field's schema is the entry itself
+            name, schema = f["field"], f
+        else:  # Avro: name + type (a union with null holds the type)
+            name, schema = f["name"], f["type"]
+            if isinstance(schema, list):
+                schema = next((s for s in schema if s != "null"), "null")
+        if isinstance(schema, Mapping) and (reader := _reader(schema)) is not None:
+            readers[name] = reader
+    return readers
+
+
+def typed(image: Mapping[str, Any] | None, readers: Mapping[str, Reader]
+          ) -> dict[str, Any] | None:
+    """``image`` with each field of a logical type read (``Misfit`` naming the field when a
+    value cannot be read); None stays None."""
+    if image is None:
+        return None
+    if not readers:
+        return dict(image)
+    return {k: (readers[k](v, k) if v is not None and k in readers else v)
+            for k, v in image.items()}
+
+
+def _image_schema(schema: Mapping[str, Any] | None, which: str) -> Mapping[str, Any] | None:
+    """The struct schema of the envelope's ``before`` or ``after`` field."""
+    for f in (schema or {}).get("fields") or ():
+        if f.get("field") == which or f.get("name") == which:
+            inner = f if "field" in f else f.get("type")
+            if isinstance(inner, list):
+                inner = next((s for s in inner if isinstance(s, Mapping)), None)
+            return inner if isinstance(inner, Mapping) else None
+    return None
+
+
+def unwrap(value: Any, *, schema: Mapping[str, Any] | None = None,
+           truncate: bool = False) -> Event:
+    """The event ``value`` (decoded; None for a tombstone) stands for; ``schema`` is the
+    writer schema of a registry format (a JSON value with ``schemas.enable`` brings its
+    own). Raises ``Misfit`` naming why when it is not a row change the sink applies."""
+    if value is None:
+        return _NOTHING
+    if not isinstance(value, Mapping):
+        raise Misfit("not a Debezium change event: the value is not an object")
+    if "payload" in value and "schema" in value and "op" not in value:
+        schema, value = value["schema"], value["payload"]
+        if value is None:
+            return _NOTHING
+        if not isinstance(value, Mapping):
+            raise Misfit("not a Debezium change event: its payload is not an object")
+    code = value.get("op")
+    op = _OPS.get(code) if isinstance(code, str) else None
+    if op is None:
+        if code == "m":
+            raise Misfit("a logical decoding message (op m) is not a row change")
+        if "ddl" in value or "tableChanges" in value:
+            raise Misfit("a schema change event is not a row change: subscribe to the "
+                         "tables' topics only")
+        raise Misfit(f"not a Debezium change event: op {code!r}")
+    source = value.get("source")
+    source = source if isinstance(source, Mapping) else {}
+    if op is Op.TRUNCATE:
+        if not truncate:
+            raise Misfit("a truncate of the source table (op t): applied only with "
+                         "--sink-truncate")
+        return Event(op, None, source)
+    which = "after" if op is Op.UPSERT else "before"
+    image = value.get(which)
+    if op is Op.UPSERT and not isinstance(image, Mapping):
+        raise Misfit(f"op {code} without an after image")
+    if image is not None and not isinstance(image, Mapping):
+        raise Misfit(f"op {code}: its {which} image is not an object")
+    return Event(op, typed(image, field_types(_image_schema(schema, which))), source)

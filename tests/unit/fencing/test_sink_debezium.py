@@ -1,0 +1,185 @@
+"""``fencing.postgres.sink.debezium``: Debezium's envelope and the logical types of Debezium's
+PostgreSQL connector and Kafka Connect, as their documentation gives them (the PostgreSQL
+connector's "Data type mappings": temporal types under ``time.precision.mode`` adaptive and
+connect, ``decimal.handling.mode`` precise, double and string, the io.debezium.data types),
+each read into the value a PostgreSQL column of its type holds."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import uuid
+from typing import Any
+
+import pytest
+
+from fencing.postgres.sink.debezium import Op, field_types, typed, unwrap
+from fencing.postgres.sink.values import CONVERT, Column, Misfit
+
+D = decimal.Decimal
+
+
+def _b64(n: int, length: int) -> str:
+    return base64.b64encode(n.to_bytes(length, "big", signed=True)).decode()
+
+
+def _field(name: str, type_: str, logical: str | None = None, **params: Any) -> dict[str, Any]:
+    f: dict[str, Any] = {"type": type_, "optional": True, "field": name}
+    if logical:
+        f["name"] = logical
+    if params:
+        f["parameters"] = {k: str(v) for k, v in params.items()}
+    return f
+
+
+# (column type, Connect field schema, the value Debezium's JSON converter writes, expected)
+CASES = [
+    # time.precision.mode=adaptive: DATE, TIME(p), TIMESTAMP(p) by their precision
+    ("date", _field("v", "int32", "io.debezium.time.Date"), 19_723, dt.date(2024, 1, 1)),
+    ("time", _field("v", "int32", "io.debezium.time.Time"), 45_296_789,
+     dt.time(12, 34, 56, 789_000)),
+    ("time", _field("v", "int64", "io.debezium.time.MicroTime"), 45_296_789_012,
+     dt.time(12, 34, 56, 789_012)),
+    ("time", _field("v", "int64", "io.debezium.time.NanoTime"), 45_296_789_012_000,
+     dt.time(12, 34, 56, 789_012)),
+    ("timestamp", _field("v", "int64", "io.debezium.time.Timestamp"), 1_704_112_496_789,
+     dt.datetime(2024, 1, 1, 12, 34, 56, 789_000)),
+    ("timestamp", _field("v", "int64", "io.debezium.time.MicroTimestamp"),
+     1_704_112_496_789_012, dt.datetime(2024, 1, 1, 12, 34, 56, 789_012)),
+    ("timestamp", _field("v", "int64", "io.debezium.time.NanoTimestamp"),
+     1_704_112_496_789_012_000, dt.datetime(2024, 1, 1, 12, 34, 56, 789_012)),
+    ("timestamp", _field("v", "int64", "io.debezium.time.MicroTimestamp"), -1,
+     dt.datetime(1969, 12, 31, 23, 59, 59, 999_999)),
+    # TIMESTAMPTZ and TIMETZ: strings in UTC whatever the mode
+    ("timestamptz", _field("v", "string", "io.debezium.time.ZonedTimestamp"),
+     "2024-01-01T12:34:56.789012Z", dt.datetime(2024, 1, 1, 12, 34, 56, 789_012, dt.UTC)),
+    ("timetz", _field("v", "string", "io.debezium.time.ZonedTime"), "12:34:56.789Z",
+     dt.time(12, 34, 56, 789_000, tzinfo=dt.UTC)),
+    # time.precision.mode=connect: Kafka Connect's own logical types, milliseconds
+    ("date", _field("v", "int32", "org.apache.kafka.connect.data.Date"), -1,
+     dt.date(1969, 12, 31)),
+    ("time", _field("v", "int32", "org.apache.kafka.connect.data.Time"), 1_000,
+     dt.time(0, 0, 1)),
+    ("timestamp", _field("v", "int64", "org.apache.kafka.connect.data.Timestamp"),
+     1_704_112_496_789, dt.datetime(2024, 1, 1, 12, 34, 56, 789_000)),
+    # decimal.handling.mode=precise: NUMERIC(p, s) as Connect's Decimal, NUMERIC as
+    # Debezium's VariableScaleDecimal
+    ("numeric", _field("v", "bytes", "org.apache.kafka.connect.data.Decimal", scale=2,
+                       **{"connect.decimal.precision": 10}), _b64(-12345, 3), D("-123.45")),
+    ("numeric", _field("v", "struct", "io.debezium.data.VariableScaleDecimal"),
+     {"scale": 4, "value": _b64(31_415_926, 4)}, D("3141.5926")),
+    # decimal.handling.mode=double and string: plain FLOAT64 and STRING fields
+    ("float8", _field("v", "double"), 123.45, 123.45),
+    ("numeric", _field("v", "string"), "123.450", D("123.450")),
+    # io.debezium.data
+    ("jsonb", _field("v", "string", "io.debezium.data.Json"), '{"a": [1, 2.5]}',
+     '{"a":[1,2.5]}'),
+    ("uuid", _field("v", "string", "io.debezium.data.Uuid"),
+     "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", uuid.UUID("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11")),
+    ("bytea", _field("v", "bytes", "io.debezium.data.Bits", length=10), "BQM=",
+     b"\x05\x03"),
+    ("text", _field("v", "string", "io.debezium.data.Enum", allowed="red,green"), "green",
+     "green"),
+    ("_text", _field("v", "string", "io.debezium.data.EnumSet", allowed="a,b,c"), "a,c",
+     ["a", "c"]),
+    # arrays of plain and of logical element types
+    ("_int4", {"type": "array", "optional": True, "field": "v",
+               "items": {"type": "int32", "optional": True}}, [1, None, 3], [1, None, 3]),
+    ("_date", {"type": "array", "optional": True, "field": "v",
+               "items": {"type": "int32", "name": "io.debezium.time.Date"}}, [0, None],
+     [dt.date(1970, 1, 1), None]),
+]
+
+
+@pytest.mark.parametrize(("column", "schema", "raw", "want"), CASES,
+                         ids=[f"{c[1].get('name', c[1]['type'])}-{c[0]}" for c in CASES])
+def test_a_logical_type_is_read_into_its_column(column: str, schema: dict[str, Any], raw: Any,
+                                                want: Any) -> None:
+    readers = field_types({"fields": [schema]})
+    value = typed({"v": raw}, readers)
+    assert value is not None
+    assert CONVERT[column](Column("v", column), value["v"]) == want
+
+
+def test_the_same_types_from_avro_s_connect_names() -> None:
+    """Debezium through Avro: the writer schema's fields carry connect.name (and Connect's
+    Decimal its scale in connect.parameters); fastavro's own logical types come typed."""
+    schema = {"type": "record", "name": "Value", "fields": [
+        {"name": "d", "type": ["null", {"type": "int", "connect.name": "io.debezium.time.Date"}]},
+        {"name": "ts", "type": {"type": "long",
+                                "connect.name": "io.debezium.time.MicroTimestamp"}},
+        {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10,
+                                   "scale": 2, "connect.name":
+                                   "org.apache.kafka.connect.data.Decimal",
+                                   "connect.parameters": {"scale": "2"}}},
+        {"name": "n", "type": "long"}]}
+    got = typed({"d": 1, "ts": 1_000_001, "price": D("1.50"), "n": 7}, field_types(schema))
+    assert got == {"d": dt.date(1970, 1, 2), "ts": dt.datetime(1970, 1, 1, 0, 0, 1, 1),
+                   "price": D("1.50"), "n": 7}
+
+
+def test_a_value_no_column_holds_whole_is_a_misfit_never_rounded() -> None:
+    nano = field_types({"fields": [_field("v", "int64", "io.debezium.time.NanoTimestamp")]})
+    with pytest.raises(Misfit, match="v: 1704112496789012345 ns has a part below a "
+                                     "microsecond"):
+        typed({"v": 1_704_112_496_789_012_345}, nano)
+    day = field_types({"fields": [_field("v", "int32", "io.debezium.time.Date")]})
+    with pytest.raises(Misfit, match="out of the range of a date"):
+        typed({"v": 10**9}, day)
+    decimal_ = field_types({"fields": [_field("v", "bytes",
+                                               "org.apache.kafka.connect.data.Decimal",
+                                               scale=2)]})
+    with pytest.raises(Misfit, match="is not base64"):
+        typed({"v": "!!"}, decimal_)
+
+
+def _event(op: str, before: Any = None, after: Any = None) -> dict[str, Any]:
+    return {"op": op, "before": before, "after": after,
+            "source": {"lsn": 42, "table": "t"}, "ts_ms": 1}
+
+
+ROW = {"id": 1, "d": 19_723}
+SCHEMA = {"type": "struct", "fields": [
+    {"type": "struct", "optional": True, "field": "before", "fields": [
+        _field("id", "int32"), _field("d", "int32", "io.debezium.time.Date")]},
+    {"type": "struct", "optional": True, "field": "after", "fields": [
+        _field("id", "int32"), _field("d", "int32", "io.debezium.time.Date")]},
+    {"type": "string", "optional": False, "field": "op"}]}
+
+
+@pytest.mark.parametrize("code", ["c", "r", "u"])
+def test_create_read_and_update_upsert_the_after_image(code: str) -> None:
+    event = unwrap(_event(code, after=ROW), schema=SCHEMA)
+    assert event.op is Op.UPSERT
+    assert event.image == {"id": 1, "d": dt.date(2024, 1, 1)}
+    assert event.source["lsn"] == 42
+
+
+def test_json_with_schemas_brings_its_own_schema_and_without_keeps_json_values() -> None:
+    with_schema = unwrap({"schema": SCHEMA, "payload": _event("c", after=ROW)})
+    assert with_schema.image == {"id": 1, "d": dt.date(2024, 1, 1)}
+    without = unwrap(_event("c", after=ROW))
+    assert without.image == ROW
+
+
+def test_delete_carries_the_before_image_and_the_tombstone_changes_nothing() -> None:
+    event = unwrap(_event("d", before=ROW), schema=SCHEMA)
+    assert (event.op, event.image) == (Op.DELETE, {"id": 1, "d": dt.date(2024, 1, 1)})
+    assert unwrap(_event("d")).image is None  # REPLICA IDENTITY NOTHING: the Kafka key
+    assert unwrap(None).op is Op.NOTHING
+    assert unwrap({"schema": None, "payload": None}).op is Op.NOTHING
+
+
+def test_truncate_only_when_asked_and_what_is_not_a_row_change() -> None:
+    with pytest.raises(Misfit, match="applied only with --sink-truncate"):
+        unwrap(_event("t"))
+    assert unwrap(_event("t"), truncate=True).op is Op.TRUNCATE
+    with pytest.raises(Misfit, match="a logical decoding message"):
+        unwrap(_event("m"))
+    with pytest.raises(Misfit, match="a schema change event"):
+        unwrap({"ddl": "CREATE TABLE t (id int)", "tableChanges": []})
+    with pytest.raises(Misfit, match="the value is not an object"):
+        unwrap([1, 2])
+    with pytest.raises(Misfit, match="op c without an after image"):
+        unwrap(_event("c"))
