@@ -2,6 +2,7 @@
 returning ``Accept`` or ``Reject(reason)`` per record, in order.
 
 Rules
+
 - A handler declares its durability class and effect semantics with ``@handler(...)``;
   undeclared handlers are ``durable-critical`` + ``transactional``.
 - Exactly-once effects exist only for ``transactional`` effects (written through the
@@ -110,6 +111,8 @@ INCOHERENT: dict[tuple[Durability, Effects], str] = {
 
 @dataclass(frozen=True, slots=True)
 class Declaration:
+    """A handler's checked declaration (``@handler(...)``; undeclared: the defaults)."""
+
     durability: Durability = Durability.DURABLE_CRITICAL
     effects: Effects = Effects.TRANSACTIONAL
     on_failure: OnFailure = OnFailure.QUARANTINE
@@ -195,10 +198,14 @@ def declaration_of(fn: HandlerFn) -> Declaration:
 class HandlerContext:
     """What a handler factory is given when ``fencectl run`` starts."""
 
-    schema: str  # the PostgreSQL schema of the fence tables (``--schema``)
-    group_id: str  # the consumer group (``--group``)
-    topics: tuple[str, ...]  # the ``--topic`` names (a ``--topic-pattern``'s are not known)
-    settings: Mapping[str, str] = field(default_factory=dict)  # ``--handler-setting K=V``
+    schema: str
+    """The PostgreSQL schema of the fence tables (``--schema``)."""
+    group_id: str
+    """The consumer group (``--group``)."""
+    topics: tuple[str, ...]
+    """The ``--topic`` names (a ``--topic-pattern``'s topics are not known up front)."""
+    settings: Mapping[str, str] = field(default_factory=dict)
+    """The ``--handler-setting KEY=VALUE`` pairs."""
 
 
 EnsureTables = Callable[[Any, HandlerContext], Awaitable[None]]
@@ -223,7 +230,11 @@ class LoadedHandler:
 
 
 def handler_factory(*, ensure_tables: EnsureTables | None = None) -> Callable[[F], F]:
-    """Mark ``build(context) -> handler`` as a factory (see the module Rules)."""
+    """Mark ``build(context) -> handler`` as a handler factory: ``--handler module:name``
+    calls it once with the run's ``HandlerContext`` and runs the handler it returns.
+    ``ensure_tables(conn, context)``, when given, runs once at start before any batch,
+    under a session advisory lock per schema (members starting together run it one after
+    another)."""
     def mark(build: F) -> F:
         setattr(build, _FACTORY, _Factory(ensure_tables))
         return build

@@ -55,18 +55,28 @@ class Token:
 
 @dataclass(frozen=True, slots=True)
 class SourceRecord:
-    """One Kafka record as the handler sees it. ``offset`` is the Kafka offset."""
+    """One Kafka record as the handler sees it; a batch holds records of one partition, in
+    offset order."""
 
     topic: str
+    """The topic it was read from."""
     partition: int
+    """Its partition."""
     offset: int
+    """Its Kafka offset."""
     key: bytes | None
+    """The key's bytes as produced; None without a key."""
     value: bytes | None
+    """The value's bytes as produced; None for a tombstone."""
     headers: tuple[tuple[str, bytes | None], ...] = ()
+    """The record's headers, (name, value) in order; a name may repeat."""
     timestamp_ms: int | None = None
+    """Kafka's record timestamp (CreateTime or LogAppendTime), milliseconds since the epoch;
+    None when the record has none."""
 
     @property
     def tp(self) -> TopicPartition:
+        """Its topic and partition."""
         return TopicPartition(self.topic, self.partition)
 
 
@@ -89,7 +99,9 @@ class Reject:
 
 
 Verdict = Accept | Reject
+"""What a handler returns for each record, in order: ``ACCEPT`` or ``Reject(reason)``."""
 ACCEPT = Accept()
+"""The verdict of a record whose effect was applied (the one ``Accept`` value)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,16 +51,24 @@ class KitReport:
     """What the kit did and found; ``problems`` empty means the handler passed."""
 
     problems: tuple[str, ...]
-    faults: dict[str, int]  # fault -> batches it hit in the faulty run
-    handler_calls: int  # handler invocations of the faulty run, aborted ones included
-    tables: tuple[str, ...]  # the tables compared
-    left_out: tuple[str, ...]  # table.column values that differ between runs by design
+    """What the handler got wrong, one line each."""
+    faults: dict[str, int]
+    """Each fault and the batches it hit in the faulty run."""
+    handler_calls: int
+    """Handler calls of the faulty run, aborted ones included."""
+    tables: tuple[str, ...]
+    """The tables compared."""
+    left_out: tuple[str, ...]
+    """``table.column`` values that differ between runs by design, left out of the
+    comparison."""
 
     @property
     def ok(self) -> bool:
+        """True when the handler passed (no problem)."""
         return not self.problems
 
     def explain(self) -> str:
+        """The report as ``HandlerUnsafe`` says it: a summary line, then one per problem."""
         head = (f"handler test kit: {len(self.problems)} problem(s); faults injected "
                 f"{self.faults}; {self.handler_calls} handler calls; tables {list(self.tables)}")
         return "\n".join([head, *(f"- {p}" for p in self.problems)])
@@ -72,6 +80,7 @@ class HandlerUnsafe(AssertionError):
     def __init__(self, report: KitReport) -> None:
         super().__init__(report.explain())
         self.report = report
+        """The run's ``KitReport``, its ``problems`` the message's lines."""
 
 
 class _Run:

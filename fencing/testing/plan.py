@@ -31,11 +31,16 @@ class Fault(enum.Enum):
     """What happens to one batch of the faulty run."""
 
     NONE = "none"
-    ABORT = "abort"  # the handler runs, then its transaction rolls back; the batch is retried
-    LOST_REPLY_COMMITTED = "lost-reply-committed"  # COMMIT applied, its reply lost on the wire
-    LOST_REPLY_NOT_COMMITTED = "lost-reply-not-committed"  # COMMIT lost before the server
-    REPLAY_NEW_EPOCH = "replay-new-epoch"  # handler ran and rolled back, a new owner claims
-    # (epoch + 1), the old token is refused, the batch is replayed in two smaller batches
+    """No fault: the batch commits."""
+    ABORT = "abort"
+    """The handler runs, then its transaction rolls back; the batch is retried."""
+    LOST_REPLY_COMMITTED = "lost-reply-committed"
+    """COMMIT is applied and its reply lost on the wire."""
+    LOST_REPLY_NOT_COMMITTED = "lost-reply-not-committed"
+    """COMMIT is lost before the server sees it."""
+    REPLAY_NEW_EPOCH = "replay-new-epoch"
+    """The handler runs and rolls back, a new owner claims (epoch + 1), the old token is
+    refused, and the batch is replayed in two smaller batches."""
 
 
 ALL_FAULTS = (Fault.ABORT, Fault.LOST_REPLY_COMMITTED, Fault.LOST_REPLY_NOT_COMMITTED,
