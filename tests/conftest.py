@@ -253,6 +253,8 @@ _GO_BUILDS: _GoBuilds | None = None
 
 #: seconds the session waited for Jaeger and Prometheus, until a test reports it
 _GO_WAIT_S: list[float] = []
+#: seconds the session waited for its services to start, until a test reports it
+_SERVICES_WAIT_S: list[float] = []
 
 
 @pytest.fixture(scope="session")
@@ -326,6 +328,7 @@ def _exported(settings: ServiceSettings) -> Iterator[None]:
 def services(request: pytest.FixtureRequest) -> Iterator[ServiceSettings]:
     """Where Kafka, PostgreSQL, Jaeger and the schema registry are for this session (see the
     module docstring)."""
+    asked = time.monotonic()
     with ExitStack() as stack:
         settings = ServiceSettings.from_env(os.environ)
         if settings is None and _docker_engine_answers():
@@ -333,6 +336,7 @@ def services(request: pytest.FixtureRequest) -> Iterator[ServiceSettings]:
         if settings is None:
             settings = stack.enter_context(_local_stack(_progress_printer(request.config)))
         stack.enter_context(_exported(settings))
+        _SERVICES_WAIT_S.append(time.monotonic() - asked)
         yield settings
 
 
@@ -398,7 +402,11 @@ def _alone_or_beside(request: pytest.FixtureRequest) -> Iterator[None]:
                  or CLUSTER_FIXTURE in request.fixturenames)
     while _GO_WAIT_S:  # the first test that asked for them waited for the Go builds
         request.node.user_properties.append(("go_build_wait_s", round(_GO_WAIT_S.pop(), 3)))
-    if run_id is None or not (exclusive or "services" in request.fixturenames):
+    while _SERVICES_WAIT_S:  # the first test of the session's services waited for them
+        request.node.user_properties.append(("services_start_wait_s",
+                                             round(_SERVICES_WAIT_S.pop(), 3)))
+    shared = {"services", "pg_dsn"} & set(request.fixturenames)
+    if run_id is None or not (exclusive or shared):
         yield  # one process, or a test of no shared service: nothing to wait for
         return
     from tests.suite_lock import folder_for_run, holding

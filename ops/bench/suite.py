@@ -35,8 +35,9 @@ OUT = ROOT / "docs" / "bench" / "suite.json"
 SLOWEST = 30
 
 #: waits a test records that are not its own (tests/conftest.py): the suite lock of the
-#: xdist workers, and the session's wait for Jaeger's and Prometheus's builds
-WAITS = ("suite_lock_wait_s", "go_build_wait_s")
+#: xdist workers, the session's wait for its services and for Jaeger's and Prometheus's
+#: builds
+WAITS = ("suite_lock_wait_s", "go_build_wait_s", "services_start_wait_s")
 #: test function -> why it takes its time (what it waits for, how long and why it must)
 WHY: dict[str, str] = {
     "test_a_frozen_registry_holds_only_the_partitions_that_need_it":
