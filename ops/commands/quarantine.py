@@ -120,6 +120,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
             a.add_argument("--sink-key-format", default=None, metavar="FORMAT",
                            help="with --sink: how the Kafka key is encoded, as for run")
             a.add_argument("--sink-evolve", default=None, help="with --sink: as for run")
+            a.add_argument("--sink-envelope", default=None, metavar="ENVELOPE",
+                           help="with --sink: debezium reads each value as a Debezium change event "
+                                "(c/r/u upsert the after image, d deletes the key, a tombstone "
+                                "changes nothing); without --sink-key the table's primary key")
+            a.add_argument("--sink-truncate", action="store_const", const="true", default=None,
+                           help="with --sink-envelope debezium: a truncate event truncates the "
+                                "table (without it the event is quarantined)")
             a.add_argument("--handler-setting", action="append", default=[],
                            metavar="KEY=VALUE",
                            help="a setting for a handler factory (with the recorded handler: "
@@ -223,7 +230,7 @@ async def _handler_choice(conn: Any, args: argparse.Namespace) -> HandlerChoice:
     settings = parse_x_options(args.handler_setting, flag="--handler-setting",
                                strip_values=False)
     urls = os.environ.get("SCHEMA_REGISTRY_URL", ""), os.environ.get("FENCE_DDL_DSN", "")
-    options = {attr: getattr(args, attr) for attr, _flag, _setting in SINK_FLAGS}
+    options = {attr: getattr(args, attr, None) for attr, _flag, _setting in SINK_FLAGS}
     given = handler_from_flags(handler=args.handler, settings=settings, sink=args.sink,
                                sink_options=options, registry=urls[0], ddl_dsn=urls[1])
     if given is not None:

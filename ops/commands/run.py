@@ -106,6 +106,13 @@ def register(sub: Any) -> None:
                         "column (ALTER TABLE over $FENCE_DDL_DSN, then the batch is retried); "
                         "none (default) ignores such fields and counts them (default "
                         "$FENCE_SINK_EVOLVE, else none)")
+    p.add_argument("--sink-envelope", default=None, metavar="ENVELOPE",
+                   help="with --sink: debezium reads each value as a Debezium change event "
+                        "(c/r/u upsert the after image, d deletes the key, a tombstone "
+                        "changes nothing); without --sink-key the table's primary key")
+    p.add_argument("--sink-truncate", action="store_const", const="true", default=None,
+                   help="with --sink-envelope debezium: a truncate event truncates the "
+                        "table (without it the event is quarantined)")
     p.add_argument("--handler-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting given to a handler factory (repeatable)")
     p.add_argument("-X", dest="x", action="append", default=[], metavar="KEY=VALUE",
@@ -225,7 +232,7 @@ def _handler_of(args: argparse.Namespace, env: Mapping[str, str]
     ``ddl_dsn``)."""
     settings = parse_x_options(args.handler_setting, flag="--handler-setting",
                                strip_values=False)
-    options = {attr: getattr(args, attr) for attr, _flag, _setting in SINK_FLAGS}
+    options = {attr: getattr(args, attr, None) for attr, _flag, _setting in SINK_FLAGS}
     if args.sink is not None and options.get("sink_evolve") is None:
         options["sink_evolve"] = env.get("FENCE_SINK_EVOLVE") or None
     chosen = handler_from_flags(

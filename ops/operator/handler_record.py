@@ -105,7 +105,9 @@ def with_registry(choice: HandlerChoice, registry: str, ddl_dsn: str = "") -> Ha
 #: the sink's flags beside ``--sink``: (argparse attribute, flag, the factory's setting)
 SINK_FLAGS = (("sink_key", "--sink-key", "key"), ("sink_format", "--sink-format", "format"),
               ("sink_key_format", "--sink-key-format", "key_format"),
-              ("sink_evolve", "--sink-evolve", "evolve"))
+              ("sink_evolve", "--sink-evolve", "evolve"),
+              ("sink_envelope", "--sink-envelope", "envelope"),
+              ("sink_truncate", "--sink-truncate", "truncate"))
 
 
 def handler_from_flags(*, handler: str | None, settings: Mapping[str, str],

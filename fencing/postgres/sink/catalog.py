@@ -1,7 +1,10 @@
 """The table sink's catalog side: what to write (``SinkSpec``), the table it writes
 (``Target``: schema, name, layout read from the catalog), and creating or validating it at
 start, for JSON values or from the writer schema in the registry (rules in
-``fencing.postgres.sink.table`` and ``fencing.postgres.sink.schemas``)."""
+``fencing.postgres.sink.table`` and ``fencing.postgres.sink.schemas``).
+
+Long because ``SinkSpec.from_settings`` names each flag's mistake before anything starts,
+and the catalog's queries sit beside the code that reads their rows."""
 
 from __future__ import annotations
 
@@ -34,8 +37,9 @@ class Method(enum.Enum):
 
 
 _SETTINGS = ("table", "key", "method", "key_format", "format", "registry", "evolve",
-             "ddl_dsn")
+             "ddl_dsn", "envelope", "truncate")
 EVOLVE = ("none", "add-columns")  # --sink-evolve
+ENVELOPES = ("debezium",)  # --sink-envelope
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +49,10 @@ class SinkSpec:
     encoded (``value_format``, ``key_format``) and the schema registry's URL for the
     schema'd formats (``registry``, from ``SCHEMA_REGISTRY_URL``; never logged); whether
     a field with no column gets one (``evolve``, ``--sink-evolve add-columns``) over the
-    connection of ``ddl_dsn`` (``FENCE_DDL_DSN``; a secret, never logged)."""
+    connection of ``ddl_dsn`` (``FENCE_DDL_DSN``; a secret, never logged); whether values
+    are Debezium change events (``envelope``, ``--sink-envelope debezium``: without
+    ``keys`` the table's primary key is the key) and a truncate event truncates the table
+    (``truncate``, ``--sink-truncate``)."""
 
     table: str
     keys: tuple[str, ...] = ()
@@ -55,6 +62,8 @@ class SinkSpec:
     registry: str | None = field(default=None, repr=False)
     evolve: bool = False
     ddl_dsn: str | None = field(default=None, repr=False)
+    envelope: str | None = None
+    truncate: bool = False
 
     @classmethod
     def from_settings(cls, settings: Any) -> SinkSpec:
@@ -95,8 +104,19 @@ class SinkSpec:
             raise ConfigError("--sink-evolve add-columns needs FENCE_DDL_DSN: a connection "
                               "whose role may ALTER the table (its owner, or a member of the "
                               "owning role); the worker's FENCE_DSN role needs no DDL right")
+        envelope = str(settings.get("envelope") or "").strip() or None
+        if envelope is not None and envelope not in ENVELOPES:
+            raise ConfigError(f"--sink-envelope {envelope}: use {' | '.join(ENVELOPES)}")
+        truncate = str(settings.get("truncate") or "").strip().lower() in ("true", "1", "yes")
+        if truncate and envelope is None:
+            raise ConfigError("--sink-truncate: needs --sink-envelope debezium (only a change "
+                              "event says to truncate)")
+        if envelope is not None and evolve == "add-columns":
+            raise ConfigError("--sink-evolve add-columns with --sink-envelope: a change "
+                              "event's columns follow the source table's; create the target "
+                              "table with them (or let the sink create it from the schema)")
         return cls(table, keys, method, value_format, key_format, registry,
-                   evolve == "add-columns", ddl_dsn)
+                   evolve == "add-columns", ddl_dsn, envelope, truncate)
 
     @property
     def quoted(self) -> str:
@@ -160,6 +180,13 @@ SELECT EXISTS (
              AND a.attnum = ANY((i.indkey::int2[])[0:i.indnkeyatts - 1]))
         = (SELECT array_agg(k ORDER BY k) FROM unnest($2::text[]) k))
 """
+_PRIMARY_KEY = """
+SELECT array_agg(a.attname::text ORDER BY k.i)
+FROM pg_index x
+CROSS JOIN LATERAL unnest(x.indkey::int2[]) WITH ORDINALITY AS k(attnum, i)
+JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum
+WHERE x.indrelid = $1::regclass AND x.indisprimary
+"""
 _EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = " \
           "c.relnamespace WHERE c.relname = $1 AND n.nspname = coalesce($2, current_schema()))"
 _WHERE = "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n " \
@@ -200,6 +227,12 @@ async def read_layout(conn: Any, spec: SinkSpec) -> tuple[Target | None, list[st
             problems.append(f"required column {col.name} has type {col.type_name}, which the "
                             "sink cannot fill from JSON (give it a default or make it nullable)")
     writable = {c.name for c in columns}
+    if spec.envelope is not None and not spec.keys:
+        primary = tuple(await conn.fetchval(_PRIMARY_KEY, spec.quoted) or ())
+        if not primary:
+            problems.append("a change event's table needs a primary key (or --sink-key) to "
+                            "apply its updates and deletes to")
+        spec = replace(spec, keys=primary)
     for key in spec.keys:
         if key not in writable:
             problems.append(f"key column {key} is missing or of a type the sink cannot "
@@ -282,6 +315,11 @@ async def _ensure(conn: Any, spec: SinkSpec, topics: Sequence[str], *, in_batch:
     writer = await _writer_fields(spec, topics, at_start=not in_batch)
     created = False
     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", spec.quoted):
+        if spec.envelope is not None and writer is None:
+            raise ConfigError(
+                f"--sink table={spec.table}: the table does not exist; with "
+                f"--sink-envelope {spec.envelope} and JSON values create it with the source "
+                "table's columns and primary key (the events' schemas are not read at start)")
         if writer is not None and not writer[0]:
             raise ConfigError(
                 f"--sink table={spec.table}: the table does not exist and no schema is "

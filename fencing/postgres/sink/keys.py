@@ -55,8 +55,12 @@ def _one(col: Column, v: Any, where: str) -> Any:
 
 def from_object(cols: tuple[Column, ...], obj: Any, where: str = "the Kafka key"
                 ) -> tuple[Any, ...]:
-    """The key columns' values from a decoded key: a mapping by column name, or one scalar
-    for one key column; raises ``Misfit``."""
+    """The key columns' values from a decoded key: a mapping by column name (Kafka Connect's
+    JSON ``{"schema": …, "payload": {…}}`` read as its payload), or one scalar for one key
+    column; raises ``Misfit``."""
+    if isinstance(obj, Mapping) and obj.keys() == {"schema", "payload"} \
+            and isinstance(obj["payload"], Mapping):
+        obj = obj["payload"]
     if isinstance(obj, Mapping):
         return tuple(_one(c, obj.get(c.name), where) for c in cols)
     if len(cols) == 1 and not isinstance(obj, list):

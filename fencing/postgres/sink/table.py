@@ -63,16 +63,17 @@ import asyncpg
 from fencing.errors import ConfigError
 from fencing.handler import HandlerContext, handler, handler_factory
 from fencing.postgres.sink.catalog import SinkSpec, ensure_in_batch, ensure_table, read_layout
+from fencing.postgres.sink.convert import convert_batch, segments
 from fencing.postgres.sink.evolve import strays as stray_fields
 from fencing.postgres.sink.evolving import Evolution, check_ddl
 from fencing.postgres.sink.formats import Decoding
 from fencing.postgres.sink.keys import key_reader
 from fencing.postgres.sink.registry import Registry
-from fencing.postgres.sink.rows import Delete, Misfit, Upsert, parse_json
+from fencing.postgres.sink.rows import Delete, Upsert, parse_json
 from fencing.postgres.sink.unknown import UNKNOWN_FIELDS
 from fencing.postgres.sink.writer import Writer
 from fencing.store import HandlerFn
-from fencing.types import ACCEPT, Reject, SourceRecord, Verdict
+from fencing.types import Reject, SourceRecord, Verdict
 
 __all__ = ["make_table_sink", "table_sink"]
 
@@ -199,44 +200,16 @@ class _Targets:
         UNKNOWN_FIELDS.add(table, fields, len(found))
 
 
-def _convert(writer: Writer, records: Sequence[SourceRecord], decoding: Decoding | None,
-             decoded: tuple[Sequence[Any], dict[int, Any]] | None,
-             ) -> tuple[list[Verdict], list[tuple[int, Upsert | Delete]], int, list[Any]]:
-    """The batch converted by ``writer``: each record's verdict, the operations of those
-    that fit (with their index), how many ``writer``'s layout refused (a misfit of the
-    conversion, not of the decoding) and the values holding fields with no column. Never
-    yields: the decoded keys it sets and the writer's strays it reads are shared with the
-    other partitions' batches (see ``Decoding``)."""
-    verdicts: list[Verdict] = [ACCEPT] * len(records)
-    ops: list[tuple[int, Upsert | Delete]] = []
-    misfits = 0
-    convert = writer.convert
-    strays = writer.strays  # filled by convert
-    strays.clear()
-    if decoding is not None and decoded is not None:
-        values, batch_keys = decoded
-        decoding.keys.clear()
-        decoding.keys.update(batch_keys)
-        for i, record in enumerate(records):
-            value = values[i]
-            if isinstance(value, Misfit):
-                verdicts[i] = Reject(f"table sink: {value}")
-                continue
-            try:
-                ops.append((i, convert(record, value)))
-            except Misfit as exc:
-                verdicts[i] = Reject(f"table sink: {exc}")
-                misfits += 1
-    else:
-        for i, record in enumerate(records):
-            try:
-                ops.append((i, convert(record)))
-            except Misfit as exc:
-                verdicts[i] = Reject(f"table sink: {exc}")
-                misfits += 1
-    found = list(strays)
-    strays.clear()
-    return verdicts, ops, misfits, found
+async def _write(conn: Any, writer: Writer, ops: list[tuple[int, Any]],
+                 verdicts: list[Verdict]) -> None:
+    """Write ``ops`` by the fast path; when PostgreSQL refuses a row, one at a time, each
+    refused record's verdict a ``Reject`` with PostgreSQL's message."""
+    if ops and await _in_savepoint(conn, lambda sp: writer.write(conn, [o for _, o in ops], sp)):
+        for i, op in ops:  # the database refused a row: find it, one record at a time
+            refusal = await _in_savepoint(conn, lambda sp, op=op: _one(conn, writer, op, sp))
+            if refusal is not None:
+                verdicts[i] = Reject(f"table sink: refused by PostgreSQL "
+                                     f"[{getattr(refusal, 'sqlstate', '')}]: {refusal}")
 
 
 def make_table_sink(spec: SinkSpec) -> HandlerFn:
@@ -256,22 +229,20 @@ def make_table_sink(spec: SinkSpec) -> HandlerFn:
         decoded = None
         if targets.decoding is not None:  # raises Unavailable when the registry does not answer
             decoded = await targets.decoding.values(records)
-        verdicts, ops, misfits, found = _convert(writer, records, targets.decoding, decoded)
+        verdicts, ops, misfits, found = convert_batch(writer, records, targets.decoding, decoded,
+                                                 spec)
         if misfits and writer.born < batch_ns:  # judged by a layout read before this batch
             fresh = await targets.reread(conn, records[0].topic, writer)
             if fresh is not None:
                 writer = fresh
-                verdicts, ops, _misfits, found = _convert(writer, records, targets.decoding,
-                                                          decoded)
+                verdicts, ops, _misfits, found = convert_batch(writer, records, targets.decoding,
+                                                          decoded, spec)
         if found:
             await targets.strays(conn, writer, records[0].topic, found, created)
-        if ops and await _in_savepoint(conn, lambda sp: writer.write(conn, [o for _, o in ops],
-                                                                     sp)):
-            for i, op in ops:  # the database refused a row: find it, one record at a time
-                refusal = await _in_savepoint(conn, lambda sp, op=op: _one(conn, writer, op, sp))
-                if refusal is not None:
-                    verdicts[i] = Reject(f"table sink: refused by PostgreSQL "
-                                         f"[{getattr(refusal, 'sqlstate', '')}]: {refusal}")
+        for part, truncate in segments(ops):
+            await _write(conn, writer, part, verdicts)
+            if truncate:  # in order with the batch's other operations, in its transaction
+                await conn.execute(f"TRUNCATE {writer.t.quoted}")
         return verdicts
 
     sink.__qualname__ = f"table_sink[{spec.table}]"

@@ -1,0 +1,116 @@
+"""The table sink's records of one batch -> each record's verdict and the operations the
+fitting ones ask of the table, in order (pure but for what the records' decoding shared
+with the batch; the rules are ``fencing.postgres.sink.table``'s and, for change events,
+``fencing.postgres.sink.debezium``'s)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fencing.postgres.sink.catalog import SinkSpec
+from fencing.postgres.sink.debezium import Op, unwrap
+from fencing.postgres.sink.formats import Decoding
+from fencing.postgres.sink.keys import from_object
+from fencing.postgres.sink.rows import Delete, Misfit, parse_json
+from fencing.postgres.sink.writer import Writer
+from fencing.types import ACCEPT, Reject, SourceRecord, Verdict
+
+__all__ = ["TRUNCATE", "convert_batch", "segments"]
+
+
+#: a truncate event's place among a batch's operations (``--sink-truncate``)
+TRUNCATE: Any = object()
+
+
+def _change(writer: Writer, record: SourceRecord, value: Any, spec: SinkSpec) -> Any:
+    """The operation of a Debezium change event (``debezium.unwrap``): an upsert of its
+    after image, a delete of its key (the before image's key columns, else the Kafka key),
+    ``TRUNCATE``, or None (the tombstone after a delete changes nothing)."""
+    event = unwrap(value, truncate=spec.truncate)
+    if event.op is Op.UPSERT:
+        return writer.convert(record, event.image)
+    if event.op is Op.DELETE:
+        cols = writer.t.layout.key_columns
+        image = event.image
+        if image is not None and all(image.get(c.name) is not None for c in cols):
+            key = from_object(cols, image, "the before image")
+            return Delete(key[0] if len(key) == 1 else key)
+        return writer.convert(record, None)  # the Kafka key's columns
+    return TRUNCATE if event.op is Op.TRUNCATE else None
+
+
+def convert_batch(writer: Writer, records: Sequence[SourceRecord], decoding: Decoding | None,
+             decoded: tuple[Sequence[Any], dict[int, Any]] | None, spec: SinkSpec,
+             ) -> tuple[list[Verdict], list[tuple[int, Any]], int, list[Any]]:
+    """The batch converted by ``writer``: each record's verdict, the operations of those
+    that fit (with their index), how many ``writer``'s layout refused (a misfit of the
+    conversion, not of the decoding) and the values holding fields with no column. Never
+    yields: the decoded keys it sets and the writer's strays it reads are shared with the
+    other partitions' batches (see ``Decoding``)."""
+    verdicts: list[Verdict] = [ACCEPT] * len(records)
+    ops: list[tuple[int, Any]] = []
+    misfits = 0
+    convert = writer.convert
+    strays = writer.strays  # filled by convert
+    strays.clear()
+    if spec.envelope is not None:
+        values = decoded[0] if decoding is not None and decoded is not None else None
+        if decoding is not None and decoded is not None:
+            decoding.keys.clear()
+            decoding.keys.update(decoded[1])
+        for i, record in enumerate(records):
+            try:
+                if values is not None:
+                    value = values[i]
+                    if isinstance(value, Misfit):
+                        raise value
+                else:
+                    value = None if record.value is None else parse_json(record.value)[0]
+                op = _change(writer, record, value, spec)
+            except Misfit as exc:
+                verdicts[i] = Reject(f"table sink: {exc}")
+                misfits += 1
+                continue
+            if op is not None:
+                ops.append((i, op))
+    elif decoding is not None and decoded is not None:
+        values, batch_keys = decoded
+        decoding.keys.clear()
+        decoding.keys.update(batch_keys)
+        for i, record in enumerate(records):
+            value = values[i]
+            if isinstance(value, Misfit):
+                verdicts[i] = Reject(f"table sink: {value}")
+                continue
+            try:
+                ops.append((i, convert(record, value)))
+            except Misfit as exc:
+                verdicts[i] = Reject(f"table sink: {exc}")
+                misfits += 1
+    else:
+        for i, record in enumerate(records):
+            try:
+                ops.append((i, convert(record)))
+            except Misfit as exc:
+                verdicts[i] = Reject(f"table sink: {exc}")
+                misfits += 1
+    found = list(strays)
+    strays.clear()
+    return verdicts, ops, misfits, found
+
+
+def segments(ops: list[tuple[int, Any]]) -> list[tuple[list[tuple[int, Any]], bool]]:
+    """The batch's operations cut at each ``TRUNCATE``: (operations, truncate after them)."""
+    parts: list[tuple[list[tuple[int, Any]], bool]] = []
+    current: list[tuple[int, Any]] = []
+    for i, op in ops:
+        if op is TRUNCATE:
+            parts.append((current, True))
+            current = []
+        else:
+            current.append((i, op))
+    parts.append((current, False))
+    return parts
+
+

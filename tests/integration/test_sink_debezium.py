@@ -1,0 +1,175 @@
+"""Debezium change events into a table (``--sink-envelope debezium``) against real PostgreSQL,
+through the fence store: creates, snapshot reads and updates upsert the after image, a
+delete removes its key (from the before image or the Kafka key), the tombstone after it
+changes nothing, a truncate truncates only when asked, a primary-key change ends with one
+row under the new key, and every logical type lands in its column exactly."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import json
+import uuid
+from typing import Any
+
+import asyncpg
+import pytest
+
+from fencing.errors import ConfigError
+from fencing.postgres.sink import SinkSpec, ensure_table
+from fencing.postgres.sink.keys import Format
+from fencing.types import SourceRecord, TopicPartition
+from tests.integration.sink_support import apply, fetch
+
+pytestmark = pytest.mark.integration
+
+TP = TopicPartition("dbserver.public.items", 0)
+D = decimal.Decimal
+
+FIELDS = [
+    {"type": "int32", "optional": False, "field": "id"},
+    {"type": "string", "optional": True, "field": "name"},
+    {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "field": "born"},
+    {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+     "parameters": {"scale": "2", "connect.decimal.precision": "10"}, "field": "price"},
+    {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp",
+     "field": "seen"},
+    {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp",
+     "field": "seen_tz"},
+    {"type": "string", "optional": True, "name": "io.debezium.data.Uuid", "field": "ref"},
+    {"type": "string", "optional": True, "name": "io.debezium.data.Json", "field": "doc"},
+    {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTime", "field": "at"},
+    {"type": "array", "optional": True, "items": {"type": "string", "optional": True},
+     "field": "tags"},
+]
+SCHEMA = {"type": "struct", "name": "dbserver.public.items.Envelope", "fields": [
+    {"type": "struct", "optional": True, "field": "before", "fields": FIELDS},
+    {"type": "struct", "optional": True, "field": "after", "fields": FIELDS},
+    {"type": "struct", "optional": False, "field": "source", "fields": []},
+    {"type": "string", "optional": False, "field": "op"}]}
+KEY_SCHEMA = {"type": "struct", "fields": [{"type": "int32", "optional": False, "field": "id"}]}
+DDL = ("(id int PRIMARY KEY, name text NOT NULL, born date, price numeric(10,2), "
+       "seen timestamp, seen_tz timestamptz, ref uuid, doc jsonb, at time, tags text[])")
+
+
+def row(id_: int, name: str, **more: Any) -> dict[str, Any]:
+    return {"id": id_, "name": name, "born": None, "price": None, "seen": None, "seen_tz": None,
+            "ref": None, "doc": None, "at": None, "tags": None, **more}
+
+
+def event(offset: int, op: str | None, *, before: Any = None, after: Any = None,
+          key: int | None = None, schemas: bool = True) -> SourceRecord:
+    """A record as Kafka Connect's JSON converter writes Debezium's event (and its key)."""
+    id_ = key if key is not None else (after or before or {}).get("id")
+    if op is None:
+        value = None
+    else:
+        payload = {"before": before, "after": after, "op": op, "ts_ms": 1,
+                   "source": {"lsn": 100 + offset, "table": "items"}}
+        value = json.dumps({"schema": SCHEMA, "payload": payload} if schemas else payload)
+    key_bytes = None if id_ is None else json.dumps(
+        {"schema": KEY_SCHEMA, "payload": {"id": id_}} if schemas else {"id": id_})
+    return SourceRecord(TP.topic, TP.partition, offset,
+                        None if key_bytes is None else key_bytes.encode(),
+                        None if value is None else value.encode(),
+                        timestamp_ms=1_700_000_000_000 + offset)
+
+
+def spec(schema: str, **more: Any) -> SinkSpec:
+    return SinkSpec(f"{schema}.items", envelope="debezium", key_format=Format.JSON, **more)
+
+
+async def _table(dsn: str, schema: str) -> None:
+    await fetch(dsn, f'CREATE TABLE "{schema}".items {DDL}')
+
+
+async def test_changes_apply_in_order_and_deletes_take_their_key(pg_dsn: str,
+                                                                 schema: str) -> None:
+    await _table(pg_dsn, schema)
+    quarantined = await apply(pg_dsn, schema, spec(schema), [
+        event(0, "r", after=row(1, "snap")),                       # snapshot read
+        event(1, "c", after=row(2, "two")),
+        event(2, "u", before=row(1, "snap"), after=row(1, "one")),
+        event(3, "d", before=row(2, "two")),                       # delete by before's key
+        event(4, None, key=2),                                     # its tombstone: nothing
+        event(5, "c", after=row(3, "three")),
+        event(6, "d", key=3),                                      # no before: the Kafka key
+        event(7, None, key=3),
+        event(8, "c", after=row(4, "four"), schemas=False),        # JSON without schemas
+        event(9, "t"),                                             # not asked to truncate
+        event(10, "m"),
+    ], tp=TP)
+    assert await fetch(pg_dsn, f'SELECT id, name FROM "{schema}".items ORDER BY id') == [
+        (1, "one"), (4, "four")]
+    assert quarantined == {
+        9: "table sink: a truncate of the source table (op t): applied only with "
+           "--sink-truncate",
+        10: "table sink: a logical decoding message (op m) is not a row change"}
+
+
+async def test_a_primary_key_change_ends_with_one_row_under_the_new_key(pg_dsn: str,
+                                                                         schema: str) -> None:
+    """Debezium writes a key change as a delete of the old key (``__debezium.newkey``), its
+    tombstone, and a create of the new key, which may land on another partition and be
+    applied first: either order ends with the one row under the new key."""
+    await _table(pg_dsn, schema)
+    other = TopicPartition(TP.topic, 1)
+    create_new = event(0, "c", after=row(30, "moved"))
+    create_new = SourceRecord(other.topic, other.partition, 0, create_new.key,
+                              create_new.value, timestamp_ms=create_new.timestamp_ms)
+    await apply(pg_dsn, schema, spec(schema), [event(0, "c", after=row(3, "here"))], tp=TP)
+    await apply(pg_dsn, schema, spec(schema), [create_new], tp=other)   # the new key first
+    await apply(pg_dsn, schema, spec(schema),
+                [event(1, "d", before=row(3, "here")), event(2, None, key=3)], tp=TP)
+    assert await fetch(pg_dsn, f'SELECT id, name FROM "{schema}".items') == [(30, "moved")]
+
+
+async def test_a_truncate_when_asked_in_order_with_the_batch(pg_dsn: str, schema: str) -> None:
+    await _table(pg_dsn, schema)
+    quarantined = await apply(pg_dsn, schema, spec(schema, truncate=True), [
+        event(0, "c", after=row(1, "a")), event(1, "c", after=row(2, "b")),
+        event(2, "t"), event(3, "c", after=row(3, "c")),
+    ], tp=TP)
+    assert quarantined == {}
+    assert await fetch(pg_dsn, f'SELECT id FROM "{schema}".items') == [(3,)]
+
+
+async def test_every_logical_type_lands_in_its_column(pg_dsn: str, schema: str) -> None:
+    await _table(pg_dsn, schema)
+    ref = "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
+    full = row(1, "typed", born=19_723, price="MDk=", seen=1_704_112_496_789_012,
+               seen_tz="2024-01-01T12:34:56.789012Z", ref=ref, doc='{"k": [1, 2.5]}',
+               at=45_296_789_012, tags=["x", None])
+    assert await apply(pg_dsn, schema, spec(schema), [event(0, "c", after=full)], tp=TP) == {}
+    got = await fetch(pg_dsn, f'SELECT born, price, seen, seen_tz, ref, doc::text, at, tags '
+                              f'FROM "{schema}".items')
+    assert got == [(dt.date(2024, 1, 1), D("123.45"),
+                    dt.datetime(2024, 1, 1, 12, 34, 56, 789_012),
+                    dt.datetime(2024, 1, 1, 12, 34, 56, 789_012, dt.UTC), uuid.UUID(ref),
+                    '{"k": [1, 2.5]}', dt.time(12, 34, 56, 789_012), ["x", None])]
+
+
+async def test_a_value_the_column_cannot_hold_is_quarantined_not_cut(pg_dsn: str,
+                                                                     schema: str) -> None:
+    await _table(pg_dsn, schema)
+    too_big = row(1, "big", price=base64.b64encode(                   # 10,000,000,000.00
+        (10**12).to_bytes(6, "big", signed=True)).decode())
+    quarantined = await apply(pg_dsn, schema, spec(schema), [
+        event(0, "c", after=too_big), event(1, "c", after=row(2, "fits"))], tp=TP)
+    assert await fetch(pg_dsn, f'SELECT id FROM "{schema}".items') == [(2,)]
+    assert quarantined[0].startswith("table sink: refused by PostgreSQL [22003]: numeric "
+                                     "field overflow")
+
+
+async def test_with_json_values_the_table_must_exist(pg_dsn: str, schema: str) -> None:
+    c = await asyncpg.connect(pg_dsn)
+    try:
+        with pytest.raises(ConfigError, match="create it with the source table's columns and "
+                                              "primary key"):
+            await ensure_table(c, spec(schema))
+        await c.execute(f'CREATE TABLE "{schema}".items (id int, name text)')
+        with pytest.raises(ConfigError, match="needs a primary key"):
+            await ensure_table(c, spec(schema))
+    finally:
+        await c.close()
