@@ -147,8 +147,9 @@ def _split_values(cell: str) -> list[str]:
 
 def _subject_flags(cell: str) -> list[str]:
     """The flags a settings row is about: the first word of each code span outside
-    parentheses that starts with ``-``."""
-    spans = re.findall(r"`(-[^`]+)`", _outside_parentheses(cell))
+    parentheses that starts with ``-`` and opens a clause (at the start of the cell or after
+    ``,`` ``;`` ``.`` ``/`` ``or``), not one the prose mentions (``without `--sink-key```)."""
+    spans = re.findall(r"(?:^|[,;./]|\bor)\s*`(-[^`]+)`", _outside_parentheses(cell))
     return list(dict.fromkeys(span.split()[0] for span in spans))
 
 
