@@ -157,9 +157,11 @@ def _stated_default(action: argparse.Action) -> str:
     """The parser's default as the tables write it; a default the code resolves later is
     the one its help states (``(default $FENCE_SCHEMA or fence)``: fence)."""
     default = action.default
+    if action.nargs == 0:  # a switch: off unless it defaults to on
+        return "on" if default else ""
     if default is None:
         found = re.search(r"\(default:? ([^;)]+)", action.help or "")
-        text = found.group(1).strip() if found else ""
+        text = found.group(1).split(": ")[0].strip() if found else ""
         text = re.split(r",? (?:or|else) ", text)[-1] if text.startswith("$") else text
         return "" if text.startswith("$") else text.split("; ")[0].strip().rstrip(",")
     if isinstance(default, bool) or default == []:
