@@ -121,12 +121,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                            help="with --sink: how the Kafka key is encoded, as for run")
             a.add_argument("--sink-evolve", default=None, help="with --sink: as for run")
             a.add_argument("--sink-envelope", default=None, metavar="ENVELOPE",
-                           help="with --sink: debezium reads each value as a Debezium change event "
-                                "(c/r/u upsert the after image, d deletes the key, a tombstone "
-                                "changes nothing); without --sink-key the table's primary key")
+                           help="with --sink: debezium reads values as Debezium change events, "
+                                "as for run (default: none)")
             a.add_argument("--sink-truncate", action="store_const", const="true", default=None,
-                           help="with --sink-envelope debezium: a truncate event truncates the "
-                                "table (without it the event is quarantined)")
+                           help="with --sink-envelope debezium: as for run (default: off)")
             a.add_argument("--handler-setting", action="append", default=[],
                            metavar="KEY=VALUE",
                            help="a setting for a handler factory (with the recorded handler: "

@@ -109,10 +109,11 @@ def register(sub: Any) -> None:
     p.add_argument("--sink-envelope", default=None, metavar="ENVELOPE",
                    help="with --sink: debezium reads each value as a Debezium change event "
                         "(c/r/u upsert the after image, d deletes the key, a tombstone "
-                        "changes nothing); without --sink-key the table's primary key")
+                        "changes nothing); without --sink-key the table's primary key (default: "
+                        "none)")
     p.add_argument("--sink-truncate", action="store_const", const="true", default=None,
                    help="with --sink-envelope debezium: a truncate event truncates the "
-                        "table (without it the event is quarantined)")
+                        "table (default: off; the event is then quarantined)")
     p.add_argument("--handler-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting given to a handler factory (repeatable)")
     p.add_argument("-X", dest="x", action="append", default=[], metavar="KEY=VALUE",
