@@ -13,13 +13,13 @@ Each wait is bounded by what sets its time (``Timing``), read from the files tha
 the rule's ``for:`` (ops/monitoring/fenceworker.rules.yml), the scrape interval, scrape
 timeout, evaluation interval and target file refresh of the config the stack wrote for the
 running Prometheus, and the worker's ``--stall-timeout-s`` and lag interval; plus one
-margin for a loaded machine, stated below. Once pending, the alert keeps its ``activeAt`` until it fires. A
-pending alert that leaves or starts again is judged from Prometheus's own series at once:
-a scrape that failed (the worker starved past the scrape timeout: ``up`` 0, its series
-stale, which drops a pending alert) while every other scrape read the gauge at 2 restarts
-the wait for one more ``for`` (at most ``MAX_RESTARTS`` times); anything else — the
-worker's gauge dropped, the alert left while the scrapes succeeded — fails the test saying
-so, not after a timeout.
+margin for a loaded machine, stated below. Once pending, the alert keeps its ``activeAt``
+until it fires. A pending alert that leaves or starts again is judged from Prometheus's
+own series at once: a scrape that failed (the worker starved past the scrape timeout:
+``up`` 0, its series stale, which drops a pending alert) while every other scrape read the
+gauge at 2 restarts the wait for one more ``for`` (at most ``MAX_RESTARTS`` times);
+anything else — the worker's gauge dropped, the alert left while the scrapes succeeded —
+fails the test saying so, not after a timeout.
 """
 
 from __future__ import annotations
