@@ -44,7 +44,7 @@ from typing import Any
 
 from fencing.postgres.sink.values import Misfit
 
-__all__ = ["Event", "Op", "field_types", "typed", "unwrap"]
+__all__ = ["Event", "Op", "connect_typer", "field_types", "typed", "unwrap"]
 
 _EPOCH = dt.datetime(1970, 1, 1)
 _EPOCH_DAY = dt.date(1970, 1, 1)
@@ -257,6 +257,58 @@ def field_types(struct: Mapping[str, Any] | None) -> dict[str, Reader]:
         if isinstance(schema, Mapping) and (reader := _reader(schema)) is not None:
             readers[name] = reader
     return readers
+
+
+def _avro_branch(schema: Any) -> Any:
+    """The non-null branch of an Avro ``["null", T]`` union (T itself otherwise)."""
+    if isinstance(schema, list):
+        rest = [s for s in schema if s != "null"]
+        return rest[0] if len(rest) == 1 else None
+    return schema
+
+
+def _avro_transform(schema: Any, named: dict[str, Any]) -> Callable[[Any], Any] | None:
+    """How to type a value of this Avro schema by its Connect names (None: as it is);
+    ``named`` holds the transforms of the named records met so far (a later field may name
+    one: Debezium's ``after`` names the record ``before`` defined)."""
+    schema = _avro_branch(schema)
+    if isinstance(schema, str):
+        return named.get(schema)
+    if not isinstance(schema, Mapping):
+        return None
+    if schema.get("type") == "record":
+        fields = [(f["name"], t) for f in schema.get("fields") or ()
+                  if (t := _avro_transform(f["type"], named)) is not None]
+        if not fields:
+            named[str(schema.get("name"))] = None
+            return None
+
+        def record(value: Any) -> Any:
+            if isinstance(value, dict):
+                for name, transform in fields:
+                    got = value.get(name)
+                    if got is not None:
+                        value[name] = transform(got)
+            return value
+        named[str(schema.get("name"))] = record
+        return record
+    if schema.get("type") == "array":
+        inner = _avro_transform(schema.get("items"), named)
+        return None if inner is None else (
+            lambda value: [None if v is None else inner(v) for v in value])
+    reader = _reader(schema)
+    if reader is None:
+        return None
+    name = str(schema.get("connect.name"))
+    return lambda value: reader(value, name)
+
+
+def connect_typer(avro_schema: Any) -> Callable[[Any], Any] | None:
+    """For a registry reader (``Registry(typer=...)``): a function typing a decoded Avro value
+    in place by the Connect names of its writer schema (``connect.name`` on the fields of
+    its records, the envelope's ``before`` and ``after`` included), or None when no field
+    has one. A value that cannot be read raises ``Misfit``."""
+    return _avro_transform(avro_schema, {})
 
 
 def typed(image: Mapping[str, Any] | None, readers: Mapping[str, Reader]

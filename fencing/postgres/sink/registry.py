@@ -75,7 +75,10 @@ Reader = Callable[[bytes], Any]
 class Registry:
     """The registry at ``url`` for one sink (see the module Rules)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, typer: Callable[[Any], Callable[[Any], Any] | None]
+                 | None = None) -> None:
+        """``typer``: given an Avro writer schema, a function to apply to each value it
+        decodes (None: none), e.g. ``debezium.connect_typer`` for change events."""
         # the registry's client (httpx, authlib, jsonschema, protobuf: ~0.3 s) is imported
         # by the first Registry, not by every command that imports the sink
         from confluent_kafka.schema_registry import AsyncSchemaRegistryClient
@@ -88,6 +91,7 @@ class Registry:
         self._deserializers: dict[Format, Any] = {}
         self._readers: dict[tuple[Format, Any, tuple[int, ...]], Reader] = {}
         self._by_id: dict[Format, dict[bytes, Reader]] = {}
+        self._typer = typer
 
     async def call(self, what: str, call: Callable[[], Awaitable[Any]], *,
                    absent: tuple[int, ...] = (_NO_SCHEMA,)) -> Any:
@@ -204,6 +208,9 @@ class Registry:
             parsed = await self.call(what, lambda: de._get_parsed_schema(schema))
             if fmt is Format.AVRO:
                 got = _avro(parsed)
+                typer = self._typer(parsed) if self._typer is not None else None
+                if typer is not None:
+                    got = _typed(got, typer)
             elif fmt is Format.PROTOBUF:
                 got = _protobuf(de, parsed, indexes, what)
             else:
@@ -227,6 +234,10 @@ class Registry:
 _OPTIONS = {"return_record_name": False, "return_record_name_override": False,
             "return_named_type": False, "return_named_type_override": False,
             "handle_unicode_errors": "strict"}
+
+
+def _typed(read: Reader, typer: Callable[[Any], Any]) -> Reader:
+    return lambda payload: typer(read(payload))
 
 
 def _avro(parsed: Any) -> Reader:

@@ -64,6 +64,7 @@ from fencing.errors import ConfigError
 from fencing.handler import HandlerContext, handler, handler_factory
 from fencing.postgres.sink.catalog import SinkSpec, ensure_in_batch, ensure_table, read_layout
 from fencing.postgres.sink.convert import convert_batch, segments
+from fencing.postgres.sink.debezium import connect_typer
 from fencing.postgres.sink.evolve import strays as stray_fields
 from fencing.postgres.sink.evolving import Evolution, check_ddl
 from fencing.postgres.sink.formats import Decoding
@@ -117,7 +118,8 @@ class _Targets:
     def __init__(self, spec: SinkSpec) -> None:
         self.spec = spec
         self.writers: dict[str, Writer] = {}
-        self.registry = Registry(spec.registry) if spec.registry and (
+        self.registry = Registry(spec.registry, typer=connect_typer if spec.envelope else None
+                                 ) if spec.registry and (
             spec.value_format.registry or spec.key_format.registry) else None
         self.decoding: Decoding | None = None
         self.evolution = Evolution(spec, self.registry) if spec.evolve else None

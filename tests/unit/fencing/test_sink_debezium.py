@@ -183,3 +183,35 @@ def test_truncate_only_when_asked_and_what_is_not_a_row_change() -> None:
         unwrap([1, 2])
     with pytest.raises(Misfit, match="op c without an after image"):
         unwrap(_event("c"))
+
+
+AVRO_ENVELOPE = {"type": "record", "name": "Envelope", "namespace": "dbserver.public.items",
+                 "fields": [
+    {"name": "before", "type": ["null", {"type": "record", "name": "Value", "fields": [
+        {"name": "id", "type": "int"},
+        {"name": "born", "type": ["null", {"type": "int", "connect.version": 1,
+                                           "connect.name": "io.debezium.time.Date"}]},
+        {"name": "at", "type": ["null", {"type": "long",
+                                         "connect.name": "io.debezium.time.MicroTime"}]},
+        {"name": "tags", "type": ["null", {"type": "array", "items": {
+            "type": "int", "connect.name": "io.debezium.time.Date"}}]}]}]},
+    {"name": "after", "type": ["null", "Value"]},
+    {"name": "op", "type": "string"}]}
+
+
+def test_an_avro_envelope_is_typed_in_place_by_its_connect_names() -> None:
+    """As fastavro parses Debezium's Avro schema: ``after`` names the record ``before``
+    defined, and both images get their fields typed."""
+    from fastavro import parse_schema
+
+    from fencing.postgres.sink.debezium import connect_typer
+
+    typer = connect_typer(parse_schema(AVRO_ENVELOPE))
+    assert typer is not None
+    image = {"id": 1, "born": 2, "at": 1_500_000, "tags": [0, None]}
+    value = typer({"before": dict(image), "after": dict(image), "op": "u"})
+    want = {"id": 1, "born": dt.date(1970, 1, 3), "at": dt.time(0, 0, 1, 500_000),
+            "tags": [dt.date(1970, 1, 1), None]}
+    assert value == {"before": want, "after": want, "op": "u"}
+    assert connect_typer(parse_schema({"type": "record", "name": "Plain", "fields": [
+        {"name": "n", "type": "long"}]})) is None  # nothing to type: no wrapper at all
