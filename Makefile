@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 .PHONY: setup stack-up stack-down stack-status test check test-unit test-integration test-monitoring \
         test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
         demo migrate clean crash-matrix docs test-kafka-faults test-handler-blame bench-blame sink-churn \
-        sink-routing sink-evolve test-bench test-protocols
+        sink-routing sink-evolve test-bench test-protocols test-cdc
 
 setup: $(STAMP)
 
@@ -79,6 +79,14 @@ test-sim-worker: setup
 sink-churn: setup
 	FENCE_SINK_CHURN=full $(BIN)/pytest -q tests/integration/test_sink_rebalance.py \
 	  -k upsert_sink $(PYTEST_ARGS)
+
+# replication through a real Debezium (Kafka Connect and Debezium's PostgreSQL connector
+# beside the stack: fencectl stack up --with debezium): the source table equals the target
+# after kills, a zombie, lost COMMIT replies and a Connect restart, under every group
+# protocol (make test runs one)
+test-cdc: setup
+	FENCE_ALL_PROTOCOLS=full $(BIN)/pytest -q tests/integration/test_cdc.py \
+	  tests/integration/test_sink_debezium.py $(PYTEST_ARGS)
 
 # routing (--sink table='{topic}') under a kill, a join and lost COMMITs: every group
 # protocol, FENCE_SINK_ROUTING_REPEAT times each (default 5)

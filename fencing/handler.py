@@ -31,6 +31,8 @@ Rules
   starting together run their set-ups one after another). Nothing is read from the
   environment and no handler name is special: the reference handler is a factory like
   any user's.
+
+Long because the API's docstrings here are its reference page (docs/api.md).
 """
 
 from __future__ import annotations

@@ -22,9 +22,8 @@ never skips a test: the fixture starts it or fails saying why.
 The ``kafka_cluster`` fixture is the local stack's three-node Kafka cluster
 (``ops.stack.kafka_cluster``; always local: it needs java and mvn like the one-node stack),
 started on first use beside whatever Kafka ``services`` chose and held by a lease of its own
-(scope ``kafka-cluster``). The tests that use it run last (``pytest_collection_modifyitems``),
-so the session stops the nodes it started right after them, not at the end of a suite that
-no longer needs them.
+(scope ``kafka-cluster``). The tests that use it run first (``pytest_collection_modifyitems``):
+alone, while a new machine builds Jaeger and Prometheus in the background.
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ CLUSTER_SCOPE = "kafka-cluster"
 #: bench): marked ``slow``, so ``make check`` (``-m "not slow"``) leaves them to ``make test``
 SLOW_MODULES = frozenset({
     "integration/test_bench_smoke", "integration/test_claim_unblocks",
-    "integration/test_cli_untruths", "integration/test_crash_matrix",
+    "integration/test_cdc", "integration/test_cli_untruths", "integration/test_crash_matrix",
     "integration/test_doc_pages", "integration/test_durability_classes",
     "integration/test_handler_blame", "integration/test_kafka_facts_failover",
     "integration/test_kafka_faults", "integration/test_observability_status",
@@ -400,14 +400,11 @@ def _alone_or_beside(request: pytest.FixtureRequest) -> Iterator[None]:
     run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     exclusive = (request.node.get_closest_marker("exclusive") is not None
                  or CLUSTER_FIXTURE in request.fixturenames)
-    while _GO_WAIT_S:  # the first test that asked for them waited for the Go builds
-        request.node.user_properties.append(("go_build_wait_s", round(_GO_WAIT_S.pop(), 3)))
-    while _SERVICES_WAIT_S:  # the first test of the session's services waited for them
-        request.node.user_properties.append(("services_start_wait_s",
-                                             round(_SERVICES_WAIT_S.pop(), 3)))
+    _record_session_waits(request.node)
     shared = {"services", "pg_dsn"} & set(request.fixturenames)
     if run_id is None or not (exclusive or shared):
         yield  # one process, or a test of no shared service: nothing to wait for
+        _record_session_waits(request.node)  # services it asked for while it ran
         return
     from tests.suite_lock import folder_for_run, holding
 
@@ -417,6 +414,16 @@ def _alone_or_beside(request: pytest.FixtureRequest) -> Iterator[None]:
         request.node.user_properties.append(("suite_lock_wait_s",
                                              round(time.monotonic() - asked, 3)))
         yield
+    _record_session_waits(request.node)
+
+
+def _record_session_waits(item: pytest.Item) -> None:
+    """The session's waits for its services and the Go builds, as the test that set them up
+    (asked for them, also from within the test) records them: not its own time."""
+    while _GO_WAIT_S:
+        item.user_properties.append(("go_build_wait_s", round(_GO_WAIT_S.pop(), 3)))
+    while _SERVICES_WAIT_S:
+        item.user_properties.append(("services_start_wait_s", round(_SERVICES_WAIT_S.pop(), 3)))
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the ``protocols`` mark added here
@@ -438,13 +445,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if module.is_relative_to(tests) and \
                 module.relative_to(tests).with_suffix("").as_posix() in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+    # the three-node cluster's tests first (they run alone while a new machine builds Jaeger
+    # and Prometheus), the tests that need those two last
     late = [i for i in items if set(GO_FIXTURES) & set(getattr(i, "fixturenames", ()))]
-    if late:
-        items[:] = [i for i in items if i not in late] + late
-    on_cluster = [i for i in items if CLUSTER_FIXTURE in getattr(i, "fixturenames", ())]
-    if on_cluster:
-        rest = [i for i in items if CLUSTER_FIXTURE not in getattr(i, "fixturenames", ())]
-        items[:] = rest + on_cluster
+    on_cluster = [i for i in items if CLUSTER_FIXTURE in getattr(i, "fixturenames", ())
+                  and i not in late]
+    if late or on_cluster:
+        moved = {id(i) for i in (*late, *on_cluster)}
+        items[:] = [*on_cluster, *(i for i in items if id(i) not in moved), *late]
 
 
 def _protocol_case(item: pytest.Item) -> tuple[str, str] | None:
@@ -512,6 +520,62 @@ def kafka_cluster(services: ServiceSettings,
         yield Cluster(settings)
     finally:
         stack_lease.release(settings, out=progress, scope=CLUSTER_SCOPE)
+
+
+@dataclass
+class Debezium:
+    """The local stack's Kafka Connect with Debezium's PostgreSQL connector (``fencectl stack
+    up --with debezium``): its REST URL, the source database, the topics, a restart."""
+
+    settings: Any
+    connect_url: str
+    source_dsn: str
+    bootstrap: str
+
+    def topics(self) -> set[str]:
+        from confluent_kafka.admin import AdminClient
+
+        return set(AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(
+            timeout=10).topics)
+
+    def restart(self) -> None:
+        """SIGKILL the worker (its offsets as last flushed) and start it again: Debezium then
+        delivers again what it sent after those offsets."""
+        import signal as signals
+
+        from ops.stack import control as stack
+
+        row = {r.service: r for r in stack.status(self.settings)}[Service.CONNECT]
+        if row.pid is not None:
+            os.kill(row.pid, signals.SIGKILL)
+        stack.up(self.settings, services=[Service.CONNECT], out=lambda line: None)
+
+
+@pytest.fixture(scope="session")
+def debezium(services: ServiceSettings) -> Iterator[Debezium]:
+    """Kafka Connect with Debezium's PostgreSQL connector beside the local stack, started on
+    first use under a lease of its own (scope ``connect``), stopped with its last session."""
+    from ops.stack import connect as stack_connect
+    from ops.stack import control as stack
+    from ops.stack import lease as stack_lease
+    from ops.stack import postgres as stack_postgres
+    from ops.stack.config import settings_from
+
+    settings = settings_from()
+    stack_lease.acquire(settings, scope="connect")
+    try:
+        try:
+            report = stack.up(settings, services=[Service.CONNECT], out=lambda line: None)
+        except stack.StackError as exc:
+            pytest.fail(f"could not start Kafka Connect (stack up --with debezium): {exc}",
+                        pytrace=False)
+        if not os.environ.get("FENCE_KEEP_STACK"):
+            stack_lease.record_started(settings, report.started, scope="connect")
+        yield Debezium(settings, stack_connect.url(settings),
+                       stack_connect.source_dsn(settings, stack_postgres.password(settings)),
+                       services.kafka_bootstrap)
+    finally:
+        stack_lease.release(settings, out=lambda line: None, scope="connect")
 
 
 @pytest.fixture

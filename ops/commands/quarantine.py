@@ -22,6 +22,9 @@ recorded handler or members that disagree and no ``--handler``/``--sink``, a bad
 ``FENCE_CRASH_AT``), 3 outcome unknown (a replay's or the purge's COMMIT was sent and its
 reply lost or past ``--timeout-s``): re-run the same command, which applies nothing twice.
 The table is ``EXITS``.
+
+Long because list, show, replay and purge share their selection flags, the replay's
+handler choice and the exit codes declared here.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ configuration (``FENCE_DSN`` unset or refused, schema not migrated, unknown ``--
 a bad ``FENCE_CRASH_AT``) or confirmation missing; 3 outcome unknown (COMMIT was sent and
 its reply lost, timed out or interrupted: run the same command again, which applies it if
 it was not applied and refuses it if it was).
+
+Long because each of the three actions declares its flags, its plan's printing and its
+exit codes here, beside the one transaction they share.
 """
 
 from __future__ import annotations

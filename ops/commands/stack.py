@@ -15,7 +15,15 @@ import sys
 from consumer.exits import Exit
 from ops.hints import fencectl
 from ops.stack import control as stack
-from ops.stack.config import KAFKA_NODE_COUNTS, KAFKA_NODES, StackError, env_lines, settings_from
+from ops.stack.config import (
+    KAFKA_NODE_COUNTS,
+    KAFKA_NODES,
+    Service,
+    StackError,
+    default_services,
+    env_lines,
+    settings_from,
+)
 
 __all__ = ["EXITS", "register"]
 
@@ -49,6 +57,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     for p in (up, status, env):
         p.add_argument("--kafka-nodes", type=int, choices=KAFKA_NODE_COUNTS, default=None,
                        help=nodes_help)
+    up.add_argument("--with", dest="with_", action="append", default=[],
+                    choices=["debezium"], metavar="debezium",
+                    help="also Kafka Connect with Debezium's PostgreSQL connector, reading "
+                         "the source database 'source' on the stack's PostgreSQL (repeatable; "
+                         "jars from Maven Central once)")
     stop = actions.add_parser("stop-node", help="stop one node of the three-node Kafka cluster "
                               "(a failover rehearsal)")
     stop.add_argument("node", type=int, choices=range(1, len(KAFKA_NODES) + 1), metavar="N",
@@ -74,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
                                        kafka_nodes_chosen=True)
     try:
         if args.action == "up":
-            stack.up(settings)
+            extra = (Service.CONNECT,) if "debezium" in args.with_ else ()
+            stack.up(settings, services=(*default_services(settings.kafka_nodes), *extra))
             return DONE.code
         if args.action == "down":
             stack.down(settings, grace_s=args.grace_s)

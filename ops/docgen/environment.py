@@ -59,6 +59,12 @@ VARIABLES: tuple[Variable, ...] = (
              "`--sink`", "the schema registry of a schema'd `--sink-format` (avro, protobuf, "
              "json-schema); may carry credentials, so never a flag"),
     Variable("JAEGER_QUERY_URL", "Services", "trace", "Jaeger's query API (`--jaeger-url`)"),
+    Variable("KAFKA_CONNECT_URL", "Services", "stack env", "Kafka Connect's REST API of "
+             "`fencectl stack up --with debezium` (printed by `fencectl stack env`; read by "
+             "the tests and the replication tutorial)"),
+    Variable("FENCE_SOURCE_DSN", "Services", "stack env", "the source database that "
+             "Debezium's connector reads in the local stack (`--with debezium`); printed by "
+             "`fencectl stack env`"),
     Variable("FENCE_LOG_LEVEL", "The worker", "run, status, topic, produce",
              "log level (`--log-level`): debug, info, warning, error, critical", "info"),
     Variable("FENCE_HTTP_PORT", "The worker", "run", "the port of `/metrics`, `/healthz`, "

@@ -14,6 +14,9 @@ Rules:
   tests and starts the three nodes only for the failover tests). ``FENCE_KAFKA_NODES``
   (1 or 3; ``fencectl stack up --kafka-nodes``) chooses which one ``up`` starts and
   ``env`` points at.
+
+Long because every service's ports, paths and environment names are declared here, in
+one place the other stack modules read.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class Service(enum.Enum):
     JAEGER = "jaeger"
     PROMETHEUS = "prometheus"
     REGISTRY = "registry"  # the schema registry (Confluent-compatible REST API)
+    CONNECT = "connect"  # Kafka Connect with Debezium's PostgreSQL connector (opt-in)
 
 
 #: the nodes of the three-node Kafka cluster, node 1 first
@@ -120,6 +124,7 @@ PORT_ENV: dict[str, tuple[str, int]] = {
     "prometheus": ("FENCE_PROMETHEUS_PORT", 9090),
     "schema_registry": ("FENCE_SCHEMA_REGISTRY_PORT", 18081),
     "schema_registry_management": ("FENCE_SCHEMA_REGISTRY_MANAGEMENT_PORT", 18082),
+    "connect": ("FENCE_CONNECT_PORT", 18083),
 }
 
 
@@ -134,6 +139,7 @@ SERVICE_PORTS: dict[Service, tuple[str, ...]] = {
                      "jaeger_health"),
     Service.PROMETHEUS: ("prometheus",),
     Service.REGISTRY: ("schema_registry", "schema_registry_management"),
+    Service.CONNECT: ("connect",),
 }
 
 
@@ -158,6 +164,7 @@ class StackPorts:
     prometheus: int
     schema_registry: int
     schema_registry_management: int
+    connect: int
 
     def of(self, service: Service) -> tuple[int, ...]:
         """All ports ``service`` listens on, the client-facing one first."""
@@ -207,6 +214,10 @@ class StackPaths:
     @property
     def registry_app(self) -> Path:
         return self.cache / f"apicurio-registry-{REGISTRY_VERSION}"
+
+    @property
+    def connect_cache(self) -> Path:
+        return self.cache / f"connect-{KAFKA_VERSION}"
 
 
 @dataclass(frozen=True, slots=True)

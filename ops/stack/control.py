@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from ops.stack import connect as stack_connect
 from ops.stack import jaeger as stack_jaeger
 from ops.stack import kafka as stack_kafka
 from ops.stack import postgres as stack_postgres
@@ -84,6 +85,7 @@ _MODULES: dict[Service, _ServiceOps] = {
     Service.JAEGER: stack_jaeger,
     Service.PROMETHEUS: stack_prometheus,
     Service.REGISTRY: stack_registry,
+    Service.CONNECT: stack_connect,
 }
 #: seconds each service may take from start to its first healthy answer
 HEALTH_TIMEOUT_S: dict[Service, float] = {
@@ -93,6 +95,7 @@ HEALTH_TIMEOUT_S: dict[Service, float] = {
     Service.JAEGER: 60.0,
     Service.PROMETHEUS: 60.0,
     Service.REGISTRY: 120.0,  # a JVM app: ~9-20 s to its first answer here, more under load
+    Service.CONNECT: 180.0,  # a JVM app that scans its classpath for plugins first
 }
 
 
@@ -150,6 +153,8 @@ def _first_time_note(settings: StackSettings, service: Service) -> str:
             return f" (building {name} once into {cache}, several minutes; log {cache}/{go.value})"
     if service in (Service.KAFKA, *KAFKA_NODES) and not stack_kafka.cp_file(settings).exists():
         return f" (resolving the Kafka jars with mvn once into {cache}/m2)"
+    if service is Service.CONNECT and not any(settings.paths.connect_cache.glob("cp-*.txt")):
+        return f" (resolving Kafka Connect's and Debezium's jars with mvn once into {cache}/m2)"
     if service is Service.REGISTRY and not settings.paths.registry_app.exists():
         return (f" (fetching {stack_registry.ARTIFACT}, ~160 MB, with mvn once into "
                 f"{settings.paths.registry_app})")
@@ -307,8 +312,12 @@ def env(settings: StackSettings | None = None) -> dict[str, str]:
     is the chosen node count's (``FENCE_KAFKA_NODES``); when none was chosen and only the
     three-node cluster runs, the cluster's."""
     settings = settings or settings_from()
-    return connection_env(settings.ports, pg_password=stack_postgres.password(settings),
-                          kafka=_kafka_in_use(settings))
+    password = stack_postgres.password(settings)
+    return {**connection_env(settings.ports, pg_password=password,
+                             kafka=_kafka_in_use(settings)),
+            # Kafka Connect and the source database of `fencectl stack up --with debezium`
+            "KAFKA_CONNECT_URL": stack_connect.url(settings),
+            "FENCE_SOURCE_DSN": stack_connect.source_dsn(settings, password)}
 
 
 def _kafka_in_use(settings: StackSettings) -> tuple[Service, ...]:

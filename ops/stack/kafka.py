@@ -40,6 +40,7 @@ __all__ = [
     "java_binary",
     "launch",
     "marker",
+    "resolve_classpath",
     "round_trip",
     "server_properties",
     "start",
@@ -151,8 +152,16 @@ def cluster_id() -> str:
 def classpath(settings: StackSettings) -> str:
     """The broker and tools classpath, resolved with mvn on first use; raises StackError
     naming the fix."""
-    cache = settings.paths.kafka_cache
-    cached = cp_file(settings)
+    return resolve_classpath(settings, POM, settings.paths.kafka_cache,
+                             what=f"Kafka {KAFKA_VERSION}")
+
+
+def resolve_classpath(settings: StackSettings, pom: Path, cache: Path, *, what: str) -> str:
+    """The runtime classpath of ``pom``'s dependencies, resolved with mvn into the stack's
+    local repository on first use and cached in ``cache`` under a digest of the pom;
+    raises StackError naming the fix."""
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
+    cached = cache / f"cp-{digest}.txt"
     if cached.exists():
         cp = cached.read_text().strip()
         if cp and all(Path(j).exists() for j in cp.split(os.pathsep)):
@@ -160,8 +169,8 @@ def classpath(settings: StackSettings) -> str:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise StackError(
-            "mvn (Apache Maven) is not on PATH; it resolves the Kafka jars from Maven Central. "
-            "Install it: sudo apt-get install -y maven"
+            f"mvn (Apache Maven) is not on PATH; it resolves the {what} jars from Maven "
+            "Central. Install it: sudo apt-get install -y maven"
         )
     cache.mkdir(parents=True, exist_ok=True)
     tmp = cache / f"{cached.name}.{os.getpid()}.tmp"
@@ -170,7 +179,7 @@ def classpath(settings: StackSettings) -> str:
         "-q",
         "-B",
         "-f",
-        str(POM),
+        str(pom),
         f"-Dmaven.repo.local={settings.paths.cache / 'm2'}",
         "dependency:build-classpath",
         "-Dmdep.includeScope=runtime",
@@ -182,7 +191,7 @@ def classpath(settings: StackSettings) -> str:
     if done.returncode != 0 or not tmp.exists():
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
         raise StackError(
-            f"Maven could not resolve Kafka {KAFKA_VERSION} (exit {done.returncode}); check access "
+            f"Maven could not resolve {what} (exit {done.returncode}); check access "
             f"to Maven Central (proxy settings in ~/.m2/settings.xml). Log {log}:\n{tail}"
         )
     tmp.replace(cached)

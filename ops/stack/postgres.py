@@ -177,6 +177,13 @@ def start(settings: StackSettings) -> int:
         "max_connections=200",
         "-c",
         "logging_collector=off",
+        # logical decoding for Debezium's connector (fencectl stack up --with debezium)
+        "-c",
+        "wal_level=logical",
+        "-c",
+        "max_replication_slots=10",
+        "-c",
+        "max_wal_senders=10",
     ]
     return spawn(
         argv,
@@ -207,6 +214,17 @@ def _psql(settings: StackSettings, sql: str, *, env: dict[str, str], timeout_s: 
     if done.returncode != 0:
         raise StackError(done.stderr.strip() or f"psql exited {done.returncode}")
     return done.stdout.strip()
+
+
+def run_sql(settings: StackSettings, sql: str, *, timeout_s: float = 15.0) -> str:
+    """Run ``sql`` with psql as the cluster's superuser over its socket; raises StackError."""
+    env = {
+        "PGHOST": str(_run_dir(settings)),
+        "PGPORT": str(settings.ports.postgres),
+        "PGUSER": "postgres",
+        "PGDATABASE": "postgres",
+    }
+    return _psql(settings, sql, env=env, timeout_s=timeout_s)
 
 
 def provision(settings: StackSettings) -> None:

@@ -41,7 +41,8 @@ def test_stack_env_prints_export_lines(
     _isolate(monkeypatch, tmp_path)
     assert cli.main(["stack", "env"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split("=", 1)[0] for line in lines] == [f"export {n}" for n in SERVICE_ENV]
+    assert [line.split("=", 1)[0] for line in lines] == [
+        f"export {n}" for n in (*SERVICE_ENV, "KAFKA_CONNECT_URL", "FENCE_SOURCE_DSN")]
     assert "export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:42001" in lines
 
 
