@@ -5,10 +5,11 @@ Rules:
 - The jars come from Maven Central through ``mvn`` and ``ops/stack/connect-pom.xml`` (Kafka
   Connect's runtime at the stack's Kafka version, Debezium's PostgreSQL connector); the
   classpath is cached like Kafka's (``ops.stack.kafka.resolve_classpath``).
-- One standalone worker (``org.apache.kafka.connect.cli.ConnectStandalone``): Kafka
-  Connect's JSON converters with schemas, source offsets in a file under its service
-  directory (flushed every second), the REST API on 127.0.0.1 (``FENCE_CONNECT_PORT``,
-  ``KAFKA_CONNECT_URL`` in ``fencectl stack env``). No connector runs at start: one is
+- One distributed worker (``org.apache.kafka.connect.cli.ConnectDistributed``, group
+  ``fence-connect``): Kafka Connect's JSON converters with schemas; connector configs,
+  source offsets (flushed every second) and status in Kafka topics (``__fence_connect_*``),
+  so a connector outlives the worker; the REST API on 127.0.0.1 (``FENCE_CONNECT_PORT``,
+  ``KAFKA_CONNECT_URL`` in ``fencectl stack env``). No connector is made at start: one is
   registered through the REST API (``PUT /connectors/NAME/config``). A worker killed and
   started again resumes from the offsets last flushed: events after them are delivered
   again (at least once, as Debezium promises).
@@ -41,7 +42,7 @@ POM = Path(__file__).resolve().parent / "connect-pom.xml"
 HEAP = "384m"
 SOURCE_DB = "source"
 SOURCE_USER = "source_cdc"
-_MAIN = "org.apache.kafka.connect.cli.ConnectStandalone"
+_MAIN = "org.apache.kafka.connect.cli.ConnectDistributed"
 
 
 def url(settings: StackSettings) -> str:
@@ -70,8 +71,7 @@ def classpath(settings: StackSettings) -> str:
 
 
 def worker_properties(settings: StackSettings) -> str:
-    """The standalone worker's configuration (pure)."""
-    svc = _svc(settings)
+    """The worker's configuration (pure)."""
     props = {
         "bootstrap.servers": ",".join(f"{HOST}:{settings.ports.of(s)[0]}"
                                       for s in settings.kafka_services),
@@ -79,7 +79,13 @@ def worker_properties(settings: StackSettings) -> str:
         "value.converter": "org.apache.kafka.connect.json.JsonConverter",
         "key.converter.schemas.enable": "true",
         "value.converter.schemas.enable": "true",
-        "offset.storage.file.filename": str(svc / "offsets"),
+        "group.id": "fence-connect",
+        "config.storage.topic": "__fence_connect_configs",
+        "offset.storage.topic": "__fence_connect_offsets",
+        "status.storage.topic": "__fence_connect_status",
+        "config.storage.replication.factor": "1",
+        "offset.storage.replication.factor": "1",
+        "status.storage.replication.factor": "1",
         "offset.flush.interval.ms": "1000",
         "listeners": f"http://{HOST}:{settings.ports.connect}",
         "plugin.discovery": "only_scan",

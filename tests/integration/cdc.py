@@ -1,0 +1,167 @@
+"""Test support for replication through Debezium: the source table of every type the sink
+reads, its workload, the connector registered through Kafka Connect's REST API, and the
+source and target read back for comparison."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import asyncpg
+
+__all__ = [
+    "COLUMNS",
+    "PREFIX",
+    "SOURCE_DDL",
+    "TARGET_DDL",
+    "clean_leftovers",
+    "delete_connector",
+    "drop_slot",
+    "register_connector",
+    "rows",
+    "workload",
+]
+
+#: the name of the tests' connectors, topic prefixes and slots (``PREFIX`` + 6 hex digits)
+PREFIX = "cdc"
+
+#: (column, PostgreSQL type) of the source table: each maps to a Debezium logical type
+COLUMNS = (
+    ("id", "int PRIMARY KEY"),
+    ("name", "text NOT NULL"),
+    ("qty", "smallint"),
+    ("big", "bigint"),
+    ("ratio", "double precision"),
+    ("price", "numeric(10,2)"),          # org.apache.kafka.connect.data.Decimal
+    ("amount", "numeric"),               # io.debezium.data.VariableScaleDecimal
+    ("born", "date"),                    # io.debezium.time.Date
+    ("at", "time"),                      # io.debezium.time.MicroTime
+    ("seen", "timestamp"),               # io.debezium.time.MicroTimestamp
+    ("seen3", "timestamp(3)"),           # io.debezium.time.Timestamp
+    ("seen_tz", "timestamptz"),          # io.debezium.time.ZonedTimestamp
+    ("at_tz", "timetz"),                 # io.debezium.time.ZonedTime
+    ("ref", "uuid"),                     # io.debezium.data.Uuid
+    ("doc", "jsonb"),                    # io.debezium.data.Json
+    ("flag", "boolean"),
+    ("tags", "text[]"),
+    ("raw", "bytea"),
+)
+SOURCE_DDL = "(" + ", ".join(f"{c} {t}" for c, t in COLUMNS) + ")"
+TARGET_DDL = SOURCE_DDL
+
+
+def _row(i: int) -> str:
+    return (f"({i}, 'item {i}', {i % 300}, {i * 1_000_003}, {i / 7}, {i}.25, {i}.123456789, "
+            f"DATE '2024-01-01' + {i}, TIME '12:34:56.789012', "
+            f"TIMESTAMP '2024-01-01 12:34:56.789012' + interval '{i} minutes', "
+            f"TIMESTAMP '2024-01-01 00:00:00.123', "
+            f"TIMESTAMPTZ '2024-01-01 12:34:56.789012+02' + interval '{i} seconds', "
+            f"TIMETZ '12:34:56+02', gen_random_uuid(), '{{\"i\": {i}}}', {i % 2 == 0!s}, "
+            f"ARRAY['a{i}', NULL], decode('00ff{i % 256:02x}', 'hex'))")
+
+
+def workload(table: str, *, rows_n: int = 60) -> list[str]:
+    """Statements run on the source, in order: inserts, updates of every kind of column, a
+    delete, a primary-key change and inserts after it."""
+    stmts = [f"INSERT INTO {table} VALUES " + ", ".join(_row(i) for i in range(1, rows_n + 1))]
+    stmts += [
+        f"UPDATE {table} SET name = name || ' v2', price = price + 1, doc = doc || "
+        "'{\"v\": 2}' WHERE id % 3 = 0",
+        f"UPDATE {table} SET seen = seen + interval '1 day', tags = ARRAY['x'] WHERE id % 5 = 0",
+        f"DELETE FROM {table} WHERE id % 7 = 0",
+        f"UPDATE {table} SET id = id + 1000 WHERE id IN (1, 2)",   # primary-key changes
+        f"INSERT INTO {table} VALUES " + ", ".join(_row(i) for i in range(500, 510)),
+        f"UPDATE {table} SET amount = NULL, born = NULL WHERE id = 500",
+    ]
+    return stmts
+
+
+def _http(method: str, url: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        text = resp.read()
+    return json.loads(text) if text else None
+
+
+def register_connector(connect_url: str, name: str, config: dict[str, str], *,
+                       timeout_s: float = 120.0) -> None:
+    """``PUT /connectors/NAME/config``, then wait until its task runs."""
+    _http("PUT", f"{connect_url}/connectors/{name}/config", config)
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = _http("GET", f"{connect_url}/connectors/{name}/status")
+            tasks = last.get("tasks") or []
+            if tasks and all(t.get("state") == "RUNNING" for t in tasks):
+                return
+            if any(t.get("state") == "FAILED" for t in tasks):
+                raise AssertionError(f"connector {name} failed: {last}")
+        except urllib.error.HTTPError:
+            pass
+        time.sleep(1.0)
+    raise AssertionError(f"connector {name} not running within {timeout_s} s: {last}")
+
+
+def delete_connector(connect_url: str, name: str) -> None:
+    try:
+        _http("DELETE", f"{connect_url}/connectors/{name}")
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:
+            raise
+
+
+async def rows(dsn: str, table: str) -> list[tuple[Any, ...]]:
+    """Every row of ``table`` in ``COLUMNS`` order, by id."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        cols = ", ".join(c for c, _ in COLUMNS)
+        return [tuple(r) for r in await conn.fetch(f"SELECT {cols} FROM {table} ORDER BY id")]
+    finally:
+        await conn.close()
+
+
+async def drop_slot(source_dsn: str, slot: str, *, timeout_s: float = 60.0) -> None:
+    """Drop the replication slot ``slot`` once its connector let go of it (a slot kept would
+    hold the source's WAL, and the slots are few: ``max_replication_slots``)."""
+    conn = await asyncpg.connect(source_dsn)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            active = await conn.fetchval(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot)
+            if active is None:
+                return
+            if not active:
+                await conn.execute("SELECT pg_drop_replication_slot($1)", slot)
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"replication slot {slot} still active after {timeout_s} s")
+            await asyncio.sleep(0.5)
+    finally:
+        await conn.close()
+
+
+def clean_leftovers(connect_url: str, source_dsn: str) -> None:
+    """The tests' connectors and slots an interrupted run left behind: deleted, dropped."""
+    for name in _http("GET", f"{connect_url}/connectors") or []:
+        if name.startswith(PREFIX):
+            delete_connector(connect_url, name)
+
+    async def slots() -> list[str]:
+        conn = await asyncpg.connect(source_dsn)
+        try:
+            return [r["slot_name"] for r in await conn.fetch(
+                "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE $1",
+                PREFIX + "%")]
+        finally:
+            await conn.close()
+
+    for slot in asyncio.run(slots()):
+        asyncio.run(drop_slot(source_dsn, slot))
