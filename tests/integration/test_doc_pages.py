@@ -22,6 +22,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("go_services")]
 
 VENV_BIN = Path(sys.executable).parent
 #: what a page leaves behind in Kafka and PostgreSQL (dropped before and after each page)
-TOPICS = ("orders", "payments", "accounts")
-TABLES = ("public.orders", "public.order_totals", "public.balances", "public.accounts")
+TOPICS = ("orders", "payments", "accounts", "shop.public.customers")
+TABLES = ("public.orders", "public.order_totals", "public.balances", "public.accounts",
+          "public.customers")
 SUBJECTS = ("accounts-value", "accounts-key")
 #: connection settings a reader's shell gets from the page (``eval "$(fencectl stack env)"``)
 _CONNECTION = ("KAFKA_BOOTSTRAP_SERVERS", "FENCE_DSN", "FENCE_SCHEMA", "JAEGER_QUERY_URL",
@@ -55,6 +57,7 @@ PAGES = {
     "quickstart.md": "clone",
     "tutorial-handler.md": "clone",
     "tutorial-avro.md": "clone",
+    "tutorial-replication.md": "clone",
     "handlers.md": "home",
     "test-kit.md": "home",
 }
@@ -128,8 +131,47 @@ def test_every_page_listed_has_blocks_to_run() -> None:
         assert runnable, f"{name} has no block to run"
 
 
+@contextmanager
+def _replication_page(request: pytest.FixtureRequest, name: str) -> Iterator[None]:
+    """The replication tutorial's source side, as a fresh stack has it: no connector
+    ``shop``, no slot or publication ``shop``, no source table (before and after the page);
+    Kafka Connect runs under the session's lease (``debezium``), which the page's own
+    ``fencectl stack up --with debezium`` finds running."""
+    if name != "tutorial-replication.md":
+        yield
+        return
+    from tests.integration.cdc import delete_connector, drop_slot
+
+    debezium = request.getfixturevalue("debezium")
+
+    def clean() -> None:
+        delete_connector(debezium.connect_url, "shop")
+        asyncio.run(drop_slot(debezium.source_dsn, "shop"))
+
+        async def drop() -> None:
+            conn = await asyncpg.connect(debezium.source_dsn)
+            try:
+                await conn.execute("DROP PUBLICATION IF EXISTS shop")
+                await conn.execute("DROP TABLE IF EXISTS public.customers")
+            finally:
+                await conn.close()
+        asyncio.run(drop())
+
+    clean()
+    try:
+        yield
+    finally:
+        clean()
+
+
 @pytest.mark.parametrize("name", list(PAGES))
-def test_the_page_runs_as_written(reader: tuple[Path, str], name: str) -> None:
+def test_the_page_runs_as_written(reader: tuple[Path, str], name: str,
+                                  request: pytest.FixtureRequest) -> None:
+    with _replication_page(request, name):
+        _run_page(reader, name)
+
+
+def _run_page(reader: tuple[Path, str], name: str) -> None:
     tmp, schema = reader
     home = tmp / "home"
     in_clone = PAGES[name] == "clone"
