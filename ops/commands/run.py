@@ -241,6 +241,14 @@ def _handler_of(args: argparse.Namespace, env: Mapping[str, str]
         registry=env.get("SCHEMA_REGISTRY_URL", ""), ddl_dsn=env.get("FENCE_DDL_DSN", ""))
     if chosen is None:
         return DEFAULT_HANDLER, settings
+    if chosen.settings.get("envelope"):
+        from fencing.postgres.sink.debezium import not_a_table_topic
+
+        for topic in args.topic:
+            why = not_a_table_topic(topic)
+            if why is not None:
+                raise ConfigError(f"--topic {topic}: {why}; --sink-envelope debezium reads a "
+                                  "table's change events (its topic is PREFIX.SCHEMA.TABLE)")
     return chosen.spec, dict(chosen.settings)
 
 

@@ -39,7 +39,8 @@ from typing import Any
 from fencing.postgres.sink.connect_types import connect_typer, field_types, typed
 from fencing.postgres.sink.values import Misfit
 
-__all__ = ["Event", "Op", "connect_typer", "field_types", "typed", "unwrap"]
+__all__ = ["Event", "Op", "connect_typer", "field_types", "not_a_table_topic", "typed",
+           "unwrap"]
 
 
 class Op(enum.Enum):
@@ -74,6 +75,24 @@ def _image_schema(schema: Mapping[str, Any] | None, which: str) -> Mapping[str, 
             if isinstance(inner, list):
                 inner = next((s for s in inner if isinstance(s, Mapping)), None)
             return inner if isinstance(inner, Mapping) else None
+    return None
+
+
+#: topics of Debezium's that carry no row changes: heartbeats, transaction metadata, schema
+#: history (the MySQL-family connectors'), the signalling and notification channels
+_NOT_TABLE_TOPICS = ("__debezium-heartbeat", "__debezium_heartbeat")
+_NOT_TABLE_SUFFIXES = (".transaction", "-schema-changes", ".schema-changes", "dbhistory",
+                       "schema-history", ".signal", ".notification")
+
+
+def not_a_table_topic(topic: str) -> str | None:
+    """Why ``topic`` is one of Debezium's topics without row changes (a heartbeat,
+    transaction metadata, schema history), None for a table's topic."""
+    if topic.startswith(_NOT_TABLE_TOPICS):
+        return "Debezium's heartbeat topic"
+    for suffix in _NOT_TABLE_SUFFIXES:
+        if topic.endswith(suffix):
+            return "one of Debezium's topics without row changes (" + suffix.strip(".-") + ")"
     return None
 
 

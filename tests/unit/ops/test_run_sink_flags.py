@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
@@ -132,3 +133,22 @@ def test_sink_evolve_mistakes_are_named(extra: tuple[str, ...], env: dict[str, s
     with pytest.raises(ConfigError) as info:
         config_from_args(run_args("--sink", "table=t", *extra), {**ENV, **env})
     assert named in str(info.value)
+
+
+@pytest.mark.parametrize(("topic", "why"), [
+    ("__debezium-heartbeat.shop", "Debezium's heartbeat topic"),
+    ("shop.transaction", "without row changes (transaction)"),
+    ("shop-schema-changes", "without row changes (schema-changes)"),
+])
+def test_the_envelope_refuses_debezium_s_topics_without_row_changes(topic: str,
+                                                                    why: str) -> None:
+    args = cli.build_parser().parse_args(["run", "--topic", topic, "--group", "g", "--sink",
+                                          "table=t", "--sink-envelope", "debezium"])
+    with pytest.raises(ConfigError, match=re.escape(why)) as refused:
+        config_from_args(args, {"KAFKA_BOOTSTRAP_SERVERS": "k:9", "FENCE_DSN": "postgresql://h"})
+    assert str(refused.value).startswith(f"--topic {topic}: ")
+    table = cli.build_parser().parse_args(["run", "--topic", "shop.public.customers", "--group",
+                                           "g", "--sink", "table=t", "--sink-envelope",
+                                           "debezium"])
+    cfg = config_from_args(table, {"KAFKA_BOOTSTRAP_SERVERS": "k:9", "FENCE_DSN": "postgresql://h"})
+    assert cfg.handler_settings["envelope"] == "debezium"
