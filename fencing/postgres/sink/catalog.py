@@ -263,7 +263,8 @@ async def _writer_fields(spec: SinkSpec, topics: Sequence[str], *, at_start: boo
     try:
         await registry.subjects()
         for subject in subjects:
-            got = await registry.latest_fields(spec.value_format, subject)
+            got = await registry.latest_fields(spec.value_format, subject,
+                                               envelope=spec.envelope is not None)
             if got is not None:
                 return got[0], got[1], subjects
     except (Unavailable, Misfit) as exc:

@@ -41,6 +41,7 @@ from fencing.postgres.sink.messages import message_fields
 from fencing.postgres.sink.schemas import (
     Field,
     avro_fields,
+    envelope_image,
     json_schema_fields,
     protobuf_fields,
 )
@@ -131,8 +132,8 @@ class Registry:
         except Misfit:
             return []
 
-    async def latest_fields(self, fmt: Format, subject: str, version: int | None = None
-                            ) -> tuple[list[Field], str] | None:
+    async def latest_fields(self, fmt: Format, subject: str, version: int | None = None,
+                            *, envelope: bool = False) -> tuple[list[Field], str] | None:
         """The columns of the latest schema registered under ``subject`` (or of ``version``)
         and a name for it (None: no such subject); raises ``Misfit`` for a schema of another
         type."""
@@ -148,12 +149,17 @@ class Registry:
         kind = got.schema.schema_type or "AVRO"
         if kind != _TYPES[fmt]:
             raise Misfit(f"subject {subject} holds a {kind} schema, not {_TYPES[fmt]}")
+        if envelope and fmt is not Format.AVRO:
+            return None  # a change event's image is read from Avro schemas only
         if fmt is Format.PROTOBUF:
             de = await self._deserializer(fmt)
             fd_proto, pool = await self.call(what, lambda: de._get_parsed_schema(got.schema))
             desc = de._get_message_desc(pool, pool.FindFileByName(fd_proto.name), [0])
             return protobuf_fields(desc), what
         parsed = json.loads(got.schema.schema_str or "null")
+        if envelope:  # a change event: the row is its after image (Avro only)
+            image = envelope_image(parsed) if fmt is Format.AVRO else None
+            return (avro_fields(image), what) if image is not None else None
         return (avro_fields(parsed) if fmt is Format.AVRO else json_schema_fields(parsed)), what
 
     async def _deserializer(self, fmt: Format) -> Any:

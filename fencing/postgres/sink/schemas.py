@@ -31,7 +31,7 @@ from typing import Any
 
 from fencing.postgres.sink.messages import WELL_KNOWN
 
-__all__ = ["ACCEPTS", "Field", "avro_fields", "fits", "json_schema_fields",
+__all__ = ["ACCEPTS", "Field", "avro_fields", "envelope_image", "fits", "json_schema_fields",
            "protobuf_fields"]
 
 
@@ -58,6 +58,20 @@ _AVRO_LOGICAL = {"date": "date", "time-millis": "time", "time-micros": "time",
                  "local-timestamp-micros": "timestamp", "local-timestamp-nanos": "timestamp",
                  "uuid": "uuid"}
 _NAMED = {"record": "jsonb", "enum": "text", "fixed": "bytea", "error": "jsonb"}
+#: Kafka Connect's and Debezium's logical types (``connect.name``: a change event's fields,
+#: read by ``connect_types``) -> the column type that holds them
+_CONNECT = {
+    "io.debezium.time.Date": "date", "io.debezium.time.Time": "time",
+    "io.debezium.time.MicroTime": "time", "io.debezium.time.NanoTime": "time",
+    "io.debezium.time.Timestamp": "timestamp", "io.debezium.time.MicroTimestamp": "timestamp",
+    "io.debezium.time.NanoTimestamp": "timestamp",
+    "io.debezium.time.ZonedTimestamp": "timestamptz", "io.debezium.time.ZonedTime": "timetz",
+    "org.apache.kafka.connect.data.Date": "date", "org.apache.kafka.connect.data.Time": "time",
+    "org.apache.kafka.connect.data.Timestamp": "timestamp",
+    "io.debezium.data.VariableScaleDecimal": "numeric", "io.debezium.data.Json": "jsonb",
+    "io.debezium.data.Uuid": "uuid", "io.debezium.data.Bits": "bytea",
+    "io.debezium.data.Enum": "text", "io.debezium.data.EnumSet": "text[]",
+}
 
 
 def _avro_type(t: Any, named: dict[str, str]) -> tuple[str, bool]:
@@ -72,6 +86,8 @@ def _avro_type(t: Any, named: dict[str, str]) -> tuple[str, bool]:
         return _AVRO.get(t) or named.get(t) or named.get(t.rsplit(".", 1)[-1], "jsonb"), False
     logical = t.get("logicalType")
     kind = t.get("type")
+    if t.get("connect.name") in _CONNECT:
+        return _CONNECT[t["connect.name"]], False
     if logical == "decimal" and "precision" in t:
         return f"numeric({int(t['precision'])},{int(t.get('scale', 0))})", False
     if logical in _AVRO_LOGICAL:
@@ -90,6 +106,33 @@ def _avro_type(t: Any, named: dict[str, str]) -> tuple[str, bool]:
         return (item + "[]" if item not in ("jsonb", "bytea") and "[" not in item
                 else "jsonb"), False
     return _avro_type(kind, named)
+
+
+def envelope_image(schema: Any) -> Any:
+    """The row's record schema of a Debezium change event's Avro schema: its ``after``
+    field's record (``after`` may name the record ``before`` defined); None when it is no
+    change event."""
+    if not isinstance(schema, dict) or schema.get("type") != "record":
+        return None
+    records: dict[str, Any] = {}
+
+    def collect(t: Any) -> None:
+        for branch in t if isinstance(t, list) else [t]:
+            if isinstance(branch, dict) and branch.get("type") == "record":
+                records[str(branch.get("name"))] = branch
+                records[str(branch.get("name")).rsplit(".", 1)[-1]] = branch
+
+    fields = {f["name"]: f["type"] for f in schema.get("fields", ())}
+    if "after" not in fields or "op" not in fields:
+        return None
+    collect(fields.get("before"))
+    collect(fields["after"])
+    for branch in fields["after"] if isinstance(fields["after"], list) else [fields["after"]]:
+        if isinstance(branch, dict) and branch.get("type") == "record":
+            return branch
+        if isinstance(branch, str) and branch in records:
+            return records[branch]
+    return None
 
 
 def avro_fields(schema: Any) -> list[Field]:
@@ -191,6 +234,7 @@ ACCEPTS: dict[str, tuple[str, ...]] = {
     "uuid": ("uuid", *_TEXT), "date": ("date", *_TEXT), "time": ("time", *_TEXT),
     "timestamptz": ("timestamptz", "timestamp", *_TEXT),
     "timestamp": ("timestamp", "timestamptz", *_TEXT), "jsonb": ("json", "jsonb", "text"),
+    "timetz": ("timetz", "time", *_TEXT),
 }
 
 

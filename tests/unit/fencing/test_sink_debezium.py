@@ -215,3 +215,17 @@ def test_an_avro_envelope_is_typed_in_place_by_its_connect_names() -> None:
     assert value == {"before": want, "after": want, "op": "u"}
     assert connect_typer(parse_schema({"type": "record", "name": "Plain", "fields": [
         {"name": "n", "type": "long"}]})) is None  # nothing to type: no wrapper at all
+
+
+def test_the_row_of_an_avro_envelope_maps_its_connect_names_to_columns() -> None:
+    """What the sink creates a table from, and checks a table against, for Avro change
+    events: the after image's fields, each Connect name its column type."""
+    from fencing.postgres.sink.schemas import avro_fields, envelope_image
+
+    image = envelope_image(AVRO_ENVELOPE)
+    assert image is not None and image["name"] == "Value"
+    assert [(f.name, f.pg_type, f.not_null) for f in avro_fields(image)] == [
+        ("id", "int4", True), ("born", "date", False), ("at", "time", False),
+        ("tags", "date[]", False)]
+    assert envelope_image({"type": "record", "name": "Plain", "fields": [
+        {"name": "n", "type": "long"}]}) is None
