@@ -316,6 +316,10 @@ async def _ensure(conn: Any, spec: SinkSpec, topics: Sequence[str], *, in_batch:
     writer = await _writer_fields(spec, topics, at_start=not in_batch)
     created = False
     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", spec.quoted):
+        if spec.envelope is not None and writer is not None and not spec.keys:
+            raise ConfigError(
+                f"--sink table={spec.table}: the table does not exist; to create it from the "
+                "change events' schema give its primary key with --sink-key COL[,COL]")
         if spec.envelope is not None and writer is None:
             raise ConfigError(
                 f"--sink table={spec.table}: the table does not exist; with "
