@@ -31,9 +31,10 @@ stack-down: setup
 stack-status: setup
 	$(BIN)/fencectl stack status
 
-# two pytest-xdist workers, a module's tests in one of them; an `exclusive` test runs alone
+# two pytest-xdist workers, a module's tests in one of them, the modules in the order
+# tests/conftest.py gives them (not xdist's largest-first); an `exclusive` test runs alone
 # (tests/suite_lock.py)
-XDIST ?= -n 2 --dist loadfile
+XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 test: setup
 	$(BIN)/pytest -q $(XDIST) $(PYTEST_ARGS)
 

@@ -545,9 +545,14 @@ class Debezium:
 
         from ops.stack import control as stack
 
+        from ops.stack.procs import port_free, stop_pid, wait_until
+
         row = {r.service: r for r in stack.status(self.settings)}[Service.CONNECT]
         if row.pid is not None:
-            os.kill(row.pid, signals.SIGKILL)
+            # SIGKILL is asynchronous: until the JVM is gone its pid (and command line) still
+            # look like a running worker, and ``stack.up`` would take it for one
+            stop_pid(row.pid, sig=signals.SIGKILL, grace_s=30.0)
+        wait_until(lambda: port_free(self.settings.ports.connect), timeout_s=30.0)
         stack.up(self.settings, services=[Service.CONNECT], out=lambda line: None)
 
 
