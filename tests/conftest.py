@@ -544,7 +544,6 @@ class Debezium:
         import signal as signals
 
         from ops.stack import control as stack
-
         from ops.stack.procs import port_free, stop_pid, wait_until
 
         row = {r.service: r for r in stack.status(self.settings)}[Service.CONNECT]

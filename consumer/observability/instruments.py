@@ -242,6 +242,16 @@ class Instruments(Gauges):
             description="Records the table sink wrote while ignoring fields that have no "
                         "column (without --sink-evolve add-columns), by table")
 
+    def watch_stale_changes(self, read: Callable[[], Mapping[str, int]]) -> None:
+        """Export ``fence.sink.stale_changes`` per ``table`` from ``read`` (the table sink's
+        version guard, ``--sink-version-column``; a guarded table appears at 0)."""
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(n, {"table": t}) for t, n in read().items()]
+        self._meter.create_observable_counter(
+            "fence.sink.stale_changes", callbacks=[observe], unit="{change}",
+            description="Upserts and deletes the table sink's version guard left alone "
+                        "(the stored row's version is newer), by table")
+
     # rebalances ----------------------------------------------------------------------------
 
     def rebalance(self, *, kind: str, duration_s: float) -> None:

@@ -128,6 +128,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                                 "as for run (default: none)")
             a.add_argument("--sink-truncate", action="store_const", const="true", default=None,
                            help="with --sink-envelope debezium: as for run (default: off)")
+            a.add_argument("--sink-version-column", default=None, metavar="COL",
+                           help="with --sink: the version guard, as for run (default: none)")
+            a.add_argument("--sink-version-from", default=None, metavar="FROM",
+                           help="with --sink-version-column: as for run (default: row)")
             a.add_argument("--handler-setting", action="append", default=[],
                            metavar="KEY=VALUE",
                            help="a setting for a handler factory (with the recorded handler: "

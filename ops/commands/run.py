@@ -114,6 +114,14 @@ def register(sub: Any) -> None:
     p.add_argument("--sink-truncate", action="store_const", const="true", default=None,
                    help="with --sink-envelope debezium: a truncate event truncates the "
                         "table (default: off; the event is then quarantined)")
+    p.add_argument("--sink-version-column", default=None, metavar="COL",
+                   help="with --sink: a version guard: an upsert or delete whose version is "
+                        "older than the stored row's COL changes nothing and is counted; "
+                        "without it every change applies (default: none)")
+    p.add_argument("--sink-version-from", default=None, metavar="FROM",
+                   help="with --sink-version-column: row (the record's own COL) or "
+                        "source.FIELD (a change event's source block, e.g. source.lsn) "
+                        "(default: row)")
     p.add_argument("--handler-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting given to a handler factory (repeatable)")
     p.add_argument("-X", dest="x", action="append", default=[], metavar="KEY=VALUE",

@@ -66,6 +66,7 @@ def _observe(instruments: Any) -> None:
     instruments.rebalance(kind="assign", duration_s=0.1)
     instruments.kafka_commit_failed(CommitFailure.REJECTED)
     instruments.watch_unknown_fields(lambda: {"orders": 0})
+    instruments.watch_stale_changes(lambda: {"orders": 0})
     instruments.declare(Declaration())
     instruments.set_lag(tp, high_watermark=10, frontier=5)
     instruments.set_owned(frozenset({tp}))

@@ -107,7 +107,9 @@ SINK_FLAGS = (("sink_key", "--sink-key", "key"), ("sink_format", "--sink-format"
               ("sink_key_format", "--sink-key-format", "key_format"),
               ("sink_evolve", "--sink-evolve", "evolve"),
               ("sink_envelope", "--sink-envelope", "envelope"),
-              ("sink_truncate", "--sink-truncate", "truncate"))
+              ("sink_truncate", "--sink-truncate", "truncate"),
+              ("sink_version_column", "--sink-version-column", "version"),
+              ("sink_version_from", "--sink-version-from", "version_from"))
 
 
 def handler_from_flags(*, handler: str | None, settings: Mapping[str, str],

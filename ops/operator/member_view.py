@@ -78,6 +78,7 @@ class MemberView:
                 "state": self.last_observed[0], "at": self.last_observed[1].isoformat()},
             "reason": self.detail.get("reason"),
             "sink_unknown_fields": self.detail.get("sink_unknown_fields") or {},
+            "sink_stale_changes": self.detail.get("sink_stale_changes") or {},
         }
 
 

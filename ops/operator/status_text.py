@@ -7,7 +7,8 @@ Rules
   marks a best-effort handler's lag ``(best-effort)`` (its frontier claims no completeness).
 - A note shared by several partitions of one row set prints once.
 - A member whose table sink ignored fields with no column (its row's
-  ``sink_unknown_fields``) gets an UNKNOWN FIELDS line per table: never silent.
+  ``sink_unknown_fields``) gets an UNKNOWN FIELDS line per table: never silent; one whose
+  version guard left changes alone (``sink_stale_changes``) a STALE CHANGES line per table.
 """
 
 from __future__ import annotations
@@ -60,6 +61,12 @@ def render_text(status: Mapping[str, Any]) -> str:
     if unknown:
         out += ["", "UNKNOWN FIELDS (table sink; --sink-evolve add-columns adds them, "
                 "fencectl sink plan prints the ALTERs)", *unknown]
+    stale = [f"  {m['group']} {m['lifetime']}: {table}: {n} changes older than the stored "
+             "row left alone"
+             for m in status["members"]
+             for table, n in (m.get("sink_stale_changes") or {}).items() if n]
+    if stale:
+        out += ["", "STALE CHANGES (table sink, --sink-version-column)", *stale]
     return "\n".join(out)
 
 

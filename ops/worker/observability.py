@@ -32,7 +32,7 @@ from consumer.observability.observer import LagFacts, Observe, WorkerObserver
 from consumer.observability.readiness import LoopHeartbeat, ReadinessHolder
 from fencing.errors import ConfigError
 from fencing.handler import Declaration
-from fencing.postgres.sink.unknown import UNKNOWN_FIELDS
+from fencing.postgres.sink.unknown import STALE_CHANGES, UNKNOWN_FIELDS
 from fencing.types import TopicPartition
 from ops.worker.http import HttpServer, start_http_server
 from ops.worker.telemetry import Telemetry
@@ -118,9 +118,12 @@ def options_from_args(args: argparse.Namespace,
 
 
 def _unknown_fields() -> dict[str, Any]:
-    """A member row's ``sink_unknown_fields`` (``fencectl status``), when there are any."""
+    """A member row's ``sink_unknown_fields`` and ``sink_stale_changes`` (``fencectl
+    status``), when there are any."""
     got = UNKNOWN_FIELDS.detail()
-    return {"sink_unknown_fields": got} if any(v["records"] for v in got.values()) else {}
+    stale = {table: n for table, n in STALE_CHANGES.counts().items() if n}
+    return ({"sink_unknown_fields": got} if any(v["records"] for v in got.values()) else {}) | (
+        {"sink_stale_changes": stale} if stale else {})
 
 
 class WorkerObservability:
@@ -146,6 +149,7 @@ class WorkerObservability:
         self.telemetry = telemetry
         self.instruments = Instruments(telemetry.meter(), group_id=group_id)
         self.instruments.watch_unknown_fields(UNKNOWN_FIELDS.records)
+        self.instruments.watch_stale_changes(STALE_CHANGES.counts)
         handler = dict((member_detail or {}).get("handler") or {})
         if declaration is not None:
             handler.update(declaration.as_dict())

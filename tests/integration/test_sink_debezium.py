@@ -59,18 +59,20 @@ def row(id_: int, name: str, **more: Any) -> dict[str, Any]:
 
 
 def event(offset: int, op: str | None, *, before: Any = None, after: Any = None,
-          key: int | None = None, schemas: bool = True) -> SourceRecord:
-    """A record as Kafka Connect's JSON converter writes Debezium's event (and its key)."""
+          key: int | None = None, schemas: bool = True, lsn: int | None = None,
+          tp: TopicPartition = TP) -> SourceRecord:
+    """A record as Kafka Connect's JSON converter writes Debezium's event (and its key);
+    its ``source.lsn`` 100 + ``offset`` unless given."""
     id_ = key if key is not None else (after or before or {}).get("id")
     if op is None:
         value = None
     else:
         payload = {"before": before, "after": after, "op": op, "ts_ms": 1,
-                   "source": {"lsn": 100 + offset, "table": "items"}}
+                   "source": {"lsn": 100 + offset if lsn is None else lsn, "table": "items"}}
         value = json.dumps({"schema": SCHEMA, "payload": payload} if schemas else payload)
     key_bytes = None if id_ is None else json.dumps(
         {"schema": KEY_SCHEMA, "payload": {"id": id_}} if schemas else {"id": id_})
-    return SourceRecord(TP.topic, TP.partition, offset,
+    return SourceRecord(tp.topic, tp.partition, offset,
                         None if key_bytes is None else key_bytes.encode(),
                         None if value is None else value.encode(),
                         timestamp_ms=1_700_000_000_000 + offset)

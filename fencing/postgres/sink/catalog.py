@@ -23,8 +23,8 @@ from fencing.postgres.sink.rows import RESERVED, Column, Layout, supported
 from fencing.postgres.sink.schemas import Field, fits
 from fencing.postgres.sink.values import Misfit
 
-__all__ = ["Method", "SinkSpec", "Target", "create_ddl", "ensure_in_batch", "ensure_table",
-           "read_layout"]
+__all__ = ["VERSION_TYPES", "Method", "SinkSpec", "Target", "create_ddl", "ensure_in_batch",
+           "ensure_table", "read_layout"]
 
 log = logging.getLogger("fenceworker.sink")
 
@@ -37,9 +37,40 @@ class Method(enum.Enum):
 
 
 _SETTINGS = ("table", "key", "method", "key_format", "format", "registry", "evolve",
-             "ddl_dsn", "envelope", "truncate")
+             "ddl_dsn", "envelope", "truncate", "version", "version_from")
 EVOLVE = ("none", "add-columns")  # --sink-evolve
+#: the types of a version column (``--sink-version-column``): ordered, compared in SQL
+VERSION_TYPES = frozenset({"int2", "int4", "int8", "numeric", "timestamp", "timestamptz"})
 ENVELOPES = ("debezium",)  # --sink-envelope
+
+
+def _version(settings: Any, *, keys: tuple[str, ...], envelope: str | None,
+             method: Method) -> tuple[str | None, str]:
+    """``--sink-version-column`` and ``--sink-version-from`` checked (``ConfigError``)."""
+    version = str(settings.get("version") or "").strip() or None
+    version_from = str(settings.get("version_from") or "").strip() or "row"
+    if version is None:
+        if settings.get("version_from"):
+            raise ConfigError("--sink-version-from: needs --sink-version-column COL")
+        return None, "row"
+    if version in keys:
+        raise ConfigError(f"--sink-version-column {version}: a key column cannot be the "
+                          "version")
+    if not keys and envelope is None:
+        raise ConfigError(f"--sink-version-column {version}: needs --sink-key (or "
+                          "--sink-envelope debezium): a version guards the row of a key")
+    if method is not Method.COPY:
+        raise ConfigError(f"--sink-version-column {version}: the guard writes by the copy "
+                          "method (method=copy, the default)")
+    field_name = version_from.partition(".")[2]
+    if version_from != "row" and not (version_from.startswith("source.") and field_name):
+        raise ConfigError(f"--sink-version-from {version_from}: use row (the record's own "
+                          "column) or source.FIELD (a change event's source block, e.g. "
+                          "source.lsn)")
+    if version_from != "row" and envelope is None:
+        raise ConfigError(f"--sink-version-from {version_from}: needs --sink-envelope "
+                          "debezium (only a change event has a source block)")
+    return version, version_from
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +83,10 @@ class SinkSpec:
     connection of ``ddl_dsn`` (``FENCE_DDL_DSN``; a secret, never logged); whether values
     are Debezium change events (``envelope``, ``--sink-envelope debezium``: without
     ``keys`` the table's primary key is the key) and a truncate event truncates the table
-    (``truncate``, ``--sink-truncate``)."""
+    (``truncate``, ``--sink-truncate``); the column whose stored value an upsert or delete
+    must not be older than (``version``, ``--sink-version-column``) and where an operation's
+    version comes from (``version_from``: ``row``, the record's own field; ``source.FIELD``,
+    a change event's ``source`` block, e.g. ``source.lsn``)."""
 
     table: str
     keys: tuple[str, ...] = ()
@@ -64,6 +98,8 @@ class SinkSpec:
     ddl_dsn: str | None = field(default=None, repr=False)
     envelope: str | None = None
     truncate: bool = False
+    version: str | None = None
+    version_from: str = "row"
 
     @classmethod
     def from_settings(cls, settings: Any) -> SinkSpec:
@@ -115,8 +151,18 @@ class SinkSpec:
             raise ConfigError("--sink-evolve add-columns with --sink-envelope: a change "
                               "event's columns follow the source table's; create the target "
                               "table with them (or let the sink create it from the schema)")
+        version, version_from = _version(settings, keys=keys, envelope=envelope,
+                                         method=method)
         return cls(table, keys, method, value_format, key_format, registry,
-                   evolve == "add-columns", ddl_dsn, envelope, truncate)
+                   evolve == "add-columns", ddl_dsn, envelope, truncate, version, version_from)
+
+    @property
+    def version_source(self) -> str | None:
+        """The ``source`` field an operation's version is read from (``--sink-version-from
+        source.FIELD``), None when it is the row's own column."""
+        if self.version is None or not self.version_from.startswith("source."):
+            return None
+        return self.version_from.partition(".")[2]
 
     @property
     def quoted(self) -> str:
@@ -245,6 +291,16 @@ async def read_layout(conn: Any, spec: SinkSpec) -> tuple[Target | None, list[st
             f"key columns ({', '.join(spec.keys)})"
         problems.append(f"{what} has no unique index or primary key on exactly "
                         f"{'it' if len(spec.keys) == 1 else 'them'} (needed for ON CONFLICT)")
+    if spec.version is not None:
+        version = next((c for c in columns if c.name == spec.version), None)
+        if version is None:
+            problems.append(f"version column {spec.version} (--sink-version-column) is "
+                            f"missing (columns: {', '.join(sorted(names))})")
+        elif version.type_name not in VERSION_TYPES:
+            problems.append(f"version column {spec.version} has type {version.type_name}: use "
+                            "bigint, integer, smallint, numeric, timestamp or timestamptz")
+        elif version.name in spec.keys:
+            problems.append(f"version column {spec.version} is a key column")
     if not columns:
         problems.append("no column the sink can write")
     layout = Layout(tuple(columns), spec.keys if not problems else ())
@@ -286,6 +342,8 @@ def schema_ddl(spec: SinkSpec, fields: Sequence[Field]) -> str:
              f"{' NOT NULL' if f.not_null or f.name in spec.keys else ''}"
              for f in cols.values()]
     lines += [f"{quote_ident(k)} text NOT NULL" for k in spec.keys if k not in cols]
+    if spec.version is not None and spec.version not in cols:  # from the source block
+        lines.append(f"{quote_ident(spec.version)} bigint")
     lines += ["kafka_topic text NOT NULL", "kafka_partition integer NOT NULL",
               "kafka_offset bigint NOT NULL", "kafka_timestamp timestamptz"]
     pk = ", ".join(map(quote_ident, spec.keys)) if spec.keys else \

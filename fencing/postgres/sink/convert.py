@@ -12,7 +12,7 @@ from fencing.postgres.sink.catalog import SinkSpec
 from fencing.postgres.sink.debezium import Op, unwrap
 from fencing.postgres.sink.formats import Decoding
 from fencing.postgres.sink.keys import from_object
-from fencing.postgres.sink.rows import Delete, Misfit, parse_json
+from fencing.postgres.sink.rows import Delete, Misfit, Upsert, parse_json
 from fencing.postgres.sink.writer import Writer
 from fencing.types import ACCEPT, Reject, SourceRecord, Verdict
 
@@ -26,18 +26,46 @@ TRUNCATE: Any = object()
 def _change(writer: Writer, record: SourceRecord, value: Any, spec: SinkSpec) -> Any:
     """The operation of a Debezium change event (``debezium.unwrap``): an upsert of its
     after image, a delete of its key (the before image's key columns, else the Kafka key),
-    ``TRUNCATE``, or None (the tombstone after a delete changes nothing)."""
+    ``TRUNCATE``, or None (the tombstone after a delete changes nothing). With a version
+    guard an upsert carries its version in the version column and a delete its version
+    (``source.FIELD``, or the before image's version column when it has one)."""
     event = unwrap(value, truncate=spec.truncate)
+    field = spec.version_source
+    version = None
+    if spec.version is not None and event.op in (Op.UPSERT, Op.DELETE):
+        version = event.source.get(field) if field is not None else (
+            (event.image or {}).get(spec.version))
+        if version is None and (field is not None or event.op is Op.UPSERT):
+            raise Misfit(f"no version for --sink-version-column {spec.version}: the event has "
+                         f"no {spec.version_from if field else 'value for it'}")
     if event.op is Op.UPSERT:
-        return writer.convert(record, event.image)
+        image = event.image
+        if field is not None and spec.version is not None:
+            image = {**(image or {}), spec.version: version}
+        return writer.convert(record, image)
     if event.op is Op.DELETE:
         cols = writer.t.layout.key_columns
         image = event.image
         if image is not None and all(image.get(c.name) is not None for c in cols):
             key = from_object(cols, image, "the before image")
-            return Delete(key[0] if len(key) == 1 else key)
-        return writer.convert(record, None)  # the Kafka key's columns
+            return Delete(key[0] if len(key) == 1 else key, version)
+        op = writer.convert(record, None)  # the Kafka key's columns
+        return Delete(op.key, version) if version is not None else op
     return TRUNCATE if event.op is Op.TRUNCATE else None
+
+
+def _versioned(op: Any, spec: SinkSpec) -> Any:
+    """A record's upsert with a version guard: its version column must have a value (a
+    tombstone deletes unguarded: it carries no version)."""
+    if spec.version is not None and isinstance(op, Upsert):
+        try:
+            got = op.values[op.columns.index(spec.version)]
+        except ValueError:
+            got = None
+        if got is None:
+            raise Misfit(f"no version for --sink-version-column {spec.version}: the record "
+                         "has no value for it")
+    return op
 
 
 def convert_batch(writer: Writer, records: Sequence[SourceRecord], decoding: Decoding | None,
@@ -84,14 +112,14 @@ def convert_batch(writer: Writer, records: Sequence[SourceRecord], decoding: Dec
                 verdicts[i] = Reject(f"table sink: {value}")
                 continue
             try:
-                ops.append((i, convert(record, value)))
+                ops.append((i, _versioned(convert(record, value), spec)))
             except Misfit as exc:
                 verdicts[i] = Reject(f"table sink: {exc}")
                 misfits += 1
     else:
         for i, record in enumerate(records):
             try:
-                ops.append((i, convert(record)))
+                ops.append((i, _versioned(convert(record), spec)))
             except Misfit as exc:
                 verdicts[i] = Reject(f"table sink: {exc}")
                 misfits += 1

@@ -117,9 +117,11 @@ class Upsert:
 
 @dataclass(frozen=True, slots=True)
 class Delete:
-    """Delete the row of ``key`` (a tombstone)."""
+    """Delete the row of ``key`` (a tombstone); with a version guard (``--sink-version-column``)
+    only when the stored row's version is not newer than ``version`` (None: unguarded)."""
 
     key: Any
+    version: Any = None
 
 
 def _reserved(col: Column, *, epoch_ms: bool = False

@@ -71,7 +71,7 @@ from fencing.postgres.sink.formats import Decoding
 from fencing.postgres.sink.keys import key_reader
 from fencing.postgres.sink.registry import Registry
 from fencing.postgres.sink.rows import Delete, Upsert, parse_json
-from fencing.postgres.sink.unknown import UNKNOWN_FIELDS
+from fencing.postgres.sink.unknown import STALE_CHANGES, UNKNOWN_FIELDS
 from fencing.postgres.sink.writer import Writer
 from fencing.store import HandlerFn
 from fencing.types import Reject, SourceRecord, Verdict
@@ -87,23 +87,25 @@ def _refused(exc: BaseException) -> bool:
     return isinstance(exc, asyncpg.PostgresError) and state[:2] in _REFUSED_CLASSES
 
 
-async def _in_savepoint(conn: Any, write: Any) -> BaseException | None:
+async def _in_savepoint(conn: Any, write: Any) -> tuple[BaseException | None, int]:
     """Run ``write(savepoint)`` (which opens and releases the SAVEPOINT itself, see
-    ``Writer.write``); return the refusal it was rolled back for (None: kept)."""
+    ``Writer.write``); the refusal it was rolled back for (None: kept) and, when kept, how
+    many operations the version guard left alone."""
     try:
-        await write(_SAVEPOINT)
+        stale = await write(_SAVEPOINT)
     except asyncpg.PostgresError as exc:
         if not _refused(exc):
             raise
         await conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
-        return exc
-    return None
+        return exc, 0
+    return None, stale
 
 
-async def _one(conn: Any, writer: Writer, op: Upsert | Delete, savepoint: str) -> None:
+async def _one(conn: Any, writer: Writer, op: Upsert | Delete, savepoint: str) -> int:
     await conn.execute(f"SAVEPOINT {savepoint}")
-    await writer.one(conn, op)
+    stale = await writer.one(conn, op)
     await conn.execute(f"RELEASE SAVEPOINT {savepoint}")
+    return stale
 
 
 def _changed(a: Writer, b: Writer) -> bool:
@@ -159,8 +161,10 @@ class _Targets:
                                      parse_json=parse_json)
         reader = key_reader(target.layout.key_columns, spec.key_format,
                             self.decoding.keys if self.decoding else None) if keys else None
-        writer = Writer(target, spec.method, kafka_key=reader, born=born)
+        writer = Writer(target, spec.method, kafka_key=reader, born=born, version=spec.version)
         UNKNOWN_FIELDS.add(f"{target.schema}.{target.name}", (), 0)  # exported from 0
+        if spec.version is not None:
+            STALE_CHANGES.add(f"{target.schema}.{target.name}", 0)
         if not created:
             self.writers[spec.table] = writer
         return writer, created
@@ -203,15 +207,23 @@ class _Targets:
 
 
 async def _write(conn: Any, writer: Writer, ops: list[tuple[int, Any]],
-                 verdicts: list[Verdict]) -> None:
+                 verdicts: list[Verdict]) -> int:
     """Write ``ops`` by the fast path; when PostgreSQL refuses a row, one at a time, each
-    refused record's verdict a ``Reject`` with PostgreSQL's message."""
-    if ops and await _in_savepoint(conn, lambda sp: writer.write(conn, [o for _, o in ops], sp)):
-        for i, op in ops:  # the database refused a row: find it, one record at a time
-            refusal = await _in_savepoint(conn, lambda sp, op=op: _one(conn, writer, op, sp))
-            if refusal is not None:
-                verdicts[i] = Reject(f"table sink: refused by PostgreSQL "
-                                     f"[{getattr(refusal, 'sqlstate', '')}]: {refusal}")
+    refused record's verdict a ``Reject`` with PostgreSQL's message. How many operations
+    the version guard left alone (older than the stored row)."""
+    if not ops:
+        return 0
+    refused, stale = await _in_savepoint(
+        conn, lambda sp: writer.write(conn, [o for _, o in ops], sp))
+    if refused is None:
+        return stale
+    for i, op in ops:  # the database refused a row: find it, one record at a time
+        refusal, older = await _in_savepoint(conn, lambda sp, op=op: _one(conn, writer, op, sp))
+        stale += older
+        if refusal is not None:
+            verdicts[i] = Reject(f"table sink: refused by PostgreSQL "
+                                 f"[{getattr(refusal, 'sqlstate', '')}]: {refusal}")
+    return stale
 
 
 def make_table_sink(spec: SinkSpec) -> HandlerFn:
@@ -241,10 +253,13 @@ def make_table_sink(spec: SinkSpec) -> HandlerFn:
                                                           decoded, spec)
         if found:
             await targets.strays(conn, writer, records[0].topic, found, created)
+        stale = 0
         for part, truncate in segments(ops):
-            await _write(conn, writer, part, verdicts)
+            stale += await _write(conn, writer, part, verdicts)
             if truncate:  # in order with the batch's other operations, in its transaction
                 await conn.execute(f"TRUNCATE {writer.t.quoted}")
+        if spec.version is not None:
+            STALE_CHANGES.add(f"{writer.t.schema}.{writer.t.name}", stale)
         return verdicts
 
     sink.__qualname__ = f"table_sink[{spec.table}]"

@@ -1,5 +1,6 @@
-"""The table sink's count of fields that have no column: what it ignored, so it is never
-silent (pure, no I/O; read by the worker's metrics and member rows, ``fencectl status``).
+"""The table sink's counts of what it left out, so it is never silent: fields that have no
+column, and the changes its version guard found older than the stored row (pure, no I/O;
+read by the worker's metrics and member rows, ``fencectl status``).
 
 Rules
 - Per table (``schema.name``, unquoted): the records that held at least one field without a
@@ -7,8 +8,11 @@ Rules
   most ``MAX_FIELDS`` per table: a producer's free-form keys must not grow a member row
   without bound). Counted per handler call: a batch written again after a retry (a lost
   COMMIT, a rebalance) is counted again, like the spans of its attempts.
-- One ``UnknownFields`` per process (``UNKNOWN_FIELDS``): the sink adds from the event
-  loop, the metrics read from the scrape's thread (a lock guards both).
+- With ``--sink-version-column``, per table the upserts and deletes the guard left alone
+  because the stored row is newer (``StaleChanges``), counted per handler call like the
+  unknown fields.
+- One of each per process (``UNKNOWN_FIELDS``, ``STALE_CHANGES``): the sink adds from the
+  event loop, the metrics read from the scrape's thread (a lock guards both).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["MAX_FIELDS", "UNKNOWN_FIELDS", "UnknownFields"]
+__all__ = ["MAX_FIELDS", "STALE_CHANGES", "UNKNOWN_FIELDS", "StaleChanges", "UnknownFields"]
 
 MAX_FIELDS = 20
 
@@ -53,3 +57,23 @@ class UnknownFields:
 
 
 UNKNOWN_FIELDS = UnknownFields()
+
+
+class StaleChanges:
+    """Changes the version guard left alone (older than the stored row), per table."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    def add(self, table: str, changes: int) -> None:
+        with self._lock:
+            self._counts[table] = self._counts.get(table, 0) + changes
+
+    def counts(self) -> dict[str, int]:
+        """Per table the changes counted so far (a guarded table appears at 0)."""
+        with self._lock:
+            return dict(self._counts)
+
+
+STALE_CHANGES = StaleChanges()

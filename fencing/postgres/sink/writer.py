@@ -29,14 +29,18 @@ __all__ = ["Writer"]
 #: pipelined ``executemany`` runs (one round trip each, one statement per row in PostgreSQL)
 _SET_MIN = 200
 _BY_KEY = attrgetter("key")  # sorts upserts and deletes by the key columns' values
+_ROW = "fence_row"  # the target's alias in a guarded upsert (``--sink-version-column``)
 
 
 class Writer:
     """The SQL of one target; ``write`` runs the fast path, ``one`` a single operation."""
 
     def __init__(self, target: Target, method: Method, *, kafka_key: KeyReader | None = None,
-                 born: int = 0) -> None:
+                 born: int = 0, version: str | None = None) -> None:
         self.t = target
+        #: the version column (``--sink-version-column``): an upsert or a versioned delete
+        #: older than the stored row changes nothing, and is counted (``write``'s answer)
+        self.version = version
         self.born = born  # ``time.monotonic_ns`` before its layout was read (``evolving``)
         self.method = method
         self.keys = target.layout.keys
@@ -71,16 +75,44 @@ class Writer:
                            f"(SELECT * FROM unnest({arrays}))")
         self.delete_one = f"DELETE FROM {target.quoted} WHERE " + " AND ".join(
             f"{_quote(k)} = ${i}" for i, k in enumerate(self.keys, 1))
+        if version is not None:
+            self.delete_versioned = self._delete_versioned(version)
+
+    def _delete_versioned(self, version: str) -> str:
+        """Delete the rows of the keys (one array per key column) whose stored version is
+        not newer than the delete's (the last array); answers how many were newer: the
+        stale deletes, counted from the statement's snapshot (a key not there is not
+        stale)."""
+        layout = self.t.layout
+        names = [*self.keys, version]
+        arrays = ", ".join(f"${i}::{_quote(layout.column(c).type_name)}[]"
+                           for i, c in enumerate(names, 1))
+        cols = ", ".join(f"k{i}" for i in range(len(self.keys)))
+        match = " AND ".join(f"t.{_quote(k)} = d.k{i}" for i, k in enumerate(self.keys))
+        v = _quote(version)
+        return (f"WITH d({cols}, v) AS (SELECT * FROM unnest({arrays})), "
+                f"gone AS (DELETE FROM {self.t.quoted} AS t USING d WHERE {match} AND "
+                f"(t.{v} IS NULL OR t.{v} <= d.v) RETURNING 1) "
+                f"SELECT count(*) FROM d JOIN {self.t.quoted} AS t ON {match} WHERE t.{v} > d.v")
 
     def _conflict(self) -> str:
         """Upsert replaces the whole row: a column the record lacks gets its default (the
-        proposed row, EXCLUDED, holds it), never the previous record's value."""
+        proposed row, EXCLUDED, holds it), never the previous record's value. With a
+        version column, only a row whose stored version is not newer (``_ROW`` is the
+        target's alias, see ``_into``)."""
         if not self.keys:
             return ""
         sets = [f"{_quote(c.name)} = EXCLUDED.{_quote(c.name)}"
                 for c in self.t.layout.columns if c.name not in self.keys]
         action = f"DO UPDATE SET {', '.join(sets)}" if sets else "DO NOTHING"
+        if self.version is not None and sets:
+            v = _quote(self.version)
+            action += f" WHERE {_ROW}.{v} IS NULL OR {_ROW}.{v} <= EXCLUDED.{v}"
         return f" ON CONFLICT ({self.key_list}) {action}"
+
+    def _into(self, columns: Sequence[str]) -> str:
+        alias = f" AS {_ROW}" if self.version is not None else ""
+        return f"INSERT INTO {self.t.quoted}{alias} ({', '.join(map(_quote, columns))})"
 
     def _delete_args(self, keys: list[Any]) -> list[Any]:
         """``self.delete``'s arguments: the keys, or one array per column of a composite."""
@@ -95,10 +127,10 @@ class Writer:
     def insert_values(self, columns: Sequence[str]) -> str:
         marks = ", ".join(self._value(c, f"${i}::int8" if c == self.ms else f"${i}")
                           for i, c in enumerate(columns, 1))
-        return (f"INSERT INTO {self.t.quoted} ({', '.join(map(_quote, columns))}) "
-                f"VALUES ({marks}){self._conflict()}")
+        returning = " RETURNING 1" if self.version is not None else ""
+        return f"{self._into(columns)} VALUES ({marks}){self._conflict()}{returning}"
 
-    async def write(self, conn: Any, ops: Sequence[Upsert | Delete], savepoint: str) -> None:
+    async def write(self, conn: Any, ops: Sequence[Upsert | Delete], savepoint: str) -> int:
         """The fast path inside SAVEPOINT ``savepoint``: opened by the first statement and
         released by the last. Every operation is applied, in order: with key columns they go
         in sets (``order.sets_then_rest``: a key's n-th operation in the n-th set), each one
@@ -108,8 +140,15 @@ class Writer:
         SAVEPOINT with the staging table's statement and the RELEASE with its last set
         statement (one simple query each: a batch of upserts without a repeated key costs
         four round trips, the COPY's two included, not six); a refusal inside leaves the
-        savepoint open, for ``ROLLBACK TO``."""
-        sets, rest = sets_then_rest(ops, min_set=_SET_MIN) if self.keys else ([list(ops)], [])
+        savepoint open, for ``ROLLBACK TO``.
+
+        With a version column every operation goes in sets (each set statement answers how
+        many of its rows it left alone); the answer is how many operations were older than
+        the stored row (0 without a version column)."""
+        guarded = self.version is not None
+        sets, rest = sets_then_rest(ops, min_set=1 if guarded else _SET_MIN) if self.keys \
+            else ([list(ops)], [])
+        stale = 0
         staged = bool(self.keys) and self.method is Method.COPY and any(
             isinstance(op, Upsert) for one in sets for op in one)
         opened = f"SAVEPOINT {savepoint}"
@@ -121,11 +160,11 @@ class Writer:
             deletes = []
             for op in sorted(one, key=_BY_KEY) if self.keys else one:
                 if isinstance(op, Delete):
-                    deletes.append(op.key)
+                    deletes.append(op)
                 else:
                     groups.setdefault(op.columns, []).append(op.values)
             if deletes:
-                await conn.execute(self.delete, *self._delete_args(deletes))
+                stale += await self._deletes(conn, deletes)
             for n, (columns, rows) in enumerate(groups.items(), 1):
                 if self.method is Method.EXECUTEMANY:
                     await conn.executemany(self.insert_values(columns), rows)
@@ -135,14 +174,19 @@ class Writer:
                 else:
                     await conn.copy_records_to_table(self.stage, schema_name="pg_temp",
                                                      columns=list(columns), records=rows)
-                    names = ", ".join(map(_quote, columns))
                     values = ", ".join(self._value(c, _quote(c)) for c in columns)
                     released = not rest and g == len(sets) and n == len(groups)
                     tail = f"; {release}" if released else ""
-                    await conn.execute(
-                        f"INSERT INTO {self.t.quoted} ({names}) SELECT {values} FROM pg_temp."
-                        f"{_quote(self.stage)} ORDER BY {self.key_list}{self._conflict()}; "
-                        f"DELETE FROM pg_temp.{_quote(self.stage)}{tail}")
+                    insert = (f"{self._into(columns)} SELECT {values} FROM pg_temp."
+                              f"{_quote(self.stage)} ORDER BY {self.key_list}{self._conflict()}")
+                    empty = f"DELETE FROM pg_temp.{_quote(self.stage)}{tail}"
+                    if guarded:  # the rows written, to count those left alone
+                        written = await conn.fetchval(
+                            f"WITH w AS ({insert} RETURNING 1) SELECT count(*) FROM w")
+                        stale += len(rows) - written
+                        await conn.execute(empty)
+                    else:
+                        await conn.execute(f"{insert}; {empty}")
         for run in _runs(rest):
             if isinstance(run[0], Delete):
                 await conn.executemany(self.delete_one, [
@@ -152,12 +196,31 @@ class Writer:
                                        [op.values for op in run])  # type: ignore[union-attr]
         if not released:
             await conn.execute(release)
+        return stale
 
-    async def one(self, conn: Any, op: Upsert | Delete) -> None:
+    async def _deletes(self, conn: Any, ops: list[Delete]) -> int:
+        """One set's deletes (no key repeats): the unversioned by ``delete``, the versioned
+        by ``delete_versioned``; how many of those were older than their stored row."""
+        plain = [op.key for op in ops if op.version is None or self.version is None]
+        versioned = [op for op in ops if op.version is not None and self.version is not None]
+        if plain:
+            await conn.execute(self.delete, *self._delete_args(plain))
+        if not versioned:
+            return 0
+        return int(await conn.fetchval(self.delete_versioned, *self._delete_args(
+            [op.key for op in versioned]), [op.version for op in versioned]))
+
+    async def one(self, conn: Any, op: Upsert | Delete) -> int:
+        """A single operation; 1 when a version guard left it alone (older), else 0."""
         if isinstance(op, Delete):
+            if op.version is not None and self.version is not None:
+                return await self._deletes(conn, [op])
             await conn.execute(self.delete_one, *(op.key if len(self.keys) > 1 else (op.key,)))
-        else:
-            await conn.execute(self.insert_values(op.columns), *op.values)
+            return 0
+        if self.version is not None and self.keys:
+            return 0 if await conn.fetchval(self.insert_values(op.columns), *op.values) else 1
+        await conn.execute(self.insert_values(op.columns), *op.values)
+        return 0
 
 
 def _runs(ops: Sequence[Upsert | Delete]) -> list[list[Upsert | Delete]]:

@@ -152,3 +152,41 @@ def test_the_envelope_refuses_debezium_s_topics_without_row_changes(topic: str,
                                            "debezium"])
     cfg = config_from_args(table, {"KAFKA_BOOTSTRAP_SERVERS": "k:9", "FENCE_DSN": "postgresql://h"})
     assert cfg.handler_settings["envelope"] == "debezium"
+
+
+def test_the_version_guard_flags_become_the_spec() -> None:
+    cfg = config_from_args(run_args("--sink", "table=t", "--sink-envelope", "debezium",
+                                    "--sink-version-column", "lsn", "--sink-version-from",
+                                    "source.lsn"), ENV)
+    spec = SinkSpec.from_settings(cfg.handler_settings)
+    assert (spec.version, spec.version_from, spec.version_source) == ("lsn", "source.lsn", "lsn")
+    row = SinkSpec.from_settings(config_from_args(run_args(
+        "--sink", "table=t", "--sink-key", "id", "--sink-version-column", "rev"),
+        ENV).handler_settings)
+    assert (row.version, row.version_from, row.version_source) == ("rev", "row", None)
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    (("--sink-version-column", "rev"), "--sink-version-column rev: needs --sink-key"),
+    (("--sink-key", "id", "--sink-version-column", "id"), "a key column cannot be the version"),
+    (("--sink-key", "id", "--sink-version-from", "source.lsn"),
+     "--sink-version-from: needs --sink-version-column COL"),
+    (("--sink-key", "id", "--sink-version-column", "v", "--sink-version-from", "source.lsn"),
+     "--sink-version-from source.lsn: needs --sink-envelope debezium"),
+    (("--sink-envelope", "debezium", "--sink-version-column", "v", "--sink-version-from",
+      "lsn"), "--sink-version-from lsn: use row"),
+    (("--sink-envelope", "debezium", "--sink-version-column", "v", "--sink-version-from",
+      "source."), "--sink-version-from source.: use row"),
+])
+def test_version_guard_mistakes_are_named_before_anything_starts(extra: tuple[str, ...],
+                                                                  named: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        SinkSpec.from_settings(config_from_args(run_args("--sink", "table=t", *extra),
+                                                ENV).handler_settings)
+    assert named in str(info.value)
+
+
+def test_the_version_guard_needs_the_copy_method() -> None:
+    with pytest.raises(ConfigError, match="the guard writes by the copy method"):
+        SinkSpec.from_settings({"table": "t", "key": "id", "version": "v",
+                                "method": "executemany"})

@@ -292,3 +292,18 @@ def test_a_members_ignored_fields_show_as_a_line_per_table() -> None:
     assert not any(ln.startswith("UNKNOWN FIELDS") for ln in render_text(
         build_status(now=NOW, partitions=[], members=[member("running", age_s=1)], facts={},
                      topic_notes={})).splitlines())
+
+
+def test_a_members_stale_changes_show_as_a_line_per_table() -> None:
+    row = member("running", age_s=1, lifetime="lt-s")
+    counted = MemberRow(row.lifetime_id, row.group_id, row.member_id, row.host, row.pid,
+                        row.state, row.started_at, row.last_seen,
+                        {**row.detail, "sink_stale_changes": {"s.items": 3}})
+    status = build_status(now=NOW, partitions=[], members=[counted, member("running", age_s=1)],
+                          facts={}, topic_notes={})
+    by = {m["lifetime"]: m for m in status["members"]}
+    assert by["lt-s"]["sink_stale_changes"] == {"s.items": 3}
+    assert by["lt-a"]["sink_stale_changes"] == {}
+    lines = render_text(status).splitlines()
+    at = lines.index("STALE CHANGES (table sink, --sink-version-column)")
+    assert lines[at + 1:] == ["  g lt-s: s.items: 3 changes older than the stored row left alone"]
