@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 .PHONY: setup stack-up stack-down stack-status test check test-unit test-integration test-monitoring \
         test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
         demo migrate clean crash-matrix docs test-kafka-faults test-handler-blame bench-blame sink-churn \
-        sink-routing sink-evolve test-bench test-protocols test-cdc
+        sink-routing sink-evolve test-bench test-protocols test-cdc bench-cdc
 
 setup: $(STAMP)
 
@@ -186,6 +186,17 @@ bench: stack-up
 	eval "$$($(BIN)/fencectl stack env)" && \
 		FENCE_BENCH_COMMAND='make bench$(if $(BENCH_ARGS), BENCH_ARGS="$(BENCH_ARGS)")' \
 		$(BIN)/python -m ops.bench.worker $(BENCH_ARGS)
+	$(MAKE) --no-print-directory bench-cdc
+
+# change events into the sink beside the plain sink, the version guard's cost, and the lag
+# through a real Debezium (Kafka Connect started: stack up --with debezium)
+# -> artifacts/bench/cdc.json; CDC_ARGS=--quick for small sizes
+CDC_ARGS ?=
+bench-cdc: stack-up
+	$(BIN)/fencectl stack up --with debezium
+	eval "$$($(BIN)/fencectl stack env)" && \
+		FENCE_BENCH_COMMAND='make bench-cdc$(if $(CDC_ARGS), CDC_ARGS="$(CDC_ARGS)")' \
+		$(BIN)/python -m ops.bench.cdc $(CDC_ARGS)
 
 # the table sink alone: its write methods per batch (printed), then its b/b'/e/c runs (same
 # clock and registry as make bench) -> artifacts/bench/worker_sink.json and its chart

@@ -554,6 +554,21 @@ class Debezium:
         wait_until(lambda: port_free(self.settings.ports.connect), timeout_s=30.0)
         stack.up(self.settings, services=[Service.CONNECT], out=lambda line: None)
 
+    def crash_postgres(self) -> None:
+        """An immediate shutdown of the stack's PostgreSQL (SIGQUIT: no checkpoint, crash
+        recovery at the next start), then started again; Debezium's task reconnects by its
+        own retries, the sink's members ride it out within their outage bound."""
+        import signal as signals
+
+        from ops.stack import control as stack
+        from ops.stack.procs import port_free, stop_pid, wait_until
+
+        row = {r.service: r for r in stack.status(self.settings)}[Service.POSTGRES]
+        assert row.pid is not None, "the stack's PostgreSQL is not running"
+        stop_pid(row.pid, sig=signals.SIGQUIT, grace_s=30.0)
+        wait_until(lambda: port_free(self.settings.ports.postgres), timeout_s=30.0)
+        stack.up(self.settings, services=[Service.POSTGRES], out=lambda line: None)
+
 
 @pytest.fixture(scope="session")
 def debezium(services: ServiceSettings) -> Iterator[Debezium]:

@@ -219,6 +219,9 @@ async def _ensure(conn: Any, context: HandlerContext) -> None:
         spec = sink_spec(context.settings, context.schema)
         if context.settings.get("layout") == "typed":  # the JSON run's twin of the Avro table
             await conn.execute(TYPED_DDL.format(spec.quoted))
+        elif context.settings.get("layout") == "typed_versioned":  # + the version guard's
+            await conn.execute(TYPED_DDL.replace("PRIMARY KEY", "lsn bigint, PRIMARY KEY")
+                               .format(spec.quoted))
         for one, topics in ([(spec.for_topic(t), (t,)) for t in context.topics]
                              if spec.routed else [(spec, context.topics)]):
             await ensure_table(conn, one, topics=topics)

@@ -63,8 +63,7 @@ def sink_row(i: int) -> dict[str, Any]:
     """Record ``i``'s fields: an ``id`` (the upsert key), an amount, a status and a note
     that pads its JSON text to exactly 100 bytes."""
     row = {"id": f"o{i}", "amount": i % 997, "status": "new", "note": ""}
-    head = json.dumps(row, separators=(",", ":"))
-    return {**row, "note": "x" * (100 - len(head))}
+    return {**row, "note": "x" * (100 - len(json.dumps(row, separators=(",", ":"))))}
 
 
 def sink_value(i: int) -> bytes:
@@ -72,9 +71,10 @@ def sink_value(i: int) -> bytes:
     return json.dumps(sink_row(i), separators=(",", ":")).encode()
 
 
-def produce_values(topic: str, count: int, partitions: int, bootstrap: str) -> None:
-    """Create ``topic`` (``partitions``) and produce ``count`` ``sink_value`` records, keyed by
-    their id, round robin over the partitions; raises ``RuntimeError`` on a failed delivery."""
+def produce_values(topic: str, count: int, partitions: int, bootstrap: str, *,
+                   value: Any = sink_value) -> None:
+    """Create ``topic`` (``partitions``), produce ``count`` ``value(i)`` records keyed by
+    their id, round robin over the partitions; raises ``RuntimeError`` if one fails."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient
 
@@ -90,7 +90,7 @@ def produce_values(topic: str, count: int, partitions: int, bootstrap: str) -> N
     for i in range(count):
         while True:
             try:
-                producer.produce(topic, sink_value(i), f"o{i}".encode(), partition=i % partitions)
+                producer.produce(topic, value(i), f"o{i}".encode(), partition=i % partitions)
                 break
             except BufferError:
                 producer.poll(0.05)

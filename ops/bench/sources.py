@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterable
 
+from ops.bench.cdc_events import cdc_schemas_value, cdc_value
 from ops.bench.runs import ROOT, env, new_topic
 from ops.bench.sink import produce_avro_values, produce_values
 
@@ -27,11 +28,14 @@ def produce_topics(kinds: Iterable[str], count: int, single_count: int,
                    partitions: int) -> dict[str, tuple[str, int]]:
     """A fresh topic per kind of ``Run.topic`` asked (``main``: ``count`` reference records;
     ``single``: the batch-1 subset, ``single_count`` of another seed; ``sink``: ``count``
-    100-byte JSON values; ``sink_avro``: the same records in Avro; ``sink_routed``: three
+    100-byte JSON values; ``sink_avro``: the same records in Avro; ``sink_cdc``: the same
+    rows as Debezium's change events (``cdc_value``), ``sink_cdc_schemas`` with their
+    schema in each (``cdc_schemas_value``); ``sink_routed``: three
     topics of ``count // 3`` such values, ``partitions // 3`` partitions each), produced:
     kind -> (topic, or the topics joined by ``,``; records)."""
     prefixes = {"main": "bench", "single": "bench1", "sink": "benchsink",
-                "sink_avro": "benchsinkavro", "sink_routed": "benchroute"}
+                "sink_avro": "benchsinkavro", "sink_routed": "benchroute",
+                "sink_cdc": "benchsinkcdc", "sink_cdc_schemas": "benchsinkcdcs"}
     topics = {kind: (",".join(new_topic(prefixes[kind]) for _ in range(
         3 if kind == "sink_routed" else 1)), single_count if kind == "single" else
         3 * (count // 3) if kind == "sink_routed" else count) for kind in sorted(set(kinds))}
@@ -43,6 +47,9 @@ def produce_topics(kinds: Iterable[str], count: int, single_count: int,
                                os.environ["KAFKA_BOOTSTRAP_SERVERS"])
         elif kind == "sink":
             produce_values(name, n, partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"])
+        elif kind in ("sink_cdc", "sink_cdc_schemas"):
+            produce_values(name, n, partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"],
+                           value=cdc_value if kind == "sink_cdc" else cdc_schemas_value)
         elif kind == "sink_avro":
             produce_avro_values(name, n, partitions, os.environ["KAFKA_BOOTSTRAP_SERVERS"],
                                 os.environ["SCHEMA_REGISTRY_URL"])

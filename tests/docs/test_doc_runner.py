@@ -45,9 +45,10 @@ print(mod.VALUE + 1)
 
 <!-- run: background -->
 ```bash
-trap 'echo stopped; exit 0' INT
+trap 'echo stopped; kill "$sleeper"; exit 0' INT
 echo "$GREETING from $(basename "$PWD")" && touch "$HOME/ready"
-while true; do sleep 0.1; done
+sleep 600 & sleeper=$!
+wait "$sleeper"
 ```
 
 <!-- run: shell=2 -->
@@ -88,6 +89,9 @@ def test_blocks_carry_their_marks(tmp_path: Path) -> None:
 
 
 def test_a_page_plays_in_order_with_shells_that_keep_their_state(tmp_path: Path) -> None:
+    """The page's worker waits in ``wait``, which a trapped SIGINT interrupts at once: a loop
+    of ``sleep`` children lost a Ctrl-C that landed while bash forked one (bash then acts on
+    SIGINT only if its child died of it, and the child had not exec'd yet)."""
     page = tmp_path / "page.md"
     page.write_text(PAGE)
     (tmp_path / "start").mkdir()

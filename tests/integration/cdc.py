@@ -5,19 +5,18 @@ source and target read back for comparison."""
 from __future__ import annotations
 
 import asyncio
-import json
-import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 import asyncpg
+
+from ops.stack.connectors import delete_connector, drop_slot, http, register_connector
 
 __all__ = [
     "COLUMNS",
     "PREFIX",
     "SOURCE_DDL",
     "TARGET_DDL",
+    "after_truncate",
     "clean_leftovers",
     "delete_connector",
     "drop_slot",
@@ -51,7 +50,9 @@ COLUMNS = (
     ("raw", "bytea"),
 )
 SOURCE_DDL = "(" + ", ".join(f"{c} {t}" for c, t in COLUMNS) + ")"
-TARGET_DDL = SOURCE_DDL
+#: the target: the source's columns and the version guard's (``--sink-version-column lsn
+#: --sink-version-from source.lsn``: the change's position in the source's WAL)
+TARGET_DDL = SOURCE_DDL[:-1] + ", lsn bigint)"
 
 
 def _row(i: int) -> str:
@@ -62,6 +63,11 @@ def _row(i: int) -> str:
             f"TIMESTAMPTZ '2024-01-01 12:34:56.789012+02' + interval '{i} seconds', "
             f"TIMETZ '12:34:56+02', gen_random_uuid(), '{{\"i\": {i}}}', {i % 2 == 0!s}, "
             f"ARRAY['a{i}', NULL], decode('00ff{i % 256:02x}', 'hex'))")
+
+
+def after_truncate(table: str) -> str:
+    """The rows written into the source after its truncate."""
+    return f"INSERT INTO {table} VALUES " + ", ".join(_row(i) for i in range(600, 620))
 
 
 def workload(table: str, *, rows_n: int = 60) -> list[str]:
@@ -80,43 +86,6 @@ def workload(table: str, *, rows_n: int = 60) -> list[str]:
     return stmts
 
 
-def _http(method: str, url: str, body: Any = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        text = resp.read()
-    return json.loads(text) if text else None
-
-
-def register_connector(connect_url: str, name: str, config: dict[str, str], *,
-                       timeout_s: float = 120.0) -> None:
-    """``PUT /connectors/NAME/config``, then wait until its task runs."""
-    _http("PUT", f"{connect_url}/connectors/{name}/config", config)
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = _http("GET", f"{connect_url}/connectors/{name}/status")
-            tasks = last.get("tasks") or []
-            if tasks and all(t.get("state") == "RUNNING" for t in tasks):
-                return
-            if any(t.get("state") == "FAILED" for t in tasks):
-                raise AssertionError(f"connector {name} failed: {last}")
-        except urllib.error.HTTPError:
-            pass
-        time.sleep(1.0)
-    raise AssertionError(f"connector {name} not running within {timeout_s} s: {last}")
-
-
-def delete_connector(connect_url: str, name: str) -> None:
-    try:
-        _http("DELETE", f"{connect_url}/connectors/{name}")
-    except urllib.error.HTTPError as exc:
-        if exc.code != 404:
-            raise
-
-
 async def rows(dsn: str, table: str) -> list[tuple[Any, ...]]:
     """Every row of ``table`` in ``COLUMNS`` order, by id."""
     conn = await asyncpg.connect(dsn)
@@ -127,30 +96,9 @@ async def rows(dsn: str, table: str) -> list[tuple[Any, ...]]:
         await conn.close()
 
 
-async def drop_slot(source_dsn: str, slot: str, *, timeout_s: float = 60.0) -> None:
-    """Drop the replication slot ``slot`` once its connector let go of it (a slot kept would
-    hold the source's WAL, and the slots are few: ``max_replication_slots``)."""
-    conn = await asyncpg.connect(source_dsn)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            active = await conn.fetchval(
-                "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot)
-            if active is None:
-                return
-            if not active:
-                await conn.execute("SELECT pg_drop_replication_slot($1)", slot)
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"replication slot {slot} still active after {timeout_s} s")
-            await asyncio.sleep(0.5)
-    finally:
-        await conn.close()
-
-
 def clean_leftovers(connect_url: str, source_dsn: str) -> None:
     """The tests' connectors and slots an interrupted run left behind: deleted, dropped."""
-    for name in _http("GET", f"{connect_url}/connectors") or []:
+    for name in http("GET", f"{connect_url}/connectors") or []:
         if name.startswith(PREFIX):
             delete_connector(connect_url, name)
 

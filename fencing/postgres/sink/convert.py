@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from fencing.postgres.sink.catalog import SinkSpec
-from fencing.postgres.sink.debezium import Op, unwrap
+from fencing.postgres.sink.debezium import Event, JsonEvents, Op, unwrap
 from fencing.postgres.sink.formats import Decoding
 from fencing.postgres.sink.keys import from_object
-from fencing.postgres.sink.rows import Delete, Misfit, Upsert, parse_json
+from fencing.postgres.sink.rows import Delete, Misfit, Upsert
 from fencing.postgres.sink.writer import Writer
 from fencing.types import ACCEPT, Reject, SourceRecord, Verdict
 
@@ -23,13 +23,12 @@ __all__ = ["TRUNCATE", "convert_batch", "segments"]
 TRUNCATE: Any = object()
 
 
-def _change(writer: Writer, record: SourceRecord, value: Any, spec: SinkSpec) -> Any:
+def _change(writer: Writer, record: SourceRecord, event: Event, spec: SinkSpec) -> Any:
     """The operation of a Debezium change event (``debezium.unwrap``): an upsert of its
     after image, a delete of its key (the before image's key columns, else the Kafka key),
     ``TRUNCATE``, or None (the tombstone after a delete changes nothing). With a version
     guard an upsert carries its version in the version column and a delete its version
     (``source.FIELD``, or the before image's version column when it has one)."""
-    event = unwrap(value, truncate=spec.truncate)
     field = spec.version_source
     version = None
     if spec.version is not None and event.op in (Op.UPSERT, Op.DELETE):
@@ -70,12 +69,14 @@ def _versioned(op: Any, spec: SinkSpec) -> Any:
 
 def convert_batch(writer: Writer, records: Sequence[SourceRecord], decoding: Decoding | None,
              decoded: tuple[Sequence[Any], dict[int, Any]] | None, spec: SinkSpec,
+             events: JsonEvents | None = None,
              ) -> tuple[list[Verdict], list[tuple[int, Any]], int, list[Any]]:
     """The batch converted by ``writer``: each record's verdict, the operations of those
     that fit (with their index), how many ``writer``'s layout refused (a misfit of the
     conversion, not of the decoding) and the values holding fields with no column. Never
     yields: the decoded keys it sets and the writer's strays it reads are shared with the
-    other partitions' batches (see ``Decoding``)."""
+    other partitions' batches (see ``Decoding``). ``events`` reads JSON change events
+    (``--sink-envelope``; its schemas kept from batch to batch)."""
     verdicts: list[Verdict] = [ACCEPT] * len(records)
     ops: list[tuple[int, Any]] = []
     misfits = 0
@@ -87,15 +88,19 @@ def convert_batch(writer: Writer, records: Sequence[SourceRecord], decoding: Dec
         if decoding is not None and decoded is not None:
             decoding.keys.clear()
             decoding.keys.update(decoded[1])
+        events = events or JsonEvents()
         for i, record in enumerate(records):
             try:
                 if values is not None:
                     value = values[i]
                     if isinstance(value, Misfit):
                         raise value
+                    event = unwrap(value, truncate=spec.truncate)
+                elif record.value is None:
+                    event = unwrap(None)
                 else:
-                    value = None if record.value is None else parse_json(record.value)[0]
-                op = _change(writer, record, value, spec)
+                    event = events.read(record.value, truncate=spec.truncate)
+                op = _change(writer, record, event, spec)
             except Misfit as exc:
                 verdicts[i] = Reject(f"table sink: {exc}")
                 misfits += 1

@@ -171,7 +171,7 @@ def _nonfinite(constant: str) -> Any:
 # Python's json reads NaN and +-Infinity (JSON has neither, and PostgreSQL refuses them);
 # ``parse_constant`` is called for exactly those, at any depth, so no scan afterwards.
 # ``reader``: the decoder's ``decode`` at the cost of its scanner (fencing.jsontext)
-_DECODER = json.JSONDecoder(parse_constant=_nonfinite)
+JSON_DECODER = _DECODER = json.JSONDecoder(parse_constant=_nonfinite)
 _decode = reader(_DECODER.decode, _DECODER)
 
 

@@ -64,7 +64,7 @@ from fencing.errors import ConfigError
 from fencing.handler import HandlerContext, handler, handler_factory
 from fencing.postgres.sink.catalog import SinkSpec, ensure_in_batch, ensure_table, read_layout
 from fencing.postgres.sink.convert import convert_batch, segments
-from fencing.postgres.sink.debezium import connect_typer
+from fencing.postgres.sink.debezium import JsonEvents, connect_typer
 from fencing.postgres.sink.evolve import strays as stray_fields
 from fencing.postgres.sink.evolving import Evolution, check_ddl
 from fencing.postgres.sink.formats import Decoding
@@ -124,6 +124,7 @@ class _Targets:
                                  ) if spec.registry and (
             spec.value_format.registry or spec.key_format.registry) else None
         self.decoding: Decoding | None = None
+        self.events = JsonEvents() if spec.envelope else None  # change events' schemas
         self.evolution = Evolution(spec, self.registry) if spec.evolve else None
 
     async def writer(self, conn: Any, topic: str) -> tuple[Writer | str, bool]:
@@ -244,13 +245,13 @@ def make_table_sink(spec: SinkSpec) -> HandlerFn:
         if targets.decoding is not None:  # raises Unavailable when the registry does not answer
             decoded = await targets.decoding.values(records)
         verdicts, ops, misfits, found = convert_batch(writer, records, targets.decoding, decoded,
-                                                 spec)
+                                                      spec, targets.events)
         if misfits and writer.born < batch_ns:  # judged by a layout read before this batch
             fresh = await targets.reread(conn, records[0].topic, writer)
             if fresh is not None:
                 writer = fresh
-                verdicts, ops, _misfits, found = convert_batch(writer, records, targets.decoding,
-                                                          decoded, spec)
+                verdicts, ops, _misfits, found = convert_batch(
+                    writer, records, targets.decoding, decoded, spec, targets.events)
         if found:
             await targets.strays(conn, writer, records[0].topic, found, created)
         stale = 0

@@ -9,12 +9,13 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import json
 import uuid
 from typing import Any
 
 import pytest
 
-from fencing.postgres.sink.debezium import Op, field_types, typed, unwrap
+from fencing.postgres.sink.debezium import JsonEvents, Op, field_types, typed, unwrap
 from fencing.postgres.sink.values import CONVERT, Column, Misfit
 
 D = decimal.Decimal
@@ -229,3 +230,50 @@ def test_the_row_of_an_avro_envelope_maps_its_connect_names_to_columns() -> None
         ("tags", "date[]", False)]
     assert envelope_image({"type": "record", "name": "Plain", "fields": [
         {"name": "n", "type": "long"}]}) is None
+
+
+def _wire(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+OTHER_SCHEMA = {**SCHEMA, "name": "other"}
+
+
+@pytest.mark.parametrize("raw", [
+    _wire({"schema": SCHEMA, "payload": _event("c", after=ROW)}),
+    _wire({"schema": SCHEMA, "payload": _event("u", before=ROW, after={**ROW, "d": 1})}),
+    _wire({"schema": SCHEMA, "payload": _event("d", before=ROW)}),
+    _wire({"schema": SCHEMA, "payload": None}),
+    _wire({"schema": OTHER_SCHEMA, "payload": _event("c", after=ROW)}),   # the schema changed
+    _wire({"schema": SCHEMA, "payload": _event("c", after=ROW), "op": "c"}),  # more follows
+    _wire({"schema": SCHEMA, "payload": _event("c", after=ROW)})[:-1] + b' }',
+    _wire(_event("c", after=ROW)),                                       # without schemas
+], ids=["create", "update", "delete", "null-payload", "other-schema", "more-keys",
+        "whitespace", "no-schemas"])
+def test_json_events_read_as_unwrap_reads_the_parsed_value(raw: bytes) -> None:
+    """A reader that has kept the schema's head reads each value as ``unwrap`` reads it
+    parsed whole (the head only spares the schema's parse)."""
+    def outcome(read: Any) -> Any:
+        try:
+            return read()
+        except Misfit as exc:
+            return f"Misfit: {exc}"
+
+    events = JsonEvents()
+    events.read(_wire({"schema": SCHEMA, "payload": _event("c", after=ROW)}))  # learns
+    whole = outcome(lambda: unwrap(json.loads(raw)))
+    assert outcome(lambda: events.read(raw)) == whole
+    assert outcome(lambda: events.read(raw)) == whole  # and once it learnt this one
+
+
+@pytest.mark.parametrize(("raw", "why"), [
+    (b'{"schema":' + _wire(SCHEMA) + b',"payload":{"op":"c","after":{"id":NaN}}}',
+     "non-finite number"),
+    (b'{"schema":' + _wire(SCHEMA) + b',"payload":{"op":"c",', "not JSON"),
+    (b'{"schema":' + _wire(SCHEMA) + b',"payload":7}', "its payload is not an object"),
+])
+def test_json_events_name_what_is_wrong_as_a_whole_parse_does(raw: bytes, why: str) -> None:
+    events = JsonEvents()
+    events.read(_wire({"schema": SCHEMA, "payload": _event("c", after=ROW)}))
+    with pytest.raises(Misfit, match=why):
+        events.read(raw)

@@ -1,0 +1,98 @@
+"""Connectors of the local stack's Kafka Connect (``fencectl stack up --with debezium``)
+through its REST API, and the replication slots Debezium's PostgreSQL connector leaves on
+the source: registered, waited for, deleted, dropped (the CDC tests' and the CDC bench's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+
+__all__ = ["delete_connector", "drop_slot", "http", "postgres_connector", "register_connector"]
+
+
+def postgres_connector(source_dsn: str, prefix: str, table: str) -> dict[str, str]:
+    """The config of Debezium's PostgreSQL connector reading ``public.TABLE`` of
+    ``source_dsn`` (pgoutput, a filtered publication and a slot named after ``prefix``,
+    topics ``PREFIX.public.TABLE`` of 3 partitions, truncates sent: ``skipped.operations``
+    is ``t`` by default)."""
+    url = urlsplit(source_dsn)
+    return {
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "database.hostname": url.hostname or "127.0.0.1", "database.port": str(url.port),
+        "database.user": url.username or "", "database.password": url.password or "",
+        "database.dbname": url.path.lstrip("/"), "topic.prefix": prefix,
+        "plugin.name": "pgoutput", "slot.name": f"{prefix}_slot",
+        "publication.name": f"{prefix}_pub", "publication.autocreate.mode": "filtered",
+        "table.include.list": f"public.{table}", "snapshot.mode": "initial",
+        "topic.creation.default.replication.factor": "1",
+        "topic.creation.default.partitions": "3",
+        "skipped.operations": "none",
+    }
+
+
+def http(method: str, url: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        text = resp.read()
+    return json.loads(text) if text else None
+
+
+def register_connector(connect_url: str, name: str, config: dict[str, str], *,
+                       timeout_s: float = 120.0) -> None:
+    """``PUT /connectors/NAME/config``, then wait until its task runs."""
+    http("PUT", f"{connect_url}/connectors/{name}/config", config)
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = http("GET", f"{connect_url}/connectors/{name}/status")
+            tasks = last.get("tasks") or []
+            if tasks and all(t.get("state") == "RUNNING" for t in tasks):
+                return
+            if any(t.get("state") == "FAILED" for t in tasks):
+                raise AssertionError(f"connector {name} failed: {last}")
+        except urllib.error.HTTPError:
+            pass
+        time.sleep(1.0)
+    raise AssertionError(f"connector {name} not running within {timeout_s} s: {last}")
+
+
+def delete_connector(connect_url: str, name: str) -> None:
+    try:
+        http("DELETE", f"{connect_url}/connectors/{name}")
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:
+            raise
+
+
+async def drop_slot(source_dsn: str, slot: str, *, timeout_s: float = 60.0) -> None:
+    """Drop the replication slot ``slot`` once its connector let go of it (a slot kept would
+    hold the source's WAL, and the slots are few: ``max_replication_slots``)."""
+    conn = await asyncpg.connect(source_dsn)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            active = await conn.fetchval(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot)
+            if active is None:
+                return
+            if not active:
+                await conn.execute("SELECT pg_drop_replication_slot($1)", slot)
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"replication slot {slot} still active after {timeout_s} s")
+            await asyncio.sleep(0.5)
+    finally:
+        await conn.close()
+
+
