@@ -2,14 +2,14 @@
 its tools wrote in ``docs/bench/`` (registered as regions in ``ops.bench.tables``, which
 rewrites and checks them): ``python -m ops.bench.sink --in-order`` (``sink-in-order.json``),
 ``python -m ops.bench.sink --decode`` (``sink-decode.json``) and the Avro and JSON sink runs
-of the published ``make bench`` (``worker-quiet.json``). Pure: the same JSON gives the same
-text."""
+of the published ``make bench`` (``worker-quiet.json``), and ``make bench-cdc``'s change
+events and replication lag (``cdc.json``). Pure: the same JSON gives the same text."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["avro_runs", "decode", "in_order"]
+__all__ = ["avro_runs", "cdc", "decode", "in_order"]
 
 Report = dict[str, Any]
 
@@ -58,3 +58,26 @@ def avro_runs(report: Report) -> list[str]:
     return [*lines, "", f"Avro over JSON: {report['ratios'][ratio]} by the medians' rates, "
                         f"{report['paired_ratios'][ratio]} paired try by try, "
                         f"{report['cpu_ratios'][ratio]} per CPU-second (target ≥ 0.9)."]
+
+
+def cdc(report: Report) -> list[str]:
+    """The change-event runs beside the plain sink, every try, their ratios, and the lag
+    through a real Debezium per rate."""
+    lines = ["| run | records/s (median; all tries) | CPU µs per record (median; all tries) |",
+             "|---|---|---|"]
+    for run in report["runs"].values():
+        rates = "; ".join(f"{x:,}" for x in run["all_records_per_s"])
+        cpu = "; ".join(str(x) for x in run["all_cpu_us_per_record"])
+        lines.append(f"| {run['label']} | {run['records_per_s']:,} ({rates}) | "
+                     f"{run['median_cpu_us_per_record']} ({cpu}) |")
+    r, targets = report["ratios"], report.get("targets", {})
+    lines += ["", f"Change events over the plain sink (the same rows): {r['cdc_over_plain']} "
+              f"(target ≥ {targets.get('cdc_over_plain', 0.8)}); with each record's schema: "
+              f"{r['cdc_schemas_over_plain']}; the version guard over the unguarded: "
+              f"{r['guarded_over_cdc']} (records/s of the medians).", "",
+              "| rows/s into the source | achieved | rows | lag p50 | lag p99 | lag max |",
+              "|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {one['rate_per_s']:,.0f} | {one['achieved_per_s']:,.1f} | {one['rows']:,} | "
+              f"{one['p50_ms']:,} ms | {one['p99_ms']:,} ms | {one['max_ms']:,} ms |"
+              for one in report["lag"]]
+    return lines

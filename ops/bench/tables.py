@@ -116,6 +116,10 @@ def _avro_runs(report: Report) -> list[str]:
             *sink_tables.avro_runs(report)]
 
 
+def _cdc(report: Report) -> list[str]:
+    return [f"Measured by {_made(report, 'cdc.json')}", "", *sink_tables.cdc(report)]
+
+
 def worker_runs(report: Report) -> list[str]:
     names = [n for n in report["runs"] if "sink" not in n]
     return [f"Measured by {_made(report, 'worker-quiet.json')} {_machine(report)}", "",
@@ -480,6 +484,7 @@ REGIONS: dict[str, Region] = {
     "sink-in-order": Region("sink-in-order.json", _in_order),
     "sink-decode": Region("sink-decode.json", _decode),
     "sink-avro": Region("worker-quiet.json", _avro_runs),
+    "sink-cdc": Region("cdc.json", _cdc),
     "crash-recovery": Region("crash-matrix.json", _recovery),
     "crash-matrix": Region("crash-matrix.json", crash_tables.crash_matrix, "crash-matrix.md"),
 }

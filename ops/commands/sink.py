@@ -1,7 +1,8 @@
 """``fencectl sink plan``: the ``ALTER TABLE`` statements a topic's schemas would need of the
 table sink's table, for operators who apply DDL themselves.
 
-  fencectl sink plan --topic T --sink table=NAME [--sink-key COL] --sink-format F [--json]
+  fencectl sink plan --topic T --sink table=NAME [--sink-key COL] --sink-format F
+      [--sink-envelope debezium] [--json]
 
 Reads every version registered under ``<topic>-value`` (``SCHEMA_REGISTRY_URL``) and the
 table (``FENCE_DSN``; ``--sink table='{topic}'`` names the topic's table), and prints the
@@ -58,6 +59,9 @@ def register(sub: Any) -> None:
                    help="its key columns, as for run")
     a.add_argument("--sink-format", required=True, metavar="FORMAT",
                    help="avro, protobuf or json-schema")
+    a.add_argument("--sink-envelope", default=None, metavar="ENVELOPE",
+                   help="debezium: the schemas are Debezium's change events, whose after "
+                        "image holds the row (as for run; default: none)")
     a.add_argument("--json", action="store_true", help="machine-readable output")
     a.set_defaults(func=_main, exits=EXITS)
 
@@ -69,7 +73,8 @@ async def _plan(dsn: str, spec: SinkSpec, topic: str) -> Plan:
     try:
         versions = []
         for v in await registry.versions(subject):
-            got = await registry.latest_fields(spec.value_format, subject, v)
+            got = await registry.latest_fields(spec.value_format, subject, v,
+                                               envelope=spec.envelope is not None)
             if got is not None:
                 versions.append((f"{got[1]} version {v}", got[0]))
     except (Unavailable, Misfit) as exc:
@@ -83,7 +88,8 @@ async def _plan(dsn: str, spec: SinkSpec, topic: str) -> Plan:
     if target is None:
         raise ConfigError(f"--sink table={spec.table}: {'; '.join(problems)}")
     columns = {c.name: (c.type_name, c.required) for c in target.layout.columns}
-    return plan(target.quoted, versions, columns, (*spec.keys, *RESERVED))
+    keys = target.layout.keys  # with the envelope and no --sink-key: the primary key
+    return plan(target.quoted, versions, columns, (*keys, *RESERVED))
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -96,6 +102,7 @@ def _main(args: argparse.Namespace) -> int:
             raise ConfigError(f"--sink {args.sink}: expected table=NAME")
         spec = SinkSpec.from_settings({
             "table": name.strip(), "key": args.sink_key, "format": args.sink_format,
+            "envelope": args.sink_envelope,
             "registry": os.environ.get("SCHEMA_REGISTRY_URL", "")}).for_topic(args.topic)
         if not spec.value_format.registry:
             raise ConfigError(f"--sink-format {args.sink_format}: a plan reads writer schemas "

@@ -6,6 +6,7 @@ row under the new key, and every logical type lands in its column exactly."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime as dt
 import decimal
@@ -233,3 +234,31 @@ async def test_avro_change_events_through_the_registry(pg_dsn: str, schema: str,
     assert got == [(1, "ada v2", dt.date(2024, 1, 1), dt.datetime(2024, 1, 1, 12, 34, 56, 789_012),
                     D("12.50")), (2, "ada", None, dt.datetime(2024, 1, 1, 12, 34, 56, 789_012),
                                   D("12.50"))]
+
+
+def test_sink_plan_reads_the_after_image_of_change_events(pg_dsn: str, schema: str,
+                                                          services: Any) -> None:
+    """``fencectl sink plan --sink-envelope debezium``: the columns a registered change
+    event's after image needs of the table, not the envelope's own fields."""
+    import os
+    import subprocess
+
+    from tests.integration.registry_support import avro
+    from tests.integration.workers import FENCECTL, ROOT
+
+    topic = f"dbz{uuid.uuid4().hex[:6]}.public.items"
+    avro(services.schema_registry_url, topic, AVRO_ENVELOPE)(
+        {"before": None, "after": {"id": 1, "name": "a", "born": None, "seen": None,
+                                   "price": None}, "op": "c", "ts_ms": 1})
+    asyncio.run(fetch(pg_dsn, f'CREATE TABLE "{schema}".items (id int PRIMARY KEY, '
+                              "name text NOT NULL, born date)"))
+    done = subprocess.run(
+        [*FENCECTL, "sink", "plan", "--topic", topic, "--sink", f"table={schema}.items",
+         "--sink-format", "avro", "--sink-envelope", "debezium", "--json"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "FENCE_DSN": pg_dsn,
+                       "SCHEMA_REGISTRY_URL": services.schema_registry_url},
+        capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout) == {"problems": [], "statements": [
+        f'ALTER TABLE "{schema}"."items" ADD COLUMN IF NOT EXISTS "seen" timestamp;',
+        f'ALTER TABLE "{schema}"."items" ADD COLUMN IF NOT EXISTS "price" numeric(10,2);']}
