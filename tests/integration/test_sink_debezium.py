@@ -165,6 +165,24 @@ async def test_a_value_the_column_cannot_hold_is_quarantined_not_cut(pg_dsn: str
                                      "field overflow")
 
 
+async def test_a_value_the_column_would_round_is_quarantined_not_rounded(
+        pg_dsn: str, schema: str) -> None:
+    """numeric(10,2) and timestamp(3) read from the catalog: a price of three decimals or a
+    timestamp of microseconds would be rounded by PostgreSQL without a word; quarantined."""
+    await fetch(pg_dsn, f'CREATE TABLE "{schema}".items (id int PRIMARY KEY, name text, '
+                        "price numeric(10,2), seen timestamp(3))")
+    quarantined = await apply(pg_dsn, schema, spec(schema), [
+        event(0, "c", after={"id": 1, "name": "a", "price": 1.255}, schemas=False),
+        event(1, "c", after={"id": 2, "name": "b", "seen": "2024-01-01T00:00:00.123456"},
+              schemas=False),
+        event(2, "c", after={"id": 3, "name": "c", "price": 1.25,
+                             "seen": "2024-01-01T00:00:00.123"}, schemas=False)], tp=TP)
+    assert await fetch(pg_dsn, f'SELECT id, price, seen FROM "{schema}".items') == [
+        (3, D("1.25"), dt.datetime(2024, 1, 1, 0, 0, 0, 123_000))]
+    assert sorted(quarantined) == [0, 1]
+    assert all("which PostgreSQL would round" in why for why in quarantined.values())
+
+
 async def test_with_json_values_the_table_must_exist(pg_dsn: str, schema: str) -> None:
     c = await asyncpg.connect(pg_dsn)
     try:

@@ -208,6 +208,11 @@ SELECT a.attname AS name, t.typname AS type_name, a.attnotnull AS not_null,
        (a.atthasdef OR a.attidentity <> '') AS has_default,
        CASE WHEN t.typname IN ('varchar', 'bpchar') AND a.atttypmod > 4
             THEN a.atttypmod - 4 END AS max_chars,
+       CASE WHEN t.typname IN ('numeric', '_numeric') AND a.atttypmod >= 4
+            THEN (a.atttypmod - 4) & 65535
+            WHEN t.typname IN ('timestamp', 'timestamptz', 'time', 'timetz', '_timestamp',
+                               '_timestamptz', '_time', '_timetz') AND a.atttypmod >= 0
+            THEN a.atttypmod END AS scale,
        (a.attgenerated <> '' OR a.attidentity = 'a') AS not_writable
 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
 WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
@@ -266,7 +271,8 @@ async def read_layout(conn: Any, spec: SinkSpec) -> tuple[Target | None, list[st
         names.add(r["name"])
         if r["not_writable"]:
             continue
-        col = Column(r["name"], r["type_name"], r["not_null"], r["has_default"], r["max_chars"])
+        col = Column(r["name"], r["type_name"], r["not_null"], r["has_default"], r["max_chars"],
+                     r["scale"])
         if supported(col.type_name):
             columns.append(col)
         elif col.required:

@@ -49,6 +49,9 @@ class Column:
     not_null: bool = False
     has_default: bool = False
     max_chars: int | None = None  # varchar(n) / char(n)
+    #: numeric(p, s)'s s, or a time type's (p) digits of a second's fraction: PostgreSQL
+    #: rounds a value with more, so the sink refuses it (None: unconstrained)
+    scale: int | None = None
 
     @property
     def required(self) -> bool:
@@ -95,7 +98,26 @@ def _numeric(col: Column, v: Any) -> decimal.Decimal:
             raise Misfit(f"column {col.name} (numeric): {v!r} is not a number") from None
     if not d.is_finite():
         raise Misfit(f"column {col.name} (numeric): {v!r} is not finite")
+    scale = col.scale
+    exponent = d.as_tuple().exponent  # an int: d is finite
+    if scale is not None and 0 <= scale < len(_SCALES) and isinstance(exponent, int) \
+            and exponent < -scale and d != d.quantize(_SCALES[scale]):
+        raise Misfit(f"column {col.name} (numeric, scale {scale}): {d} has more decimal "
+                     "places, which PostgreSQL would round")
     return d
+
+
+_SCALES = [decimal.Decimal(1).scaleb(-s) for s in range(1001)]  # numeric's scale: 0..1000
+
+
+def _whole(col: Column, t: Any) -> Any:
+    """``t`` (a time or datetime) when ``col``'s fraction of a second holds it whole."""
+    digits = col.scale
+    if digits is not None and digits < 6 and t.microsecond % 10 ** (6 - digits):
+        raise Misfit(f"column {col.name} ({col.type_name}({digits})): {t.isoformat()} has "
+                     f"digits below {digits} of a second's fraction, which PostgreSQL would "
+                     "round")
+    return t
 
 
 def text_value(col: Column, v: Any) -> str:
@@ -171,7 +193,7 @@ def _timestamptz(col: Column, v: Any) -> dt.datetime:
             t = dt.datetime.fromisoformat(_iso(col, v))
         except ValueError:
             raise Misfit(f"column {col.name} (timestamptz): {v!r} is not ISO-8601") from None
-    return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)  # naive: read as UTC
+    return _whole(col, t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC))  # naive: UTC
 
 
 def _timestamp(col: Column, v: Any) -> dt.datetime:
@@ -182,7 +204,7 @@ def _timestamp(col: Column, v: Any) -> dt.datetime:
             t = dt.datetime.fromisoformat(_iso(col, v))
         except ValueError:
             raise Misfit(f"column {col.name} (timestamp): {v!r} is not ISO-8601") from None
-    return t if t.tzinfo is None else t.astimezone(dt.UTC).replace(tzinfo=None)
+    return _whole(col, t if t.tzinfo is None else t.astimezone(dt.UTC).replace(tzinfo=None))
 
 
 def _date(col: Column, v: Any) -> dt.date:
@@ -196,11 +218,12 @@ def _date(col: Column, v: Any) -> dt.date:
 
 def _time(col: Column, v: Any) -> dt.time:
     if isinstance(v, dt.time):
-        return v
+        return _whole(col, v)
     try:
-        return dt.time.fromisoformat(_iso(col, v))
+        t = dt.time.fromisoformat(_iso(col, v))
     except ValueError:
         raise Misfit(f"column {col.name} (time): {v!r} is not an ISO-8601 time") from None
+    return _whole(col, t)
 
 
 def _timetz(col: Column, v: Any) -> dt.time:

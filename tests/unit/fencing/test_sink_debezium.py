@@ -277,3 +277,28 @@ def test_json_events_name_what_is_wrong_as_a_whole_parse_does(raw: bytes, why: s
     events.read(_wire({"schema": SCHEMA, "payload": _event("c", after=ROW)}))
     with pytest.raises(Misfit, match=why):
         events.read(raw)
+
+
+@pytest.mark.parametrize(("col", "raw", "fits"), [
+    (Column("price", "numeric", scale=2), decimal.Decimal("1.25"), True),
+    (Column("price", "numeric", scale=2), decimal.Decimal("1.2500"), True),  # same value
+    (Column("price", "numeric", scale=2), decimal.Decimal("1.255"), False),
+    (Column("price", "numeric", scale=0), 7.5, False),
+    (Column("price", "numeric"), decimal.Decimal("1.255"), True),           # unconstrained
+    (Column("seen3", "timestamp", scale=3), dt.datetime(2024, 1, 1, 0, 0, 0, 123_000), True),
+    (Column("seen3", "timestamp", scale=3), dt.datetime(2024, 1, 1, 0, 0, 0, 123_456), False),
+    (Column("seen0", "timestamptz", scale=0), "2024-01-01T00:00:00.5+00:00", False),
+    (Column("at2", "time", scale=2), dt.time(12, 0, 0, 120_000), True),
+    (Column("at2", "time", scale=2), "12:00:00.123", False),
+    (Column("at2", "timetz", scale=2), "12:00:00.123+02:00", False),
+    (Column("prices", "_numeric", scale=1), [decimal.Decimal("1.5"), decimal.Decimal("1.55")],
+     False),
+])
+def test_a_value_the_column_would_round_is_a_misfit(col: Column, raw: Any, fits: bool) -> None:
+    """numeric(p, s) and time types of a fraction's precision: PostgreSQL rounds a value with
+    more digits, silently; the sink refuses it (quarantined with the reason), never cuts."""
+    if fits:
+        CONVERT[col.type_name](col, raw)
+    else:
+        with pytest.raises(Misfit, match="which PostgreSQL would round"):
+            CONVERT[col.type_name](col, raw)
