@@ -178,8 +178,12 @@ def test_a_table_replicated_through_debezium_equals_its_source(
         # a truncate is ordered with its own partition's events only: the rows written
         # after it follow once it is applied (docs/table-sink.md)
         asyncio.run(_execute(source_dsn, f"TRUNCATE {table}"))
-        wait_until(lambda: (supervise(), not asyncio.run(rows(services.dsn, target)))[1],
-                   timeout_s=120, interval_s=1.0, what="the truncate applied to the target")
+        def truncated() -> bool:
+            supervise()
+            return not asyncio.run(rows(services.dsn, target))
+
+        wait_until(truncated, timeout_s=120, interval_s=1.0,
+                   what="the truncate applied to the target")
         asyncio.run(_execute(source_dsn, after_truncate(table)))
         got, want = _converged(services.dsn, target, source_dsn, table, tick=supervise)
         assert got == want and len(got) == 20, _difference(got, want)
