@@ -19,11 +19,17 @@ Rules:
   (``ops.stack.postgres``), so Debezium's ``pgoutput`` plugin and a publication work.
 - Its command line carries the service directory (``-Dfenceworker.stack=...``) as the pid
   marker. Healthy means ``GET /`` answers Connect's version.
+- Apicurio Registry's Avro converter (``AVRO_CONVERTER``, ``ops/stack/converter-pom.xml``)
+  sits in the worker's ``plugin.path`` (its own class loader): a connector configured with
+  ``avro_converter_config`` writes its keys and values in Avro through the stack's registry,
+  in Confluent's wire format, which the table sink reads with ``--sink-format avro``.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import urllib.error
 import urllib.request
@@ -34,11 +40,15 @@ from ops.stack import postgres as stack_postgres
 from ops.stack.config import HOST, Service, StackSettings
 from ops.stack.procs import spawn
 
-__all__ = ["SOURCE_DB", "SOURCE_USER", "STOP_SIGNAL", "check", "classpath", "marker",
-           "source_dsn", "start", "url"]
+__all__ = ["AVRO_CONVERTER", "SOURCE_DB", "SOURCE_USER", "STOP_SIGNAL", "avro_converter_config",
+           "check", "classpath", "marker", "source_dsn", "start", "url"]
 
 STOP_SIGNAL = signal.SIGTERM
 POM = Path(__file__).resolve().parent / "connect-pom.xml"
+CONVERTER_POM = Path(__file__).resolve().parent / "converter-pom.xml"
+AVRO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
+#: jars of the converter's tree that Connect's own class loader provides (its API)
+_FROM_CONNECT = ("kafka-clients-", "connect-api-", "slf4j-api-")
 HEAP = "384m"
 SOURCE_DB = "source"
 SOURCE_USER = "source_cdc"
@@ -70,8 +80,43 @@ def classpath(settings: StackSettings) -> str:
                                          what="Kafka Connect and Debezium")
 
 
-def worker_properties(settings: StackSettings) -> str:
-    """The worker's configuration (pure)."""
+def avro_converter_config(registry_url: str, *, key: bool = True) -> dict[str, str]:
+    """A connector's settings that make it write Avro through the registry at
+    ``registry_url`` (the stack's ``.../apis/ccompat/v7``; the converter speaks Apicurio's
+    own API beside it) in Confluent's wire format: a zero byte and the schema's 4-byte id,
+    the id the Confluent-compatible API serves, under the subject ``<topic>-value``
+    (``-key``)."""
+    base = registry_url.split("/apis/")[0] + "/apis/registry/v2"
+    out: dict[str, str] = {}
+    for side in ("key", "value") if key else ("value",):
+        out |= {f"{side}.converter": AVRO_CONVERTER,
+                f"{side}.converter.apicurio.registry.url": base,
+                f"{side}.converter.apicurio.registry.auto-register": "true",
+                f"{side}.converter.apicurio.registry.find-latest": "true",
+                f"{side}.converter.apicurio.registry.as-confluent": "true",
+                f"{side}.converter.apicurio.registry.headers.enabled": "false",
+                f"{side}.converter.apicurio.registry.id-handler":
+                    "io.apicurio.registry.serde.Legacy4ByteIdHandler",
+                f"{side}.converter.apicurio.registry.use-id": "contentId"}
+    return out
+
+
+def _plugins(settings: StackSettings) -> Path:
+    """The worker's plugin.path: Apicurio's Avro converter resolved on first use, its jars
+    copied into a plugin directory of their own."""
+    cp = stack_kafka.resolve_classpath(settings, CONVERTER_POM, settings.paths.connect_cache,
+                                       what="Apicurio Registry's Avro converter")
+    plugins = _svc(settings) / "plugins"
+    target = plugins / "apicurio-avro-converter"
+    target.mkdir(parents=True, exist_ok=True)
+    for jar in map(Path, cp.split(os.pathsep)):
+        if not jar.name.startswith(_FROM_CONNECT) and not (target / jar.name).exists():
+            shutil.copy2(jar, target / jar.name)
+    return plugins
+
+
+def worker_properties(settings: StackSettings, plugins: Path | None = None) -> str:
+    """The worker's configuration (pure); ``plugins``: its plugin.path."""
     props = {
         "bootstrap.servers": ",".join(f"{HOST}:{settings.ports.of(s)[0]}"
                                       for s in settings.kafka_services),
@@ -89,6 +134,7 @@ def worker_properties(settings: StackSettings) -> str:
         "offset.flush.interval.ms": "1000",
         "listeners": f"http://{HOST}:{settings.ports.connect}",
         "plugin.discovery": "only_scan",
+        **({"plugin.path": str(plugins)} if plugins is not None else {}),
     }
     return "".join(f"{k}={v}\n" for k, v in props.items())
 
@@ -116,8 +162,9 @@ def start(settings: StackSettings) -> int:
     _provision_source(settings)
     svc = _svc(settings)
     svc.mkdir(parents=True, exist_ok=True)
+    plugins = _plugins(settings)
     props = svc / "worker.properties"
-    props.write_text(worker_properties(settings))
+    props.write_text(worker_properties(settings, plugins))
     log4j = svc / "log4j2.properties"
     log4j.write_text(stack_kafka.LOG4J2)
     argv = [java, f"-Xms{HEAP}", f"-Xmx{HEAP}", "-XX:+UseSerialGC",

@@ -23,6 +23,7 @@ import asyncpg
 import pytest
 
 from fencing.testing.pgproxy import Action
+from ops.stack.connect import avro_converter_config
 from ops.stack.connectors import postgres_connector
 from tests.integration.cdc import (
     COLUMNS,
@@ -101,8 +102,12 @@ def _difference(got: list[tuple[Any, ...]], want: list[tuple[Any, ...]]) -> str:
 
 
 @pytest.mark.parametrize("setup", GROUP_SETUPS, ids=lambda s: s.name)
+@pytest.mark.parametrize("converter", ["json", "avro"])
 def test_a_table_replicated_through_debezium_equals_its_source(
-        debezium: Any, services: Any, setup: Any) -> None:
+        debezium: Any, services: Any, setup: Any, converter: str) -> None:
+    """``converter``: Kafka Connect's JSON converter with schemas (the stack's default), or
+    Apicurio's Avro converter through the stack's registry (keys and values; the sink reads
+    them with ``--sink-format avro --sink-key-format avro``)."""
     source_dsn, connect_url = debezium.source_dsn, debezium.connect_url
     clean_leftovers(connect_url, source_dsn)
     table = f"items_{uuid.uuid4().hex[:6]}"
@@ -114,10 +119,15 @@ def test_a_table_replicated_through_debezium_equals_its_source(
     target = f'"{schema}".{table}'
     asyncio.run(_execute(services.dsn, f"CREATE TABLE {target} {TARGET_DDL}"))
     group = f"g{prefix}"
-    register_connector(connect_url, prefix, postgres_connector(source_dsn, prefix, table))
-    argv = ("--sink", f"table={schema}.{table}", "--sink-envelope", "debezium",
-            "--sink-key-format", "json", "--sink-truncate", "--sink-version-column", "lsn",
-            "--sink-version-from", "source.lsn")
+    config = postgres_connector(source_dsn, prefix, table)
+    formats: tuple[str, ...] = ("--sink-key-format", "json")
+    if converter == "avro":
+        config |= avro_converter_config(services.schema_registry_url)
+        formats = ("--sink-format", "avro", "--sink-key-format", "avro")
+    register_connector(connect_url, prefix, config)
+    argv = ("--sink", f"table={schema}.{table}", "--sink-envelope", "debezium", *formats,
+            "--sink-truncate", "--sink-version-column", "lsn", "--sink-version-from",
+            "source.lsn")
     members: list[WorkerProc] = []
     spawned: dict[WorkerProc, tuple[str, dict[str, str] | None]] = {}
     proxy = ProxyThread(services.dsn)
@@ -127,7 +137,9 @@ def test_a_table_replicated_through_debezium_equals_its_source(
 
         def member(name: str, env: dict[str, str] | None = None) -> WorkerProc:
             proc = WorkerProc(topic=topic, group=group, schema=schema, setup=setup,
-                              extra=argv, name=name, env=env)
+                              extra=argv, name=name, env={
+                                  "SCHEMA_REGISTRY_URL": services.schema_registry_url,
+                                  **(env or {})})
             spawned[proc] = (name, env)
             return proc
 

@@ -234,11 +234,22 @@ def _avro_transform(schema: Any, named: dict[str, Any]) -> Callable[[Any], Any] 
         return named.get(schema)
     if not isinstance(schema, Mapping):
         return None
+    connect_name = schema.get("connect.name")
+    logical_reader = _reader({**schema, "name": connect_name}) if isinstance(
+        connect_name, str) else None
+    if logical_reader is not None:
+        # a logical type, also one written as a record (VariableScaleDecimal: scale, value)
+        def logical(value: Any, read: Reader = logical_reader, name: Any = connect_name
+                    ) -> Any:
+            return read(value, str(name))
+        if schema.get("type") == "record":
+            _name(schema, named, logical)
+        return logical
     if schema.get("type") == "record":
         fields = [(f["name"], t) for f in schema.get("fields") or ()
                   if (t := _avro_transform(f["type"], named)) is not None]
         if not fields:
-            named[str(schema.get("name"))] = None
+            _name(schema, named, None)
             return None
 
         def record(value: Any) -> Any:
@@ -248,7 +259,7 @@ def _avro_transform(schema: Any, named: dict[str, Any]) -> Callable[[Any], Any] 
                     if got is not None:
                         value[name] = transform(got)
             return value
-        named[str(schema.get("name"))] = record
+        _name(schema, named, record)
         return record
     if schema.get("type") == "array":
         inner = _avro_transform(schema.get("items"), named)
@@ -259,6 +270,15 @@ def _avro_transform(schema: Any, named: dict[str, Any]) -> Callable[[Any], Any] 
         return None
     name = str(schema.get("connect.name"))
     return lambda value: reader(value, name)
+
+
+def _name(schema: Mapping[str, Any], named: dict[str, Any], transform: Any) -> None:
+    """Keep a named record's transform under its name and its full name (a later field
+    may refer to it by either)."""
+    name = str(schema.get("name"))
+    named[name] = transform
+    if schema.get("namespace") and "." not in name:
+        named[f"{schema['namespace']}.{name}"] = transform
 
 
 def connect_typer(avro_schema: Any) -> Callable[[Any], Any] | None:

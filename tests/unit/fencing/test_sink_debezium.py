@@ -302,3 +302,25 @@ def test_a_value_the_column_would_round_is_a_misfit(col: Column, raw: Any, fits:
     else:
         with pytest.raises(Misfit, match="which PostgreSQL would round"):
             CONVERT[col.type_name](col, raw)
+
+
+def test_a_logical_type_written_as_an_avro_record_is_read_by_its_connect_name() -> None:
+    """Debezium's VariableScaleDecimal is a record ``{scale, value}`` in Avro (Apicurio's and
+    Confluent's converters): read by its ``connect.name``, in ``before`` and in ``after``,
+    which names the row record ``before`` defined (by its full name)."""
+    from fencing.postgres.sink.debezium import connect_typer
+
+    variable = {"type": "record", "name": "VariableScaleDecimal", "namespace": "io.debezium.data",
+                "fields": [{"name": "scale", "type": "int"}, {"name": "value", "type": "bytes"}],
+                "connect.name": "io.debezium.data.VariableScaleDecimal"}
+    row = {"type": "record", "name": "Value", "namespace": "db.public.t", "fields": [
+        {"name": "id", "type": "int"}, {"name": "amount", "type": ["null", variable]}]}
+    envelope = {"type": "record", "name": "Envelope", "fields": [
+        {"name": "before", "type": ["null", row]},
+        {"name": "after", "type": ["null", "db.public.t.Value"]}]}
+    typer = connect_typer(envelope)
+    assert typer is not None
+    amount = {"scale": 3, "value": (123_456).to_bytes(3, "big", signed=True)}
+    got = typer({"before": {"id": 1, "amount": dict(amount)},
+                 "after": {"id": 1, "amount": dict(amount)}})
+    assert got["before"]["amount"] == got["after"]["amount"] == decimal.Decimal("123.456")
