@@ -18,7 +18,9 @@ Sections of ``artifacts/bench/cdc.json``:
   inserted at a steady rate, one transaction each. A row's lag is the target's
   ``clock_timestamp()`` when the sink wrote it (a column default) minus the source's when
   it was inserted: one server's clock, commit to row, Kafka Connect's poll and flush
-  intervals included. p50, p99 and max per rate.
+  intervals included. p50, p99 and max per rate, and the two shares split at the record's
+  Kafka timestamp (set by Connect's producer on this machine): Debezium's and Connect's
+  up to Kafka, the sink's from Kafka to the row.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 
 import asyncpg
 
+from fencing.postgres.schema import migrate
 from ops.bench.provenance import provenance
 from ops.bench.runs import ROOT, delete_topics, env
 from ops.bench.sink import sink_row
@@ -67,7 +70,8 @@ TARGETS = {"cdc_over_plain": 0.8}
 
 _SOURCE_DDL = ("(id int PRIMARY KEY, amount int NOT NULL, note text NOT NULL, "
                "written timestamptz NOT NULL DEFAULT clock_timestamp())")
-_TARGET_DDL = _SOURCE_DDL[:-1] + ", landed timestamptz DEFAULT clock_timestamp())"
+_TARGET_DDL = _SOURCE_DDL[:-1] + (", kafka_timestamp timestamptz, "
+                                  "landed timestamptz DEFAULT clock_timestamp())")
 
 
 def _ratios(runs: dict[str, Any]) -> dict[str, float | None]:
@@ -83,6 +87,16 @@ async def _sql(dsn: str, *statements: str) -> None:
     try:
         for statement in statements:
             await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+async def _migrated(dsn: str, schema: str, ddl: str) -> None:
+    """The fence schema ``schema`` (migrated: the worker never migrates) and ``ddl`` in it."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await migrate(conn, schema)
+        await conn.execute(ddl)
     finally:
         await conn.close()
 
@@ -120,13 +134,31 @@ async def _lags(dsn: str, target: str, first: int) -> dict[str, float]:
     try:
         row = await conn.fetchrow(
             "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY lag) AS q, "
-            "max(lag) AS worst, count(*) AS n FROM (SELECT extract(epoch FROM landed - "
-            f"written) * 1000 AS lag FROM {target} WHERE id >= $1) l", first)
+            "percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY source) AS s, "
+            "percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY sink) AS k, "
+            "max(lag) AS worst, count(*) AS n FROM (SELECT "
+            "extract(epoch FROM landed - written) * 1000 AS lag, "
+            "extract(epoch FROM kafka_timestamp - written) * 1000 AS source, "
+            "extract(epoch FROM landed - kafka_timestamp) * 1000 AS sink "
+            f"FROM {target} WHERE id >= $1) l", first)
         assert row is not None  # an aggregate answers one row
         return {"rows": int(row["n"]), "p50_ms": round(float(row["q"][0]), 1),
-                "p99_ms": round(float(row["q"][1]), 1), "max_ms": round(float(row["worst"]), 1)}
+                "p99_ms": round(float(row["q"][1]), 1), "max_ms": round(float(row["worst"]), 1),
+                # the two shares: Debezium and Kafka Connect up to the record's Kafka
+                # timestamp (its producer's clock, this machine's), then the sink's
+                "to_kafka_p50_ms": round(float(row["s"][0]), 1),
+                "to_kafka_p99_ms": round(float(row["s"][1]), 1),
+                "sink_p50_ms": round(float(row["k"][0]), 1),
+                "sink_p99_ms": round(float(row["k"][1]), 1)}
     finally:
         await conn.close()
+
+
+def _topics() -> set[str]:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": os.environ["KAFKA_BOOTSTRAP_SERVERS"]})
+    return set(admin.list_topics(timeout=10).topics)
 
 
 def _wait(predicate: Any, timeout_s: float, what: str) -> None:
@@ -145,17 +177,21 @@ def measure_lag(dsn: str, source_dsn: str, connect_url: str, *, rate: float,
     topic, target = f"{prefix}.public.{table}", f'"{schema}".{table}'
     asyncio.run(_sql(source_dsn, f"CREATE TABLE {table} {_SOURCE_DDL}",
                      f"INSERT INTO {table} (id, amount, note) VALUES (0, 0, 'first')"))
-    asyncio.run(_sql(dsn, f'CREATE SCHEMA "{schema}"', f"CREATE TABLE {target} {_TARGET_DDL}"))
+    asyncio.run(_migrated(dsn, schema, f"CREATE TABLE {target} {_TARGET_DDL}"))
     member: subprocess.Popen[bytes] | None = None
+    log = ROOT / "artifacts" / "bench" / f"cdc-member-{rate:.0f}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
     try:
         register_connector(connect_url, prefix, postgres_connector(source_dsn, prefix, table))
+        _wait(lambda: topic in _topics(), 120, "Debezium's topic")  # else the member exits 2
         member = subprocess.Popen(
             [sys.executable, "-m", "ops.cli", "run", "--topic", topic, "--group", f"g{prefix}",
              "--schema", schema, "--sink", f"table={schema}.{table}", "--sink-envelope",
              "debezium", "--sink-key-format", "json"],
             cwd=ROOT, env={**env(), "OTEL_TRACES_EXPORTER": "none"},
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait(lambda: asyncio.run(_count(dsn, target)) == 1, 180, "the snapshot's row")
+            stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+        _wait(lambda: asyncio.run(_count(dsn, target)) == 1, 180,
+              f"the snapshot's row (the member's log: {log})")
         written, took_s = asyncio.run(_insert_paced(source_dsn, table, 1, rate, seconds))
         _wait(lambda: asyncio.run(_count(dsn, target)) == written + 1, 180,
               "every row in the target")
@@ -177,8 +213,9 @@ def measure_lag(dsn: str, source_dsn: str, connect_url: str, *, rate: float,
         asyncio.run(_sql(dsn, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
         from confluent_kafka.admin import AdminClient
 
-        AdminClient({"bootstrap.servers": os.environ["KAFKA_BOOTSTRAP_SERVERS"]}
-                    ).delete_topics([topic])
+        if topic in _topics():
+            AdminClient({"bootstrap.servers": os.environ["KAFKA_BOOTSTRAP_SERVERS"]}
+                        ).delete_topics([topic])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,13 +239,16 @@ def main(argv: list[str] | None = None) -> int:
         runs = throughput(RUNS, topics, a.repeat, dsn)
     finally:
         delete_topics()
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.with_suffix(".partial.json").write_text(json.dumps(
+        {"provenance": measured, "runs": runs, "ratios": _ratios(runs)}, indent=2) + "\n")
     lag = [measure_lag(dsn, os.environ["FENCE_SOURCE_DSN"], os.environ["KAFKA_CONNECT_URL"],
                        rate=float(r), seconds=a.seconds) for r in a.rates.split(",") if r]
     result = {"provenance": measured, "count": a.count, "partitions": a.partitions,
               "repeat": a.repeat, "quick": a.quick, "runs": runs, "ratios": _ratios(runs),
               "targets": TARGETS, "lag": lag}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2) + "\n")
+    a.out.with_suffix(".partial.json").unlink(missing_ok=True)
     print("ratios", json.dumps(result["ratios"], indent=2))
     for one in lag:
         print(f"lag at {one['rate_per_s']:.0f} rows/s: p50 {one['p50_ms']} ms, "

@@ -75,9 +75,12 @@ def cdc(report: Report) -> list[str]:
               f"(target ≥ {targets.get('cdc_over_plain', 0.8)}); with each record's schema: "
               f"{r['cdc_schemas_over_plain']}; the version guard over the unguarded: "
               f"{r['guarded_over_cdc']} (records/s of the medians).", "",
-              "| rows/s into the source | achieved | rows | lag p50 | lag p99 | lag max |",
-              "|---:|---:|---:|---:|---:|---:|"]
+              "| rows/s into the source | achieved | rows | lag p50 | lag p99 | lag max | "
+              "to Kafka p50 / p99 | the sink's p50 / p99 |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {one['rate_per_s']:,.0f} | {one['achieved_per_s']:,.1f} | {one['rows']:,} | "
-              f"{one['p50_ms']:,} ms | {one['p99_ms']:,} ms | {one['max_ms']:,} ms |"
+              f"{one['p50_ms']:,} ms | {one['p99_ms']:,} ms | {one['max_ms']:,} ms | "
+              f"{one['to_kafka_p50_ms']:,} / {one['to_kafka_p99_ms']:,} ms | "
+              f"{one['sink_p50_ms']:,} / {one['sink_p99_ms']:,} ms |"
               for one in report["lag"]]
     return lines
