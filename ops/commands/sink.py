@@ -87,7 +87,7 @@ async def _plan(dsn: str, spec: SinkSpec, topic: str) -> Plan:
         target, problems = await read_layout(conn, spec)
     if target is None:
         raise ConfigError(f"--sink table={spec.table}: {'; '.join(problems)}")
-    columns = {c.name: (c.type_name, c.required) for c in target.layout.columns}
+    columns = {c.name: (c.kind, c.required) for c in target.layout.columns}
     keys = target.layout.keys  # with the envelope and no --sink-key: the primary key
     return plan(target.quoted, versions, columns, (*keys, *RESERVED))
 

@@ -13,6 +13,7 @@ from ops.stack.connectors import delete_connector, drop_slot, http, register_con
 
 __all__ = [
     "COLUMNS",
+    "MOOD_DDL",
     "PREFIX",
     "SOURCE_DDL",
     "TARGET_DDL",
@@ -48,7 +49,15 @@ COLUMNS = (
     ("flag", "boolean"),
     ("tags", "text[]"),
     ("raw", "bytea"),
+    ("mood", "mood"),                    # io.debezium.data.Enum (an enum type, MOOD)
+    ("bits", "bit(12)"),                 # io.debezium.data.Bits
+    ("vbits", "varbit(16)"),             # io.debezium.data.Bits
 )
+#: the enum type of ``mood``, created in each database's public schema (``MOOD_DDL``)
+MOOD = ("sad", "ok", "happy")
+MOOD_DDL = ("DO $$ BEGIN CREATE TYPE public.mood AS ENUM ("
+            + ", ".join(f"'{m}'" for m in MOOD)
+            + "); EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$")
 SOURCE_DDL = "(" + ", ".join(f"{c} {t}" for c, t in COLUMNS) + ")"
 #: the target: the source's columns and the version guard's (``--sink-version-column lsn
 #: --sink-version-from source.lsn``: the change's position in the source's WAL)
@@ -62,7 +71,8 @@ def _row(i: int) -> str:
             f"TIMESTAMP '2024-01-01 00:00:00.123', "
             f"TIMESTAMPTZ '2024-01-01 12:34:56.789012+02' + interval '{i} seconds', "
             f"TIMETZ '12:34:56+02', gen_random_uuid(), '{{\"i\": {i}}}', {i % 2 == 0!s}, "
-            f"ARRAY['a{i}', NULL], decode('00ff{i % 256:02x}', 'hex'))")
+            f"ARRAY['a{i}', NULL], decode('00ff{i % 256:02x}', 'hex'), '{MOOD[i % 3]}', "
+            f"{i * 37 % 4096}::bit(12), substring(B'1011001110001111' from 1 for {i % 16 + 1}))")
 
 
 def after_truncate(table: str) -> str:
@@ -77,7 +87,8 @@ def workload(table: str, *, rows_n: int = 60) -> list[str]:
     stmts += [
         f"UPDATE {table} SET name = name || ' v2', price = price + 1, doc = doc || "
         "'{\"v\": 2}' WHERE id % 3 = 0",
-        f"UPDATE {table} SET seen = seen + interval '1 day', tags = ARRAY['x'] WHERE id % 5 = 0",
+        f"UPDATE {table} SET seen = seen + interval '1 day', tags = ARRAY['x'], mood = 'happy', "
+        "bits = ~bits, vbits = B'0' WHERE id % 5 = 0",
         f"DELETE FROM {table} WHERE id % 7 = 0",
         f"UPDATE {table} SET id = id + 1000 WHERE id IN (1, 2)",   # primary-key changes
         f"INSERT INTO {table} VALUES " + ", ".join(_row(i) for i in range(500, 510)),

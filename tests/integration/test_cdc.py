@@ -27,6 +27,7 @@ from ops.stack.connect import avro_converter_config
 from ops.stack.connectors import postgres_connector
 from tests.integration.cdc import (
     COLUMNS,
+    MOOD_DDL,
     PREFIX,
     SOURCE_DDL,
     TARGET_DDL,
@@ -113,11 +114,11 @@ def test_a_table_replicated_through_debezium_equals_its_source(
     table = f"items_{uuid.uuid4().hex[:6]}"
     prefix = f"{PREFIX}{uuid.uuid4().hex[:6]}"
     topic = f"{prefix}.public.{table}"
-    asyncio.run(_execute(source_dsn, f"CREATE TABLE {table} {SOURCE_DDL}",
+    asyncio.run(_execute(source_dsn, MOOD_DDL, f"CREATE TABLE {table} {SOURCE_DDL}",
                          *workload(table)[:1]))                      # a snapshot to read
     schema = asyncio.run(fresh_schema(services.dsn))
     target = f'"{schema}".{table}'
-    asyncio.run(_execute(services.dsn, f"CREATE TABLE {target} {TARGET_DDL}"))
+    asyncio.run(_execute(services.dsn, MOOD_DDL, f"CREATE TABLE {target} {TARGET_DDL}"))
     group = f"g{prefix}"
     config = postgres_connector(source_dsn, prefix, table)
     formats: tuple[str, ...] = ("--sink-key-format", "json")

@@ -73,6 +73,34 @@ async def test_existing_table_columns_by_name_misfits_and_refusals(
     assert "too long" in quarantined[4]
 
 
+@pytest.mark.parametrize("method", list(Method))
+async def test_enum_and_bit_columns_take_their_labels_and_lengths_only(
+        pg_dsn: str, schema: str, method: Method) -> None:
+    """An enum type of the table (and an array of it), bit(n) and varbit(n): written from
+    JSON; a label the type lacks and a bit string of another length are quarantined with
+    the reason, the rest of the batch written."""
+    await fetch(pg_dsn, f'CREATE TYPE "{schema}".mood AS ENUM (\'sad\', \'ok\', \'happy\')')
+    await fetch(pg_dsn, f'CREATE TABLE "{schema}".e (id int PRIMARY KEY, m "{schema}".mood, '
+                        f'ms "{schema}".mood[], b bit(4), v varbit(6))')
+    spec = SinkSpec(f"{schema}.e", keys=("id",), method=method)
+    quarantined = await apply(pg_dsn, schema, spec, [
+        rec(0, {"id": 1, "m": "ok", "ms": ["sad", None], "b": "1010", "v": "11"}),
+        rec(1, {"id": 2, "m": "glad"}),                    # not a label
+        rec(2, {"id": 3, "b": "101"}),                     # bit(4) holds exactly 4
+        rec(3, {"id": 4, "v": "1111111"}),                 # varbit(6) at most 6
+        rec(4, {"id": 5, "ms": ["happy", "meh"]}),
+        rec(5, {"id": 1, "m": "happy", "b": "0001", "v": ""}),
+    ])
+    assert await fetch(pg_dsn, f'SELECT id, m::text, ms::text, b::text, v::text '
+                               f'FROM "{schema}".e ORDER BY id') == [
+        (1, "happy", None, "0001", "")]
+    assert sorted(quarantined) == [1, 2, 3, 4]
+    assert 'column m (mood): "glad" is not one of its labels (sad, ok, happy)' in quarantined[1]
+    assert "column b (bit(4)): 3 bits do not fit" in quarantined[2]
+    assert "column v (varbit(6)): 7 bits do not fit" in quarantined[3]
+    assert '"meh" is not one of its labels' in quarantined[4]
+
+
 async def test_insert_mode_created_table_keeps_every_record(pg_dsn: str, schema: str) -> None:
     spec = SinkSpec(f"{schema}.events")
     quarantined = await apply(pg_dsn, schema, spec, [

@@ -2,10 +2,10 @@
 running worker exports.
 
 A worker commits a few batches (so its histograms and the lag gauge exist too), and a
-table sink worker the same records (the sink's own metrics); their ``/metrics`` give the
-exported names. Each dashboard query and rule expression is parsed
-by Prometheus (``/api/v1/parse_query``), so every selector's name is found wherever it
-sits in the expression.
+table sink worker the same records twice (the sink's own metrics; the second time with a
+version guard); their ``/metrics`` give the exported names. Each dashboard query and rule
+expression is parsed by Prometheus (``/api/v1/parse_query``), so every selector's name is
+found wherever it sits in the expression.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import re
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from ops.monitoring import DASHBOARD, RULES
@@ -41,6 +42,14 @@ pytestmark = pytest.mark.integration
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "monitoring.md"
 # series Prometheus makes itself, not the worker
 PROMETHEUS_OWN = {"up", "ALERTS"}
+
+
+async def _execute(dsn: str, statement: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +86,20 @@ def exported(services: ServiceSettings) -> set[str]:
                    what="sink worker ready")
         wait_until(lambda: metric(scrape(), "fence_records_processed_total") == 40,
                    timeout_s=60, what="40 records written by the sink")
+        names |= exported_names(scrape())
+        worker.terminate()
+        assert worker.wait(30) == 0, worker.log()[-3000:]
+        # the version guard's counter, exported from a guarded table's first batch on
+        asyncio.run(_execute(services.dsn, f'CREATE TABLE "{schema}".guarded (doc text '
+                                           "PRIMARY KEY, kind text, rev int8, body text)"))
+        worker = start_worker(topic=topic, group=f"{group}-guarded", schema=schema,
+                              http_port=port, extra=[
+                                  "--sink", f"table={schema}.guarded", "--sink-key", "doc",
+                                  "--sink-version-column", "rev"])
+        wait_until(lambda: (r := readyz(base)) is not None and r[0] == 200, timeout_s=60,
+                   what="guarded sink worker ready")
+        wait_until(lambda: metric(scrape(), "fence_records_processed_total") == 40,
+                   timeout_s=60, what="40 records written by the guarded sink")
         names |= exported_names(scrape())
         worker.terminate()
         assert worker.wait(30) == 0, worker.log()[-3000:]

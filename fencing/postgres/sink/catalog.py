@@ -19,7 +19,7 @@ from fencing.postgres.schema import quote_ident
 from fencing.postgres.sink.keys import Format
 from fencing.postgres.sink.registry import Registry
 from fencing.postgres.sink.routes import check_template, is_routed, route
-from fencing.postgres.sink.rows import RESERVED, Column, Layout, supported
+from fencing.postgres.sink.rows import RESERVED, Column, Layout, writable
 from fencing.postgres.sink.schemas import Field, fits
 from fencing.postgres.sink.values import Misfit
 
@@ -207,13 +207,17 @@ _COLUMNS = """
 SELECT a.attname AS name, t.typname AS type_name, a.attnotnull AS not_null,
        (a.atthasdef OR a.attidentity <> '') AS has_default,
        CASE WHEN t.typname IN ('varchar', 'bpchar') AND a.atttypmod > 4
-            THEN a.atttypmod - 4 END AS max_chars,
+            THEN a.atttypmod - 4
+            WHEN t.typname IN ('bit', 'varbit') AND a.atttypmod > 0
+            THEN a.atttypmod END AS max_chars,
        CASE WHEN t.typname IN ('numeric', '_numeric') AND a.atttypmod >= 4
             THEN (a.atttypmod - 4) & 65535
             WHEN t.typname IN ('timestamp', 'timestamptz', 'time', 'timetz', '_timestamp',
                                '_timestamptz', '_time', '_timetz') AND a.atttypmod >= 0
             THEN a.atttypmod END AS scale,
-       (a.attgenerated <> '' OR a.attidentity = 'a') AS not_writable
+       (a.attgenerated <> '' OR a.attidentity = 'a') AS not_writable,
+       (SELECT array_agg(e.enumlabel::text ORDER BY e.enumsortorder) FROM pg_enum e
+        WHERE e.enumtypid = CASE WHEN t.typelem <> 0 THEN t.typelem ELSE t.oid END) AS labels
 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
 WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
@@ -272,13 +276,13 @@ async def read_layout(conn: Any, spec: SinkSpec) -> tuple[Target | None, list[st
         if r["not_writable"]:
             continue
         col = Column(r["name"], r["type_name"], r["not_null"], r["has_default"], r["max_chars"],
-                     r["scale"])
-        if supported(col.type_name):
+                     r["scale"], None if r["labels"] is None else tuple(r["labels"]))
+        if writable(col):
             columns.append(col)
         elif col.required:
             problems.append(f"required column {col.name} has type {col.type_name}, which the "
                             "sink cannot fill from JSON (give it a default or make it nullable)")
-    writable = {c.name for c in columns}
+    names_written = {c.name for c in columns}
     if spec.envelope is not None and not spec.keys:
         primary = tuple(await conn.fetchval(_PRIMARY_KEY, spec.quoted) or ())
         if not primary:
@@ -286,7 +290,7 @@ async def read_layout(conn: Any, spec: SinkSpec) -> tuple[Target | None, list[st
                             "apply its updates and deletes to")
         spec = replace(spec, keys=primary)
     for key in spec.keys:
-        if key not in writable:
+        if key not in names_written:
             problems.append(f"key column {key} is missing or of a type the sink cannot "
                             f"write (columns: {', '.join(sorted(names))})")
         elif key in RESERVED:
@@ -407,7 +411,7 @@ async def _ensure(conn: Any, spec: SinkSpec, topics: Sequence[str], *, in_batch:
                  quote_ident(target.name), ", ".join(f"{c.name} {c.type_name}"
                                                      for c in target.layout.columns))
     if target is not None and writer is not None and writer[0]:
-        columns = {c.name: (c.type_name, c.required) for c in target.layout.columns}
+        columns = {c.name: (c.kind, c.required) for c in target.layout.columns}
         problems += fits(writer[0], columns, (*spec.keys, *RESERVED), writer[1])
     if problems or target is None:
         raise ConfigError(f"--sink table={spec.table}: the table does not fit: "

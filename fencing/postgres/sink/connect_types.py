@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fencing.postgres.sink.values import Misfit
+from fencing.postgres.sink.values import Bits, Misfit
 
 __all__ = ["Reader", "connect_typer", "field_types", "typed"]
 
@@ -130,13 +130,17 @@ def _variable_scale(value: Any, name: str) -> decimal.Decimal:
     return decimal.Decimal(_unscaled(value["value"], name)).scaleb(-int(value["scale"]))
 
 
-def _bits(value: Any, name: str) -> bytes:
-    if isinstance(value, bytes | bytearray):
-        return bytes(value)
-    try:
-        return base64.b64decode(str(value), validate=True)
-    except (binascii.Error, ValueError):
-        raise Misfit(f"{name}: {value!r} is not base64") from None
+def _bits(length: int | None) -> Reader:
+    """``io.debezium.data.Bits``: a bit string's value as bytes, little-endian, without
+    leading zero bytes (``Bits``; ``length``: its schema's parameter, the column's bits)."""
+    def read(value: Any, name: str) -> Bits:
+        if isinstance(value, bytes | bytearray):
+            return Bits(bytes(value), length)
+        try:
+            return Bits(base64.b64decode(str(value), validate=True), length)
+        except (binascii.Error, ValueError):
+            raise Misfit(f"{name}: {value!r} is not base64") from None
+    return read
 
 
 def _json(value: Any, name: str) -> Any:
@@ -173,7 +177,6 @@ _READERS: dict[str, Callable[[Any, str], Any]] = {
     "io.debezium.data.VariableScaleDecimal": _variable_scale,
     "io.debezium.data.Json": _json,
     "io.debezium.data.Uuid": _uuid,
-    "io.debezium.data.Bits": _bits,
     "io.debezium.data.Enum": lambda value, name: str(value),
     "io.debezium.data.EnumSet": _enum_set,
 }
@@ -189,6 +192,9 @@ def _reader(schema: Mapping[str, Any]) -> Reader | None:
         params = schema.get("parameters") or schema.get("connect.parameters") or {}
         scale = int(params.get("scale", schema.get("scale", 0)))
         return lambda value, field: _decimal(value, field, scale)
+    if name == "io.debezium.data.Bits":
+        params = schema.get("parameters") or schema.get("connect.parameters") or {}
+        return _bits(int(params["length"]) if "length" in params else None)
     if name in _READERS:
         return _READERS[name]
     items = schema.get("items")
@@ -290,13 +296,13 @@ def connect_typer(avro_schema: Any) -> Callable[[Any], Any] | None:
 
 
 def typed(image: Mapping[str, Any] | None, readers: Mapping[str, Reader]
-          ) -> dict[str, Any] | None:
+          ) -> Mapping[str, Any] | None:
     """``image`` with each field of a logical type read (``Misfit`` naming the field when a
-    value cannot be read); None stays None."""
+    value cannot be read); None stays None, and an image without such fields is itself."""
     if image is None:
         return None
     if not readers:
-        return dict(image)
+        return image
     return {k: (readers[k](v, k) if v is not None and k in readers else v)
             for k, v in image.items()}
 

@@ -21,9 +21,10 @@ Rules
   them element by element. Each is read from every representation a converter gives it
   (days or a ``date``, base64 text or bytes or a ``Decimal`` or a JSON number for a
   decimal), into ``date``, ``time``, ``datetime`` (naive for a timestamp without time
-  zone, aware UTC for a zoned one), ``Decimal``, a parsed JSON value, ``UUID``, ``bytes``,
-  text, a list of text. A value no PostgreSQL type holds whole (nanoseconds below a
-  microsecond) is a ``Misfit``: never rounded or cut.
+  zone, aware UTC for a zoned one), ``Decimal``, a parsed JSON value, ``UUID``, the bits'
+  value (``values.Bits``: Bits needs the schema; a ``varbit``'s leading zeros are not in
+  the event), text (an enum's label), a list of text. A value no PostgreSQL type holds
+  whole (nanoseconds below a microsecond) is a ``Misfit``: never rounded or cut.
 - Without a schema (JSON without ``schemas.enable``) fields keep their JSON values: a
   temporal or decimal column then needs the schema, and a record whose integer does not
   fit its column is quarantined with the reason.
@@ -102,6 +103,7 @@ def not_a_table_topic(topic: str) -> str | None:
     return None
 
 
+_NO_READERS: Mapping[str, Reader] = {}
 _HEAD = '{"schema":'
 _PAYLOAD = ',"payload":'
 Types = Callable[[Mapping[str, Any] | None, str], Mapping[str, Reader]]
@@ -161,7 +163,9 @@ class JsonEvents:
 
     def types(self, schema: Mapping[str, Any] | None, which: str) -> Mapping[str, Reader]:
         """The readers of ``schema``'s ``which`` image, kept for the schema last learnt."""
-        if schema is not self._schema or schema is None:
+        if schema is None:
+            return _NO_READERS  # JSON without schemas: the fields as they are
+        if schema is not self._schema:
             return _types(schema, which)
         got = self._readers.get(which)
         if got is None:

@@ -53,6 +53,7 @@ from fencing.postgres.sink.values import (
     key_text,
     supported,
     text_value,
+    writable,
 )
 from fencing.types import SourceRecord
 
@@ -69,6 +70,7 @@ __all__ = [
     "in_epoch_ms",
     "parse_json",
     "supported",
+    "writable",
 ]
 
 RESERVED = ("payload", "kafka_topic", "kafka_partition", "kafka_offset", "kafka_key",
@@ -199,7 +201,7 @@ Fill = Callable[[SourceRecord, dict[str, Any], "str | None"], Any]
 def _key_field(col: Column, at: int, kafka_key: KeyReader) -> Fill:
     """A key column: the value's field, else the Kafka key's (``at``: the column's place
     among the key columns), with the column's converter looked up once."""
-    name, to_column = col.name, CONVERT[col.type_name]
+    name, to_column = col.name, CONVERT[col.kind]
     plain_text = col.type_name in _TEXT_TYPES and col.max_chars is None
 
     def fill(record: SourceRecord, obj: dict[str, Any], text: str | None) -> Any:
@@ -227,7 +229,7 @@ def _field(col: Column) -> Fill:
     converter: a str without NUL for a text column with no length limit, an int in range
     for an integer column — the values the converter returns unchanged."""
     name, required, not_null, to_column = col.name, col.required, col.not_null, \
-        CONVERT[col.type_name]
+        CONVERT[col.kind]
     plain_text = col.type_name in _TEXT_TYPES and col.max_chars is None
     bound = _INT_BOUNDS.get(col.type_name, 0)  # 0: no int is inline
     low = -bound

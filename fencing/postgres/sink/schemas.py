@@ -69,7 +69,7 @@ _CONNECT = {
     "org.apache.kafka.connect.data.Date": "date", "org.apache.kafka.connect.data.Time": "time",
     "org.apache.kafka.connect.data.Timestamp": "timestamp",
     "io.debezium.data.VariableScaleDecimal": "numeric", "io.debezium.data.Json": "jsonb",
-    "io.debezium.data.Uuid": "uuid", "io.debezium.data.Bits": "bytea",
+    "io.debezium.data.Uuid": "uuid", "io.debezium.data.Bits": "varbit",
     "io.debezium.data.Enum": "text", "io.debezium.data.EnumSet": "text[]",
 }
 
@@ -230,7 +230,9 @@ ACCEPTS: dict[str, tuple[str, ...]] = {
     "float4": ("float4", "float8", "numeric", *_TEXT),
     "float8": ("float4", "float8", "numeric", *_TEXT),
     "bool": ("bool", *_TEXT), "bytea": ("bytea", "json", "jsonb"),
-    "text": (*_TEXT, "uuid", "date", "time", "timestamp", "timestamptz", "numeric", "bytea"),
+    "text": (*_TEXT, "uuid", "date", "time", "timestamp", "timestamptz", "numeric", "bytea",
+             "enum", "bit", "varbit"),
+    "varbit": ("bit", "varbit", "bytea", *_TEXT),
     "uuid": ("uuid", *_TEXT), "date": ("date", *_TEXT), "time": ("time", *_TEXT),
     "timestamptz": ("timestamptz", "timestamp", *_TEXT),
     "timestamp": ("timestamp", "timestamptz", *_TEXT), "jsonb": ("json", "jsonb", "text"),

@@ -2,6 +2,8 @@
 a column of a given PostgreSQL type, or ``Misfit`` naming the column and why (the per-type
 half of ``fencing.postgres.sink.rows``; pure, no I/O).
 
+Long because each PostgreSQL type's converter sits with the reasons it refuses a value.
+
 Rules
 - A field comes from JSON (str, int, float, bool, list, dict, None) or from a schema'd
   decoder (``fencing.postgres.sink.formats``), which also gives ``Decimal``, ``datetime``,
@@ -14,6 +16,15 @@ Rules
 - An array column (``_int4``, ``_text``, ...) takes a list of its element type (nulls
   allowed); ``json``/``jsonb`` take anything (typed values as JSON: a ``Decimal`` and a
   time as their exact text, ``bytes`` as base64); ``bytea`` takes bytes or base64 text.
+- An enum column (any type of ``pg_enum``, and arrays of one) takes a string that is one of
+  its labels; ``bit(n)`` takes exactly n bits, ``varbit(n)`` at most n, as a text of 0s and
+  1s or an ``asyncpg.BitString``. Anything else is a ``Misfit`` naming the labels or the
+  length: PostgreSQL would refuse it.
+- A change event's ``io.debezium.data.Bits`` (``Bits``) holds a number, not a length: its
+  bytes are the bits' value, little-endian, without leading zero bytes. ``bit(n)`` gets it
+  padded to n bits (exact: the type's length is n); ``varbit(n)`` and text get its binary
+  numeral, without leading zeros (those of the source's value are not in the event);
+  ``bytea`` gets the event's bytes.
 """
 
 from __future__ import annotations
@@ -29,8 +40,30 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["CONVERT", "Column", "Misfit", "integer_value", "json_text", "key_from_text",
-           "key_text", "supported", "text_value"]
+from asyncpg import BitString
+
+__all__ = ["CONVERT", "Bits", "Column", "Misfit", "bit_string", "integer_value", "json_text",
+           "key_from_text", "key_text", "supported", "text_value", "writable"]
+
+def bit_string(text: str) -> BitString:
+    """``asyncpg.BitString`` of a text of 0s and 1s: its ``__init__`` reads the text character
+    by character (``int(bit)``, asyncpg/pgproto/types.py), though annotated ``bytes``."""
+    return BitString(text)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class Bits:
+    """A change event's ``io.debezium.data.Bits``: its bytes (little-endian) and the
+    ``length`` parameter of its schema (the column's declared bits)."""
+
+    raw: bytes
+    length: int | None = None
+
+    def numeral(self, width: int = 0) -> str:
+        """The value in binary, at least ``width`` digits ("0" for zero without a width)."""
+        number = int.from_bytes(self.raw, "little")
+        return format(number, "b").zfill(width) if width else format(number, "b")
+
 
 _INT_BOUNDS = {"int2": 1 << 15, "int4": 1 << 31, "int8": 1 << 63}
 _TEXT_TYPES = ("text", "varchar", "bpchar", "name")
@@ -48,14 +81,24 @@ class Column:
     type_name: str  # pg_type.typname of the column's type (int4, text, jsonb, _int8, ...)
     not_null: bool = False
     has_default: bool = False
-    max_chars: int | None = None  # varchar(n) / char(n)
+    max_chars: int | None = None  # varchar(n) / char(n), bit(n) / varbit(n): the length
     #: numeric(p, s)'s s, or a time type's (p) digits of a second's fraction: PostgreSQL
     #: rounds a value with more, so the sink refuses it (None: unconstrained)
     scale: int | None = None
+    #: the labels of an enum type (of the column, or of its array's elements); None: no enum
+    labels: tuple[str, ...] | None = None
 
     @property
     def required(self) -> bool:
         return self.not_null and not self.has_default
+
+    @property
+    def kind(self) -> str:
+        """The name its converter has (``CONVERT``): ``enum`` / ``_enum`` for an enum type
+        (its own name is the user's), else the type's name."""
+        if self.labels is None:
+            return self.type_name
+        return "_enum" if self.type_name.startswith("_") else "enum"
 
 
 def _shown(v: Any) -> str:
@@ -129,6 +172,10 @@ def text_value(col: Column, v: Any) -> str:
         s = str(v)
     elif isinstance(v, dt.date | dt.time):
         s = v.isoformat()
+    elif isinstance(v, BitString):
+        s = v.as_string()
+    elif isinstance(v, Bits):
+        s = v.numeral()
     else:
         raise Misfit(f"column {col.name} ({col.type_name}): expected a string, got {_shown(v)}")
     if "\x00" in s:
@@ -153,6 +200,10 @@ def _typed_json(v: Any) -> Any:
         return v.isoformat()
     if isinstance(v, bytes | bytearray | memoryview):
         return base64.b64encode(bytes(v)).decode()
+    if isinstance(v, BitString):
+        return v.as_string()
+    if isinstance(v, Bits):
+        return v.numeral()
     raise TypeError(f"{type(v).__name__} is not JSON")
 
 
@@ -234,12 +285,41 @@ def _timetz(col: Column, v: Any) -> dt.time:
 def _bytea(col: Column, v: Any) -> bytes:
     if isinstance(v, bytes | bytearray | memoryview):
         return bytes(v)
+    if isinstance(v, BitString):
+        return v.bytes  # the bits in PostgreSQL's order, the last byte padded with zeros
+    if isinstance(v, Bits):
+        return v.raw  # as the event holds them
     if isinstance(v, str):
         try:
             return base64.b64decode(v, validate=True)
         except (binascii.Error, ValueError):
             raise Misfit(f"column {col.name} (bytea): a string must be base64") from None
     raise Misfit(f"column {col.name} (bytea): expected bytes or base64, got {_shown(v)}")
+
+
+def _enum(col: Column, v: Any) -> str:
+    labels = col.labels or ()
+    if not isinstance(v, str) or v not in labels:
+        raise Misfit(f"column {col.name} ({col.type_name}): {_shown(v)} is not one of its "
+                     f"labels ({', '.join(labels)[:200]})")
+    return v
+
+
+def _bit(col: Column, v: Any) -> BitString:
+    n = col.max_chars
+    if isinstance(v, Bits):  # a number: padded for bit(n), without leading zeros for varbit
+        text = v.numeral(n if col.type_name == "bit" and n is not None else 0)
+        bits = bit_string(text)
+    elif isinstance(v, BitString):
+        bits = v
+    elif isinstance(v, str) and not v.strip("01"):
+        bits = bit_string(v)
+    else:
+        raise Misfit(f"column {col.name} ({col.type_name}): expected a bit string (0s and 1s),"
+                     f" got {_shown(v)}")
+    if n is not None and (len(bits) != n if col.type_name == "bit" else len(bits) > n):
+        raise Misfit(f"column {col.name} ({col.type_name}({n})): {len(bits)} bits do not fit")
+    return bits
 
 
 CONVERT: dict[str, Callable[[Column, Any], Any]] = {
@@ -249,7 +329,7 @@ CONVERT: dict[str, Callable[[Column, Any], Any]] = {
     "bool": _boolean, "json": json_text, "jsonb": json_text, "uuid": _uuid,
     "timestamptz": _timestamptz, "timestamp": _timestamp, "date": _date, "time": _time,
     "timetz": _timetz,
-    "bytea": _bytea,
+    "bytea": _bytea, "enum": _enum, "bit": _bit, "varbit": _bit,
 }
 
 
@@ -271,6 +351,11 @@ for _name, _fn in list(CONVERT.items()):  # arrays of every supported type, as p
 def supported(type_name: str) -> bool:
     """True when the sink can write a column of this ``pg_type.typname``."""
     return type_name in CONVERT
+
+
+def writable(col: Column) -> bool:
+    """True when the sink can write ``col`` (its type, or an enum type's labels, known)."""
+    return col.kind in CONVERT
 
 
 _INTEGER = re.compile(r"[+-]?[0-9]+\Z")
@@ -299,8 +384,9 @@ def key_from_text(col: Column, s: str) -> Any:
         if s.lower() in _FALSE:
             return False
         raise Misfit(f"key column {col.name} (bool): the key {s[:40]!r} is not true or false")
-    if t in ("numeric", "uuid", "date", "time", "timestamp", "timestamptz") or t in _TEXT_TYPES:
-        return CONVERT[t](col, s)
+    if t in ("numeric", "uuid", "date", "time", "timestamp", "timestamptz", "bit", "varbit") \
+            or t in _TEXT_TYPES or col.kind == "enum":
+        return CONVERT[col.kind](col, s)
     raise Misfit(f"key column {col.name} ({t}): a key given as text cannot fill this type")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from fencing.postgres.sink.debezium import JsonEvents, Op, field_types, typed, unwrap
-from fencing.postgres.sink.values import CONVERT, Column, Misfit
+from fencing.postgres.sink.values import CONVERT, Bits, Column, Misfit, bit_string
 
 D = decimal.Decimal
 
@@ -78,8 +78,17 @@ CASES = [
      '{"a":[1,2.5]}'),
     ("uuid", _field("v", "string", "io.debezium.data.Uuid"),
      "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", uuid.UUID("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11")),
+    # BIT(n > 1) and BIT VARYING(n): the value's bytes, little-endian (0x0305 = 1100000101),
+    # without leading zero bytes: bit(n) pads to n, varbit and text write the numeral
+    ("varbit", _field("v", "bytes", "io.debezium.data.Bits", length=16), "BQM=",
+     bit_string("1100000101")),
+    ("bit(12)", _field("v", "bytes", "io.debezium.data.Bits", length=12), "BQM=",
+     bit_string("001100000101")),
+    ("bit(12)", _field("v", "bytes", "io.debezium.data.Bits", length=12), "",
+     bit_string("0" * 12)),
     ("bytea", _field("v", "bytes", "io.debezium.data.Bits", length=10), "BQM=",
      b"\x05\x03"),
+    ("text", _field("v", "bytes", "io.debezium.data.Bits", length=3), "BQ==", "101"),
     ("text", _field("v", "string", "io.debezium.data.Enum", allowed="red,green"), "green",
      "green"),
     ("_text", _field("v", "string", "io.debezium.data.EnumSet", allowed="a,b,c"), "a,c",
@@ -100,7 +109,50 @@ def test_a_logical_type_is_read_into_its_column(column: str, schema: dict[str, A
     readers = field_types({"fields": [schema]})
     value = typed({"v": raw}, readers)
     assert value is not None
-    assert CONVERT[column](Column("v", column), value["v"]) == want
+    name, _, length = column.rstrip(")").partition("(")  # bit(12): the type and its length
+    col = Column("v", name, max_chars=int(length) if length else None)
+    assert CONVERT[name](col, value["v"]) == want
+
+
+def test_an_enum_column_takes_its_labels_only() -> None:
+    """Debezium's Enum (a PostgreSQL enum's label) into an enum column of the target, and an
+    array of one: a label the type lacks is a misfit naming the labels, never a default."""
+    readers = field_types({"fields": [_field("v", "string", "io.debezium.data.Enum",
+                                             allowed="sad,ok,happy")]})
+    mood = Column("v", "mood", labels=("sad", "ok", "happy"))
+    assert mood.kind == "enum"
+    value = typed({"v": "ok"}, readers)
+    assert value is not None
+    assert CONVERT[mood.kind](mood, value["v"]) == "ok"
+    with pytest.raises(Misfit, match=r"column v \(mood\): \"glad\" is not one of its labels "
+                                     r"\(sad, ok, happy\)"):
+        CONVERT[mood.kind](mood, "glad")
+    moods = Column("v", "_mood", labels=("sad", "ok", "happy"))
+    assert moods.kind == "_enum"
+    assert CONVERT[moods.kind](moods, ["ok", None, "sad"]) == ["ok", None, "sad"]
+    with pytest.raises(Misfit, match="is not one of its labels"):
+        CONVERT[moods.kind](moods, ["ok", "meh"])
+
+
+def test_a_bit_column_takes_its_length_only() -> None:
+    """bit(n) holds exactly n bits and varbit(n) at most n (PostgreSQL refuses others): a
+    value of another length is a misfit naming it."""
+    bit4, varbit4 = Column("v", "bit", max_chars=4), Column("v", "varbit", max_chars=4)
+    assert CONVERT["bit"](bit4, "1010") == bit_string("1010")
+    assert CONVERT["varbit"](varbit4, bit_string("10")) == bit_string("10")
+    with pytest.raises(Misfit, match=r"column v \(bit\(4\)\): 3 bits do not fit"):
+        CONVERT["bit"](bit4, "101")
+    with pytest.raises(Misfit, match=r"column v \(varbit\(4\)\): 5 bits do not fit"):
+        CONVERT["varbit"](varbit4, "10101")
+    with pytest.raises(Misfit, match="expected a bit string"):
+        CONVERT["varbit"](varbit4, "BQM=")  # Bits without its schema: base64, no length
+    # Debezium's Bits of 0x13 (10011): one bit too many for bit(4), and for varbit(4)
+    with pytest.raises(Misfit, match=r"column v \(bit\(4\)\): 5 bits do not fit"):
+        CONVERT["bit"](bit4, Bits(b"\x13", 4))
+    with pytest.raises(Misfit, match=r"column v \(varbit\(4\)\): 5 bits do not fit"):
+        CONVERT["varbit"](varbit4, Bits(b"\x13", 4))
+    assert CONVERT["bit"](bit4, Bits(b"\x03", 4)) == bit_string("0011")
+    assert CONVERT["varbit"](varbit4, Bits(b"\x03", 4)) == bit_string("11")
 
 
 def test_the_same_types_from_avro_s_connect_names() -> None:
