@@ -40,6 +40,12 @@ SLOWEST = 30
 WAITS = ("suite_lock_wait_s", "go_build_wait_s", "services_start_wait_s")
 #: test function -> why it takes its time (what it waits for, how long and why it must)
 WHY: dict[str, str] = {
+    "test_a_table_replicated_through_debezium_equals_its_source":
+        "runs alone (exclusive): Debezium's snapshot and change events through a real Kafka "
+        "Connect, which is SIGKILLed and restarted (its JVM and connector start again), a "
+        "member frozen 8 s, then PostgreSQL crashed (immediate shutdown, recovery) and the "
+        "members that exit 5 restarted; the replica converges twice (before and after a "
+        "truncate)",
     "test_a_frozen_registry_holds_only_the_partitions_that_need_it":
         "runs alone (exclusive): the registry SIGSTOPped for a fixed 20 s (FROZEN_S) under two "
         "Avro sink members, each registry call timing out at 3 s; then the drain",
@@ -132,7 +138,7 @@ WHY: dict[str, str] = {
         "session), a SIGTERM, 5 members; kafka-consumer-groups (a JVM) twice",
     "test_killers_poison_and_flaky_records_blame_only_the_guilty":
         "5,000 records, two supervised members; the 2 killer records cost up to 8 SIGKILL deaths, "
-        "each a 1 s restart and a 2 s classic session before the partition moves",
+        "each a 1 s restart and a 2 s classic session timeout until the partition moves",
     "test_list_show_replay_fail_again_and_purge":
         "ten `fencectl` subprocesses in sequence (list, show x2, replay x4, status, purge x2), "
         "each a cold start of the CLI",

@@ -485,6 +485,7 @@ REGIONS: dict[str, Region] = {
     "sink-decode": Region("sink-decode.json", _decode),
     "sink-avro": Region("worker-quiet.json", _avro_runs),
     "sink-cdc": Region("cdc.json", _cdc),
+    "suite-slowest": Region("suite.json", _suite, "testing.md"),
     "crash-recovery": Region("crash-matrix.json", _recovery),
     "crash-matrix": Region("crash-matrix.json", crash_tables.crash_matrix, "crash-matrix.md"),
 }

@@ -106,9 +106,11 @@ def _difference(got: list[tuple[Any, ...]], want: list[tuple[Any, ...]]) -> str:
 @pytest.mark.parametrize("converter", ["json", "avro"])
 def test_a_table_replicated_through_debezium_equals_its_source(
         debezium: Any, services: Any, setup: Any, converter: str) -> None:
-    """``converter``: Kafka Connect's JSON converter with schemas (the stack's default), or
-    Apicurio's Avro converter through the stack's registry (keys and values; the sink reads
-    them with ``--sink-format avro --sink-key-format avro``)."""
+    """A source table replicated through a real Debezium equals its source, row by row and
+    type by type, after kills, a zombie, lost COMMIT replies, a Connect restart, a PostgreSQL
+    crash and a truncate. ``converter``: Kafka Connect's JSON converter with schemas (the
+    stack's default), or Apicurio's Avro converter through the stack's registry (keys and
+    values; the sink reads them with ``--sink-format avro --sink-key-format avro``)."""
     source_dsn, connect_url = debezium.source_dsn, debezium.connect_url
     clean_leftovers(connect_url, source_dsn)
     table = f"items_{uuid.uuid4().hex[:6]}"
