@@ -123,12 +123,15 @@ class PartitionBuffer:
             self._since_s = None  # what stays arrived before: its linger already runs
         return batch
 
+    @property
+    def full(self) -> bool:
+        """The next batch is full (by count or bytes): it waits for no more records."""
+        return len(self._records) >= self.max_records or self._bytes >= self.max_bytes
+
     def linger_left_s(self, now_s: float, linger_s: float) -> float:
         """Seconds the next batch may still wait for more records: 0 when it is full (by
         count or bytes) or its oldest record arrived ``linger_s`` ago (see the Rules)."""
-        if self._since_s is None or linger_s <= 0:
-            return 0.0
-        if len(self._records) >= self.max_records or self._bytes >= self.max_bytes:
+        if self._since_s is None or linger_s <= 0 or self.full:
             return 0.0
         return max(self._since_s + linger_s - now_s, 0.0)
 

@@ -15,7 +15,8 @@ Rules (the worker's; see ``consumer.worker`` for the process around it)
   ``lifecycle.process``; at most ``db_concurrency`` batches are in flight across partitions.
   A batch that is not full waits for more records at most ``batch_linger_s`` after its
   oldest record arrived (``PartitionBuffer.linger_left_s``, on the loop's clock), then it
-  waits only for a slot.
+  waits only for a slot. While it lingers, a delivery wakes its runner only when the batch
+  is full (count or bytes): one wake per batch, not one per delivery.
   After each commit the frontier is queued for Kafka (advisory; ``consumer.kafka.committer``),
   also when the batch's COMMIT reply was lost and the re-read resolved it as committed:
   ``lifecycle.process`` returns the resolved token either way.
@@ -53,7 +54,6 @@ Rules (the worker's; see ``consumer.worker`` for the process around it)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -398,7 +398,8 @@ class LifetimeRun:
                     if part.buffer.add(records[start:end], now_s) < end - start:
                         part.progress_s = self._ctx.clock()
                     self._apply_flow(part)
-                    part.wake.set()
+                    if not part.lingering or part.buffer.full:
+                        part.wake.set()
                 start = end
         finally:
             release()
@@ -422,9 +423,16 @@ class LifetimeRun:
                 continue
             linger_s = part.buffer.linger_left_s(self._loop.time(), self._cfg.batch_linger_s)
             if linger_s > 0:  # not full: more records may come within the linger
+                # woken by the linger's end, the batch filling up, a close or a stop -- not
+                # by each delivery meanwhile (one wake per batch, not per delivery)
                 part.wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(part.wake.wait(), linger_s)
+                part.lingering = True
+                timer = self._loop.call_later(linger_s, part.wake.set)
+                try:
+                    await part.wake.wait()
+                finally:
+                    timer.cancel()
+                    part.lingering = False
                 continue
             async with self._slots:
                 if part.closing or self._stopping:

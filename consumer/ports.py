@@ -71,3 +71,6 @@ class Partition:
     inflight: InFlight | None = None
     task: asyncio.Task[None] | None = None
     progress_s: float = 0.0  # clock time of the last fetch into the buffer or commit
+    #: the runner waits out its batch's linger: a delivery wakes it only once the batch is
+    #: full (the linger's timer, a close or a stop wake it too)
+    lingering: bool = False

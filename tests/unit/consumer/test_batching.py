@@ -113,8 +113,12 @@ def test_a_full_batch_never_lingers() -> None:
     by_count.add([rec(0), rec(1), rec(2)], now_s=1.0)
     assert by_count.linger_left_s(1.0, 0.5) == 0.0
     by_bytes = buf(max_records=100, max_bytes=20)
+    assert not by_bytes.full
     by_bytes.add([rec(0), rec(1)], now_s=1.0)  # 2 x 10 bytes
     assert by_bytes.linger_left_s(1.0, 0.5) == 0.0
+    assert by_count.full and by_bytes.full
+    by_count.take_batch()
+    assert not by_count.full
 
 
 def test_records_left_after_a_batch_keep_their_arrival() -> None:

@@ -380,6 +380,32 @@ async def test_a_batch_that_is_not_full_waits_the_linger_and_no_longer() -> None
     assert await run == ExitCode.OK
 
 
+async def test_a_lingering_batch_goes_once_a_later_delivery_fills_it() -> None:
+    """While its batch lingers the runner is not woken by each delivery, but the delivery
+    that fills the batch (50 records) wakes it: the batch goes at once, not after 60 s."""
+    calls: list[int] = []
+
+    async def counting(conn: Any, recs: Sequence[SourceRecord]) -> list[Verdict]:
+        calls.append(len(recs))
+        return [ACCEPT] * len(recs)
+
+    worker, _store, fakes = make(counting, batch_linger_s=60.0)
+    run = asyncio.create_task(worker.run())
+    await until_async(lambda: bool(fakes))
+    kafka = fakes[0]
+    await asyncio.to_thread(kafka.rb.assigned, [TP0])
+    await asyncio.to_thread(kafka.deliver, records(TP0, 0, 10))   # lingers
+    await asyncio.sleep(0.2)
+    await asyncio.to_thread(kafka.deliver, records(TP0, 10, 30))  # 40: still lingers
+    await asyncio.sleep(0.2)
+    assert kafka.committed(TP0) == -1 and calls == []
+    await asyncio.to_thread(kafka.deliver, records(TP0, 40, 15))  # 55: full at 50
+    await until_async(lambda: kafka.committed(TP0) == 50, timeout_s=20)
+    assert calls == [50]
+    worker.request_stop()  # the 5 left linger: the stop wakes their runner
+    assert await run == ExitCode.OK
+
+
 async def test_a_full_batch_never_lingers() -> None:
     worker, _store, fakes = make(batch_linger_s=60.0)
     run = asyncio.create_task(worker.run())
