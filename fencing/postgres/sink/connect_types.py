@@ -130,17 +130,15 @@ def _variable_scale(value: Any, name: str) -> decimal.Decimal:
     return decimal.Decimal(_unscaled(value["value"], name)).scaleb(-int(value["scale"]))
 
 
-def _bits(length: int | None) -> Reader:
+def _bits(value: Any, name: str) -> Bits:
     """``io.debezium.data.Bits``: a bit string's value as bytes, little-endian, without
-    leading zero bytes (``Bits``; ``length``: its schema's parameter, the column's bits)."""
-    def read(value: Any, name: str) -> Bits:
-        if isinstance(value, bytes | bytearray):
-            return Bits(bytes(value), length)
-        try:
-            return Bits(base64.b64decode(str(value), validate=True), length)
-        except (binascii.Error, ValueError):
-            raise Misfit(f"{name}: {value!r} is not base64") from None
-    return read
+    leading zero bytes (its schema's ``length`` is the column's, not the value's)."""
+    if isinstance(value, bytes | bytearray):
+        return Bits(bytes(value))
+    try:
+        return Bits(base64.b64decode(str(value), validate=True))
+    except (binascii.Error, ValueError):
+        raise Misfit(f"{name}: {value!r} is not base64") from None
 
 
 def _json(value: Any, name: str) -> Any:
@@ -177,6 +175,7 @@ _READERS: dict[str, Callable[[Any, str], Any]] = {
     "io.debezium.data.VariableScaleDecimal": _variable_scale,
     "io.debezium.data.Json": _json,
     "io.debezium.data.Uuid": _uuid,
+    "io.debezium.data.Bits": _bits,
     "io.debezium.data.Enum": lambda value, name: str(value),
     "io.debezium.data.EnumSet": _enum_set,
 }
@@ -192,9 +191,6 @@ def _reader(schema: Mapping[str, Any]) -> Reader | None:
         params = schema.get("parameters") or schema.get("connect.parameters") or {}
         scale = int(params.get("scale", schema.get("scale", 0)))
         return lambda value, field: _decimal(value, field, scale)
-    if name == "io.debezium.data.Bits":
-        params = schema.get("parameters") or schema.get("connect.parameters") or {}
-        return _bits(int(params["length"]) if "length" in params else None)
     if name in _READERS:
         return _READERS[name]
     items = schema.get("items")

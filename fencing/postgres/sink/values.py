@@ -45,6 +45,7 @@ from asyncpg import BitString
 __all__ = ["CONVERT", "Bits", "Column", "Misfit", "bit_string", "integer_value", "json_text",
            "key_from_text", "key_text", "supported", "text_value", "writable"]
 
+
 def bit_string(text: str) -> BitString:
     """``asyncpg.BitString`` of a text of 0s and 1s: its ``__init__`` reads the text character
     by character (``int(bit)``, asyncpg/pgproto/types.py), though annotated ``bytes``."""
@@ -53,11 +54,10 @@ def bit_string(text: str) -> BitString:
 
 @dataclass(frozen=True, slots=True)
 class Bits:
-    """A change event's ``io.debezium.data.Bits``: its bytes (little-endian) and the
-    ``length`` parameter of its schema (the column's declared bits)."""
+    """A change event's ``io.debezium.data.Bits``: its bytes (the bits' value,
+    little-endian)."""
 
     raw: bytes
-    length: int | None = None
 
     def numeral(self, width: int = 0) -> str:
         """The value in binary, at least ``width`` digits ("0" for zero without a width)."""

@@ -148,11 +148,11 @@ def test_a_bit_column_takes_its_length_only() -> None:
         CONVERT["varbit"](varbit4, "BQM=")  # Bits without its schema: base64, no length
     # Debezium's Bits of 0x13 (10011): one bit too many for bit(4), and for varbit(4)
     with pytest.raises(Misfit, match=r"column v \(bit\(4\)\): 5 bits do not fit"):
-        CONVERT["bit"](bit4, Bits(b"\x13", 4))
+        CONVERT["bit"](bit4, Bits(b"\x13"))
     with pytest.raises(Misfit, match=r"column v \(varbit\(4\)\): 5 bits do not fit"):
-        CONVERT["varbit"](varbit4, Bits(b"\x13", 4))
-    assert CONVERT["bit"](bit4, Bits(b"\x03", 4)) == bit_string("0011")
-    assert CONVERT["varbit"](varbit4, Bits(b"\x03", 4)) == bit_string("11")
+        CONVERT["varbit"](varbit4, Bits(b"\x13"))
+    assert CONVERT["bit"](bit4, Bits(b"\x03")) == bit_string("0011")
+    assert CONVERT["varbit"](varbit4, Bits(b"\x03")) == bit_string("11")
 
 
 def test_the_same_types_from_avro_s_connect_names() -> None:
