@@ -23,6 +23,7 @@ __all__ = [
     "create_fence_schema",
     "drop_schema",
     "effect_handler",
+    "execute",
     "make_records",
 ]
 
@@ -51,6 +52,16 @@ async def create_fence_schema(dsn: str) -> str:
     finally:
         await conn.close()
     return schema
+
+
+async def execute(dsn: str, *statements: str) -> None:
+    """Run ``statements`` in order on one connection of ``dsn`` (each autocommit)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        for statement in statements:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
 
 
 async def drop_schema(dsn: str, schema: str) -> None:

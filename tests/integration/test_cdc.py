@@ -39,6 +39,7 @@ from tests.integration.cdc import (
     rows,
     workload,
 )
+from tests.integration.pg_helpers import execute
 from tests.integration.workers import (
     GROUP_SETUPS,
     ProxyThread,
@@ -49,15 +50,6 @@ from tests.integration.workers import (
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.exclusive]  # kills and restarts Connect
-
-
-async def _execute(dsn: str, *statements: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        for statement in statements:
-            await conn.execute(statement)
-    finally:
-        await conn.close()
 
 
 def _converged(dsn: str, target: str, source_dsn: str, table: str, *,
@@ -116,11 +108,11 @@ def test_a_table_replicated_through_debezium_equals_its_source(
     table = f"items_{uuid.uuid4().hex[:6]}"
     prefix = f"{PREFIX}{uuid.uuid4().hex[:6]}"
     topic = f"{prefix}.public.{table}"
-    asyncio.run(_execute(source_dsn, MOOD_DDL, f"CREATE TABLE {table} {SOURCE_DDL}",
+    asyncio.run(execute(source_dsn, MOOD_DDL, f"CREATE TABLE {table} {SOURCE_DDL}",
                          *workload(table)[:1]))                      # a snapshot to read
     schema = asyncio.run(fresh_schema(services.dsn))
     target = f'"{schema}".{table}'
-    asyncio.run(_execute(services.dsn, MOOD_DDL, f"CREATE TABLE {target} {TARGET_DDL}"))
+    asyncio.run(execute(services.dsn, MOOD_DDL, f"CREATE TABLE {target} {TARGET_DDL}"))
     group = f"g{prefix}"
     config = postgres_connector(source_dsn, prefix, table)
     formats: tuple[str, ...] = ("--sink-key-format", "json")
@@ -154,7 +146,7 @@ def test_a_table_replicated_through_debezium_equals_its_source(
         for action, statement in zip((Action.CUT_AFTER, Action.CUT_BEFORE),
                                      workload(table)[1:3], strict=True):
             rule = proxy.add_rule("COMMIT", action, times=1)     # a COMMIT reply lost
-            asyncio.run(_execute(source_dsn, statement))
+            asyncio.run(execute(source_dsn, statement))
             wait_until(lambda rule=rule: rule.count >= 1,  # type: ignore[misc]
                        timeout_s=60, what=f"{action} fired")
             lost.append(action)
@@ -167,11 +159,11 @@ def test_a_table_replicated_through_debezium_equals_its_source(
         members[2].signal(signal.SIGSTOP)                        # a zombie
         statements = workload(table)[3:]
         for statement in statements[:-1]:
-            asyncio.run(_execute(source_dsn, statement))
+            asyncio.run(execute(source_dsn, statement))
         time.sleep(8)
         members[2].signal(signal.SIGCONT)
         debezium.crash_postgres()                                # source and target crash
-        asyncio.run(_execute(source_dsn, statements[-1]))
+        asyncio.run(execute(source_dsn, statements[-1]))
         exits: list[int] = []
 
         def supervise() -> None:
@@ -192,14 +184,14 @@ def test_a_table_replicated_through_debezium_equals_its_source(
         assert 1 not in ids and 2 not in ids and {1001, 1002} <= set(ids), ids
         # a truncate is ordered with its own partition's events only: the rows written
         # after it follow once it is applied (docs/table-sink.md)
-        asyncio.run(_execute(source_dsn, f"TRUNCATE {table}"))
+        asyncio.run(execute(source_dsn, f"TRUNCATE {table}"))
         def truncated() -> bool:
             supervise()
             return not asyncio.run(rows(services.dsn, target))
 
         wait_until(truncated, timeout_s=120, interval_s=1.0,
                    what="the truncate applied to the target")
-        asyncio.run(_execute(source_dsn, after_truncate(table)))
+        asyncio.run(execute(source_dsn, after_truncate(table)))
         got, want = _converged(services.dsn, target, source_dsn, table, tick=supervise)
         assert got == want and len(got) == 20, _difference(got, want)
         versions = asyncio.run(_versions(services.dsn, target))

@@ -11,9 +11,9 @@ import os
 import subprocess
 from typing import Any
 
-import asyncpg
 import pytest
 
+from tests.integration.pg_helpers import execute
 from tests.integration.registry_support import avro
 from tests.integration.workers import FENCECTL, ROOT, fresh_schema, unique
 
@@ -35,19 +35,10 @@ def _plan(services: Any, schema: str, topic: str) -> subprocess.CompletedProcess
                           text=True, timeout=60)
 
 
-async def _sql(dsn: str, *statements: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        for s in statements:
-            await conn.execute(s)
-    finally:
-        await conn.close()
-
-
 def test_plan_adds_a_column_per_new_field_and_names_type_changes(services: Any) -> None:
     topic = unique("plan")
     schema = asyncio.run(fresh_schema(services.dsn))
-    asyncio.run(_sql(services.dsn, f'CREATE TABLE "{schema}"."{topic}" (id bigint PRIMARY '
+    asyncio.run(execute(services.dsn, f'CREATE TABLE "{schema}"."{topic}" (id bigint PRIMARY '
                                    "KEY, name text NOT NULL)"))
     avro(services.schema_registry_url, topic, json.dumps(V1))({"id": 1, "name": "a"})
     empty = _plan(services, schema, topic)
@@ -61,10 +52,10 @@ def test_plan_adds_a_column_per_new_field_and_names_type_changes(services: Any) 
     assert statements == [
         f'ALTER TABLE "{schema}"."{topic}" ADD COLUMN IF NOT EXISTS "note" text;',
         f'ALTER TABLE "{schema}"."{topic}" ADD COLUMN IF NOT EXISTS "score" float8;']
-    asyncio.run(_sql(services.dsn, *statements))
+    asyncio.run(execute(services.dsn, *statements))
     again = _plan(services, schema, topic)
     assert again.returncode == 0 and json.loads(again.stdout)["statements"] == []
-    asyncio.run(_sql(services.dsn, f'ALTER TABLE "{schema}"."{topic}" ALTER score TYPE bool '
+    asyncio.run(execute(services.dsn, f'ALTER TABLE "{schema}"."{topic}" ALTER score TYPE bool '
                                    "USING false"))
     bad = _plan(services, schema, topic)
     assert bad.returncode == 1

@@ -15,7 +15,6 @@ import json
 import re
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from ops.monitoring import DASHBOARD, RULES
@@ -27,6 +26,7 @@ from tests.integration.observability_support import (
     readyz,
     start_worker,
 )
+from tests.integration.pg_helpers import execute
 from tests.integration.workers import create_topic, fresh_schema, generated, produce, unique
 from tests.monitoring.conftest import Prometheus
 from tests.monitoring.promql import (
@@ -42,14 +42,6 @@ pytestmark = pytest.mark.integration
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "monitoring.md"
 # series Prometheus makes itself, not the worker
 PROMETHEUS_OWN = {"up", "ALERTS"}
-
-
-async def _execute(dsn: str, statement: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(statement)
-    finally:
-        await conn.close()
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +82,7 @@ def exported(services: ServiceSettings) -> set[str]:
         worker.terminate()
         assert worker.wait(30) == 0, worker.log()[-3000:]
         # the version guard's counter, exported from a guarded table's first batch on
-        asyncio.run(_execute(services.dsn, f'CREATE TABLE "{schema}".guarded (doc text '
+        asyncio.run(execute(services.dsn, f'CREATE TABLE "{schema}".guarded (doc text '
                                            "PRIMARY KEY, kind text, rev int8, body text)"))
         worker = start_worker(topic=topic, group=f"{group}-guarded", schema=schema,
                               http_port=port, extra=[

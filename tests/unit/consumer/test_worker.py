@@ -358,18 +358,24 @@ async def test_shutdown_bound_is_final_after_an_earlier_failure(caplog: Any) -> 
     done.set()
 
 
-async def test_a_batch_that_is_not_full_waits_the_linger_and_no_longer() -> None:
+async def _lingering(linger_s: float) -> tuple[Worker, asyncio.Task[Any], FakeKafka, list[int]]:
+    """A running worker with ``batch_linger_s=linger_s``, assigned ``TP0``, whose handler
+    records each batch's size (the list)."""
     calls: list[int] = []
 
     async def counting(conn: Any, recs: Sequence[SourceRecord]) -> list[Verdict]:
         calls.append(len(recs))
         return [ACCEPT] * len(recs)
 
-    worker, _store, fakes = make(counting, batch_linger_s=1.5)
+    worker, _store, fakes = make(counting, batch_linger_s=linger_s)
     run = asyncio.create_task(worker.run())
     await until_async(lambda: bool(fakes))
-    kafka = fakes[0]
-    await asyncio.to_thread(kafka.rb.assigned, [TP0])
+    await asyncio.to_thread(fakes[0].rb.assigned, [TP0])
+    return worker, run, fakes[0], calls
+
+
+async def test_a_batch_that_is_not_full_waits_the_linger_and_no_longer() -> None:
+    worker, run, kafka, calls = await _lingering(1.5)
     began = time.monotonic()
     await asyncio.to_thread(kafka.deliver, records(TP0, 0, 1))
     await asyncio.to_thread(kafka.deliver, records(TP0, 1, 5))  # within the linger: joins
@@ -383,17 +389,7 @@ async def test_a_batch_that_is_not_full_waits_the_linger_and_no_longer() -> None
 async def test_a_lingering_batch_goes_once_a_later_delivery_fills_it() -> None:
     """While its batch lingers the runner is not woken by each delivery, but the delivery
     that fills the batch (50 records) wakes it: the batch goes at once, not after 60 s."""
-    calls: list[int] = []
-
-    async def counting(conn: Any, recs: Sequence[SourceRecord]) -> list[Verdict]:
-        calls.append(len(recs))
-        return [ACCEPT] * len(recs)
-
-    worker, _store, fakes = make(counting, batch_linger_s=60.0)
-    run = asyncio.create_task(worker.run())
-    await until_async(lambda: bool(fakes))
-    kafka = fakes[0]
-    await asyncio.to_thread(kafka.rb.assigned, [TP0])
+    worker, run, kafka, calls = await _lingering(60.0)
     await asyncio.to_thread(kafka.deliver, records(TP0, 0, 10))   # lingers
     await asyncio.sleep(0.2)
     await asyncio.to_thread(kafka.deliver, records(TP0, 10, 30))  # 40: still lingers
