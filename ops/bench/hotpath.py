@@ -7,8 +7,15 @@ handler: translation (``consumer.kafka.adapter.to_record``) and the partition bu
 per-record conversion (``fencing.postgres.sink.rows.convert``) of the benchmark's 100-byte
 JSON values (``ops.bench.sink.sink_value``) into the layout of the table it creates with a
 key column (upsert on ``id``); and the reference handler's parse
-(``ops.reference.domain.parse_batch``) of the records ``make bench`` produces. Best of
-``--repeat`` rounds. Optimisations of these steps quote this command before and after.
+(``ops.reference.domain.parse_batch``) of the records ``make bench`` produces; and a batch's
+conversion by the sink (``fencing.postgres.sink.convert.convert_batch``, 2,000 per batch)
+into the typed table of ``make bench-cdc`` (``ops.bench.sink.TYPED_DDL``): the 100-byte
+rows (``typed_convert_ns``) beside the same rows as Debezium's change events without
+schemas (``ops.bench.cdc_events.cdc_value``: ``cdc_convert_ns``, the ``source`` block
+unread as the sink reads it; ``cdc_source_read_convert_ns``, read as with
+``--sink-version-from source.lsn``) and with them (``cdc_schemas_convert_ns``). Best of
+``--repeat`` rounds, the steps alternating round by round. Optimisations of these steps
+quote this command before and after.
 """
 
 from __future__ import annotations
@@ -23,9 +30,15 @@ from confluent_kafka import Message
 
 from consumer.batching import PartitionBuffer
 from consumer.kafka.adapter import to_record
+from fencing.postgres.sink.catalog import Method, SinkSpec, Target
+from fencing.postgres.sink.convert import convert_batch
+from fencing.postgres.sink.debezium import JsonEvents
 from fencing.postgres.sink.rows import Column, Layout, converter
+from fencing.postgres.sink.writer import Writer
 from fencing.types import SourceRecord
+from ops.bench.cdc_events import cdc_schemas_value, cdc_value
 from ops.bench.sink import sink_value
+from ops.worker.startup import settle_heap
 from ops.reference.domain import parse_batch
 from ops.reference.generate import generate, to_source_records
 
@@ -34,6 +47,14 @@ SINK_LAYOUT = Layout((Column("id", "text", True), Column("payload", "jsonb", Tru
                       Column("kafka_topic", "text", True), Column("kafka_partition", "int4", True),
                       Column("kafka_offset", "int8", True), Column("kafka_key", "text"),
                       Column("kafka_timestamp", "timestamptz")), keys=("id",))
+
+#: the layout of ``TYPED_DDL``'s table (key ``id``), as the sink reads it from the catalog
+TYPED_LAYOUT = Layout((Column("id", "text", True), Column("amount", "int8", True),
+                       Column("status", "text", True), Column("note", "text", True),
+                       Column("kafka_topic", "text", True),
+                       Column("kafka_partition", "int4", True),
+                       Column("kafka_offset", "int8", True),
+                       Column("kafka_timestamp", "timestamptz")), keys=("id",))
 
 
 def messages(n: int) -> list[Any]:
@@ -78,11 +99,33 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(0, len(reference), 500):
             parse_batch(reference[i:i + 500])
 
-    out = {name: round(min(timeit.repeat(fn, number=1, repeat=a.repeat)) / a.records * 1e9)
-           for name, fn in (("to_record_ns", translate), ("buffer_add_take_ns", buffer),
-                            ("sink_convert_ns", sink_convert),
-                            ("reference_parse_ns", reference_parse))}
-    print(json.dumps(out))
+    writer = Writer(Target("public", "bench_sink_typed", TYPED_LAYOUT,
+                           frozenset(c.name for c in TYPED_LAYOUT.columns)), Method.COPY)
+    plain = SinkSpec(table="bench_sink_typed", keys=("id",))
+    changes = SinkSpec(table="bench_sink_typed", keys=("id",), envelope="debezium")
+
+    def batches(value: Any, spec: SinkSpec, events: JsonEvents | None = None) -> Any:
+        rows = [SourceRecord("bench", 0, i, b"o%d" % i, value(i),
+                             timestamp_ms=1_700_000_000_000 + i) for i in range(a.records)]
+
+        def run() -> None:
+            for i in range(0, len(rows), 2_000):
+                convert_batch(writer, rows[i:i + 2_000], None, None, spec, events)
+        return run
+
+    steps = (("to_record_ns", translate), ("buffer_add_take_ns", buffer),
+             ("sink_convert_ns", sink_convert), ("reference_parse_ns", reference_parse),
+             ("typed_convert_ns", batches(sink_value, plain)),
+             ("cdc_convert_ns", batches(cdc_value, changes, JsonEvents())),
+             ("cdc_source_read_convert_ns", batches(cdc_value, changes,
+                                                    JsonEvents(source=True))),
+             ("cdc_schemas_convert_ns", batches(cdc_schemas_value, changes, JsonEvents())))
+    settle_heap()  # the collector as the worker runs it
+    best = dict.fromkeys((name for name, _ in steps), float("inf"))
+    for _ in range(a.repeat):
+        for name, fn in steps:
+            best[name] = min(best[name], timeit.timeit(fn, number=1))
+    print(json.dumps({name: round(s / a.records * 1e9) for name, s in best.items()}))
     return 0
 
 

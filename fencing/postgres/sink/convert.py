@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fencing.postgres.sink.catalog import SinkSpec
-from fencing.postgres.sink.debezium import Event, JsonEvents, Op, unwrap
+from fencing.postgres.sink.debezium import DELETE, UPSERT, Event, JsonEvents, Op, unwrap
 from fencing.postgres.sink.formats import Decoding
 from fencing.postgres.sink.keys import from_object
 from fencing.postgres.sink.rows import Delete, Misfit, Upsert
@@ -30,27 +30,28 @@ def _change(writer: Writer, record: SourceRecord, event: Event, spec: SinkSpec) 
     guard an upsert carries its version in the version column and a delete its version
     (``source.FIELD``, or the before image's version column when it has one)."""
     field = spec.version_source
+    op = event.op
     version = None
-    if spec.version is not None and event.op in (Op.UPSERT, Op.DELETE):
+    if spec.version is not None and (op is UPSERT or op is DELETE):
         version = event.source.get(field) if field is not None else (
             (event.image or {}).get(spec.version))
-        if version is None and (field is not None or event.op is Op.UPSERT):
+        if version is None and (field is not None or op is UPSERT):
             raise Misfit(f"no version for --sink-version-column {spec.version}: the event has "
                          f"no {spec.version_from if field else 'value for it'}")
-    if event.op is Op.UPSERT:
+    if op is UPSERT:
         image = event.image
         if field is not None and spec.version is not None:
             image = {**(image or {}), spec.version: version}
         return writer.convert(record, image)
-    if event.op is Op.DELETE:
+    if op is DELETE:
         cols = writer.t.layout.key_columns
         image = event.image
         if image is not None and all(image.get(c.name) is not None for c in cols):
             key = from_object(cols, image, "the before image")
             return Delete(key[0] if len(key) == 1 else key, version)
-        op = writer.convert(record, None)  # the Kafka key's columns
-        return Delete(op.key, version) if version is not None else op
-    return TRUNCATE if event.op is Op.TRUNCATE else None
+        deleted = writer.convert(record, None)  # the Kafka key's columns
+        return Delete(deleted.key, version) if version is not None else deleted
+    return TRUNCATE if op is Op.TRUNCATE else None
 
 
 def _versioned(op: Any, spec: SinkSpec) -> Any:
@@ -88,19 +89,23 @@ def convert_batch(writer: Writer, records: Sequence[SourceRecord], decoding: Dec
         if decoding is not None and decoded is not None:
             decoding.keys.clear()
             decoding.keys.update(decoded[1])
-        events = events or JsonEvents()
+        read = (events or JsonEvents(source=spec.version_source is not None)).read
+        truncate, plain = spec.truncate, spec.version is None  # plain: an upsert is its image
         for i, record in enumerate(records):
             try:
                 if values is not None:
                     value = values[i]
                     if isinstance(value, Misfit):
                         raise value
-                    event = unwrap(value, truncate=spec.truncate)
+                    event = unwrap(value, truncate=truncate)
                 elif record.value is None:
                     event = unwrap(None)
                 else:
-                    event = events.read(record.value, truncate=spec.truncate)
-                op = _change(writer, record, event, spec)
+                    event = read(record.value, truncate=truncate)
+                if plain and event.op is UPSERT:  # _change's first case, inline
+                    op = convert(record, event.image)
+                else:
+                    op = _change(writer, record, event, spec)
             except Misfit as exc:
                 verdicts[i] = Reject(f"table sink: {exc}")
                 misfits += 1

@@ -124,7 +124,8 @@ class _Targets:
                                  ) if spec.registry and (
             spec.value_format.registry or spec.key_format.registry) else None
         self.decoding: Decoding | None = None
-        self.events = JsonEvents() if spec.envelope else None  # change events' schemas
+        self.events = JsonEvents(source=spec.version_source is not None) \
+            if spec.envelope else None  # change events' schemas
         self.evolution = Evolution(spec, self.registry) if spec.evolve else None
 
     async def writer(self, conn: Any, topic: str) -> tuple[Writer | str, bool]:

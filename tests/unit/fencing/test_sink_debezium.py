@@ -376,3 +376,114 @@ def test_a_logical_type_written_as_an_avro_record_is_read_by_its_connect_name() 
     got = typer({"before": {"id": 1, "amount": dict(amount)},
                  "after": {"id": 1, "amount": dict(amount)}})
     assert got["before"]["amount"] == got["after"]["amount"] == decimal.Decimal("123.456")
+
+
+# -- the source block unread (JsonEvents' skim: the module's Rules) ---------------------------
+
+#: a source block as Debezium 3.6.1's PostgreSQL connector writes it (``sequence`` holds
+#: escaped quotes), fields in its order
+DBZ_SOURCE = {"version": "3.6.1.Final", "connector": "postgresql", "name": "dbz",
+              "ts_ms": 1796379963496, "snapshot": "false", "db": "source",
+              "sequence": '[null,"2785325256"]', "ts_us": 1796379963496299,
+              "ts_ns": 1796379963496299000, "schema": "public", "table": "smp",
+              "txId": 225555, "lsn": 2785325256, "xmin": None, "origin": None,
+              "origin_lsn": None}
+
+
+def _dbz(op: str, before: Any = None, after: Any = None, *, source: Any = None,
+         transaction: Any = None, **tail: Any) -> dict[str, Any]:
+    """An event in Debezium's field order (the envelope's ``ts_*`` unless given)."""
+    ts = tail or {"ts_ms": 1796379963878, "ts_us": 1796379963878625,
+                  "ts_ns": 1796379963878625085}
+    return {"before": before, "after": after,
+            "source": DBZ_SOURCE if source is None else source,
+            "transaction": transaction, "op": op, **ts}
+
+
+def _outcome(read: Any) -> Any:
+    """(op, image) of the event read, or the Misfit's message."""
+    try:
+        event = read()
+    except Misfit as exc:
+        return f"Misfit: {exc}"
+    return event.op, event.image
+
+
+SKIMMED = [
+    _dbz("c", after=ROW), _dbz("r", after=ROW), _dbz("u", before=ROW, after={**ROW, "d": 2}),
+    _dbz("u", after=ROW), _dbz("d", before=ROW), _dbz("d"), _dbz("t"), _dbz("m"), _dbz("x"),
+    _dbz("c"), _dbz("c", after=[1]), _dbz("c", after="row"), _dbz("d", before=7),
+    _dbz("c", after=ROW, transaction={"id": "571:53195832", "total_order": 1,
+                                      "data_collection_order": 1}),
+    _dbz("c", after=ROW, ts_ms=None), _dbz("c", after=ROW, ts_ms=1),
+    _dbz("c", after=ROW, ts_ms=-0, extra={"after": 1}),
+    _wire(_dbz("c", after=ROW))[:-1] + b',"after":{"id":2}}',          # a repeated key: the last
+    _wire(_dbz("c", after=ROW))[:-1] + b',"before":{"id":2}}',
+    _wire(_dbz("c", after=ROW, source={**DBZ_SOURCE, "n": {"x": 1}}))  # source ends as a tail
+    .replace(b'"n":{"x":1}', b'"n":{"x":1},"transaction":null,"op":"d","ts_ms":1'),
+    _dbz("c", after={"id": 1, "source": {"x": 1}, "transaction": None}),  # names in the row
+    _dbz("c", after=ROW, source={**DBZ_SOURCE, "table": 'a},"transaction":null,"op":"d"}'}),
+    _dbz("c", after=ROW, source={**DBZ_SOURCE, "table": "{"}),
+    _dbz("c", after=ROW, source={**DBZ_SOURCE, "nested": {"a": 1}}),
+    _dbz("c", after=ROW, source={}),
+]
+
+
+@pytest.mark.parametrize("schemas", [False, True], ids=["without-schemas", "with-schemas"])
+@pytest.mark.parametrize("event", SKIMMED)
+def test_a_skimmed_event_reads_as_its_whole_parse(event: Any, schemas: bool) -> None:
+    """Reading past ``source`` gives the operation, the image and every error the whole
+    parse gives, for events in Debezium's order and for every shape that is not quite."""
+    payload = event if isinstance(event, bytes) else _wire(event)
+    raw = b'{"schema":' + _wire(SCHEMA) + b',"payload":' + payload + b"}" if schemas else payload
+    events = JsonEvents()
+    events.read(_wire({"schema": SCHEMA, "payload": _dbz("c", after=ROW)}))  # learns the head
+    whole = _outcome(lambda: unwrap(json.loads(raw), truncate=True))
+    assert _outcome(lambda: events.read(raw, truncate=True)) == whole
+    assert _outcome(lambda: JsonEvents(source=True).read(raw, truncate=True)) == whole
+
+
+def test_a_skimmed_event_has_no_source_and_the_guards_reader_reads_it() -> None:
+    raw = _wire(_dbz("c", after=ROW))
+    assert JsonEvents().read(raw).source == {}
+    assert JsonEvents(source=True).read(raw).source == DBZ_SOURCE
+
+
+@pytest.mark.parametrize("schemas", [False, True], ids=["without-schemas", "with-schemas"])
+def test_every_cut_and_every_flipped_byte_of_an_event_reads_as_its_whole_parse(
+        schemas: bool) -> None:
+    """Each prefix of a real event, and the event with each byte replaced by each of JSON's
+    structural characters (and a letter), reads as ``unwrap`` of its whole parse does --
+    but for the one thing the skim does not read: a ``source`` block made invalid inside
+    its braces still gives the event's row (the module's Rules)."""
+    event = _dbz("u", before=ROW, after={**ROW, "d": 2})
+    value = {"schema": SCHEMA, "payload": event} if schemas else event
+    raw = _wire(value)
+    text = raw.decode()
+    inside = (text.index('"source":{') + len('"source":{'), text.index(',"transaction":'))
+    good = _outcome(lambda: unwrap(json.loads(raw)))
+    events = JsonEvents()
+    events.read(_wire({"schema": SCHEMA, "payload": _dbz("c", after=ROW)}))
+
+    def whole(b: bytes) -> Any:
+        try:
+            return _outcome(lambda: unwrap(json.loads(b)))
+        except ValueError:  # what the sink names "value is not JSON"
+            return "not JSON"
+
+    def skim(b: bytes) -> Any:
+        out = _outcome(lambda: events.read(b))
+        return "not JSON" if isinstance(out, str) and "is not JSON" in out else out
+
+    unread = 0
+    for cut in range(1, len(raw)):
+        assert skim(raw[:cut]) == whole(raw[:cut]) == "not JSON", cut
+    for at in range(len(raw)):
+        for ch in b'{}[]",:x0':
+            b = raw[:at] + bytes([ch]) + raw[at + 1:]
+            got, expected = skim(b), whole(b)
+            if got != expected and inside[0] <= at < inside[1] - 1 and got == good:
+                unread += 1  # inside source's braces: unread, the row applies
+                continue
+            assert got == expected, (at, chr(ch), b)
+    assert unread > 0  # the exception the Rules name is real, and confined to source
