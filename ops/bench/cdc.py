@@ -9,7 +9,7 @@ Sections of ``artifacts/bench/cdc.json``:
   PostgreSQL connector sends it through Kafka Connect's JSON converter,
   ``schemas.enable=false``: the envelope with its ``source`` block, ``cdc_value``),
   ``c_sink_cdc_schemas`` (the converter's default, ``schemas.enable=true``: each record
-  carries its schema, 2 KB) and ``c_sink_cdc_guarded`` (``c_sink_cdc`` with
+  carries its schema, 2.8 KB) and ``c_sink_cdc_guarded`` (``c_sink_cdc`` with
   ``--sink-version-column lsn --sink-version-from source.lsn``), alternating ``--repeat``
   times, medians; ``ratios`` of their records/s.
 - ``lag``: a source table on the stack's PostgreSQL (database ``source``) read by Debezium's
