@@ -554,6 +554,22 @@ class Debezium:
         wait_until(lambda: port_free(self.settings.ports.connect), timeout_s=30.0)
         stack.up(self.settings, services=[Service.CONNECT], out=lambda line: None)
 
+    def crash_kafka(self, while_down: Any = lambda: None) -> None:
+        """The stack's Kafka broker lost (SIGKILL: its log recovered at the next start),
+        ``while_down`` run, then the broker started again: Kafka Connect's producer and the
+        sink's members wait it out (the members within ``--outage-bound-s``)."""
+        import signal as signals
+
+        from ops.stack import control as stack
+        from ops.stack.procs import port_free, stop_pid, wait_until
+
+        row = {r.service: r for r in stack.status(self.settings)}[Service.KAFKA]
+        assert row.pid is not None, "the stack's Kafka is not running"
+        stop_pid(row.pid, sig=signals.SIGKILL, grace_s=30.0)
+        wait_until(lambda: port_free(self.settings.ports.kafka), timeout_s=30.0)
+        while_down()
+        stack.up(self.settings, services=[Service.KAFKA], out=lambda line: None)
+
     def crash_postgres(self) -> None:
         """An immediate shutdown of the stack's PostgreSQL (SIGQUIT: no checkpoint, crash
         recovery at the next start), then started again; Debezium's task reconnects by its

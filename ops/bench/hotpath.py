@@ -38,9 +38,9 @@ from fencing.postgres.sink.writer import Writer
 from fencing.types import SourceRecord
 from ops.bench.cdc_events import cdc_schemas_value, cdc_value
 from ops.bench.sink import sink_value
-from ops.worker.startup import settle_heap
 from ops.reference.domain import parse_batch
 from ops.reference.generate import generate, to_source_records
+from ops.worker.startup import settle_heap
 
 #: the layout ``fencing.postgres.sink.catalog.create_ddl`` gives a table with key ``id``
 SINK_LAYOUT = Layout((Column("id", "text", True), Column("payload", "jsonb", True),

@@ -3,12 +3,14 @@
 Debezium's PostgreSQL connector in Kafka Connect (``fencectl stack up --with debezium``),
 its change events go through Kafka, and ``fencectl run --sink ... --sink-envelope debezium
 --sink-truncate`` members write the target table in the fence's transactions, with the
-version guard (``--sink-version-column lsn --sink-version-from source.lsn``) and without. After inserts, updates of every column type,
-deletes, primary-key changes and a truncate — with a sink member SIGKILLed, a zombie
-(SIGSTOP), COMMIT replies lost, Kafka Connect killed and restarted (which delivers events
-again: the version guard applies an event of the same position again) and the PostgreSQL
-server crashed (an immediate shutdown, recovery on restart; it holds the source and the
-target) — the target equals the source row by row, value by value.
+version guard (``--sink-version-column lsn --sink-version-from source.lsn``) and without.
+After inserts, updates of every column type, deletes, primary-key changes and a truncate
+— with a sink member SIGKILLed, a zombie (SIGSTOP), COMMIT replies lost, Kafka Connect
+killed and restarted (which delivers events again: the version guard applies an event of
+the same position again), the Kafka broker SIGKILLed while the source changes and started
+again, and the PostgreSQL server crashed (an immediate shutdown, recovery on restart; it
+holds the source and the target) — the target equals the source row by row, value by
+value.
 """
 
 from __future__ import annotations
@@ -101,10 +103,11 @@ def _difference(got: list[tuple[Any, ...]], want: list[tuple[Any, ...]]) -> str:
 def test_a_table_replicated_through_debezium_equals_its_source(
         debezium: Any, services: Any, setup: Any, converter: str, guarded: bool) -> None:
     """A source table replicated through a real Debezium equals its source, row by row and
-    type by type, after kills, a zombie, lost COMMIT replies, a Connect restart, a PostgreSQL
-    crash and a truncate. ``converter``: Kafka Connect's JSON converter with schemas (the
-    stack's default), or Apicurio's Avro converter through the stack's registry (keys and
-    values; the sink reads them with ``--sink-format avro --sink-key-format avro``).
+    type by type, after kills, a zombie, lost COMMIT replies, a Connect restart, the Kafka
+    broker lost, a PostgreSQL crash and a truncate. ``converter``: Kafka Connect's JSON
+    converter with schemas (the stack's default), or Apicurio's Avro converter through the
+    stack's registry (keys and values; the sink reads them with ``--sink-format avro
+    --sink-key-format avro``).
     ``guarded``: with the version guard from ``source.lsn``; without it the sink reads the
     JSON events past their ``source`` block (``debezium.JsonEvents``' skim), and Connect's
     re-delivered events are applied again in their partition's order, which ends in the
@@ -169,6 +172,8 @@ def test_a_table_replicated_through_debezium_equals_its_source(
             asyncio.run(execute(source_dsn, statement))
         time.sleep(8)
         members[2].signal(signal.SIGCONT)
+        debezium.crash_kafka(while_down=lambda: asyncio.run(execute(  # the broker lost
+            source_dsn, f"UPDATE {table} SET name = name || ' v3' WHERE id % 4 = 0")))
         debezium.crash_postgres()                                # source and target crash
         asyncio.run(execute(source_dsn, statements[-1]))
         exits: list[int] = []
