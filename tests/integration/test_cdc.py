@@ -166,30 +166,38 @@ def test_a_table_replicated_through_debezium_equals_its_source(
         members.append(member("c"))
         wait_until(lambda: "assigned {" in members[2].log(), timeout_s=60,
                    what="the third member assigned")
-        members[2].signal(signal.SIGSTOP)                        # a zombie
+        zombie = members[2]
+        zombie.signal(signal.SIGSTOP)                            # a zombie
         statements = workload(table)[3:]
         for statement in statements[:-1]:
             asyncio.run(execute(source_dsn, statement))
         time.sleep(8)
-        members[2].signal(signal.SIGCONT)
+        zombie.signal(signal.SIGCONT)
         debezium.crash_kafka(while_down=lambda: asyncio.run(execute(  # the broker lost
             source_dsn, f"UPDATE {table} SET name = name || ' v3' WHERE id % 4 = 0")))
         debezium.crash_postgres()                                # source and target crash
         asyncio.run(execute(source_dsn, statements[-1]))
         exits: list[int] = []
+        fenced: list[str] = []
 
         def supervise() -> None:
-            """Restart a member that exited 5 (PostgreSQL unavailable: its lifetime retired
-            after three failed calls), as its supervisor does (docs/operations.md)."""
+            """Restart a member that exited 5 (a service unavailable past its bound) or 3
+            (retired: the zombie, fenced once a newer owner claimed its partition while it
+            was stopped), as its supervisor does (docs/operations.md)."""
             for m in [m for m in members if not m.alive() and m is not killed]:
                 members.remove(m)
-                exits.append(m.wait(5))
-                if exits[-1] == 5:
+                code = m.wait(5)
+                if code == 3 and m is zombie:
+                    fenced.append(m.log())
+                else:
+                    exits.append(code)
+                if code in (3, 5):
                     name, env = spawned[m]
                     members.append(member(name + "'", env))
 
         got, want = _converged(services.dsn, target, source_dsn, table, tick=supervise)
         assert set(exits) <= {5}, f"a member ended with {exits} after the crash, not 5"
+        assert all("lifetime ends (exit 3, Fenced)" in log for log in fenced), fenced
         assert got == want, _difference(got, want)
         assert len(lost) == 2
         ids = [r[0] for r in got]
