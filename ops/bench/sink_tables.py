@@ -71,10 +71,19 @@ def cdc(report: Report) -> list[str]:
         lines.append(f"| {run['label']} | {run['records_per_s']:,} ({rates}) | "
                      f"{run['median_cpu_us_per_record']} ({cpu}) |")
     r, targets = report["ratios"], report.get("targets", {})
+    runs = report["runs"]
+
+    def per_cpu(num: str, den: str) -> str:  # records per CPU-second of the member
+        a, b = (runs.get(n, {}).get("median_cpu_us_per_record") for n in (num, den))
+        return f"{b / a:.3f}" if a and b else "—"
+
     lines += ["", f"Change events over the plain sink (the same rows): {r['cdc_over_plain']} "
               f"(target ≥ {targets.get('cdc_over_plain', 0.8)}); with each record's schema: "
               f"{r['cdc_schemas_over_plain']}; the version guard over the unguarded: "
-              f"{r['guarded_over_cdc']} (records/s of the medians).", "",
+              f"{r['guarded_over_cdc']} (records/s of the medians). Per CPU-second of the "
+              f"member: {per_cpu('c_sink_cdc', 'c_sink_typed_json')}, "
+              f"{per_cpu('c_sink_cdc_schemas', 'c_sink_typed_json')} and "
+              f"{per_cpu('c_sink_cdc_guarded', 'c_sink_cdc')}.", "",
               "| rows/s into the source | achieved | rows | lag p50 | lag p99 | lag max | "
               "to Kafka p50 / p99 | the sink's p50 / p99 |",
               "|---:|---:|---:|---:|---:|---:|---:|---:|"]
