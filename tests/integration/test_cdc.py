@@ -227,3 +227,67 @@ def test_a_table_replicated_through_debezium_equals_its_source(
         delete_connector(connect_url, prefix)
         asyncio.run(drop_slot(source_dsn, f"{prefix}_slot"))
 
+
+
+async def _expected(dsn: str, table: str, casts: dict[str, str]) -> list[tuple[Any, ...]]:
+    """The source's rows as ``rows`` reads them, a column cast where Debezium's mode keeps
+    less than PostgreSQL does (``casts``: column -> type)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        cols = ", ".join(f"{c}::{casts[c]}" if c in casts else c for c, _ in COLUMNS)
+        return [tuple(r) for r in await conn.fetch(f"SELECT {cols} FROM {table} ORDER BY id")]
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize(("decimals", "times"), [("string", "connect"),
+                                                  ("double", "adaptive")])
+def test_debeziums_decimal_and_time_modes_replicate_as_they_are_sent(
+        debezium: Any, services: Any, decimals: str, times: str) -> None:
+    """The connector's ``decimal.handling.mode`` (string: numerics as text; double: as
+    JSON numbers) and ``time.precision.mode`` (connect: Kafka Connect's Time and Timestamp,
+    milliseconds) through a real Debezium: the target holds what the events carry -- the
+    source's values, times and timestamps to the millisecond under ``connect`` (Debezium
+    drops the microseconds), every numeric of this table exact under ``double`` (each has at
+    most 13 significant digits)."""
+    source_dsn, connect_url = debezium.source_dsn, debezium.connect_url
+    clean_leftovers(connect_url, source_dsn)
+    table = f"modes_{uuid.uuid4().hex[:6]}"
+    prefix = f"{PREFIX}{uuid.uuid4().hex[:6]}"
+    topic = f"{prefix}.public.{table}"
+    asyncio.run(execute(source_dsn, MOOD_DDL, f"CREATE TABLE {table} {SOURCE_DDL}",
+                         workload(table)[0]))
+    schema = asyncio.run(fresh_schema(services.dsn))
+    target = f'"{schema}".{table}'
+    asyncio.run(execute(services.dsn, MOOD_DDL, f"CREATE TABLE {target} {TARGET_DDL}"))
+    register_connector(connect_url, prefix, postgres_connector(source_dsn, prefix, table) | {
+        "decimal.handling.mode": decimals, "time.precision.mode": times})
+    casts = {"at": "time(3)", "seen": "timestamp(3)"} if times == "connect" else {}
+    member = None
+    try:
+        wait_until(lambda: topic in debezium.topics(), timeout_s=120,
+                   what="Debezium's topic of the table")
+        member = WorkerProc(topic=topic, group=f"g{prefix}", schema=schema,
+                            setup=GROUP_SETUPS[-1], name="modes", extra=(
+                                "--sink", f"table={schema}.{table}", "--sink-envelope",
+                                "debezium", "--sink-key-format", "json"))
+        asyncio.run(execute(source_dsn, *workload(table)[1:3]))  # updates of every column
+        want = asyncio.run(_expected(source_dsn, table, casts))
+
+        def replicated() -> bool:
+            return asyncio.run(rows(services.dsn, target)) == want
+
+        try:
+            wait_until(replicated, timeout_s=120, interval_s=1.0,
+                       what="the target equal to the source")
+        except AssertionError:
+            pass
+        got = asyncio.run(rows(services.dsn, target))
+        assert got == want, _difference(got, want)
+        assert len(got) == 60
+    finally:
+        if member is not None:
+            stop_live([member])
+            member.ensure_dead()
+        delete_connector(connect_url, prefix)
+        asyncio.run(drop_slot(source_dsn, f"{prefix}_slot"))
