@@ -37,14 +37,17 @@ Rules
   ``--sink-version-from source.FIELD``). Otherwise a JSON payload in the field order
   Debezium writes it -- ``before``, ``after``, ``source``, then ``transaction``, ``op`` and
   the timestamps -- is read without it: ``before`` and ``after`` are parsed where they
-  stand, the tail from the last ``,"transaction":`` on is parsed whole, and what lies
-  between (``source``) is checked to be one object holding no other brace, never parsed.
-  It is about 40 % of the text and 60 % of the parse of an event of a narrow table
-  (``python -m ops.bench.hotpath``: ``cdc_convert_ns``). A payload of any other shape (a
-  key out of that order, a brace inside ``source``'s text, a key of the tail repeated)
-  is parsed whole, as before. What changes: a ``source`` block that is not valid JSON
-  inside its braces is not noticed when nothing reads it (Kafka Connect's converters
-  write JSON with Jackson and never produce one).
+  stand; ``source`` ends at its first closing brace, which must be followed by
+  ``,"transaction":``; the tail from there is matched whole when it is the one Debezium
+  writes without transaction metadata (``_PLAIN_TAIL``: the check the scanner would make
+  of it) and parsed otherwise, and must end where the payload ends. ``source`` is about
+  40 % of the text and 60 % of the parse of an event of a narrow table (``python -m
+  ops.bench.hotpath``: ``cdc_convert_ns`` against ``cdc_source_read_convert_ns``). A
+  payload of any other shape (a key out of that order, an object nested in ``source``, a
+  brace in one of its strings, a key of the envelope repeated in the tail) is parsed
+  whole, as before. What changes: a ``source`` block that is not valid JSON inside its
+  braces is not noticed when nothing reads it (Kafka Connect's converters write JSON with
+  Jackson and never produce one).
 """
 
 from __future__ import annotations
