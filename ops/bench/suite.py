@@ -45,7 +45,8 @@ WHY: dict[str, str] = {
         "Connect, which is SIGKILLed and restarted (its JVM and connector start again), a "
         "member frozen 8 s, the Kafka broker SIGKILLed and started again (log recovery), "
         "then PostgreSQL crashed (immediate shutdown, recovery) and the members that exit 5 "
-        "restarted; the replica converges twice (before and after a truncate)",
+        "(and the zombie, once fenced) restarted; the replica converges twice (before and "
+        "after a truncate)",
     "test_a_frozen_registry_holds_only_the_partitions_that_need_it":
         "runs alone (exclusive): the registry SIGSTOPped for a fixed 20 s (FROZEN_S) under two "
         "Avro sink members, each registry call timing out at 3 s; then the drain",
