@@ -429,7 +429,8 @@ def _record_session_waits(item: pytest.Item) -> None:
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the ``protocols`` mark added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``kafka_faults`` only under ``FENCE_KAFKA_FAULTS=full`` (``make
-    test-kafka-faults``; ``make test`` runs a subset of the Kafka fault scenarios); a test
+    test-kafka-faults``; ``make test`` runs a subset of the Kafka fault scenarios), those
+    marked ``full_only`` only under ``FENCE_ALL_PROTOCOLS=full``; a test
     parametrized over the group protocols under one of them unless ``FENCE_ALL_PROTOCOLS=full``
     (``tests.protocol_rotation``; ``make test-protocols`` runs them all); the tests on the
     three-node cluster last, in their collected order (see the module docstring)."""
@@ -438,6 +439,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if deselected:
             config.hook.pytest_deselected(items=deselected)
             items[:] = [i for i in items if i.get_closest_marker("kafka_faults") is None]
+    if os.environ.get("FENCE_ALL_PROTOCOLS") != "full":
+        deselected = [i for i in items if i.get_closest_marker("full_only") is not None]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [i for i in items if i.get_closest_marker("full_only") is None]
     _one_protocol_each(config, items)
     tests = Path(__file__).resolve().parent
     for item in items:
