@@ -45,7 +45,13 @@ from ops.bench.runs import ROOT, delete_topics, env
 from ops.bench.sink import sink_row
 from ops.bench.sources import produce_topics
 from ops.bench.worker import _sink_worker, throughput
-from ops.stack.connectors import delete_connector, drop_slot, postgres_connector, register_connector
+from ops.stack.connectors import (
+    delete_connector,
+    drop_slot,
+    execute,
+    postgres_connector,
+    register_connector,
+)
 
 __all__ = ["RUNS", "main", "measure_lag"]
 
@@ -80,15 +86,6 @@ def _ratios(runs: dict[str, Any]) -> dict[str, float | None]:
         a, b = (runs.get(n, {}).get("records_per_s") for n in (num, den))
         out[name] = round(a / b, 3) if a and b else None
     return out
-
-
-async def _sql(dsn: str, *statements: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        for statement in statements:
-            await conn.execute(statement)
-    finally:
-        await conn.close()
 
 
 async def _migrated(dsn: str, schema: str, ddl: str) -> None:
@@ -175,7 +172,7 @@ def measure_lag(dsn: str, source_dsn: str, connect_url: str, *, rate: float,
     tag = uuid.uuid4().hex[:6]
     table, prefix, schema = f"lag_{tag}", f"benchcdc{tag}", f"benchcdc_{tag}"
     topic, target = f"{prefix}.public.{table}", f'"{schema}".{table}'
-    asyncio.run(_sql(source_dsn, f"CREATE TABLE {table} {_SOURCE_DDL}",
+    asyncio.run(execute(source_dsn, f"CREATE TABLE {table} {_SOURCE_DDL}",
                      f"INSERT INTO {table} (id, amount, note) VALUES (0, 0, 'first')"))
     asyncio.run(_migrated(dsn, schema, f"CREATE TABLE {target} {_TARGET_DDL}"))
     member: subprocess.Popen[bytes] | None = None
@@ -208,9 +205,9 @@ def measure_lag(dsn: str, source_dsn: str, connect_url: str, *, rate: float,
                 member.wait()
         delete_connector(connect_url, prefix)
         asyncio.run(drop_slot(source_dsn, f"{prefix}_slot"))
-        asyncio.run(_sql(source_dsn, f"DROP TABLE IF EXISTS {table}",
+        asyncio.run(execute(source_dsn, f"DROP TABLE IF EXISTS {table}",
                          f"DROP PUBLICATION IF EXISTS {prefix}_pub"))
-        asyncio.run(_sql(dsn, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        asyncio.run(execute(dsn, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
         from confluent_kafka.admin import AdminClient
 
         if topic in _topics():

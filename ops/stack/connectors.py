@@ -15,7 +15,8 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-__all__ = ["delete_connector", "drop_slot", "http", "postgres_connector", "register_connector"]
+__all__ = ["delete_connector", "drop_slot", "execute", "http", "postgres_connector",
+           "register_connector"]
 
 
 def postgres_connector(source_dsn: str, prefix: str, table: str) -> dict[str, str]:
@@ -73,6 +74,17 @@ def delete_connector(connect_url: str, name: str) -> None:
     except urllib.error.HTTPError as exc:
         if exc.code != 404:
             raise
+
+
+async def execute(dsn: str, *statements: str) -> None:
+    """Run ``statements`` in order on one connection of ``dsn`` (each autocommit): a source
+    table's DDL and changes, a target's set-up."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        for statement in statements:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
 
 
 async def drop_slot(source_dsn: str, slot: str, *, timeout_s: float = 60.0) -> None:

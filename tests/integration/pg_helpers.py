@@ -16,6 +16,7 @@ import asyncpg
 
 from fencing.postgres.schema import migrate
 from fencing.types import Accept, Reject, SourceRecord, TopicPartition, Verdict
+from ops.stack.connectors import execute  # statements on one connection, for the tests too
 
 __all__ = [
     "Dsn",
@@ -52,16 +53,6 @@ async def create_fence_schema(dsn: str) -> str:
     finally:
         await conn.close()
     return schema
-
-
-async def execute(dsn: str, *statements: str) -> None:
-    """Run ``statements`` in order on one connection of ``dsn`` (each autocommit)."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        for statement in statements:
-            await conn.execute(statement)
-    finally:
-        await conn.close()
 
 
 async def drop_schema(dsn: str, schema: str) -> None:

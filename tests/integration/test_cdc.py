@@ -96,6 +96,23 @@ def _difference(got: list[tuple[Any, ...]], want: list[tuple[Any, ...]]) -> str:
     return "\n".join(lines)
 
 
+def _source_and_target(debezium: Any, services: Any, name: str
+                       ) -> tuple[str, str, str, str, str]:
+    """A fresh source table ``NAME_xxxxxx`` of every type holding ``workload``'s first rows
+    (what Debezium's snapshot reads), its empty target in a fresh fence schema, and the
+    connector's prefix and topic (leftovers of an interrupted run removed first): (table,
+    prefix, topic, schema, target)."""
+    clean_leftovers(debezium.connect_url, debezium.source_dsn)
+    table = f"{name}_{uuid.uuid4().hex[:6]}"
+    prefix = f"{PREFIX}{uuid.uuid4().hex[:6]}"
+    asyncio.run(execute(debezium.source_dsn, MOOD_DDL, f"CREATE TABLE {table} {SOURCE_DDL}",
+                         workload(table)[0]))
+    schema = asyncio.run(fresh_schema(services.dsn))
+    target = f'"{schema}".{table}'
+    asyncio.run(execute(services.dsn, MOOD_DDL, f"CREATE TABLE {target} {TARGET_DDL}"))
+    return table, prefix, f"{prefix}.public.{table}", schema, target
+
+
 @pytest.mark.parametrize("setup", GROUP_SETUPS, ids=lambda s: s.name)
 @pytest.mark.parametrize(("converter", "guarded"), [
     # make test runs the JSON converter unguarded and Avro guarded (each ~70 s alone on the
@@ -116,15 +133,7 @@ def test_a_table_replicated_through_debezium_equals_its_source(
     same rows: a key's events are all in one partition, the re-delivered ones after the
     originals, the last of them the newest."""
     source_dsn, connect_url = debezium.source_dsn, debezium.connect_url
-    clean_leftovers(connect_url, source_dsn)
-    table = f"items_{uuid.uuid4().hex[:6]}"
-    prefix = f"{PREFIX}{uuid.uuid4().hex[:6]}"
-    topic = f"{prefix}.public.{table}"
-    asyncio.run(execute(source_dsn, MOOD_DDL, f"CREATE TABLE {table} {SOURCE_DDL}",
-                         *workload(table)[:1]))                      # a snapshot to read
-    schema = asyncio.run(fresh_schema(services.dsn))
-    target = f'"{schema}".{table}'
-    asyncio.run(execute(services.dsn, MOOD_DDL, f"CREATE TABLE {target} {TARGET_DDL}"))
+    table, prefix, topic, schema, target = _source_and_target(debezium, services, "items")
     group = f"g{prefix}"
     config = postgres_connector(source_dsn, prefix, table)
     formats: tuple[str, ...] = ("--sink-key-format", "json")
@@ -253,15 +262,7 @@ def test_debeziums_decimal_and_time_modes_replicate_as_they_are_sent(
     drops the microseconds), every numeric of this table exact under ``double`` (each has at
     most 13 significant digits)."""
     source_dsn, connect_url = debezium.source_dsn, debezium.connect_url
-    clean_leftovers(connect_url, source_dsn)
-    table = f"modes_{uuid.uuid4().hex[:6]}"
-    prefix = f"{PREFIX}{uuid.uuid4().hex[:6]}"
-    topic = f"{prefix}.public.{table}"
-    asyncio.run(execute(source_dsn, MOOD_DDL, f"CREATE TABLE {table} {SOURCE_DDL}",
-                         workload(table)[0]))
-    schema = asyncio.run(fresh_schema(services.dsn))
-    target = f'"{schema}".{table}'
-    asyncio.run(execute(services.dsn, MOOD_DDL, f"CREATE TABLE {target} {TARGET_DDL}"))
+    table, prefix, topic, schema, target = _source_and_target(debezium, services, "modes")
     register_connector(connect_url, prefix, postgres_connector(source_dsn, prefix, table) | {
         "decimal.handling.mode": decimals, "time.precision.mode": times})
     casts = {"at": "time(3)", "seen": "timestamp(3)"} if times == "connect" else {}
