@@ -157,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     p.add_argument("--sink", action="store_true", help="profile the table sink's run")
     p.add_argument("--run", default=None, metavar="NAME",
-                   help="profile this run of ops.bench.worker's RUNS instead (e.g. "
-                        "c_sink_typed_avro) -> profile_<NAME>.json")
+                   help="profile this run of ops.bench.worker's or ops.bench.cdc's RUNS "
+                        "instead (e.g. c_sink_typed_avro, c_sink_cdc) -> profile_<NAME>.json")
     p.add_argument("--gil", action="store_true",
                    help="sample only the thread holding the GIL (py-spy --gil): where the "
                         "one resource the loop and the Kafka thread share goes")
@@ -171,11 +171,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _profile(a: argparse.Namespace) -> int:
+    from ops.bench.cdc import RUNS as CDC_RUNS
     from ops.bench.sources import produce_topics
     from ops.bench.worker import RUNS, SINK_RUNS
 
     dsn = os.environ["FENCE_DSN"]
-    run = (next(r for r in RUNS if r.name == a.run) if a.run
+    run = (next(r for r in [*RUNS, *CDC_RUNS] if r.name == a.run) if a.run
            else next(r for r in SINK_RUNS if r.name == "c_sink_fenceworker") if a.sink
            else Run("profile", "profile", "worker"))
     topic, _ = produce_topics([run.topic], a.count, a.count, a.partitions)[run.topic]

@@ -202,6 +202,8 @@ class JsonEvents:
         if type(payload) is tuple:
             code, before, after = payload
             op = _OPS.get(code)
+            if op is UPSERT and schema is None and type(after) is dict:
+                return Event(UPSERT, after, _NO_SOURCE)  # _row's first case, no readers
             if op is not None:
                 return _row(op, code, before, after, _NO_SOURCE, schema, truncate, self.types)
             payload = {"before": before, "after": after, "op": code}  # unwrap names why
@@ -214,7 +216,10 @@ class JsonEvents:
         when it is not in Debezium's field order (module Rules). Raises as the scanner
         does on malformed ``before``, ``after`` or tail."""
         scan = self._scan
-        before, i = scan(text, len(_BEFORE))
+        if text.startswith("null", len(_BEFORE)):  # a create's: what the scanner reads there
+            before, i = None, len(_BEFORE) + 4
+        else:
+            before, i = scan(text, len(_BEFORE))
         if not text.startswith(_AFTER, i):
             return None, -1
         after, i = scan(text, i + len(_AFTER))
