@@ -1,6 +1,8 @@
 """Test support for the table sink against real PostgreSQL (the migrated fence schema per
 test is ``tests/conftest.py``'s ``schema``): batches through the real fence store, rows and
-quarantine reasons read back."""
+quarantine reasons read back; ``write_path``, a module's tests run on both ways the COPY
+method writes a set of upserts (``Writer.write``: by unnest when the set is small, through
+the staging table when it is not), each set forced one way."""
 
 from __future__ import annotations
 
@@ -8,15 +10,25 @@ from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
+import pytest
 
-from fencing.postgres.sink import SinkSpec, ensure_table, make_table_sink
+from fencing.postgres.sink import SinkSpec, ensure_table, make_table_sink, writer
 from fencing.postgres.store import PgFenceStore
 from fencing.store import BatchCall
 from fencing.types import ClaimRequest, SourceRecord, TopicPartition
 
-__all__ = ["SINK_TP", "apply", "fetch"]
+__all__ = ["SINK_TP", "apply", "fetch", "write_path"]
 
 SINK_TP = TopicPartition("orders", 0)
+
+
+@pytest.fixture(params=["unnest", "staged"])
+def write_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every set of upserts by unnest (the tests' batches are small: the default), or
+    every one through the staging table (``UNNEST_MAX`` 0), for the test's writers."""
+    if request.param == "staged":
+        monkeypatch.setattr(writer, "UNNEST_MAX", 0)
+    return str(request.param)
 
 
 async def apply(dsn: str, schema: str, spec: SinkSpec, records: list[SourceRecord], *,

@@ -21,9 +21,9 @@ from fencing.errors import ConfigError
 from fencing.postgres.sink import SinkSpec, ensure_table
 from fencing.postgres.sink.keys import Format
 from fencing.types import SourceRecord, TopicPartition
-from tests.integration.sink_support import apply, fetch
+from tests.integration.sink_support import apply, fetch, write_path  # noqa: F401
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("write_path")]
 
 TP = TopicPartition("dbserver.public.items", 0)
 D = decimal.Decimal

@@ -16,10 +16,10 @@ from fencing.postgres.sink import SinkSpec
 from fencing.postgres.sink.keys import Format
 from fencing.postgres.sink.unknown import STALE_CHANGES
 from fencing.types import SourceRecord, TopicPartition
-from tests.integration.sink_support import apply, fetch
+from tests.integration.sink_support import apply, fetch, write_path  # noqa: F401
 from tests.integration.test_sink_debezium import DDL, TP, event, row, spec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("write_path")]
 
 OTHER = TopicPartition(TP.topic, 1)
 GUARD = {"version": "lsn", "version_from": "source.lsn"}

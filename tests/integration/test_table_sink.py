@@ -15,9 +15,9 @@ from fencing.errors import ConfigError
 from fencing.postgres.sink import Method, SinkSpec, ensure_table
 from fencing.postgres.sink.keys import Format
 from fencing.types import SourceRecord
-from tests.integration.sink_support import SINK_TP, apply, fetch
+from tests.integration.sink_support import SINK_TP, apply, fetch, write_path  # noqa: F401
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("write_path")]
 
 TP = SINK_TP
 

@@ -28,6 +28,12 @@ __all__ = ["Writer"]
 #: COPY + INSERT … SELECT: about four round trips); smaller ones and all after them go by
 #: pipelined ``executemany`` runs (one round trip each, one statement per row in PostgreSQL)
 _SET_MIN = 200
+#: a set smaller than this writes each column set's upserts by one prepared INSERT … SELECT
+#: FROM unnest(one array per column) (one round trip; cached by asyncpg) instead of COPY
+#: into the stage and a set statement (three more round trips and the stage's statement):
+#: what a batch costs at a steady rate, where batches are small. Larger sets go by COPY,
+#: cheaper per row.
+UNNEST_MAX = 200
 _BY_KEY = attrgetter("key")  # sorts upserts and deletes by the key columns' values
 _ROW = "fence_row"  # the target's alias in a guarded upsert (``--sink-version-column``)
 
@@ -38,6 +44,8 @@ class Writer:
     def __init__(self, target: Target, method: Method, *, kafka_key: KeyReader | None = None,
                  born: int = 0, version: str | None = None) -> None:
         self.t = target
+        self.unnest_max = UNNEST_MAX  # sets smaller than this go by unnest (see UNNEST_MAX)
+        self._unnest: dict[tuple[str, ...], str | None] = {}  # columns -> its INSERT, or None
         #: the version column (``--sink-version-column``): an upsert or a versioned delete
         #: older than the stored row changes nothing, and is counted (``write``'s answer)
         self.version = version
@@ -130,6 +138,29 @@ class Writer:
         returning = " RETURNING 1" if self.version is not None else ""
         return f"{self._into(columns)} VALUES ({marks}){self._conflict()}{returning}"
 
+    def unnest_insert(self, columns: tuple[str, ...]) -> str | None:
+        """The upsert of ``columns``' rows passed as one array per column, in key order (an
+        insert without key columns); None when a column's type cannot go as an array
+        parameter that way: an array column (``unnest`` flattens an array of arrays) or an
+        enum (its type is named by the table's schema, not by ``pg_catalog``'s name the cast
+        uses)."""
+        got = self._unnest.get(columns, ...)
+        if got is not ...:
+            return got
+        layout = self.t.layout
+        kinds = ["int8" if c == self.ms else layout.column(c).type_name for c in columns]
+        sql = None
+        if all(layout.column(c).kind == k and not k.startswith("_") for c, k in
+               zip(columns, kinds, strict=True) if c != self.ms):
+            arrays = ", ".join(f"${i}::{k}[]" for i, k in enumerate(kinds, 1))
+            names = ", ".join(map(_quote, columns))
+            values = ", ".join(self._value(c, _quote(c)) for c in columns)
+            order = f" ORDER BY {self.key_list}" if self.keys else ""
+            sql = (f"{self._into(columns)} SELECT {values} FROM unnest({arrays}) AS "
+                   f"fence_rows({names}){order}{self._conflict()}")
+        self._unnest[columns] = sql
+        return sql
+
     async def write(self, conn: Any, ops: Sequence[Upsert | Delete], savepoint: str) -> int:
         """The fast path inside SAVEPOINT ``savepoint``: opened by the first statement and
         released by the last. Every operation is applied, in order: with key columns they go
@@ -139,7 +170,9 @@ class Writer:
         kind and column set by one pipelined ``executemany``. An upsert by COPY sends the
         SAVEPOINT with the staging table's statement and the RELEASE with its last set
         statement (one simple query each: a batch of upserts without a repeated key costs
-        four round trips, the COPY's two included, not six); a refusal inside leaves the
+        four round trips, the COPY's two included, not six); a set smaller than
+        ``unnest_max`` writes each column set by one prepared INSERT … SELECT FROM unnest
+        (``unnest_insert``; one round trip) and needs no stage. A refusal inside leaves the
         savepoint open, for ``ROLLBACK TO``.
 
         With a version column every operation goes in sets (each set statement answers how
@@ -149,8 +182,10 @@ class Writer:
         sets, rest = sets_then_rest(ops, min_set=1 if guarded else _SET_MIN) if self.keys \
             else ([list(ops)], [])
         stale = 0
+        small = self.unnest_max
         staged = bool(self.keys) and self.method is Method.COPY and any(
-            isinstance(op, Upsert) for one in sets for op in one)
+            isinstance(op, Upsert) and (len(one) >= small or self.unnest_insert(op.columns)
+                                        is None) for one in sets for op in one)
         opened = f"SAVEPOINT {savepoint}"
         release = f"RELEASE SAVEPOINT {savepoint}"
         await conn.execute(f"{opened}; {self.make_stage}" if staged else opened)
@@ -166,8 +201,21 @@ class Writer:
             if deletes:
                 stale += await self._deletes(conn, deletes)
             for n, (columns, rows) in enumerate(groups.items(), 1):
+                last = not rest and g == len(sets) and n == len(groups)
                 if self.method is Method.EXECUTEMANY:
                     await conn.executemany(self.insert_values(columns), rows)
+                elif len(one) < small and (insert := self.unnest_insert(columns)) is not None:
+                    arrays = [list(values) for values in zip(*rows, strict=True)]
+                    if guarded:  # the rows written, to count those left alone
+                        written = await conn.fetchval(
+                            f"WITH w AS ({insert} RETURNING 1) SELECT count(*) FROM w", *arrays)
+                        stale += len(rows) - written
+                    else:
+                        await conn.execute(insert, *arrays)
+                    # the last statement written: its savepoint stays open to the COMMIT,
+                    # which ends it with the transaction (nothing rolls back to it now; a
+                    # RELEASE would cost a round trip of its own, see UNNEST_MAX)
+                    released = released or last
                 elif not self.keys:
                     await conn.copy_records_to_table(self.t.name, schema_name=self.t.schema,
                                                      columns=list(columns), records=rows)
@@ -175,7 +223,7 @@ class Writer:
                     await conn.copy_records_to_table(self.stage, schema_name="pg_temp",
                                                      columns=list(columns), records=rows)
                     values = ", ".join(self._value(c, _quote(c)) for c in columns)
-                    released = not rest and g == len(sets) and n == len(groups)
+                    released = last
                     tail = f"; {release}" if released else ""
                     insert = (f"{self._into(columns)} SELECT {values} FROM pg_temp."
                               f"{_quote(self.stage)} ORDER BY {self.key_list}{self._conflict()}")
