@@ -2,18 +2,22 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import uuid
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+import asyncpg
 import pytest
 
 from consumer import Lifecycle
 from consumer.failure_run import FailureRun
 from fencing.failures import RetryPolicy
 from fencing.handler import Declaration, Durability, Effects
+from fencing.postgres.sink import SinkSpec, make_table_sink
+from fencing.postgres.sink.writer import UNNEST_MAX
 from fencing.postgres.store import PgFenceStore
 from fencing.store import BatchCall
 from fencing.testing.pgproxy import PgProxy
@@ -122,3 +126,48 @@ async def test_the_worker_path_adds_no_round_trip_and_an_intent_adds_one(
                 assert n == handler_trips + (2 if name == "transactional" else 3), name
         finally:
             await store.close()
+
+
+@pytest.mark.parametrize(("records", "sink_trips"), [(5, 2), (UNNEST_MAX, 3)],
+                         ids=["a small set: unnest", "a large set: the staging table"])
+async def test_the_table_sinks_small_set_of_upserts_takes_two_round_trips(
+        pg_dsn: str, fence_schema: str, records: int, sink_trips: int) -> None:
+    """A batch of upserts into typed columns: fewer than ``UNNEST_MAX`` go by SAVEPOINT and
+    one prepared INSERT … SELECT FROM unnest (its savepoint ended by the COMMIT); a set of
+    ``UNNEST_MAX`` by SAVEPOINT with the stage's statement, the COPY, and the set statement
+    with the RELEASE (the proxy counts Query and Sync messages: the COPY's data phase is one
+    more wait for the CopyInResponse, not counted). The rows written either way are the
+    records'."""
+    parts = urlsplit(pg_dsn)
+    table = f'"{fence_schema}".items'
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute(f"CREATE TABLE {table} (id int8 PRIMARY KEY, name text NOT NULL)")
+    finally:
+        await conn.close()
+    spec = SinkSpec(f"{fence_schema}.items", keys=("id",))
+    tp = TopicPartition("rt-sink", 0)
+
+    def batch(first: int) -> list[SourceRecord]:
+        return [SourceRecord(tp.topic, tp.partition, o, None, json.dumps(
+            {"id": o % records, "name": f"n{o}"}).encode()) for o in range(first, first + records)]
+
+    async with PgProxy(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
+        store = await PgFenceStore.connect(proxy.dsn(pg_dsn), group_id=f"g-{uuid.uuid4().hex}",
+                                           schema=fence_schema, pool_min=1, pool_max=1)
+        try:
+            token = (await store.claim([ClaimRequest(tp, 0)], lifetime="L"))[tp]
+            sink = make_table_sink(spec)
+            token = await store.process(BatchCall(tp, batch(0), sink), token)  # warm up
+            before = proxy.round_trips()
+            token = await store.process(BatchCall(tp, batch(records), sink), token)
+            assert proxy.round_trips() - before == sink_trips + 2  # BEGIN+fence, COMMIT
+        finally:
+            await store.close()
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        rows = await conn.fetch(f"SELECT id, name FROM {table} ORDER BY id")
+    finally:
+        await conn.close()
+    assert [tuple(r) for r in rows] == [(i, f"n{records + i}") for i in range(records)]
+    assert token == Token(1, 2 * records)
