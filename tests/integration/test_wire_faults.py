@@ -1,5 +1,5 @@
-"""Wire faults at every statement the stores and the operator tools send (real PostgreSQL,
-through ``fencing.testing.pgproxy``).
+"""Wire faults at every statement the stores and the operator tools send, and at the table
+sink's write of a small set (real PostgreSQL, through ``fencing.testing.pgproxy``).
 
 One parametrized test: every statement kind x {the connection cut before the statement
 reaches the server, cut after the server finished it and before its reply, the reply held
@@ -20,6 +20,7 @@ statement (the lifecycle, the member heartbeat, the operator functions) and asse
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -43,6 +44,7 @@ from fencing.errors import (
     Retired,
     TooSlow,
 )
+from fencing.postgres.sink import SinkSpec, make_table_sink
 from fencing.postgres.store import PgFenceStore
 from fencing.store import BatchCall
 from fencing.testing.pgproxy import Action, PgProxy
@@ -147,6 +149,7 @@ class Case:
     method: str
     scenario: Callable[[Env, str], Awaitable[None]]
     exact: bool = False
+    in_handler: bool = False  # a statement of the handler's body (its time limit applies)
 
 
 @dataclass(slots=True)
@@ -178,7 +181,7 @@ def _check_typed(case: Case, fault: str, name: str, exc: BaseException, applied:
         unknown_note = any("outcome unknown" in n for n in getattr(exc, "__notes__", []))
         if isinstance(exc, asyncio.CancelledError):
             assert unknown_note is (case.klass in (WRITE, COMMIT)), (name, exc.__notes__)
-        elif case is CASES["handler body"]:
+        elif case.in_handler:
             # the handler's own time limit (fencing.slow: 75 % of the budget) stops a held
             # statement of its body before the budget does: rolled back, nothing applied
             assert isinstance(exc, TooSlow), (name, exc)
@@ -270,22 +273,26 @@ async def _effects(env: Env) -> int:
     return await env.count("SELECT count(*) FROM {s}.effects")
 
 
-def _batches(env: Env) -> Callable[[], Awaitable[int]]:
+def _batches(env: Env, table: str) -> Callable[[], Awaitable[int]]:
     async def batches() -> int:  # of four records each
-        return await _effects(env) // 4
+        return await env.count(f"SELECT count(*) FROM {{s}}.{table}") // 4
     return batches
 
 
-async def _batch(env: Env, fault: str, case: Case) -> None:
+async def _batch(env: Env, fault: str, case: Case, *, handler: Any = None,
+                 records: Sequence[SourceRecord] | None = None, table: str = "effects",
+                 ) -> None:
+    """Four records in one batch (``effect_handler``'s into ``effects``, or ``handler``'s
+    ``records`` into ``table``, one row per record with its ``offset``)."""
     lc = await _held(env)
-    env.probe = _batches(env)
-    records = make_records(TP, range(4))
-    ran = await _faulted(env, case, fault, lambda: lc.process(
-        BatchCall(TP, records, effect_handler(env.schema))))
+    env.probe = _batches(env, table)
+    records = make_records(TP, range(4)) if records is None else records
+    handler = effect_handler(env.schema) if handler is None else handler
+    ran = await _faulted(env, case, fault, lambda: lc.process(BatchCall(TP, records, handler)))
     _typed(env, case, fault)
     durable = (await env.direct.observe([TP]))[TP]
-    offsets = sorted(r[0] for r in await env.sql('SELECT "offset" FROM {s}.effects'))
-    if fault == "held-then-cancelled" and case is CASES["handler body"]:
+    offsets = sorted(r[0] for r in await env.sql(f'SELECT "offset" FROM {{s}}.{table}'))
+    if fault == "held-then-cancelled" and case.in_handler:
         # the handler's time limit (fencing.slow: 75 % of the budget) stops its held
         # statement before the budget: the batch rolled back and is the failure run's to
         # split; the lifetime goes on (a slow handler is not a failure of the lifetime)
@@ -315,6 +322,16 @@ async def handler_body(env: Env, fault: str) -> None:
 
 async def commit(env: Env, fault: str) -> None:
     await _batch(env, fault, CASES["COMMIT"])
+
+
+async def sink_write(env: Env, fault: str) -> None:
+    """The table sink's write of a small set (``Writer.unnest_insert``), in insert mode:
+    a record applied twice would be two rows."""
+    await env.sql('CREATE TABLE {s}.sink_rows ("offset" int8 NOT NULL)')
+    records = [SourceRecord(TP.topic, TP.partition, o, None, json.dumps({"offset": o}).encode())
+               for o in range(4)]
+    await _batch(env, fault, CASES["sink write"], records=records, table="sink_rows",
+                 handler=make_table_sink(SinkSpec(f"{env.schema}.sink_rows")))
 
 
 # -- gap-skip ---------------------------------------------------------------------------
@@ -540,7 +557,9 @@ CASES: dict[str, Case] = {
     "observe": Case(READ, lambda s: _ROWS.format(_q(s)), "observe", observe),
     "fence statement": Case(BODY, lambda s: "EXECUTE fence_advance(", "process", fence),
     "handler body": Case(BODY, lambda s: f'INSERT INTO "{s}".effects', "process",
-                         handler_body),
+                         handler_body, in_handler=True),
+    "sink write": Case(BODY, lambda s: f'INSERT INTO "{s}"."sink_rows" ("offset") SELECT '
+                       '"offset" FROM unnest(', "process", sink_write, in_handler=True),
     "COMMIT": Case(COMMIT, lambda s: "COMMIT", "process", commit, exact=True),
     "gap skip": Case(WRITE, lambda s: "'gap-skip', epoch, owner", "skip", gap_skip),
     "attempt count write": Case(WRITE, lambda s: f"INSERT INTO {_q(s)}.attempts AS a",
