@@ -34,6 +34,10 @@ _SET_MIN = 200
 #: what a batch costs at a steady rate, where batches are small. Larger sets go by COPY,
 #: cheaper per row.
 UNNEST_MAX = 200
+#: the element type an ``unnest`` array of a column of this type is cast to, where the
+#: type's own name means a length (``bit`` is bit(1) in a cast; varchar, bpchar, numeric
+#: and the time types without a modifier take any length or precision)
+_ARRAY_OF = {"bit": "varbit"}
 _BY_KEY = attrgetter("key")  # sorts upserts and deletes by the key columns' values
 _ROW = "fence_row"  # the target's alias in a guarded upsert (``--sink-version-column``)
 
@@ -152,7 +156,9 @@ class Writer:
         sql = None
         if all(layout.column(c).kind == k and not k.startswith("_") for c, k in
                zip(columns, kinds, strict=True) if c != self.ms):
-            arrays = ", ".join(f"${i}::{k}[]" for i, k in enumerate(kinds, 1))
+            # each array's element type without a length: a cast to ``bit`` is one to
+            # bit(1), which cuts a longer string; varbit keeps it (its length checked)
+            arrays = ", ".join(f"${i}::{_ARRAY_OF.get(k, k)}[]" for i, k in enumerate(kinds, 1))
             names = ", ".join(map(_quote, columns))
             values = ", ".join(self._value(c, _quote(c)) for c in columns)
             order = f" ORDER BY {self.key_list}" if self.keys else ""

@@ -58,3 +58,10 @@ def test_without_key_columns_the_rows_are_inserted_in_their_order() -> None:
     assert w.unnest_insert(("id", "name")) == (
         'INSERT INTO "public"."items" ("id", "name") SELECT "id", "name" FROM '
         'unnest($1::int8[], $2::text[]) AS fence_rows("id", "name")')
+
+
+def test_a_bit_column_goes_as_varbit_which_keeps_the_whole_string() -> None:
+    w = _writer(Column("id", "int8", True), Column("b", "bit", max_chars=4),
+                Column("v", "varbit", max_chars=6))
+    sql = w.unnest_insert(("id", "b", "v"))
+    assert sql is not None and "unnest($1::int8[], $2::varbit[], $3::varbit[])" in sql
