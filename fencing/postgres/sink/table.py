@@ -23,9 +23,11 @@ Rules
   are written inside one SAVEPOINT by the fast path (``Method``): insert = binary COPY into
   the table; upsert = binary COPY into a per-session temporary staging table, one
   ``INSERT ... SELECT ... ON CONFLICT DO UPDATE`` per column set, one ``DELETE`` for the
-  tombstones; upserts go in key order, so two partitions' batches that share keys lock them
-  in one order (a deadlock PostgreSQL still finds, e.g. a tombstone against an upsert, rolls
-  the batch back as not committed and the fence retries it).
+  tombstones (a set of fewer than ``writer.UNNEST_MAX`` rows: one ``INSERT ... SELECT ...
+  FROM unnest`` of one array per column instead of the COPY); upserts go in key order, so
+  two partitions' batches that share keys lock them in one order (a deadlock PostgreSQL
+  still finds, e.g. a tombstone against an upsert, rolls the batch back as not committed
+  and the fence retries it).
 - Every record is applied, in order: none is skipped because a later record of its key
   follows in the batch, so a record PostgreSQL refuses (a CHECK) is quarantined wherever
   the batch ends. A batch whose keys repeat is written in sets (a key's n-th operation in
@@ -88,9 +90,9 @@ def _refused(exc: BaseException) -> bool:
 
 
 async def _in_savepoint(conn: Any, write: Any) -> tuple[BaseException | None, int]:
-    """Run ``write(savepoint)`` (which opens and releases the SAVEPOINT itself, see
-    ``Writer.write``); the refusal it was rolled back for (None: kept) and, when kept, how
-    many operations the version guard left alone."""
+    """Run ``write(savepoint)`` (which opens the SAVEPOINT itself and releases it or leaves
+    it to the COMMIT, see ``Writer.write``); the refusal it was rolled back for (None:
+    kept) and, when kept, how many operations the version guard left alone."""
     try:
         stale = await write(_SAVEPOINT)
     except asyncpg.PostgresError as exc:

@@ -169,7 +169,8 @@ class Writer:
 
     async def write(self, conn: Any, ops: Sequence[Upsert | Delete], savepoint: str) -> int:
         """The fast path inside SAVEPOINT ``savepoint``: opened by the first statement and
-        released by the last. Every operation is applied, in order: with key columns they go
+        released by the last (left open for the COMMIT when the last is an ``unnest``
+        statement, see below). Every operation is applied, in order: with key columns they go
         in sets (``order.sets_then_rest``: a key's n-th operation in the n-th set), each one
         DELETE of its tombstones and one set statement per column set, upserts in key order,
         while a set holds ``_SET_MIN`` operations; the rest in their order, each run of one
