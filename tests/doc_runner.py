@@ -106,6 +106,14 @@ def output_matches(expected: str, output: str) -> bool:
     return _pattern(expected).search(clean) is not None
 
 
+def _reader_signals() -> None:
+    """A background block starts with Ctrl-C's default action, as in a reader's terminal:
+    a process that ignores SIGINT passes the ignoring on to its children (a shell cannot
+    even trap it then), and the pytest worker running the page may have been left ignoring
+    it (the page's worker got no Ctrl-C in a full ``make test``, and passed alone)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class PageRun:
     """The shells of one reader working through one page; ``run()`` plays every block."""
 
@@ -198,7 +206,7 @@ class PageRun:
                 ["bash", "-e", "-c", self._script(block.shell, self._code(block),
                                                   keep_state=False)],
                 env=self.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                start_new_session=True, preexec_fn=_reader_signals)
             self.background[block.shell] = (proc, block)
             return ""
         deadline = time.monotonic() + self.wait_s
