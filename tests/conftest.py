@@ -433,7 +433,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     marked ``full_only`` only under ``FENCE_ALL_PROTOCOLS=full``; a test
     parametrized over the group protocols under one of them unless ``FENCE_ALL_PROTOCOLS=full``
     (``tests.protocol_rotation``; ``make test-protocols`` runs them all); the tests on the
-    three-node cluster last, in their collected order (see the module docstring)."""
+    three-node cluster first, the other exclusive tests after the tests that run beside
+    one another, the tests of Jaeger and Prometheus last, each group in its collected order
+    (see the module docstring)."""
     if os.environ.get("FENCE_KAFKA_FAULTS") != "full":
         deselected = [i for i in items if i.get_closest_marker("kafka_faults") is not None]
         if deselected:
@@ -452,13 +454,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 module.relative_to(tests).with_suffix("").as_posix() in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
     # the three-node cluster's tests first (they run alone while a new machine builds Jaeger
-    # and Prometheus), the tests that need those two last
+    # and Prometheus), then the tests beside one another, then the other exclusive tests
+    # (alone, after the Go builds: beside them the quick bench took 176-205 s on a new
+    # machine, 84 s on a warm one), the tests that need Jaeger and Prometheus last
     late = [i for i in items if set(GO_FIXTURES) & set(getattr(i, "fixturenames", ()))]
     on_cluster = [i for i in items if CLUSTER_FIXTURE in getattr(i, "fixturenames", ())
                   and i not in late]
-    if late or on_cluster:
-        moved = {id(i) for i in (*late, *on_cluster)}
-        items[:] = [*on_cluster, *(i for i in items if id(i) not in moved), *late]
+    alone = [i for i in items if i.get_closest_marker("exclusive") is not None
+             and i not in late and i not in on_cluster]
+    if late or on_cluster or alone:
+        moved = {id(i) for i in (*late, *on_cluster, *alone)}
+        items[:] = [*on_cluster, *(i for i in items if id(i) not in moved), *alone, *late]
 
 
 def _protocol_case(item: pytest.Item) -> tuple[str, str] | None:

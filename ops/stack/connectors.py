@@ -15,8 +15,16 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-__all__ = ["delete_connector", "drop_slot", "execute", "http", "postgres_connector",
-           "register_connector"]
+__all__ = [
+    "delete_connector",
+    "drop_slot",
+    "execute",
+    "failed",
+    "http",
+    "postgres_connector",
+    "register_connector",
+    "restart_failed",
+]
 
 
 def postgres_connector(source_dsn: str, prefix: str, table: str) -> dict[str, str]:
@@ -68,9 +76,56 @@ def register_connector(connect_url: str, name: str, config: dict[str, str], *,
     raise AssertionError(f"connector {name} not running within {timeout_s} s: {last}")
 
 
-def delete_connector(connect_url: str, name: str) -> None:
+def restart_failed(connect_url: str, name: str) -> bool:
+    """Restart the connector's FAILED tasks (``POST /connectors/NAME/restart?includeTasks=true
+    &onlyFailed=true``, KIP-745) and say whether there was one. Debezium's PostgreSQL task
+    that starts while its database is down or shutting down fails in its ``start`` (``Couldn't
+    get timestamp utils from underlying connection``, caused by ``FATAL: the database system
+    is shutting down``) and Kafka Connect does not restart a failed task: an operator, or a
+    monitor acting for one, does. A task running when the database goes away retries by
+    itself (``errors.max.retries``)."""
     try:
-        http("DELETE", f"{connect_url}/connectors/{name}")
+        status = http("GET", f"{connect_url}/connectors/{name}/status")
+    except (urllib.error.URLError, OSError):
+        return False                  # Connect itself restarting: its tasks start anew
+    if not failed(status):
+        return False
+    http("POST", f"{connect_url}/connectors/{name}/restart?includeTasks=true&onlyFailed=true")
+    return True
+
+
+def failed(status: Any) -> bool:
+    """Whether a ``GET /connectors/NAME/status`` answer shows the connector or a task
+    ``FAILED`` (what ``restart_failed`` restarts)."""
+    states = [status.get("connector", {}).get("state"),
+              *(t.get("state") for t in status.get("tasks") or [])]
+    return "FAILED" in states
+
+
+def delete_connector(connect_url: str, name: str, *, timeout_s: float = 30.0) -> None:
+    """Stop the connector, delete its source offsets, then the connector (KIP-875): a
+    connector deleted with its offsets left in Connect's offsets topic would find them
+    again when one of its name is registered, and Debezium then refuses to start from a
+    position its new slot no longer has (``… but this is no longer available on the
+    server``)."""
+    base = f"{connect_url}/connectors/{name}"
+    try:
+        http("PUT", f"{base}/stop")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return
+        raise
+    deadline = time.monotonic() + timeout_s
+    while True:  # the offsets can be deleted once the connector and its tasks are stopped
+        try:
+            http("DELETE", f"{base}/offsets")
+            break
+        except urllib.error.HTTPError as exc:
+            if exc.code not in (400, 409) or time.monotonic() > deadline:
+                raise
+        time.sleep(0.5)
+    try:
+        http("DELETE", base)
     except urllib.error.HTTPError as exc:
         if exc.code != 404:
             raise
