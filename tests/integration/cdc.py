@@ -52,6 +52,11 @@ COLUMNS = (
     ("mood", "mood"),                    # io.debezium.data.Enum (an enum type, MOOD)
     ("bits", "bit(12)"),                 # io.debezium.data.Bits
     ("vbits", "varbit(16)"),             # io.debezium.data.Bits
+    ("span", "interval"),                # io.debezium.time.MicroDuration
+    ("addr", "inet"),                    # a string
+    ("net", "cidr"),                     # a string
+    ("page", "xml"),                     # io.debezium.data.Xml
+    ("obj", "oid"),                      # an int64
 )
 #: the enum type of ``mood``, created in each database's public schema (``MOOD_DDL``)
 MOOD = ("sad", "ok", "happy")
@@ -72,7 +77,9 @@ def _row(i: int) -> str:
             f"TIMESTAMPTZ '2024-01-01 12:34:56.789012+02' + interval '{i} seconds', "
             f"TIMETZ '12:34:56+02', gen_random_uuid(), '{{\"i\": {i}}}', {i % 2 == 0!s}, "
             f"ARRAY['a{i}', NULL], decode('00ff{i % 256:02x}', 'hex'), '{MOOD[i % 3]}', "
-            f"{i * 37 % 4096}::bit(12), substring(B'1011001110001111' from 1 for {i % 16 + 1}))")
+            f"{i * 37 % 4096}::bit(12), substring(B'1011001110001111' from 1 for {i % 16 + 1}), "
+            f"interval '{i} hours {i} minutes 1.5 seconds', '10.{i % 256}.0.{i % 7}/24', "
+            f"'10.{i % 256}.0.0/16', '<item n=\"{i}\"/>', {i * 100_003})")
 
 
 def after_truncate(table: str) -> str:
@@ -88,7 +95,8 @@ def workload(table: str, *, rows_n: int = 60) -> list[str]:
         f"UPDATE {table} SET name = name || ' v2', price = price + 1, doc = doc || "
         "'{\"v\": 2}' WHERE id % 3 = 0",
         f"UPDATE {table} SET seen = seen + interval '1 day', tags = ARRAY['x'], mood = 'happy', "
-        "bits = ~bits, vbits = B'0' WHERE id % 5 = 0",
+        "bits = ~bits, vbits = B'0', span = -span, addr = '::1', net = '2001:db8::/32' "
+        "WHERE id % 5 = 0",
         f"DELETE FROM {table} WHERE id % 7 = 0",
         f"UPDATE {table} SET id = id + 1000 WHERE id IN (1, 2)",   # primary-key changes
         f"INSERT INTO {table} VALUES " + ", ".join(_row(i) for i in range(500, 510)),

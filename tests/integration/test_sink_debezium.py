@@ -43,6 +43,12 @@ FIELDS = [
     {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTime", "field": "at"},
     {"type": "array", "optional": True, "items": {"type": "string", "optional": True},
      "field": "tags"},
+    {"type": "int64", "optional": True, "name": "io.debezium.time.MicroDuration",
+     "field": "span"},
+    {"type": "string", "optional": True, "field": "addr"},
+    {"type": "string", "optional": True, "field": "net"},
+    {"type": "string", "optional": True, "name": "io.debezium.data.Xml", "field": "page"},
+    {"type": "int64", "optional": True, "field": "obj"},
 ]
 SCHEMA = {"type": "struct", "name": "dbserver.public.items.Envelope", "fields": [
     {"type": "struct", "optional": True, "field": "before", "fields": FIELDS},
@@ -51,12 +57,14 @@ SCHEMA = {"type": "struct", "name": "dbserver.public.items.Envelope", "fields": 
     {"type": "string", "optional": False, "field": "op"}]}
 KEY_SCHEMA = {"type": "struct", "fields": [{"type": "int32", "optional": False, "field": "id"}]}
 DDL = ("(id int PRIMARY KEY, name text NOT NULL, born date, price numeric(10,2), "
-       "seen timestamp, seen_tz timestamptz, ref uuid, doc jsonb, at time, tags text[])")
+       "seen timestamp, seen_tz timestamptz, ref uuid, doc jsonb, at time, tags text[], "
+       "span interval, addr inet, net cidr, page xml, obj oid)")
 
 
 def row(id_: int, name: str, **more: Any) -> dict[str, Any]:
     return {"id": id_, "name": name, "born": None, "price": None, "seen": None, "seen_tz": None,
-            "ref": None, "doc": None, "at": None, "tags": None, **more}
+            "ref": None, "doc": None, "at": None, "tags": None, "span": None, "addr": None,
+            "net": None, "page": None, "obj": None, **more}
 
 
 def event(offset: int, op: str | None, *, before: Any = None, after: Any = None,
@@ -143,14 +151,18 @@ async def test_every_logical_type_lands_in_its_column(pg_dsn: str, schema: str) 
     ref = "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
     full = row(1, "typed", born=19_723, price="MDk=", seen=1_704_112_496_789_012,
                seen_tz="2024-01-01T12:34:56.789012Z", ref=ref, doc='{"k": [1, 2.5]}',
-               at=45_296_789_012, tags=["x", None])
+               at=45_296_789_012, tags=["x", None], span=93_784_500_000,
+               addr="10.1.2.3/24", net="2001:db8::/32", page='<a n="1"/>', obj=4_000_000_000)
     assert await apply(pg_dsn, schema, spec(schema), [event(0, "c", after=full)], tp=TP) == {}
-    got = await fetch(pg_dsn, f'SELECT born, price, seen, seen_tz, ref, doc::text, at, tags '
+    got = await fetch(pg_dsn, f'SELECT born, price, seen, seen_tz, ref, doc::text, at, tags, '
+                              f'span::text, addr::text, net::text, page::text, obj '
                               f'FROM "{schema}".items')
     assert got == [(dt.date(2024, 1, 1), D("123.45"),
                     dt.datetime(2024, 1, 1, 12, 34, 56, 789_012),
                     dt.datetime(2024, 1, 1, 12, 34, 56, 789_012, dt.UTC), uuid.UUID(ref),
-                    '{"k": [1, 2.5]}', dt.time(12, 34, 56, 789_012), ["x", None])]
+                    '{"k": [1, 2.5]}', dt.time(12, 34, 56, 789_012), ["x", None],
+                    "1 day 02:03:04.5", "10.1.2.3/24", "2001:db8::/32", '<a n="1"/>',
+                    4_000_000_000)]
 
 
 async def test_a_value_the_column_cannot_hold_is_quarantined_not_cut(pg_dsn: str,

@@ -101,6 +101,41 @@ async def test_enum_and_bit_columns_take_their_labels_and_lengths_only(
     assert '"meh" is not one of its labels' in quarantined[4]
 
 
+@pytest.mark.parametrize("method", list(Method))
+async def test_interval_inet_cidr_xml_oid_columns_and_one_the_sink_cannot_write(
+        pg_dsn: str, schema: str, method: Method, caplog: pytest.LogCaptureFixture) -> None:
+    """interval (an ISO-8601 duration), inet, cidr, xml and oid written from JSON, arrays of
+    them too; a duration with months and a network with host bits are quarantined with the
+    reason; a macaddr column (no binary encoder in asyncpg) keeps its default, its field
+    is ignored, and a WARNING names it."""
+    await fetch(pg_dsn, f'CREATE TABLE "{schema}".n (id int PRIMARY KEY, d interval, '
+                        f'ds interval[], a inet, c cidr, x xml, o oid, '
+                        f"m macaddr DEFAULT '00:00:00:00:00:01')")
+    spec = SinkSpec(f"{schema}.n", keys=("id",), method=method)
+    with caplog.at_level("WARNING", logger="fenceworker.sink"):
+        quarantined = await apply(pg_dsn, schema, spec, [
+            rec(0, {"id": 1, "d": "P1DT2H3.5S", "ds": ["PT1M", None], "a": "10.0.0.1/8",
+                    "c": "10.0.0.0/8", "x": "<a/>", "o": 7, "m": "08:00:2b:01:02:03"}),
+            rec(1, {"id": 2, "d": "P1M"}),                       # a month: no fixed length
+            rec(2, {"id": 3, "c": "10.0.0.1/8"}),                # host bits right of /8
+            rec(3, {"id": 4, "a": "::1", "d": "-PT1S"}),         # a sign before P: not ISO
+            rec(4, {"id": 5, "a": "::1", "d": "PT-1S", "o": 4_294_967_295}),
+        ])
+    assert await fetch(pg_dsn, f'SELECT id, d::text, ds::text, a::text, c::text, x::text, o, '
+                               f'm::text FROM "{schema}".n ORDER BY id') == [
+        (1, "1 day 02:00:03.5", '{00:01:00,NULL}', "10.0.0.1/8", "10.0.0.0/8", "<a/>", 7,
+         "00:00:00:00:00:01"),
+        (5, "-1 days +23:59:59", None, "::1/128", None, None, 4_294_967_295,  # inet::text:
+         "00:00:00:00:00:01")]     # with its mask; the interval equal to -00:00:01
+    assert sorted(quarantined) == [1, 2, 3]
+    assert "column d (interval): P1M has years or months" in quarantined[1]
+    assert "column c (cidr): \"10.0.0.1/8\" is not a network" in quarantined[2]
+    assert "column d (interval): expected an ISO-8601 duration" in quarantined[3]
+    assert [r.getMessage() for r in caplog.records if "macaddr" in r.getMessage()] == [
+        f"table sink: column m of {schema}.n has type macaddr, which the sink cannot write: "
+        "it keeps its default, and a field named m is ignored"]
+
+
 async def test_insert_mode_created_table_keeps_every_record(pg_dsn: str, schema: str) -> None:
     spec = SinkSpec(f"{schema}.events")
     quarantined = await apply(pg_dsn, schema, spec, [

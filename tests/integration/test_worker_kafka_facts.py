@@ -312,7 +312,9 @@ def _one_partition(bootstrap: str, prefix: str, total: int, value: bytes) -> str
 
     topic = unique(prefix)
     create_topic(bootstrap, topic, 1)
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    # batches of at most 64 KiB: a fetch of at most 128 KiB (``_longest_wait_draining``)
+    # then holds one or two of them, never the whole topic
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 65536})
     for i in range(total):
         p.produce(topic, value, str(i).encode(), partition=0)
     assert p.flush(30) == 0
@@ -325,9 +327,14 @@ def _longest_wait_draining(bootstrap: str, topic: str, total: int, extra: dict[s
     non-empty consume() results, the whole span)."""
     from confluent_kafka import Consumer
 
+    # a fetch returns at most 128 KiB (one batch at least), so the 64 KiB queue bound is
+    # reached by each fetch and the topic takes several: with librdkafka's default of 1 MiB
+    # a fetch could bring the whole topic at once, and nothing was ever postponed (the
+    # first consume() returned 500 records, the rest followed within 10 ms)
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("fqb"),
                   "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                  "enable.partition.eof": False, "queued.max.messages.kbytes": "64", **extra})
+                  "enable.partition.eof": False, "queued.max.messages.kbytes": "64",
+                  "max.partition.fetch.bytes": "131072", **extra})
     c.subscribe([topic])
     try:
         seen, first, last, longest = 0, None, None, 0.0
@@ -354,7 +361,7 @@ def test_a_full_prefetch_queue_postpones_the_next_fetch_by_fetch_queue_backoff_m
     default, even when the application drained the queue long before. With the worker's
     prefetch bound that starved it of records for ~0.5 s at a time (docs/benchmarks.md);
     the worker sets 10 ms (``consumer.config.PREFETCH``)."""
-    total = 3000  # 3 MB: the 64 KiB queue fills and drains many times
+    total = 400  # 400 KB: the 64 KiB queue fills and drains at least three times
     topic = _one_partition(services.kafka_bootstrap, "fqb", total, b"x" * 1000)
     slow_gap, slow_span = _longest_wait_draining(services.kafka_bootstrap, topic, total, {})
     fast_gap, fast_span = _longest_wait_draining(services.kafka_bootstrap, topic, total,

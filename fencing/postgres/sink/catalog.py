@@ -263,6 +263,10 @@ class Target:
         return f"{quote_ident(self.schema)}.{quote_ident(self.name)}"
 
 
+#: (table, column) of the columns the sink cannot write that a WARNING already named
+_SAID_UNWRITABLE: set[tuple[str, str]] = set()
+
+
 async def read_layout(conn: Any, spec: SinkSpec) -> tuple[Target | None, list[str]]:
     """The table's target and the problems that keep the sink from writing it (empty: fits)."""
     if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", spec.quoted):
@@ -282,6 +286,11 @@ async def read_layout(conn: Any, spec: SinkSpec) -> tuple[Target | None, list[st
         elif col.required:
             problems.append(f"required column {col.name} has type {col.type_name}, which the "
                             "sink cannot fill from JSON (give it a default or make it nullable)")
+        elif (spec.table, col.name) not in _SAID_UNWRITABLE:  # once per process
+            _SAID_UNWRITABLE.add((spec.table, col.name))
+            log.warning("table sink: column %s of %s has type %s, which the sink cannot "
+                        "write: it keeps its default, and a field named %s is ignored",
+                        col.name, spec.table, col.type_name, col.name)
     names_written = {c.name for c in columns}
     if spec.envelope is not None and not spec.keys:
         primary = tuple(await conn.fetchval(_PRIMARY_KEY, spec.quoted) or ())

@@ -4,7 +4,7 @@ are ``fencing.postgres.sink.debezium``'s, which reads change events with them).
 
 Rules
 - The names read: ``io.debezium.time.{Date, Time, MicroTime, NanoTime, Timestamp,
-  MicroTimestamp, NanoTimestamp, ZonedTimestamp, ZonedTime}``,
+  MicroTimestamp, NanoTimestamp, ZonedTimestamp, ZonedTime, MicroDuration}``,
   ``org.apache.kafka.connect.data.{Decimal, Date, Time, Timestamp}``,
   ``io.debezium.data.{VariableScaleDecimal, Json, Uuid, Bits, Enum, EnumSet}``, and arrays of
   them element by element. A schema is Kafka Connect's JSON one (``name``,
@@ -148,6 +148,18 @@ def _json(value: Any, name: str) -> Any:
         raise Misfit(f"{name}: the JSON text does not parse") from None
 
 
+def _duration(value: Any, name: str) -> dt.timedelta:
+    """``io.debezium.time.MicroDuration`` (``interval.handling.mode=numeric``): microseconds,
+    Debezium's months counted as 30.4375 days and years as 365.25 (its approximation, as
+    the event holds it)."""
+    if isinstance(value, dt.timedelta):
+        return value
+    try:
+        return dt.timedelta(microseconds=_micros(value, 1_000_000, name))
+    except OverflowError:
+        raise Misfit(f"{name}: {value} is out of the range of an interval") from None
+
+
 def _uuid(value: Any, name: str) -> uuid.UUID:
     try:
         return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
@@ -169,6 +181,7 @@ _READERS: dict[str, Callable[[Any, str], Any]] = {
     "io.debezium.time.NanoTimestamp": _since_epoch(1_000_000_000),
     "io.debezium.time.ZonedTimestamp": _zoned_timestamp,
     "io.debezium.time.ZonedTime": _zoned_time,
+    "io.debezium.time.MicroDuration": _duration,
     "org.apache.kafka.connect.data.Date": _days,
     "org.apache.kafka.connect.data.Time": _time_of_day(1_000),
     "org.apache.kafka.connect.data.Timestamp": _since_epoch(1_000),

@@ -15,7 +15,8 @@ Rules
   ``Misfit``. A null value is the tombstone Debezium writes after a delete, for Kafka's
   compaction: it changes nothing (``NOTHING``).
 - A field's logical type is its schema's name: ``io.debezium.time.{Date, Time, MicroTime,
-  NanoTime, Timestamp, MicroTimestamp, NanoTimestamp, ZonedTimestamp, ZonedTime}``,
+  NanoTime, Timestamp, MicroTimestamp, NanoTimestamp, ZonedTimestamp, ZonedTime,
+  MicroDuration}``,
   ``org.apache.kafka.connect.data.{Decimal, Date, Time, Timestamp}``,
   ``io.debezium.data.{VariableScaleDecimal, Json, Uuid, Bits, Enum, EnumSet}``; arrays of
   them element by element. Each is read from every representation a converter gives it

@@ -66,6 +66,7 @@ _CONNECT = {
     "io.debezium.time.Timestamp": "timestamp", "io.debezium.time.MicroTimestamp": "timestamp",
     "io.debezium.time.NanoTimestamp": "timestamp",
     "io.debezium.time.ZonedTimestamp": "timestamptz", "io.debezium.time.ZonedTime": "timetz",
+    "io.debezium.time.MicroDuration": "interval", "io.debezium.data.Xml": "xml",
     "org.apache.kafka.connect.data.Date": "date", "org.apache.kafka.connect.data.Time": "time",
     "org.apache.kafka.connect.data.Timestamp": "timestamp",
     "io.debezium.data.VariableScaleDecimal": "numeric", "io.debezium.data.Json": "jsonb",
@@ -225,18 +226,19 @@ _TEXT = ("text", "varchar", "bpchar", "name", "json", "jsonb")
 _NUMBERS = ("int2", "int4", "int8", "numeric", "float4", "float8")
 #: a field's base type -> the column types (pg_type names) that can take what it decodes to
 ACCEPTS: dict[str, tuple[str, ...]] = {
-    "int4": (*_NUMBERS, *_TEXT), "int8": (*_NUMBERS, *_TEXT),
+    "int4": (*_NUMBERS, *_TEXT, "oid"), "int8": (*_NUMBERS, *_TEXT, "oid"),
     "numeric": ("numeric", "float4", "float8", *_TEXT),
     "float4": ("float4", "float8", "numeric", *_TEXT),
     "float8": ("float4", "float8", "numeric", *_TEXT),
     "bool": ("bool", *_TEXT), "bytea": ("bytea", "json", "jsonb"),
     "text": (*_TEXT, "uuid", "date", "time", "timestamp", "timestamptz", "numeric", "bytea",
-             "enum", "bit", "varbit"),
+             "enum", "bit", "varbit", "interval", "inet", "cidr", "xml"),
     "varbit": ("bit", "varbit", "bytea", *_TEXT),
     "uuid": ("uuid", *_TEXT), "date": ("date", *_TEXT), "time": ("time", *_TEXT),
     "timestamptz": ("timestamptz", "timestamp", *_TEXT),
     "timestamp": ("timestamp", "timestamptz", *_TEXT), "jsonb": ("json", "jsonb", "text"),
     "timetz": ("timetz", "time", *_TEXT),
+    "interval": ("interval",), "xml": ("xml", *_TEXT),
 }
 
 

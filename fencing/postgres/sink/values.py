@@ -20,6 +20,11 @@ Rules
   its labels; ``bit(n)`` takes exactly n bits, ``varbit(n)`` at most n, as a text of 0s and
   1s or an ``asyncpg.BitString``. Anything else is a ``Misfit`` naming the labels or the
   length: PostgreSQL would refuse it.
+- ``interval`` takes a ``timedelta`` or an ISO-8601 duration without years or months
+  (asyncpg writes days and microseconds; a month has no fixed length); ``inet`` an address
+  with an optional netmask, ``cidr`` a network without bits right of its mask; ``xml`` a
+  string (PostgreSQL checks it); ``oid`` an integer of 0 to 2^32 - 1. ``macaddr`` and
+  ``money`` are not written: asyncpg has no binary encoder for them, and COPY is binary.
 - A change event's ``io.debezium.data.Bits`` (``Bits``) holds a number, not a length: its
   bytes are the bits' value, little-endian, without leading zero bytes. ``bit(n)`` gets it
   padded to n bits (exact: the type's length is n); ``varbit(n)`` and text get its binary
@@ -33,6 +38,7 @@ import base64
 import binascii
 import datetime as dt
 import decimal
+import ipaddress
 import json
 import re
 import uuid
@@ -322,6 +328,53 @@ def _bit(col: Column, v: Any) -> BitString:
     return bits
 
 
+_DURATION = re.compile(
+    r"P(?!\Z)(?:([+-]?\d+)Y)?(?:([+-]?\d+)M)?(?:([+-]?\d+)W)?(?:([+-]?\d+)D)?"
+    r"(?:T(?=[+-]?\d)(?:([+-]?\d+)H)?(?:([+-]?\d+)M)?(?:([+-]?\d+(?:\.\d{1,6})?)S)?)?\Z")
+
+
+def _interval(col: Column, v: Any) -> dt.timedelta:
+    """A ``timedelta``, or an ISO-8601 duration (``P3DT4H5M6.78S``; Debezium's
+    ``interval.handling.mode=string``) without years or months: asyncpg writes an interval
+    as days and microseconds, and a month is no fixed number of days."""
+    if isinstance(v, dt.timedelta):
+        return v
+    m = _DURATION.match(v) if isinstance(v, str) else None
+    if m is None:
+        raise Misfit(f"column {col.name} (interval): expected an ISO-8601 duration, got "
+                     f"{_shown(v)}")
+    years, months, weeks, days, hours, minutes, seconds = m.groups()
+    if int(years or 0) or int(months or 0):
+        raise Misfit(f"column {col.name} (interval): {v} has years or months, which the "
+                     "sink cannot write exactly (a month is no fixed number of days)")
+    whole, _, fraction = (seconds or "0").partition(".")
+    micros = int(whole) * 1_000_000 + (-1 if whole.startswith("-") else 1) * int(
+        (fraction + "000000")[:6])
+    return dt.timedelta(weeks=int(weeks or 0), days=int(days or 0), hours=int(hours or 0),
+                        minutes=int(minutes or 0), microseconds=micros)
+
+
+def _inet(col: Column, v: Any) -> Any:
+    """An address with an optional netmask (``10.0.0.1``, ``10.0.0.1/24``, IPv6 alike)."""
+    try:
+        if col.type_name == "cidr":  # a network: no bits set right of its mask
+            return ipaddress.ip_network(v, strict=True)
+        if isinstance(v, str) and "/" not in v:  # an interface would be written with /32
+            return ipaddress.ip_address(v)
+        return ipaddress.ip_interface(v)
+    except (TypeError, ValueError) as exc:
+        what = "a network" if col.type_name == "cidr" else "an address"
+        raise Misfit(f"column {col.name} ({col.type_name}): {_shown(v)} is not {what}: "
+                     f"{exc}") from None
+
+
+def _oid(col: Column, v: Any) -> int:
+    n = integer_value(replace(col, type_name="int8"), v)
+    if not 0 <= n < 1 << 32:
+        raise Misfit(f"column {col.name} (oid): {n} is out of range")
+    return n
+
+
 CONVERT: dict[str, Callable[[Column, Any], Any]] = {
     "int2": integer_value, "int4": integer_value, "int8": integer_value,
     "float4": _number, "float8": _number, "numeric": _numeric,
@@ -330,6 +383,7 @@ CONVERT: dict[str, Callable[[Column, Any], Any]] = {
     "timestamptz": _timestamptz, "timestamp": _timestamp, "date": _date, "time": _time,
     "timetz": _timetz,
     "bytea": _bytea, "enum": _enum, "bit": _bit, "varbit": _bit,
+    "interval": _interval, "inet": _inet, "cidr": _inet, "xml": text_value, "oid": _oid,
 }
 
 

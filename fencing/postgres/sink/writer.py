@@ -213,10 +213,8 @@ class Writer:
                     await conn.executemany(self.insert_values(columns), rows)
                 elif len(one) < small and (insert := self.unnest_insert(columns)) is not None:
                     arrays = [list(values) for values in zip(*rows, strict=True)]
-                    if guarded:  # the rows written, to count those left alone
-                        written = await conn.fetchval(
-                            f"WITH w AS ({insert} RETURNING 1) SELECT count(*) FROM w", *arrays)
-                        stale += len(rows) - written
+                    if guarded:
+                        stale += len(rows) - await _written(conn, insert, *arrays)
                     else:
                         await conn.execute(insert, *arrays)
                     # the last statement written: its savepoint stays open to the COMMIT,
@@ -235,10 +233,8 @@ class Writer:
                     insert = (f"{self._into(columns)} SELECT {values} FROM pg_temp."
                               f"{_quote(self.stage)} ORDER BY {self.key_list}{self._conflict()}")
                     empty = f"DELETE FROM pg_temp.{_quote(self.stage)}{tail}"
-                    if guarded:  # the rows written, to count those left alone
-                        written = await conn.fetchval(
-                            f"WITH w AS ({insert} RETURNING 1) SELECT count(*) FROM w")
-                        stale += len(rows) - written
+                    if guarded:
+                        stale += len(rows) - await _written(conn, insert)
                         await conn.execute(empty)
                     else:
                         await conn.execute(f"{insert}; {empty}")
@@ -289,3 +285,9 @@ def _runs(ops: Sequence[Upsert | Delete]) -> list[list[Upsert | Delete]]:
             out.append([op])
     return out
 
+
+async def _written(conn: Any, insert: str, *args: Any) -> int:
+    """How many rows the upsert ``insert`` wrote: those a version guard left alone (older
+    than the stored row) are the rest of its rows."""
+    return int(await conn.fetchval(f"WITH w AS ({insert} RETURNING 1) SELECT count(*) FROM w",
+                                   *args))

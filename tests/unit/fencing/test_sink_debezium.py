@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import ipaddress
 import json
 import uuid
 from typing import Any
@@ -93,6 +94,22 @@ CASES = [
      "green"),
     ("_text", _field("v", "string", "io.debezium.data.EnumSet", allowed="a,b,c"), "a,c",
      ["a", "c"]),
+    # interval.handling.mode=numeric (MicroDuration: months as 30.4375 days, Debezium's
+    # approximation) and string (ISO-8601, exact; years and months refused, see below)
+    ("interval", _field("v", "int64", "io.debezium.time.MicroDuration"), 93_784_500_000,
+     dt.timedelta(days=1, hours=2, minutes=3, seconds=4, microseconds=500_000)),
+    ("interval", _field("v", "int64", "io.debezium.time.MicroDuration"), -1_500_000,
+     dt.timedelta(seconds=-1.5)),
+    ("interval", _field("v", "string", "io.debezium.time.Interval"), "P0Y0M1DT25H0M0.25S",
+     dt.timedelta(days=2, hours=1, microseconds=250_000)),
+    ("interval", _field("v", "string", "io.debezium.time.Interval"), "P0Y0M-1DT-2H0M-0.5S",
+     -dt.timedelta(days=1, hours=2, seconds=0.5)),
+    # INET, CIDR, XML and OID: strings and an int64, as their column types take them
+    ("inet", _field("v", "string"), "10.1.2.3/24", ipaddress.ip_interface("10.1.2.3/24")),
+    ("inet", _field("v", "string"), "::1", ipaddress.ip_address("::1")),
+    ("cidr", _field("v", "string"), "10.1.0.0/16", ipaddress.ip_network("10.1.0.0/16")),
+    ("xml", _field("v", "string", "io.debezium.data.Xml"), "<a>1</a>", "<a>1</a>"),
+    ("oid", _field("v", "int64"), 4_000_000_000, 4_000_000_000),
     # arrays of plain and of logical element types
     ("_int4", {"type": "array", "optional": True, "field": "v",
                "items": {"type": "int32", "optional": True}}, [1, None, 3], [1, None, 3]),
@@ -112,6 +129,23 @@ def test_a_logical_type_is_read_into_its_column(column: str, schema: dict[str, A
     name, _, length = column.rstrip(")").partition("(")  # bit(12): the type and its length
     col = Column("v", name, max_chars=int(length) if length else None)
     assert CONVERT[name](col, value["v"]) == want
+
+
+@pytest.mark.parametrize(("column", "raw", "why"), [
+    ("interval", "P1Y2M3D", "has years or months, which the sink cannot write exactly"),
+    ("interval", "P0Y1M0DT0H0M0S", "has years or months"),
+    ("interval", "3 days", "expected an ISO-8601 duration"),
+    ("interval", 86_400, "expected an ISO-8601 duration"),  # no schema: no unit
+    ("cidr", "10.1.2.3/16", "is not a network"),            # host bits right of the mask
+    ("inet", "10.1.2.300", "is not an address"),
+    ("oid", -1, "out of range"),
+    ("oid", 1 << 32, "out of range"),
+])
+def test_a_value_the_new_types_cannot_hold_is_a_misfit(column: str, raw: Any, why: str) -> None:
+    """What PostgreSQL would refuse, or what the sink cannot write exactly (an interval's
+    months: asyncpg writes days and microseconds), is a misfit naming the column."""
+    with pytest.raises(Misfit, match=f"column v \\({column}\\): .*{why}"):
+        CONVERT[column](Column("v", column), raw)
 
 
 def test_an_enum_column_takes_its_labels_only() -> None:

@@ -117,6 +117,21 @@ def test_a_present_table_fits_or_is_named_field_by_field() -> None:
         "column nums (bool) cannot hold field nums (int8[] in s)"]
 
 
+def test_debeziums_interval_address_xml_and_oid_fields_fit_their_columns() -> None:
+    """A change event's MicroDuration (interval), a string (inet, cidr, or an ISO-8601
+    interval), Xml and an int64 (oid) fit the columns Debezium read them from; a duration
+    does not fit a text or integer column (it is no string nor a count there)."""
+    fields = [Field("span", "interval", False), Field("addr", "text", False),
+              Field("net", "text", False), Field("page", "xml", False),
+              Field("obj", "int8", False), Field("iso", "text", False)]
+    columns = {"span": ("interval", False), "addr": ("inet", False), "net": ("cidr", False),
+               "page": ("xml", False), "obj": ("oid", False), "iso": ("interval", False)}
+    assert fits(fields, columns, (), "s") == []
+    assert fits(fields, {"span": ("text", False), "obj": ("interval", False)}, (), "s") == [
+        "column span (text) cannot hold field span (interval in s)",
+        "column obj (interval) cannot hold field obj (int8 in s)"]
+
+
 TYPED = Layout((Column("id", "int8", not_null=True), Column("amount", "numeric"),
                 Column("at", "timestamptz"), Column("day", "date"), Column("u", "uuid"),
                 Column("raw", "bytea"), Column("nums", "_int4"), Column("doc", "jsonb"),
