@@ -98,7 +98,7 @@ def fresh_start(dsn: str, bootstrap: str, registry_url: str, schema: str) -> Non
             await conn.close()
 
     asyncio.run(drop())
-    registry = SchemaRegistryClient({"url": registry_url})
+    registry = SchemaRegistryClient({"url": registry_url, "timeout": 30})
     for subject in SUBJECTS:  # a fresh registry: the sink creates a table from the latest
         if subject in registry.get_subjects():
             registry.delete_subject(subject)
