@@ -456,7 +456,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # the three-node cluster's tests first (they run alone while a new machine builds Jaeger
     # and Prometheus), then the tests beside one another, then the other exclusive tests
     # (alone, after the Go builds: beside them the quick bench took 176-205 s on a new
-    # machine, 84 s on a warm one), the tests that need Jaeger and Prometheus last
+    # machine, after them 85-88 s), the tests that need Jaeger and Prometheus last
     late = [i for i in items if set(GO_FIXTURES) & set(getattr(i, "fixturenames", ()))]
     on_cluster = [i for i in items if CLUSTER_FIXTURE in getattr(i, "fixturenames", ())
                   and i not in late]
