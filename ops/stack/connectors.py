@@ -79,7 +79,7 @@ def register_connector(connect_url: str, name: str, config: dict[str, str], *,
 def restart_failed(connect_url: str, name: str) -> bool:
     """Restart the connector's FAILED tasks (``POST /connectors/NAME/restart?includeTasks=true
     &onlyFailed=true``, KIP-745) and say whether there was one. Debezium's PostgreSQL task
-    that starts while its database is down or shutting down fails in its ``start`` (``Couldn't
+    that starts while its database is shutting down fails in its ``start`` (``Couldn't
     get timestamp utils from underlying connection``, caused by ``FATAL: the database system
     is shutting down``) and Kafka Connect does not restart a failed task: an operator, or a
     monitor acting for one, does. A task running when the database goes away retries by
