@@ -68,7 +68,7 @@ def register_connector(connect_url: str, name: str, config: dict[str, str], *,
             tasks = last.get("tasks") or []
             if tasks and all(t.get("state") == "RUNNING" for t in tasks):
                 return
-            if any(t.get("state") == "FAILED" for t in tasks):
+            if failed(last):
                 raise AssertionError(f"connector {name} failed: {last}")
         except urllib.error.HTTPError:
             pass

@@ -196,8 +196,8 @@ def test_a_table_replicated_through_debezium_equals_its_source(
             """Restart a member that exited 5 (a service unavailable past its bound) or 3
             (retired: the zombie, fenced once a newer owner claimed its partition while it
             was stopped), as its supervisor does (docs/operations.md); and Debezium's task
-            if it failed (it fails when it starts while PostgreSQL is down, as after Kafka
-            came back and PostgreSQL crashed: ``restart_failed``), as an operator does."""
+            if it failed (it fails when it starts while PostgreSQL is shutting down, as after
+            Kafka came back and PostgreSQL crashed: ``restart_failed``), as an operator does."""
             if restart_failed(connect_url, prefix):
                 source_restarts.append(time.monotonic())
             for m in [m for m in members if not m.alive() and m is not killed]:
