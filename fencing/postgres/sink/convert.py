@@ -89,8 +89,9 @@ def convert_batch(writer: Writer, records: Sequence[SourceRecord], decoding: Dec
         if decoding is not None and decoded is not None:
             decoding.keys.clear()
             decoding.keys.update(decoded[1])
-        read = (events or JsonEvents(source=spec.version_source is not None)).read
+        events = events or JsonEvents(source=spec.version_source is not None)
         truncate, plain = spec.truncate, spec.version is None  # plain: an upsert is its image
+        read: Any = events.image if plain else events.read  # image: an upsert may be a dict
         for i, record in enumerate(records):
             try:
                 if values is not None:
@@ -102,6 +103,9 @@ def convert_batch(writer: Writer, records: Sequence[SourceRecord], decoding: Dec
                     event = unwrap(None)
                 else:
                     event = read(record.value, truncate=truncate)
+                    if type(event) is dict:  # an upsert's image: _change's first case
+                        ops.append((i, convert(record, event)))
+                        continue
                 if plain and event.op is UPSERT:  # _change's first case, inline
                     op = convert(record, event.image)
                 else:

@@ -35,20 +35,19 @@ Rules
   the last schema seen is read from its payload on (the same value: the head compared
   byte for byte, the rest parsed whole), and the readers of its images are kept with it.
 - The ``source`` block is read only when something needs it (``JsonEvents(source=True)``:
-  ``--sink-version-from source.FIELD``). Otherwise a JSON payload in the field order
-  Debezium writes it -- ``before``, ``after``, ``source``, then ``transaction``, ``op`` and
-  the timestamps -- is read without it: ``before`` and ``after`` are parsed where they
-  stand; ``source`` ends at its first closing brace, which must be followed by
-  ``,"transaction":``; the tail from there is matched whole when it is the one Debezium
-  writes without transaction metadata (``_PLAIN_TAIL``: the check the scanner would make
-  of it) and parsed otherwise, and must end where the payload ends. ``source`` is about
-  40 % of the text and 60 % of the parse of an event of a narrow table (``python -m
-  ops.bench.hotpath``: ``cdc_convert_ns`` against ``cdc_source_read_convert_ns``). A
-  payload of any other shape (a key out of that order, an object nested in ``source``, a
-  brace in one of its strings, a key of the envelope repeated in the tail) is parsed
-  whole, as before. What changes: a ``source`` block that is not valid JSON inside its
-  braces is not noticed when nothing reads it (Kafka Connect's converters write JSON with
-  Jackson and never produce one).
+  ``--sink-version-from source.FIELD``). Otherwise a JSON payload in Debezium's field order
+  -- ``before``, ``after``, ``source``, then ``transaction``, ``op`` and the timestamps --
+  is read without it: ``before`` and ``after`` are parsed where they stand; ``source`` ends
+  at its first closing brace, which must be followed by ``,"transaction":``; the tail from
+  there is matched whole when it is the one Debezium writes without transaction metadata
+  (``_PLAIN_REST``: the check the scanner would make of it), parsed otherwise, and must end
+  where the payload ends. ``source`` is about 40 % of the text and 60 % of the parse of an
+  event of a narrow table (``python -m ops.bench.hotpath``: ``cdc_convert_ns`` against
+  ``cdc_source_read_convert_ns``). A payload of any other shape (a key out of that order,
+  an object nested in ``source``, a brace in one of its strings, a key of the envelope
+  repeated in the tail) is parsed whole. A ``source`` block that is not valid JSON inside
+  its braces is not noticed when nothing reads it (Kafka Connect's converters write JSON
+  with Jackson and never produce one).
 """
 
 from __future__ import annotations
@@ -131,11 +130,12 @@ _AFTER = ',"after":'
 _SOURCE = ',"source":{'
 _TAIL = ',"transaction":'
 _IMAGES = frozenset({"before", "after", "source"})
-_INT = "-?(?:0|[1-9][0-9]*)"  # a JSON integer
-#: the tail as Debezium writes it without transaction metadata, matched whole: the same
-#: check as the scanner's of that text, at a third of its cost (no dict, no ints built)
-_PLAIN_TAIL = re.compile(f',"transaction":null,"op":"([a-z])"(?:,"ts_ms":{_INT})?'
-                         f'(?:,"ts_us":{_INT})?(?:,"ts_ns":{_INT})?}}')
+_INT = "-?(?:0|[1-9][0-9]*+)"  # a JSON integer (possessive: nothing to backtrack into)
+#: ``source`` up to its first closing brace, then the tail as Debezium writes it without
+#: transaction metadata, matched whole: the same check as the scanner's of that tail, at a
+#: third of its cost (no dict, no ints built)
+_PLAIN_REST = re.compile(r',"source":\{[^}]*+\},"transaction":null,"op":"([a-z])"'
+                         f'(?:,"ts_ms":{_INT})?+(?:,"ts_us":{_INT})?+(?:,"ts_ns":{_INT})?+}}')
 Types = Callable[[Mapping[str, Any] | None, str], Mapping[str, Reader]]
 
 
@@ -163,87 +163,90 @@ class JsonEvents:
 
     def read(self, raw: bytes, *, truncate: bool = False) -> Event:
         """``unwrap`` of the record's value ``raw`` (not None)."""
+        got = self.image(raw, truncate=truncate)
+        return Event(UPSERT, got, _NO_SOURCE) if isinstance(got, dict) else got
+
+    def image(self, raw: bytes, *, truncate: bool = False) -> dict[str, Any] | Event:
+        """``read``, for the sink's per-record path: an upsert read by the skim without a
+        schema (module Rules) comes as its ``after`` image alone, the ``Event(UPSERT, image,
+        {})`` it stands for, without that tuple built."""
         head = self._head
         if head is not None and raw.startswith(head) and raw.endswith(b"}"):
             try:
-                text = raw[len(head):].decode()
-                payload, end = self._payload(text)
-            except (UnicodeDecodeError, StopIteration, ValueError, Misfit):
+                text = raw[len(head):-1].decode()  # the payload, if it is the whole rest
+            except UnicodeDecodeError:
+                text = ""  # read whole below, naming the error
+            if self._skim and text.startswith(_BEFORE):
+                got = self._skimmed(text, self._schema, truncate)
+                if got is not None:
+                    return got
+            try:
+                payload, end = self._scan(text, 0)
+            except (StopIteration, ValueError, Misfit):
                 end = -1  # not this schema's envelope whole: read below, naming the error
-            if end == len(text) - 1:  # nothing but the closing brace follows the payload
+            if end == len(text):
                 if payload is None:
                     return _NOTHING
-                # a dict, or _skimmed's tuple; else the whole value's read names the mistake
-                if type(payload) is dict or type(payload) is tuple:
-                    return self._event(payload, self._schema, truncate)
+                if type(payload) is dict:  # else the whole value's read names the mistake
+                    return unwrap(payload, schema=self._schema, truncate=truncate,
+                                  types=self.types)
         elif self._skim and raw.startswith(b'{"before":'):
             try:
-                text = raw.decode()
-                payload, end = self._skimmed(text)
-            except (UnicodeDecodeError, StopIteration, ValueError, Misfit):
-                end = -1  # read whole below, naming the error
-            if end == len(text):
-                return self._event(payload, None, truncate)
+                got = self._skimmed(raw.decode(), None, truncate)
+            except UnicodeDecodeError:
+                got = None  # read whole below, naming the error
+            if got is not None:
+                return got
         value = parse_json(raw)[0]
         if "payload" in value and "schema" in value and "op" not in value:
             self._learn(raw, value["schema"])
         return unwrap(value, truncate=truncate, types=self.types)
 
-    def _payload(self, text: str) -> tuple[Any, int]:
-        """The payload at the start of ``text`` and where it ends: skimmed (module Rules)
-        when it can be, else scanned whole."""
-        if self._skim and text.startswith(_BEFORE):
-            payload, end = self._skimmed(text)
-            if end >= 0:
-                return payload, end
-        return self._scan(text, 0)
-
-    def _event(self, payload: Any, schema: Mapping[str, Any] | None, truncate: bool) -> Event:
-        """``unwrap`` of a payload read (a dict, or ``_skimmed``'s (op, before, after))."""
-        if type(payload) is tuple:
-            code, before, after = payload
+    def _skimmed(self, text: str, schema: Mapping[str, Any] | None, truncate: bool
+                 ) -> dict[str, Any] | Event | None:
+        """The event of the payload ``text`` (which starts with ``{"before":`` and must end
+        where it ends) read without its ``source`` block (module Rules); ``image``'s dict for
+        an upsert without a schema. None when it is not in Debezium's field order, or is
+        malformed: then it is read whole, which names the error. Every step inline: this is
+        the sink's per-record path (``python -m ops.bench.hotpath``: ``cdc_convert_ns``)."""
+        scan = self._scan
+        try:
+            if text.startswith("null", len(_BEFORE)):  # a create's: what the scanner reads
+                before, i = None, len(_BEFORE) + 4
+            else:
+                before, i = scan(text, len(_BEFORE))
+            if not text.startswith(_AFTER, i):
+                return None
+            after, i = scan(text, i + len(_AFTER))
+        except (StopIteration, ValueError, Misfit):
+            return None
+        # source's end: its first closing brace followed by ``,"transaction":``. Not one in
+        # a string (in valid JSON a string's closing quote is never followed by a letter),
+        # nor a nested object's (the tail would then end before the payload's end)
+        plain = _PLAIN_REST.match(text, i)  # source, the tail without transaction metadata
+        if plain is not None:
+            if plain.end() != len(text):
+                return None
+            code = plain[1]
             op = _OPS.get(code)
             if op is UPSERT and schema is None and type(after) is dict:
-                return Event(UPSERT, after, _NO_SOURCE)  # _row's first case, no readers
+                return after  # _row's first case, without readers or the Event
             if op is not None:
                 return _row(op, code, before, after, _NO_SOURCE, schema, truncate, self.types)
-            payload = {"before": before, "after": after, "op": code}  # unwrap names why
-        return unwrap(payload, schema=schema, truncate=truncate, types=self.types)
-
-    def _skimmed(self, text: str) -> tuple[Any, int]:
-        """The payload at the start of ``text`` (which starts with ``{"before":``) read
-        without its ``source`` block, and where it ends: its dict, or (op, before, after)
-        when its tail is the one Debezium writes without transaction metadata; (None, -1)
-        when it is not in Debezium's field order (module Rules). Raises as the scanner
-        does on malformed ``before``, ``after`` or tail."""
-        scan = self._scan
-        if text.startswith("null", len(_BEFORE)):  # a create's: what the scanner reads there
-            before, i = None, len(_BEFORE) + 4
+            tail: Any = {"op": code}  # not a row change: unwrap names why
         else:
-            before, i = scan(text, len(_BEFORE))
-        if not text.startswith(_AFTER, i):
-            return None, -1
-        after, i = scan(text, i + len(_AFTER))
-        if not text.startswith(_SOURCE, i):
-            return None, -1
-        start = i + len(_SOURCE)  # just inside source's opening brace
-        # source's end: its first closing brace followed by the envelope's next key,
-        # ``transaction``. Not a brace inside a string: in valid JSON a string's closing
-        # quote is followed by a comma, a colon or a bracket, never a letter. Not a nested
-        # object's: the tail read from there would end at source's own brace, before the
-        # payload's end, which the callers require.
-        k = text.find("}", start) + 1
-        if k == 0 or not text.startswith(_TAIL, k):
-            return None, -1
-        plain = _PLAIN_TAIL.match(text, k)  # the tail without transaction metadata
-        if plain is not None:
-            return (plain[1], before, after), plain.end()
-        tail, end = scan("{" + text[k + 1:], 0)  # tail's index j is text's k + j
-        if type(tail) is not dict or not _IMAGES.isdisjoint(tail):
-            return None, -1  # a repeated key: the whole parse keeps the last one
+            k = text.find("}", i + len(_SOURCE)) + 1
+            if not text.startswith(_SOURCE, i) or k == 0 or not text.startswith(_TAIL, k):
+                return None
+            try:
+                tail, end = scan("{" + text[k + 1:], 0)  # tail's index j is text's k + j
+            except (StopIteration, ValueError, Misfit):
+                return None
+            if k + end != len(text) or type(tail) is not dict or not _IMAGES.isdisjoint(tail):
+                return None  # a repeated key: the whole parse keeps the last one
         tail["before"] = before
         tail["after"] = after
-        return tail, k + end
+        return unwrap(tail, schema=schema, truncate=truncate, types=self.types)
 
     def _learn(self, raw: bytes, schema: Any) -> None:
         """Keep ``raw``'s head when its schema comes first, as the converter writes it."""

@@ -435,12 +435,13 @@ def _dbz(op: str, before: Any = None, after: Any = None, *, source: Any = None,
 
 
 def _outcome(read: Any) -> Any:
-    """(op, image) of the event read, or the Misfit's message."""
+    """(op, image) of the event read, or the Misfit's message; a dict read (what
+    ``JsonEvents.image`` gives for an upsert) is the upsert of that image."""
     try:
         event = read()
     except Misfit as exc:
         return f"Misfit: {exc}"
-    return event.op, event.image
+    return (Op.UPSERT, event) if isinstance(event, dict) else (event.op, event.image)
 
 
 SKIMMED = [
@@ -474,12 +475,16 @@ def test_a_skimmed_event_reads_as_its_whole_parse(event: Any, schemas: bool) -> 
     events.read(_wire({"schema": SCHEMA, "payload": _dbz("c", after=ROW)}))  # learns the head
     whole = _outcome(lambda: unwrap(json.loads(raw), truncate=True))
     assert _outcome(lambda: events.read(raw, truncate=True)) == whole
+    assert _outcome(lambda: events.image(raw, truncate=True)) == whole
     assert _outcome(lambda: JsonEvents(source=True).read(raw, truncate=True)) == whole
+    assert _outcome(lambda: JsonEvents(source=True).image(raw, truncate=True)) == whole
 
 
 def test_a_skimmed_event_has_no_source_and_the_guards_reader_reads_it() -> None:
     raw = _wire(_dbz("c", after=ROW))
     assert JsonEvents().read(raw).source == {}
+    assert JsonEvents().image(raw) == ROW  # the sink's path: the upsert's image alone
+    assert isinstance(JsonEvents(source=True).image(raw), tuple)  # an Event: source read
     assert JsonEvents(source=True).read(raw).source == DBZ_SOURCE
 
 
@@ -507,6 +512,7 @@ def test_every_cut_and_every_flipped_byte_of_an_event_reads_as_its_whole_parse(
 
     def skim(b: bytes) -> Any:
         out = _outcome(lambda: events.read(b))
+        assert _outcome(lambda: events.image(b)) == out  # the sink's path reads alike
         return "not JSON" if isinstance(out, str) and "is not JSON" in out else out
 
     unread = 0
