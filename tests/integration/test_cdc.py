@@ -300,3 +300,98 @@ def test_debeziums_decimal_and_time_modes_replicate_as_they_are_sent(
             member.ensure_dead()
         delete_connector(connect_url, prefix)
         asyncio.run(drop_slot(source_dsn, f"{prefix}_slot"))
+
+
+#: columns whose values are TOASTed out of line (96 KB of hex each), and how row 1 fills them
+_TOASTED = {"big": ("text", "string_agg(md5(g::text), '')"),
+            "blob": ("bytea", "decode(string_agg(md5(g::text), ''), 'hex')"),
+            "doc": ("jsonb", "to_jsonb(string_agg(md5(g::text), ''))"),
+            "arr": ("text[]", "array_agg(md5(g::text))"),
+            "nums": ("int[]", "array_agg(g)")}
+_SMALL = {"text": "'b'", "bytea": "'\\x01'", "jsonb": "'[]'", "text[]": "'{}'", "int[]": "'{}'"}
+
+
+async def _quarantined(dsn: str, schema: str) -> list[tuple[int, str]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return [tuple(r) for r in await conn.fetch(
+            f'SELECT "offset", reason FROM "{schema}".quarantine ORDER BY "offset"')]
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize("toasted", [list(_TOASTED), ["big", "blob", "arr", "nums"]],
+                         ids=["with-jsonb", "text-bytea-arrays"])
+def test_an_update_that_leaves_a_toasted_value_out_is_quarantined_never_written(
+        debezium: Any, services: Any, toasted: list[str]) -> None:
+    """Under REPLICA IDENTITY DEFAULT an update that leaves a TOASTed value unchanged comes
+    from Debezium 3.6.1 with its placeholder (``__debezium_unavailable_value``: the string
+    for text and jsonb, its bytes for bytea, ``[placeholder]`` for a text array, the bytes'
+    codes for an int array): the record is quarantined naming every such column, the
+    target row keeps its values, and once the source table is REPLICA IDENTITY FULL the
+    next update of the row carries them and applies: the target equals the source."""
+    source_dsn, connect_url = debezium.source_dsn, debezium.connect_url
+    clean_leftovers(connect_url, source_dsn)
+    table, prefix = f"toast_{uuid.uuid4().hex[:6]}", f"{PREFIX}{uuid.uuid4().hex[:6]}"
+    topic = f"{prefix}.public.{table}"
+    ddl = "(id int PRIMARY KEY, small int, " + ", ".join(
+        f"{c} {_TOASTED[c][0]}" for c in toasted) + ")"
+    big = ", ".join(_TOASTED[c][1] for c in toasted)
+    small = ", ".join(_SMALL[_TOASTED[c][0]] for c in toasted)
+    asyncio.run(execute(source_dsn, f"CREATE TABLE {table} {ddl}",
+                         f"INSERT INTO {table} SELECT 1, 1, {big} FROM generate_series(1, 3000) g",
+                         f"INSERT INTO {table} VALUES (2, 1, {small})"))
+    schema = asyncio.run(fresh_schema(services.dsn))
+    target = f'"{schema}".{table}'
+    asyncio.run(execute(services.dsn, f"CREATE TABLE {target} {ddl}"))
+    cols = ", ".join(["id", "small", *toasted])
+    register_connector(connect_url, prefix, postgres_connector(source_dsn, prefix, table))
+    member = None
+
+    def table_rows(dsn: str, name: str) -> list[tuple[Any, ...]]:
+        return asyncio.run(_fetch_rows(dsn, f"SELECT {cols} FROM {name} ORDER BY id"))
+
+    try:
+        wait_until(lambda: topic in debezium.topics(), timeout_s=120,
+                   what="Debezium's topic of the table")
+        member = WorkerProc(topic=topic, group=f"g{prefix}", schema=schema,
+                            setup=GROUP_SETUPS[-1], name="toast", extra=(
+                                "--sink", f"table={schema}.{table}", "--sink-envelope",
+                                "debezium", "--sink-key-format", "json"))
+        snapshot = table_rows(source_dsn, table)
+        wait_until(lambda: table_rows(services.dsn, target) == snapshot, timeout_s=120,
+                   interval_s=1.0, what="the snapshot in the target")
+        asyncio.run(execute(source_dsn, f"UPDATE {table} SET small = 2 WHERE id = 1",
+                             f"UPDATE {table} SET small = 3 WHERE id = 2"))
+        wait_until(lambda: table_rows(services.dsn, target)[1][1] == 3, timeout_s=120,
+                   interval_s=1.0, what="the update of the untoasted row")
+        wait_until(lambda: asyncio.run(_quarantined(services.dsn, schema)), timeout_s=60,
+                   interval_s=1.0, what="the quarantined update")
+        [(_offset, reason)] = asyncio.run(_quarantined(services.dsn, schema))
+        assert f"{', '.join(toasted)} hold Debezium's placeholder" in reason, reason
+        assert "REPLICA IDENTITY FULL" in reason
+        kept = table_rows(services.dsn, target)
+        assert kept[0] == snapshot[0]  # the values, never the placeholder; small not 2
+        asyncio.run(execute(source_dsn, f"ALTER TABLE {table} REPLICA IDENTITY FULL",
+                             f"UPDATE {table} SET small = 4 WHERE id = 1"))
+        want = table_rows(source_dsn, table)
+        wait_until(lambda: table_rows(services.dsn, target) == want, timeout_s=120,
+                   interval_s=1.0, what="the target equal to the source")
+        assert want[0][1] == 4 and want[0][2] == snapshot[0][2]
+        assert len(asyncio.run(_quarantined(services.dsn, schema))) == 1
+    finally:
+        if member is not None:
+            stop_live([member])
+            member.ensure_dead()
+        delete_connector(connect_url, prefix)
+        asyncio.run(drop_slot(source_dsn, f"{prefix}_slot"))
+        asyncio.run(execute(source_dsn, f"DROP TABLE IF EXISTS {table}",
+                             f"DROP PUBLICATION IF EXISTS {prefix}_pub"))
+
+
+async def _fetch_rows(dsn: str, sql: str) -> list[tuple[Any, ...]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return [tuple(r) for r in await conn.fetch(sql)]
+    finally:
+        await conn.close()

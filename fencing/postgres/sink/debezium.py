@@ -2,6 +2,9 @@
 envelope -> the table operation it stands for, with Debezium's and Kafka Connect's logical
 types read into the Python values the sink's converters write (pure, no I/O).
 
+Long because the skim keeps the JSON converter's per-record path inline beside the rules
+of every other shape an event comes in.
+
 Rules
 - An event's value is Debezium's envelope: ``op``, ``before``, ``after``, ``source``,
   ``ts_ms``. With Kafka Connect's JSON converter and ``schemas.enable=true`` it comes as
@@ -14,6 +17,11 @@ Rules
   ``Misfit`` naming why); ``m`` (a logical decoding message) is not a row change: a
   ``Misfit``. A null value is the tombstone Debezium writes after a delete, for Kafka's
   compaction: it changes nothing (``NOTHING``).
+- An update (``u``) whose image holds Debezium's placeholder for an unchanged TOASTed
+  value (``UNAVAILABLE``, in any of its forms) in a field is a ``Misfit`` naming the
+  fields: the event does not carry their values (REPLICA IDENTITY DEFAULT), and the
+  placeholder is never written as one. A create or a snapshot read holds every value: a
+  placeholder there is the row's own text.
 - A field's logical type is its schema's name: ``io.debezium.time.{Date, Time, MicroTime,
   NanoTime, Timestamp, MicroTimestamp, NanoTimestamp, ZonedTimestamp, ZonedTime,
   MicroDuration}``,
@@ -52,6 +60,7 @@ Rules
 
 from __future__ import annotations
 
+import base64
 import enum
 import re
 from collections.abc import Callable, Mapping
@@ -122,6 +131,18 @@ def not_a_table_topic(topic: str) -> str | None:
     return None
 
 
+#: Debezium's placeholder for a value an update left unchanged and the source did not log
+#: (PostgreSQL's TOASTed values under REPLICA IDENTITY DEFAULT; ``unavailable.value
+#: .placeholder``'s default), in each form a field holds it, read from Debezium 3.6.1's
+#: events: text and JSON as the string, bytea as its bytes (base64 through the JSON
+#: converter), a text array as ``[placeholder]``, an integer array as the bytes' codes
+UNAVAILABLE = "__debezium_unavailable_value"
+_UNAVAILABLE_BYTES = UNAVAILABLE.encode()
+_UNAVAILABLE_FORMS = (UNAVAILABLE, _UNAVAILABLE_BYTES, base64.b64encode(_UNAVAILABLE_BYTES)
+                      .decode(), [UNAVAILABLE], [_UNAVAILABLE_BYTES], list(_UNAVAILABLE_BYTES))
+#: the forms as a JSON payload's text holds them: an update holding none is read as it is
+_UNAVAILABLE_TEXTS = (UNAVAILABLE, _UNAVAILABLE_FORMS[2],
+                      "[" + ",".join(map(str, _UNAVAILABLE_BYTES)) + "]")
 _NO_READERS: Mapping[str, Reader] = {}
 _HEAD = '{"schema":'
 _PAYLOAD = ',"payload":'
@@ -229,7 +250,9 @@ class JsonEvents:
                 return None
             code = plain[1]
             op = _OPS.get(code)
-            if op is UPSERT and schema is None and type(after) is dict:
+            if op is UPSERT and schema is None and type(after) is dict and (
+                    code != "u" or (_UNAVAILABLE_TEXTS[0] not in text and _UNAVAILABLE_TEXTS[1]
+                                    not in text and _UNAVAILABLE_TEXTS[2] not in text)):
                 return after  # _row's first case, without readers or the Event
             if op is not None:
                 return _row(op, code, before, after, _NO_SOURCE, schema, truncate, self.types)
@@ -317,6 +340,8 @@ def _row(op: Op, code: Any, before: Any, after: Any, source: Mapping[str, Any],
         if type(after) is not dict and not isinstance(after, Mapping):
             raise Misfit(f"op {code} without an after image" if after is None else
                          f"op {code}: its after image is not an object")
+        if code == "u":
+            _refuse_unavailable(after)
         return Event(op, typed(after, types(schema, "after")), source)
     if op is TRUNCATE:
         if not truncate:
@@ -326,3 +351,16 @@ def _row(op: Op, code: Any, before: Any, after: Any, source: Mapping[str, Any],
     if before is not None and type(before) is not dict and not isinstance(before, Mapping):
         raise Misfit(f"op {code}: its before image is not an object")
     return Event(op, typed(before, types(schema, "before")), source)
+
+
+def _refuse_unavailable(after: Mapping[str, Any]) -> None:
+    """``Misfit`` when an update's image holds Debezium's placeholder (``UNAVAILABLE``) in
+    a field: the event lacks that column's value, and writing the placeholder would put it
+    in the row."""
+    unavailable = [k for k, v in after.items()
+                   if type(v) in (str, bytes, list) and v in _UNAVAILABLE_FORMS]
+    if unavailable:
+        raise Misfit(f"op u: {', '.join(unavailable)} hold{'s' * (len(unavailable) == 1)} "
+                     f"Debezium's placeholder {UNAVAILABLE} (a TOASTed value the update left "
+                     "unchanged, not in the event): set REPLICA IDENTITY FULL on the source "
+                     "table so its updates carry every column")

@@ -527,3 +527,46 @@ def test_every_cut_and_every_flipped_byte_of_an_event_reads_as_its_whole_parse(
                 continue
             assert got == expected, (at, chr(ch), b)
     assert unread > 0  # the exception the Rules name is real, and confined to source
+
+
+# -- an unchanged TOASTed value: Debezium's placeholder -----------------------------------
+
+#: the forms Debezium 3.6.1 gives the placeholder through the JSON converter (read from its
+#: events: text and jsonb, bytea as base64, a text array, an int array as the bytes' codes)
+PLACEHOLDERS = ["__debezium_unavailable_value", "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ==",
+                ["__debezium_unavailable_value"], list(b"__debezium_unavailable_value")]
+
+
+@pytest.mark.parametrize("value", PLACEHOLDERS, ids=["text", "bytea", "text[]", "int[]"])
+@pytest.mark.parametrize("schemas", [False, True], ids=["without-schemas", "with-schemas"])
+def test_an_update_holding_the_placeholder_is_a_misfit_naming_its_columns(
+        value: Any, schemas: bool) -> None:
+    event = _dbz("u", after={**ROW, "note": value})
+    raw = b'{"schema":' + _wire(SCHEMA) + b',"payload":' + _wire(event) + b"}" if schemas \
+        else _wire(event)
+    events = JsonEvents()
+    for read in (events.read, events.image, JsonEvents(source=True).read,
+                 lambda r: unwrap(json.loads(r))):
+        with pytest.raises(Misfit, match=r"note holds Debezium's placeholder .*REPLICA "
+                                         r"IDENTITY FULL"):
+            read(raw)
+
+
+def test_the_placeholder_as_bytes_and_in_several_columns() -> None:
+    """Through the registry (Avro) a bytea placeholder is bytes; every column is named."""
+    after = {"id": 1, "blob": b"__debezium_unavailable_value",
+             "arr": [b"__debezium_unavailable_value"], "note": "__debezium_unavailable_value"}
+    with pytest.raises(Misfit, match="blob, arr, note hold Debezium's placeholder"):
+        unwrap({"op": "u", "before": None, "after": after})
+
+
+def test_a_create_holding_the_placeholder_text_writes_it_and_an_update_without_it_applies(
+        ) -> None:
+    """A create carries every value: the placeholder's text there is the row's own; an
+    update whose text merely contains it (not a whole field) applies too."""
+    created = _wire(_dbz("c", after={**ROW, "note": "__debezium_unavailable_value"}))
+    assert JsonEvents().image(created) == {**ROW, "note": "__debezium_unavailable_value"}
+    inside = {**ROW, "note": "see __debezium_unavailable_value"}
+    assert _outcome(lambda: JsonEvents().image(_wire(_dbz("u", after=inside)))) == (
+        Op.UPSERT, inside)
+    assert JsonEvents().read(_wire(_dbz("u", after=inside))).image == inside
