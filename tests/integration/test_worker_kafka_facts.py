@@ -323,8 +323,14 @@ def _one_partition(bootstrap: str, prefix: str, total: int, value: bytes) -> str
 
 def _longest_wait_draining(bootstrap: str, topic: str, total: int, extra: dict[str, str]
                            ) -> tuple[float, float]:
-    """Consume ``topic`` to its end as fast as possible: (the longest time between two
-    non-empty consume() results, the whole span)."""
+    """Consume ``topic`` to its end, draining what librdkafka holds every 0.2 s: (the
+    longest time between two non-empty consume() results, the whole span).
+
+    Not a consume() that waits: librdkafka hands a waiting consume() each message as it
+    lands, so its queue may be empty again when the fetcher decides on the next fetch, and
+    nothing is postponed (a cold make test saw the whole topic arrive within one 50 ms
+    consume(500, 0.05) with the default backoff). Drained between waits, as the worker's
+    loop drains it, the queue is full at that decision."""
     from confluent_kafka import Consumer
 
     # a fetch returns at most 128 KiB (one batch at least), so the 64 KiB queue bound is
@@ -340,14 +346,14 @@ def _longest_wait_draining(bootstrap: str, topic: str, total: int, extra: dict[s
         seen, first, last, longest = 0, None, None, 0.0
         deadline = time.monotonic() + 60
         while seen < total and time.monotonic() < deadline:
-            msgs = [m for m in c.consume(500, 0.05) if m.error() is None]
-            if not msgs:
-                continue
-            now = time.monotonic()
-            if last is not None:
-                longest = max(longest, now - last)
-            first, last = first or now, now
-            seen += len(msgs)
+            msgs = [m for m in c.consume(500, 0) if m.error() is None]
+            if msgs:
+                now = time.monotonic()
+                if last is not None:
+                    longest = max(longest, now - last)
+                first, last = first or now, now
+                seen += len(msgs)
+            time.sleep(0.2)
         assert seen == total and first is not None and last is not None
         return longest, last - first
     finally:
