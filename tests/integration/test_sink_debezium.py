@@ -351,3 +351,51 @@ async def test_json_schema_and_protobuf_change_events_through_the_registry(
         assert got == {}, fmt
         assert await fetch(pg_dsn, f'SELECT id, name FROM "{schema}".{table}') == [
             (1, "uno")], fmt
+
+
+#: Debezium's placeholder for a value an update left unchanged (an unchanged TOASTed value
+#: under REPLICA IDENTITY DEFAULT): the string for text and jsonb, ``[it]`` for a text array
+UNAVAILABLE = "__debezium_unavailable_value"
+
+
+async def test_an_update_without_a_toasted_value_updates_the_rest_and_keeps_it(
+        pg_dsn: str, schema: str) -> None:
+    """An update holding Debezium's placeholder updates the row's other columns and keeps
+    the value it lacks (a NOT NULL column too: ``name``), by each write path and in order
+    with the batch's other changes of its key; the update of a row that is not there writes
+    nothing; a primary-key change's create holding it (Debezium's ``__debezium.oldkey``
+    header) is quarantined, and any other create holding its text writes it, the row's."""
+    await _table(pg_dsn, schema)
+    doc = json.dumps({"k": 1})
+    quarantined = await apply(pg_dsn, schema, spec(schema), [
+        event(0, "c", after=row(1, "one", tags=["a"], doc=doc, obj=1)),
+        event(1, "u", after=row(1, UNAVAILABLE, tags=[UNAVAILABLE], doc=UNAVAILABLE, obj=2)),
+        event(2, "u", after=row(2, UNAVAILABLE, obj=2)),         # no row 2: nothing
+        event(3, "c", after=row(3, "three", obj=3)),
+        event(4, "u", after=row(3, UNAVAILABLE, obj=4)),
+        event(5, "u", after=row(3, UNAVAILABLE, obj=5), schemas=False),
+        _key_change(event(6, "c", after=row(4, UNAVAILABLE, obj=6))),  # its new key
+        event(7, "c", after=row(6, UNAVAILABLE, obj=7)),          # a create: its own text
+        event(8, "c", after=row(5, "five", obj=7)),
+        event(9, "u", after=row(5, UNAVAILABLE, obj=8)),
+        event(10, "d", before=row(5, "five")),
+    ], tp=TP)
+    assert list(quarantined) == [6] and "primary-key change" in quarantined[6]
+    assert await fetch(pg_dsn, f'SELECT id, name, tags, doc, obj FROM "{schema}".items '
+                               "ORDER BY id") == [(1, "one", ["a"], doc, 2),
+                                                  (3, "three", None, None, 5),
+                                                  (6, UNAVAILABLE, None, None, 7)]
+    # a later batch: the patch alone, then a whole update of the row
+    other = TopicPartition(TP.topic, 1)
+    await apply(pg_dsn, schema, spec(schema), [
+        event(0, "u", after=row(1, UNAVAILABLE, tags=[UNAVAILABLE], doc=UNAVAILABLE, obj=9),
+              tp=other)], tp=other)
+    assert await fetch(pg_dsn, f'SELECT name, tags, doc, obj FROM "{schema}".items '
+                               "WHERE id = 1") == [("one", ["a"], doc, 9)]
+
+
+def _key_change(record: SourceRecord) -> SourceRecord:
+    """``record`` as the create of a primary-key change's new key: with Debezium's header."""
+    return SourceRecord(record.topic, record.partition, record.offset, record.key,
+                        record.value, headers=(("__debezium.oldkey", b'{"id": 40}'),),
+                        timestamp_ms=record.timestamp_ms)

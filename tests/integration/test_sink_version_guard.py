@@ -121,3 +121,24 @@ async def test_the_version_from_the_row_and_a_tombstone_deletes_unguarded(
     assert await fetch(pg_dsn, f'SELECT id, v, rev FROM "{schema}".items ORDER BY id') == [
         ("a", "a3", 3), ("b", "b1", 1)]
     assert _stale(schema) - before == 1
+
+
+async def test_an_update_without_a_toasted_value_is_guarded_like_any(pg_dsn: str,
+                                                                     schema: str) -> None:
+    """An update holding Debezium's placeholder (the columns it lacks kept) older than the
+    stored row changes nothing and is counted; a newer one updates the other columns and
+    the version, and keeps the value it lacks."""
+    await _table(pg_dsn, schema)
+    guarded = spec(schema, **GUARD)
+    unavailable = "__debezium_unavailable_value"
+    await apply(pg_dsn, schema, guarded, [event(0, "c", after=row(1, "newest", obj=1), lsn=500,
+                                               tp=OTHER)], tp=OTHER)
+    before = _stale(schema)
+    quarantined = await apply(pg_dsn, schema, guarded, [
+        event(0, "u", after=row(1, unavailable, obj=2)),           # lsn 100 < 500
+        event(1, "u", after=row(1, unavailable, obj=3), lsn=600),
+        event(2, "u", after=row(1, unavailable, obj=4), lsn=550)], tp=TP)  # older again
+    assert quarantined == {}
+    assert await fetch(pg_dsn, f'SELECT id, name, obj, lsn FROM "{schema}".items') == [
+        (1, "newest", 3, 600)]
+    assert _stale(schema) - before == 2

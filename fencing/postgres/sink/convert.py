@@ -9,7 +9,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from fencing.postgres.sink.catalog import SinkSpec
-from fencing.postgres.sink.debezium import DELETE, UPSERT, Event, JsonEvents, Op, unwrap
+from fencing.postgres.sink.debezium import (
+    DELETE,
+    UPSERT,
+    Event,
+    JsonEvents,
+    Op,
+    refuse_unavailable,
+    unwrap,
+)
 from fencing.postgres.sink.formats import Decoding
 from fencing.postgres.sink.keys import from_object
 from fencing.postgres.sink.rows import Delete, Misfit, Upsert
@@ -25,8 +33,9 @@ TRUNCATE: Any = object()
 
 def _change(writer: Writer, record: SourceRecord, event: Event, spec: SinkSpec) -> Any:
     """The operation of a Debezium change event (``debezium.unwrap``): an upsert of its
-    after image, a delete of its key (the before image's key columns, else the Kafka key),
-    ``TRUNCATE``, or None (the tombstone after a delete changes nothing). With a version
+    after image (a ``Patch`` of the columns it holds when it lacks some, ``Event.kept``), a
+    delete of its key (the before image's key columns, else the Kafka key), ``TRUNCATE``,
+    or None (the tombstone after a delete changes nothing). With a version
     guard an upsert carries its version in the version column and a delete its version
     (``source.FIELD``, or the before image's version column when it has one)."""
     field = spec.version_source
@@ -42,7 +51,7 @@ def _change(writer: Writer, record: SourceRecord, event: Event, spec: SinkSpec) 
         image = event.image
         if field is not None and spec.version is not None:
             image = {**(image or {}), spec.version: version}
-        return writer.convert(record, image)
+        return writer.patch(record, image) if event.kept else writer.convert(record, image)
     if op is DELETE:
         cols = writer.t.layout.key_columns
         image = event.image
@@ -104,9 +113,13 @@ def convert_batch(writer: Writer, records: Sequence[SourceRecord], decoding: Dec
                 else:
                     event = read(record.value, truncate=truncate)
                     if type(event) is dict:  # an upsert's image: _change's first case
+                        if record.headers:
+                            refuse_unavailable(record.headers, event)
                         ops.append((i, convert(record, event)))
                         continue
-                if plain and event.op is UPSERT:  # _change's first case, inline
+                if event.op is UPSERT and record.headers:
+                    refuse_unavailable(record.headers, event.image)
+                if plain and event.op is UPSERT and not event.kept:  # _change's first case
                     op = convert(record, event.image)
                 else:
                     op = _change(writer, record, event, spec)

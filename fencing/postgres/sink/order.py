@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fencing.postgres.sink.rows import Delete, Upsert
+from fencing.postgres.sink.rows import Delete, Patch, Upsert
 
 __all__ = ["last_wins", "sets_then_rest"]
 
-Op = Upsert | Delete
+Op = Upsert | Patch | Delete
 
 
 def sets_then_rest(ops: Sequence[Op], *, min_set: int) -> tuple[list[list[Op]], list[Op]]:

@@ -64,6 +64,7 @@ __all__ = [
     "Delete",
     "Layout",
     "Misfit",
+    "Patch",
     "Upsert",
     "convert",
     "converter",
@@ -111,6 +112,17 @@ class Layout:
 class Upsert:
     """Write ``values`` into ``columns`` (insert, or update the row of ``key``: the key
     column's value, a tuple of them for a composite key)."""
+
+    key: Any
+    columns: tuple[str, ...]
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    """Update the row of ``key``: ``values`` into ``columns``, its other columns kept as
+    they are; no row of ``key``, nothing written. What a change event asks that lacks some
+    of its row's values (Debezium's placeholder for an unchanged TOASTed value)."""
 
     key: Any
     columns: tuple[str, ...]

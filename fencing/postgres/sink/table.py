@@ -72,7 +72,7 @@ from fencing.postgres.sink.evolving import Evolution, check_ddl
 from fencing.postgres.sink.formats import Decoding
 from fencing.postgres.sink.keys import key_reader
 from fencing.postgres.sink.registry import Registry
-from fencing.postgres.sink.rows import Delete, Upsert, parse_json
+from fencing.postgres.sink.rows import Delete, Patch, Upsert, parse_json
 from fencing.postgres.sink.unknown import STALE_CHANGES, UNKNOWN_FIELDS
 from fencing.postgres.sink.writer import Writer
 from fencing.store import HandlerFn
@@ -103,7 +103,7 @@ async def _in_savepoint(conn: Any, write: Any) -> tuple[BaseException | None, in
     return None, stale
 
 
-async def _one(conn: Any, writer: Writer, op: Upsert | Delete, savepoint: str) -> int:
+async def _one(conn: Any, writer: Writer, op: Upsert | Patch | Delete, savepoint: str) -> int:
     await conn.execute(f"SAVEPOINT {savepoint}")
     stale = await writer.one(conn, op)
     await conn.execute(f"RELEASE SAVEPOINT {savepoint}")

@@ -1,9 +1,13 @@
 """The table sink's SQL for one target table: the fast path of a batch (binary COPY, staged
 upserts in sets, pipelined ``executemany`` for the rest) and a single operation (the rules
-are ``fencing.postgres.sink.table``'s; this is its writing half, split from the handler)."""
+are ``fencing.postgres.sink.table``'s; this is its writing half, split from the handler).
+
+Long because each kind of operation (an upsert, a patch of some columns, a delete; with a
+version guard or without) has its statement beside the one batch path that orders them."""
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Sequence
 from operator import attrgetter
@@ -17,10 +21,13 @@ from fencing.postgres.sink.rows import (
     EPOCH_MS,
     RESERVED,
     Delete,
+    Layout,
+    Patch,
     Upsert,
     converter,
     in_epoch_ms,
 )
+from fencing.types import SourceRecord
 
 __all__ = ["Writer"]
 
@@ -67,6 +74,11 @@ class Writer:
         self.known = target.names | frozenset(RESERVED)
         self.convert = converter(target.layout, epoch_ms=self.ms is not None,
                                  kafka_key=kafka_key, known=self.known, strays=self.strays)
+        # a patch leaves the columns it lacks as they are: none is required (``patch``)
+        self._patch_convert = converter(
+            Layout(tuple(dataclasses.replace(c, has_default=True) for c in target.layout.columns),
+                   target.layout.keys), epoch_ms=self.ms is not None, kafka_key=kafka_key,
+            known=self.known, strays=self.strays)
         # per table, column set and types: a table that gained a column, or whose column
         # changed its type, gets a stage that has it as the table has it now
         shape = "|".join([target.quoted, *(f"{c.name}:{c.type_name}"
@@ -106,6 +118,42 @@ class Writer:
                 f"gone AS (DELETE FROM {self.t.quoted} AS t USING d WHERE {match} AND "
                 f"(t.{v} IS NULL OR t.{v} <= d.v) RETURNING 1) "
                 f"SELECT count(*) FROM d JOIN {self.t.quoted} AS t ON {match} WHERE t.{v} > d.v")
+
+    def patch(self, record: SourceRecord, image: Any) -> Patch:
+        """The update of the row of ``record``'s key by the fields ``image`` holds, its other
+        columns kept (a change event that lacks some values: ``debezium.Event.kept``)."""
+        op = self._patch_convert(record, image)
+        return Patch(op.key, op.columns, op.values)  # type: ignore[union-attr]
+
+    def update_one(self, columns: tuple[str, ...]) -> str | None:
+        """The update of one row by ``columns``' values ($1.. in their order): the key
+        columns find the row, the others are set (None: nothing to set). With a version
+        column only a row whose stored version is not newer, and it answers how many rows
+        of the key it left alone (0 or 1)."""
+        sets = ", ".join(
+            f"{_quote(c)} = {self._value(c, f'${i}::int8' if c == self.ms else f'${i}')}"
+            for i, c in enumerate(columns, 1) if c not in self.keys)
+        if not sets or not self.keys:
+            return None
+        where = " AND ".join(f"{_ROW}.{_quote(c)} = ${i}" for i, c in enumerate(columns, 1)
+                             if c in self.keys)
+        update = f"UPDATE {self.t.quoted} AS {_ROW} SET {sets} WHERE {where}"
+        if self.version is None:
+            return update
+        v, at = _quote(self.version), columns.index(self.version) + 1
+        return (f"WITH up AS ({update} AND ({_ROW}.{v} IS NULL OR {_ROW}.{v} <= ${at})) "
+                f"SELECT count(*) FROM {self.t.quoted} AS {_ROW} WHERE {where} AND "
+                f"{_ROW}.{v} > ${at}")
+
+    async def _patched(self, conn: Any, op: Patch) -> int:
+        """``op`` written; 1 when a version guard left it alone (older), else 0."""
+        update = self.update_one(op.columns)
+        if update is None:
+            return 0
+        if self.version is None:
+            await conn.execute(update, *op.values)
+            return 0
+        return int(await conn.fetchval(update, *op.values))
 
     def _conflict(self) -> str:
         """Upsert replaces the whole row: a column the record lacks gets its default (the
@@ -167,7 +215,8 @@ class Writer:
         self._unnest[columns] = sql
         return sql
 
-    async def write(self, conn: Any, ops: Sequence[Upsert | Delete], savepoint: str) -> int:
+    async def write(self, conn: Any, ops: Sequence[Upsert | Patch | Delete], savepoint: str
+                    ) -> int:
         """The fast path inside SAVEPOINT ``savepoint``: opened by the first statement and
         released by the last (left open for the COMMIT when the last is an ``unnest``
         statement, see below). Every operation is applied, in order: with key columns they go
@@ -199,14 +248,18 @@ class Writer:
         released = False
         for g, one in enumerate(sets, 1):
             groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
-            deletes = []
+            deletes, patches = [], []
             for op in sorted(one, key=_BY_KEY) if self.keys else one:
                 if isinstance(op, Delete):
                     deletes.append(op)
+                elif isinstance(op, Patch):
+                    patches.append(op)
                 else:
                     groups.setdefault(op.columns, []).append(op.values)
             if deletes:
                 stale += await self._deletes(conn, deletes)
+            for patch in patches:  # no key repeats in a set: before its upserts, whose last
+                stale += await self._patched(conn, patch)  # statement may end the savepoint
             for n, (columns, rows) in enumerate(groups.items(), 1):
                 last = not rest and g == len(sets) and n == len(groups)
                 if self.method is Method.EXECUTEMANY:
@@ -242,6 +295,9 @@ class Writer:
             if isinstance(run[0], Delete):
                 await conn.executemany(self.delete_one, [
                     op.key if len(self.keys) > 1 else (op.key,) for op in run])
+            elif isinstance(run[0], Patch):
+                for one_patch in run:
+                    stale += await self.one(conn, one_patch)
             else:
                 await conn.executemany(self.insert_values(run[0].columns),
                                        [op.values for op in run])  # type: ignore[union-attr]
@@ -261,8 +317,10 @@ class Writer:
         return int(await conn.fetchval(self.delete_versioned, *self._delete_args(
             [op.key for op in versioned]), [op.version for op in versioned]))
 
-    async def one(self, conn: Any, op: Upsert | Delete) -> int:
+    async def one(self, conn: Any, op: Upsert | Patch | Delete) -> int:
         """A single operation; 1 when a version guard left it alone (older), else 0."""
+        if isinstance(op, Patch):
+            return await self._patched(conn, op)
         if isinstance(op, Delete):
             if op.version is not None and self.version is not None:
                 return await self._deletes(conn, [op])
@@ -274,9 +332,9 @@ class Writer:
         return 0
 
 
-def _runs(ops: Sequence[Upsert | Delete]) -> list[list[Upsert | Delete]]:
+def _runs(ops: Sequence[Upsert | Patch | Delete]) -> list[list[Upsert | Patch | Delete]]:
     """``ops`` in order, cut where the kind (or an upsert's column set) changes."""
-    out: list[list[Upsert | Delete]] = []
+    out: list[list[Upsert | Patch | Delete]] = []
     for op in ops:
         if out and type(op) is type(out[-1][0]) and (
                 isinstance(op, Delete) or op.columns == out[-1][0].columns):  # type: ignore[union-attr]

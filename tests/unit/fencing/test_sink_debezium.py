@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 
-from fencing.postgres.sink.debezium import JsonEvents, Op, field_types, typed, unwrap
+from fencing.postgres.sink.debezium import (
+    JsonEvents,
+    Op,
+    field_types,
+    refuse_unavailable,
+    typed,
+    unwrap,
+)
 from fencing.postgres.sink.values import CONVERT, Bits, Column, Misfit, bit_string
 
 D = decimal.Decimal
@@ -539,34 +546,54 @@ PLACEHOLDERS = ["__debezium_unavailable_value", "X19kZWJleml1bV91bmF2YWlsYWJsZV9
 
 @pytest.mark.parametrize("value", PLACEHOLDERS, ids=["text", "bytea", "text[]", "int[]"])
 @pytest.mark.parametrize("schemas", [False, True], ids=["without-schemas", "with-schemas"])
-def test_an_update_holding_the_placeholder_is_a_misfit_naming_its_columns(
-        value: Any, schemas: bool) -> None:
+def test_an_update_holding_the_placeholder_keeps_that_column(value: Any, schemas: bool
+                                                             ) -> None:
+    """The field leaves the image and is named in ``kept``: the sink updates the row's
+    other columns and never writes the placeholder."""
     event = _dbz("u", after={**ROW, "note": value})
     raw = b'{"schema":' + _wire(SCHEMA) + b',"payload":' + _wire(event) + b"}" if schemas \
         else _wire(event)
     events = JsonEvents()
     for read in (events.read, events.image, JsonEvents(source=True).read,
                  lambda r: unwrap(json.loads(r))):
-        with pytest.raises(Misfit, match=r"note holds Debezium's placeholder .*REPLICA "
-                                         r"IDENTITY FULL"):
-            read(raw)
+        got = read(raw)
+        assert isinstance(got, tuple)  # an Event, never the bare image of a whole upsert
+        assert (got.op, got.kept) == (Op.UPSERT, ("note",))
+        assert "note" not in got.image and got.image["id"] == 1
 
 
 def test_the_placeholder_as_bytes_and_in_several_columns() -> None:
-    """Through the registry (Avro) a bytea placeholder is bytes; every column is named."""
+    """Through the registry (Avro) a bytea placeholder is bytes; every column is kept."""
     after = {"id": 1, "blob": b"__debezium_unavailable_value",
              "arr": [b"__debezium_unavailable_value"], "note": "__debezium_unavailable_value"}
-    with pytest.raises(Misfit, match="blob, arr, note hold Debezium's placeholder"):
-        unwrap({"op": "u", "before": None, "after": after})
+    event = unwrap({"op": "u", "before": None, "after": after})
+    assert event.kept == ("blob", "arr", "note") and event.image == {"id": 1}
 
 
-def test_a_create_holding_the_placeholder_text_writes_it_and_an_update_without_it_applies(
-        ) -> None:
-    """A create carries every value: the placeholder's text there is the row's own; an
-    update whose text merely contains it (not a whole field) applies too."""
-    created = _wire(_dbz("c", after={**ROW, "note": "__debezium_unavailable_value"}))
-    assert JsonEvents().image(created) == {**ROW, "note": "__debezium_unavailable_value"}
+def test_a_key_changes_create_holding_the_placeholder_is_a_misfit_and_no_other_is() -> None:
+    """The create of a primary-key change's new key (its record has Debezium's
+    ``__debezium.oldkey`` header) lacks the TOASTed values the update kept (REPLICA
+    IDENTITY DEFAULT): quarantined, never written. Any other create holds its values (the
+    placeholder's text there is the row's own), and a text merely containing it is a
+    value."""
+    image = {**ROW, "note": "__debezium_unavailable_value", "raw": PLACEHOLDERS[1]}
+    key_change = (("__debezium.oldkey", b'{"id": 7}'), ("__debezium.context.taskId", b"0"))
+    with pytest.raises(Misfit, match=r"op c: note, raw hold Debezium's placeholder .*"
+                                     r"primary-key change.*REPLICA IDENTITY FULL"):
+        refuse_unavailable(key_change[::-1], image)
+    refuse_unavailable((("__debezium.context.taskId", b"0"),), image)  # not a key change
+    refuse_unavailable(key_change, {**ROW, "note": "see __debezium_unavailable_value"})
+    created = _wire(_dbz("c", after=image))
+    assert JsonEvents().image(created) == image  # the header is the record's: convert_batch
     inside = {**ROW, "note": "see __debezium_unavailable_value"}
-    assert _outcome(lambda: JsonEvents().image(_wire(_dbz("u", after=inside)))) == (
-        Op.UPSERT, inside)
-    assert JsonEvents().read(_wire(_dbz("u", after=inside))).image == inside
+    for op in ("c", "u"):
+        raw = _wire(_dbz(op, after=inside))
+        assert _outcome(lambda raw=raw: JsonEvents().image(raw)) == (Op.UPSERT, inside)
+        assert JsonEvents().read(raw).image == inside
+
+
+def test_a_snapshot_read_holds_its_values_whole() -> None:
+    """A snapshot read reads the table: the placeholder's text there is the row's own."""
+    read = _wire(_dbz("r", after={**ROW, "note": "__debezium_unavailable_value"}))
+    assert JsonEvents().image(read) == {**ROW, "note": "__debezium_unavailable_value"}
+    assert unwrap(json.loads(read)).kept == ()
