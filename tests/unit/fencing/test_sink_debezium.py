@@ -559,7 +559,7 @@ def test_an_update_holding_the_placeholder_keeps_that_column(value: Any, schemas
         got = read(raw)
         assert isinstance(got, tuple)  # an Event, never the bare image of a whole upsert
         assert (got.op, got.kept) == (Op.UPSERT, ("note",))
-        assert "note" not in got.image and got.image["id"] == 1
+        assert got.image is not None and "note" not in got.image and got.image["id"] == 1
 
 
 def test_the_placeholder_as_bytes_and_in_several_columns() -> None:
