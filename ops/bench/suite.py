@@ -123,8 +123,8 @@ WHY: dict[str, str] = {
         "CPU only: replays the simulation sweep's runs in order up to the mutant's pinned first "
         "kill (82 runs for adopt-observed-epoch, seed 41)",
     "test_help_of_every_command_shown_runs_as_typed":
-        "one cold `fencectl PATH --help` shell per command path the pages show (each stack and "
-        "reset subcommand its own), one after another",
+        "one cold shell per fencectl command path the pages show, running its `--help` (each "
+        "stack and reset subcommand its own), one after another",
     "test_idle_members_killed_repeatedly_never_quarantine":
         "four members in turn: each of the first three claims only after the SIGKILLed one's 2 s "
         "session expires, then is killed; the fourth applies 10 new records",
