@@ -42,6 +42,7 @@ from tests.integration.cdc import (
     workload,
 )
 from tests.integration.pg_helpers import execute
+from tests.integration.sink_support import fetch
 from tests.integration.workers import (
     GROUP_SETUPS,
     ProxyThread,
@@ -311,13 +312,9 @@ _TOASTED = {"big": ("text", "string_agg(md5(g::text), '')"),
 _SMALL = {"text": "'b'", "bytea": "'\\x01'", "jsonb": "'[]'", "text[]": "'{}'", "int[]": "'{}'"}
 
 
-async def _quarantined(dsn: str, schema: str) -> list[tuple[int, str]]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return [tuple(r) for r in await conn.fetch(
-            f'SELECT "offset", reason FROM "{schema}".quarantine ORDER BY "offset"')]
-    finally:
-        await conn.close()
+def _quarantined(dsn: str, schema: str) -> list[tuple[Any, ...]]:
+    return asyncio.run(fetch(dsn, f'SELECT "offset", reason FROM "{schema}".quarantine '
+                                  'ORDER BY "offset"'))
 
 
 @pytest.mark.parametrize("toasted", [list(_TOASTED), ["big", "blob", "arr", "nums"]],
@@ -351,7 +348,7 @@ def test_an_update_that_leaves_a_toasted_value_out_keeps_it_in_the_replica(
     members: list[WorkerProc] = []
 
     def table_rows(dsn: str, name: str) -> list[tuple[Any, ...]]:
-        return asyncio.run(_fetch_rows(dsn, f"SELECT {cols} FROM {name} ORDER BY id"))
+        return asyncio.run(fetch(dsn, f"SELECT {cols} FROM {name} ORDER BY id"))
 
     def member(n: int) -> WorkerProc:
         return WorkerProc(topic=topic, group=f"g{prefix}", schema=schema,
@@ -383,14 +380,14 @@ def test_an_update_that_leaves_a_toasted_value_out_keeps_it_in_the_replica(
         want = table_rows(source_dsn, table)
         wait_until(lambda: table_rows(services.dsn, target) == want, timeout_s=120,
                    interval_s=1.0, what="the large values' update in the target")
-        assert asyncio.run(_quarantined(services.dsn, schema)) == []
+        assert _quarantined(services.dsn, schema) == []
         # a primary-key change: the new key's create lacks the large values (quarantined),
         # the old key's delete applies; under REPLICA IDENTITY FULL the row's next update
         # carries every value, and the replica has the row again
         asyncio.run(execute(source_dsn, f"UPDATE {table} SET id = 10 WHERE id = 1"))
-        wait_until(lambda: asyncio.run(_quarantined(services.dsn, schema)), timeout_s=120,
+        wait_until(lambda: _quarantined(services.dsn, schema), timeout_s=120,
                    interval_s=1.0, what="the new key's create quarantined")
-        [(_offset, reason)] = asyncio.run(_quarantined(services.dsn, schema))
+        [(_offset, reason)] = _quarantined(services.dsn, schema)
         assert f"op c: {', '.join(toasted)} hold Debezium's placeholder" in reason, reason
         assert "REPLICA IDENTITY FULL" in reason
         asyncio.run(execute(source_dsn, f"ALTER TABLE {table} REPLICA IDENTITY FULL",
@@ -407,11 +404,3 @@ def test_an_update_that_leaves_a_toasted_value_out_keeps_it_in_the_replica(
         asyncio.run(drop_slot(source_dsn, f"{prefix}_slot"))
         asyncio.run(execute(source_dsn, f"DROP TABLE IF EXISTS {table}",
                              f"DROP PUBLICATION IF EXISTS {prefix}_pub"))
-
-
-async def _fetch_rows(dsn: str, sql: str) -> list[tuple[Any, ...]]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return [tuple(r) for r in await conn.fetch(sql)]
-    finally:
-        await conn.close()
