@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 .PHONY: setup stack-up stack-down stack-status test check test-unit test-integration test-monitoring \
         test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
         demo migrate clean crash-matrix docs test-kafka-faults test-handler-blame bench-blame sink-churn \
-        sink-routing sink-evolve test-bench test-protocols test-cdc bench-cdc
+        sink-routing sink-evolve test-bench test-protocols test-cdc bench-cdc bench-latency
 
 setup: $(STAMP)
 
@@ -187,6 +187,16 @@ bench: stack-up
 		FENCE_BENCH_COMMAND='make bench$(if $(BENCH_ARGS), BENCH_ARGS="$(BENCH_ARGS)")' \
 		$(BIN)/python -m ops.bench.worker $(BENCH_ARGS)
 	$(MAKE) --no-print-directory bench-cdc
+
+# the latency section alone, with the two capacity runs whose shares it offers
+# -> artifacts/bench/worker_latency.json (its "latency" replaces that of
+# docs/bench/worker-quiet.json, with its own provenance); BENCH_ARGS=--quick as above
+bench-latency: stack-up
+	$(BIN)/pip install -q -e '.[bench]'
+	eval "$$($(BIN)/fencectl stack env)" && \
+		FENCE_BENCH_COMMAND='make bench-latency$(if $(BENCH_ARGS), BENCH_ARGS="$(BENCH_ARGS)")' \
+		$(BIN)/python -m ops.bench.worker --only c_fenceworker,c_sink_fenceworker --no-scale \
+		--extra latency --out artifacts/bench/worker_latency.json $(BENCH_ARGS)
 
 # change events into the sink beside the plain sink, the version guard's cost, and the lag
 # through a real Debezium (Kafka Connect started: stack up --with debezium)

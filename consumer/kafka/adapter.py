@@ -15,7 +15,7 @@ Threading model (deliberate; see docs/librdkafka.md)
   ``commit`` from the event-loop thread would wait for a running ``consume()``. Hence every
   Consumer call happens on this thread: the loop sends commands (pause, resume, commit)
   through a queue drained between two short ``consume()`` calls (``poll_timeout_s``), each
-  of which returns as soon as records are there (``_consume``).
+  of which returns as soon as records are there (``consume_ready``).
 - Rebalance callbacks run here and hand the lifecycle work to the asyncio loop with
   ``asyncio.run_coroutine_threadsafe(...).result(timeout)``: the callback returns only when
   the lifecycle finished (bounded by the budget), exactly as the protocol requires.
@@ -99,7 +99,7 @@ from fencing.errors import ConfigError, InstanceFenced, KafkaClientFailed, Reten
 from fencing.types import SourceRecord, TopicPartition
 
 __all__ = ["KafkaThread", "Rebalancer", "call_on_loop", "check_consumer_settings",
-           "checked_client_properties", "to_record", "translated"]
+           "checked_client_properties", "consume_ready", "to_record", "translated"]
 
 log = logging.getLogger("fenceworker.adapter")
 
@@ -158,6 +158,24 @@ def to_record(msg: Any) -> SourceRecord:
     _set_headers(rec, tuple(headers) if headers else ())
     _set_timestamp(rec, ts if ts_type else None)
     return rec
+
+
+def consume_ready(consumer: Any, max_records: int, poll_timeout_s: float, *,
+                  closing: Callable[[], bool] = lambda: False) -> list[Any]:
+    """The records librdkafka holds now (at most ``max_records``); when it holds none (and
+    not ``closing``), the first one to arrive within ``poll_timeout_s`` and what came with
+    it. Never ``consume(n, timeout)`` alone: librdkafka returns from it only once it has
+    ``n`` records or the timeout passed (``rd_kafka_q_serve_rkmessages``), so a record that
+    arrived first waited up to the whole timeout for others (pinned by
+    tests/integration/test_worker_kafka_facts.py). How long a batch may wait for more
+    records is the partition runner's linger (``consumer.batching``)."""
+    msgs = consumer.consume(max_records, 0)
+    if msgs or closing():
+        return list(msgs)
+    first = consumer.consume(1, poll_timeout_s)
+    if not first or max_records == 1:
+        return list(first)
+    return [*first, *consumer.consume(max_records - 1, 0)]
 
 
 def translated(msgs: Sequence[Any]) -> list[SourceRecord]:
@@ -325,20 +343,8 @@ class KafkaThread:
         return self._join()
 
     def _consume(self, consumer: Consumer) -> list[Any]:
-        """The records librdkafka holds now (at most ``consume_max_records``); when it holds
-        none, the first one to arrive within ``poll_timeout_s`` and what came with it. Never
-        ``consume(n, timeout)`` alone: librdkafka returns from it only once it has ``n``
-        records or the timeout passed (``rd_kafka_q_serve_rkmessages``), so a record that
-        arrived first waited up to the whole timeout for others (pinned by
-        tests/integration/test_worker_kafka_facts.py). How long a batch may wait for more
-        records is the partition runner's linger (``consumer.batching``)."""
-        msgs = consumer.consume(self._consume_max, 0)
-        if msgs or self._close.is_set():
-            return list(msgs)
-        first = consumer.consume(1, self._poll_timeout_s)
-        if not first or self._consume_max == 1:
-            return list(first)
-        return [*first, *consumer.consume(self._consume_max - 1, 0)]
+        return consume_ready(consumer, self._consume_max, self._poll_timeout_s,
+                             closing=self._close.is_set)
 
     def _hand_over(self, msgs: Sequence[Any]) -> None:
         good: list[Any] = []

@@ -1,6 +1,10 @@
 """``make bench``, latency section: produce-to-commit latency under steady load, and how long
 a partition pauses when it moves between members.
 
+Long because the steady runs (at shares of capacity, with ``--processes 2``, at fixed low
+rates) and the moves share one harness: the member or set, the paced producer, the plain
+consumer beside them and the histograms they write.
+
 - Steady load: the reference handler and the table sink (upsert on ``id``, batches of 2,000
   as ``fencectl run --sink``), one member with default settings on a fresh topic of
   ``partitions``, assigned before the first record is produced; a producer process at a
@@ -9,10 +13,17 @@ a partition pauses when it moves between members.
   latency from the Kafka timestamp (the producer's ``CreateTime``) to the worker's wall clock
   when the reply to their batch's ``COMMIT`` was read (``ops.bench.clock``'s ``latency``),
   p50, p95, p99 and max; and the same up to the batch's handler call (what a record waited
-  before its transaction began).
+  before its transaction began). Also with ``--processes 2`` (``PROCESSES_SHARES`` of the
+  one-member capacity), and at the fixed ``LOW_RATES`` ``LOW_REPEAT`` times each (10 s
+  measured after 3 s), so their spread from run to run shows.
+- Beside every steady run, the plain consumer (``ops.bench.control``): a consumer in its own
+  group on the same topic with the member's fetch settings, whose latency is its receive
+  time minus the same Kafka timestamp: what Kafka's path costs on the shared machine at
+  that moment, without batching or transactions.
 - Moves, per group setup (``ops.bench.scale.SETUPS``; classic sessions of 6 s, KIP-848's
   broker-side session 6 s on the local stack), at ``MOVE_SHARE`` of the reference
-  handler's capacity: member A runs alone; B joins; once B committed, B is SIGKILLed. The
+  handler's capacity: member A runs alone (from its first commit on every partition); B
+  joins; once B committed, B is SIGKILLed. The
   pause of a partition that moves to B is from A's last commit on it to B's first; of a
   partition that returns to A after the kill, from the SIGKILL to A's first commit on it
   (the session timeout, the rebalance, the claim). Partitions that stay with A: their
@@ -21,7 +32,8 @@ a partition pauses when it moves between members.
   from that commit's worktree and this tree, alternating: how a change to the path of a
   record is measured.
 - The producer (``ops.bench.paced``) paces itself on ``CLOCK_MONOTONIC`` in 1 ms steps,
-  ``linger.ms=1``; its process shares the machine with the worker, PostgreSQL and Kafka.
+  ``linger.ms=5`` (librdkafka's default); its process shares the machine with the worker,
+  PostgreSQL and Kafka.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import json
 import math
 import os
 import signal
@@ -44,6 +57,7 @@ from ops.bench import clock
 from ops.bench.paced import create_topic, finish_producer, start_producer
 from ops.bench.runs import (
     COOPERATIVE,
+    PY,
     ROOT,
     Run,
     env,
@@ -54,10 +68,13 @@ from ops.bench.runs import (
 )
 from ops.operator.db import connection
 
-__all__ = ["MOVE_SHARE", "RATE_SHARES", "merged", "pauses", "percentiles", "run_all", "steady",
-           "window"]
+__all__ = ["LOW_RATES", "MOVE_SHARE", "PROCESSES_SHARES", "RATE_SHARES", "merged", "pauses",
+           "percentiles", "run_all", "steady", "window"]
 
-RATE_SHARES = (0.25, 0.5, 0.9)
+RATE_SHARES = (0.25, 0.4, 0.5, 0.9)
+PROCESSES_SHARES = (0.25, 0.5, 0.9)  # of the one-member capacity, with --processes 2
+LOW_RATES = (1_000, 5_000)  # records/s, whatever the capacity
+LOW_REPEAT = 5
 MOVE_SHARE = 0.25
 QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
 SINK_ARGS = ("--batch-max-records", "2000")  # fencectl run --sink's default
@@ -165,37 +182,47 @@ def _stop(procs: Iterable[subprocess.Popen[bytes]]) -> list[int | None]:
 
 
 def steady(kind: str, rate: float, *, seconds: float, warmup_s: float, dsn: str,
-           partitions: int, root: Path = ROOT, extra: Sequence[str] = ()) -> dict[str, Any]:
-    """One member under ``rate`` records/s of ``kind`` (see the module docstring); ``root``:
-    the tree whose worker runs (``ops.bench.trees``), ``extra``: more ``fencectl run``
-    flags."""
+           partitions: int, root: Path = ROOT, extra: Sequence[str] = (),
+           processes: int = 0) -> dict[str, Any]:
+    """One member (or a set of ``processes``) under ``rate`` records/s of ``kind``, and the
+    plain consumer beside it (see the module docstring); ``root``: the tree whose worker
+    runs (``ops.bench.trees``), ``extra``: more ``fencectl run`` flags."""
     topic, group, schema = new_topic(f"lat{kind}"), uid("gl"), fresh_schema(dsn)
     create_topic(topic, partitions)
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-latency-{kind}-"))
-    marks, produced = tmp / "member.json", tmp / "producer.json"
+    produced, control = tmp / "producer.json", tmp / "control.json"
     run = _run_of(kind)
-    run = dataclasses.replace(run, args=(*run.args, *extra))
-    worker = _start_worker(run, topic, group, schema, marks, root=root)
+    run = dataclasses.replace(run, args=(*run.args, *extra), processes=processes)
+    worker = _start_worker(run, topic, group, schema, tmp / "member-{pid}.json", root=root)
+    # the plain consumer is this tree's (a tree compared by ops.bench.trees may predate it)
+    plain = subprocess.Popen([PY, "-m", "ops.bench.control", "--topic", topic, "--group",
+                              uid("glc"), "--out", str(control)], env=env(), cwd=ROOT)
     try:
         _wait("the assignment", lambda: asyncio.run(_claimed(dsn, schema, group)) == partitions,
               120)
         prod = start_producer(topic, kind, rate, warmup_s + seconds, partitions, produced)
         summary = finish_producer(prod, produced, warmup_s + seconds + 300)
-        _wait("every record committed",
-              lambda: clock.combined([marks])["records"] >= summary["produced"], 300)
+        _wait("every record committed", lambda: clock.combined(
+            clock.member_files(tmp))["records"] >= summary["produced"], 300)
         time.sleep(2 * clock.FLUSH_S)
     finally:
-        [code] = _stop([worker])
-    report = clock.read([marks])[0]
-    cpu_us = ((report["cpu_last"] - report["cpu_first"]) * 1e6 / report["records"]
-              if report.get("records") else None)
+        [code, _] = _stop([worker, plain])
+    members = clock.read(clock.member_files(tmp))
+    total = clock.combined(clock.member_files(tmp))
+    seen = json.loads(control.read_text()) if control.exists() else {"lat": {}}
+    cpu_us = total["cpu_s"] * 1e6 / total["records"] if total.get("records") else None
     first = math.ceil(summary["start_wall"] + warmup_s)  # whole seconds of produce time
     last = min(first + seconds, math.floor(summary["end_wall"]))
-    lat, begin = (window(report.get(k, {}), first, last) for k in ("lat", "lat_begin"))
+    lat, begin = (window(merged(m.get(k, {}) for m in members), first, last)
+                  for k in ("lat", "lat_begin"))
     return {"handler": kind, "rate": round(rate), "rate_achieved": summary["rate_achieved"],
             "produced": summary["produced"], "seconds": last - first, "warmup_s": warmup_s,
-            "commit_ms": percentiles(lat), "handler_call_ms": percentiles(begin),
-            "mean_batch": round(report["records"] / max(report["batches"], 1), 1),
+            "processes": max(processes, 1), "commit_ms": percentiles(lat),
+            "handler_call_ms": percentiles(begin),
+            "control_ms": percentiles(window(seen["lat"], first, last)),
+            "control_cpu_us_per_record": (round(seen["cpu_s"] * 1e6 / seen["records"], 1)
+                                          if seen.get("records") else None),
+            "mean_batch": total.get("mean_batch"),
             "cpu_us_per_record": round(cpu_us, 1) if cpu_us else None, "exit": code}
 
 
@@ -248,6 +275,14 @@ def moves(setup: str, rate: float, *, dsn: str, partitions: int, quick: bool
         _wait("A's assignment",
               lambda: asyncio.run(_claimed(dsn, schema, group)) == partitions, 120)
         prod = start_producer(topic, "reference", rate, most_s, partitions, tmp / "p.json")
+        # the producer first makes every record it may send (rate x most_s of them, seconds
+        # of work): B joins once A has committed on every partition for before_join_s
+
+        def a_on_all() -> bool:
+            marks = clock.read([files[0]])
+            return bool(marks) and len({int(x[0]) for x in _log_of(marks[0])}) == partitions
+
+        _wait("A's first commit on every partition", a_on_all, 120)
         time.sleep(before_join_s)
         joined = time.time()
         b = _start_worker(run, topic, group, schema, files[1], SETUPS[setup], tmp / "b.log")
@@ -278,12 +313,15 @@ def moves(setup: str, rate: float, *, dsn: str, partitions: int, quick: bool
 def run_all(capacity: Mapping[str, float], *, dsn: str, quick: bool, partitions: int = 6
             ) -> dict[str, Any]:
     """Steady runs at ``RATE_SHARES`` of each handler's capacity (records/s by handler
-    kind: ``reference``, ``sink``), then the moves at ``MOVE_SHARE`` of the reference's."""
+    kind: ``reference``, ``sink``), at ``PROCESSES_SHARES`` with ``--processes 2``, at the
+    fixed ``LOW_RATES`` ``LOW_REPEAT`` times each, then the moves at ``MOVE_SHARE`` of the
+    reference's."""
     from ops.bench.scale import SETUPS
 
     seconds, warmup_s = (3.0, 1.0) if quick else (20.0, 5.0)
+    low_seconds, low_warmup_s, low_repeat = (3.0, 1.0, 1) if quick else (10.0, 3.0, LOW_REPEAT)
     out: dict[str, Any] = {"rate_shares": list(RATE_SHARES), "capacity": dict(capacity),
-                           "steady": [], "moves": []}
+                           "steady": [], "low": [], "processes": [], "moves": []}
     for kind, cap in capacity.items():
         for share in RATE_SHARES:
             print(f"latency: {kind} at {share:.0%} of {cap:,.0f} records/s ...", flush=True)
@@ -291,6 +329,22 @@ def run_all(capacity: Mapping[str, float], *, dsn: str, quick: bool, partitions:
                          partitions=partitions)
             out["steady"].append({"share": share, **got})
             print(f"  {got}", flush=True)
+        for share in PROCESSES_SHARES[:1] if quick else PROCESSES_SHARES:
+            print(f"latency: {kind} at {share:.0%} of {cap:,.0f} records/s, --processes 2 ...",
+                  flush=True)
+            got = steady(kind, share * cap, seconds=seconds, warmup_s=warmup_s, dsn=dsn,
+                         partitions=partitions, processes=2)
+            out["processes"].append({"share": share, **got})
+            print(f"  {got}", flush=True)
+        for rate in LOW_RATES:
+            tries = []
+            for i in range(low_repeat):
+                print(f"latency: {kind} at {rate:,} records/s, run {i + 1} of {low_repeat} ...",
+                      flush=True)
+                tries.append(steady(kind, rate, seconds=low_seconds, warmup_s=low_warmup_s,
+                                    dsn=dsn, partitions=partitions))
+                print(f"  {tries[-1]}", flush=True)
+            out["low"].append({"handler": kind, "rate": rate, "runs": tries})
     ref = capacity.get("reference")
     if ref:
         for setup in (["cooperative-sticky"] if quick else list(SETUPS)):

@@ -2,9 +2,10 @@
 
 ``python -m ops.bench.paced --topic T --kind reference|sink|peer --rate R --seconds S
 --partitions P --out FILE`` prepares ``R x S`` records, then produces ``R`` per second in
-1 ms steps on ``CLOCK_MONOTONIC`` (``linger.ms=1``) and writes what it did to ``FILE``: the
-wall-clock start and the time of its last ``produce()``, the records produced and the rate
-achieved. ``peer`` values carry the wall-clock milliseconds of their own ``produce()``.
+1 ms steps on ``CLOCK_MONOTONIC`` (``linger.ms=5``: see ``LINGER_MS``) and writes what it
+did to ``FILE``: the wall-clock start and the time of its last ``produce()``, the records
+produced and the rate achieved. ``peer`` values carry the wall-clock milliseconds of their
+own ``produce()``.
 SIGTERM ends the producing early (``ops.bench.latency``'s moves produce until the moved
 partitions resumed); what was produced is flushed and reported as always.
 """
@@ -25,7 +26,16 @@ from typing import Any
 
 from ops.bench.runs import PY, ROOT, env
 
-__all__ = ["create_topic", "finish_producer", "produce_paced", "start_producer"]
+__all__ = ["LINGER_MS", "create_topic", "finish_producer", "produce_paced", "start_producer"]
+
+#: librdkafka's default ``linger.ms`` (the Java producer's too since Kafka 4.0, KIP-1030). A
+#: record's latency counts from ``produce()`` (its ``CreateTime``), so it includes this
+#: wait. Why not 1 ms: on this 2-core machine, ``linger.ms=1`` made produce requests of a few
+#: records each, and the producer and the broker took so much of the cores the member shares
+#: that the plain consumer beside it saw p99 of 210-430 ms at 25 % of capacity, and the table
+#: sink at 50 % fell 5.2-6.3 s behind in three runs, against 1.3 and 3.1 s in two with 5 ms
+#: (docs/benchmarks.md, "Latency under steady load").
+LINGER_MS = 5
 
 
 def create_topic(topic: str, partitions: int) -> None:
@@ -71,7 +81,7 @@ def produce_paced(topic: str, kind: str, rate: float, seconds: float, partitions
     total = max(int(rate * seconds), 1)
     record = _source(kind, topic, total, partitions)
     producer = Producer({"bootstrap.servers": os.environ["KAFKA_BOOTSTRAP_SERVERS"],
-                         "linger.ms": 1, "queue.buffering.max.messages": 1_000_000})
+                         "linger.ms": LINGER_MS, "queue.buffering.max.messages": 1_000_000})
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda _sig, _frame: stop.set())
     start, wall_start, sent = time.monotonic(), time.time(), 0

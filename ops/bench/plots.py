@@ -93,6 +93,9 @@ def _latency_chart(plt: Any, steady: list[dict[str, Any]], path: Path) -> Path:
         rates = [r["rate"] for r in runs]
         for key, style in (("p50", "o-"), ("p95", "s--"), ("p99", "^-"), ("max", "x:")):
             ax.plot(rates, [r["commit_ms"][key] for r in runs], style, label=key)
+        if all(r.get("control_ms", {}).get("p99") is not None for r in runs):
+            ax.plot(rates, [r["control_ms"]["p99"] for r in runs], "v:", color="grey",
+                    label="plain consumer p99")
         ax.set_yscale("log")
         ax.set_xlabel("offered records/s")
         ax.set_ylabel("produce -> commit (ms)")

@@ -275,21 +275,74 @@ def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value:,.0f} ms"
 
 
+def _lat_made(report: Report) -> str:
+    """The latency section's provenance: its own when ``make bench-latency`` measured it."""
+    lat = report.get("latency") or {}
+    return _made(lat if lat.get("provenance") else report, "worker-quiet.json")
+
+
+def _cpu_cell(r: Report, backlog: Report) -> str:
+    cpu, base = r.get("cpu_us_per_record"), backlog.get(r["handler"])
+    if cpu is None or not base:
+        return _us(cpu)
+    return f"{_us(cpu)} ({cpu / base:.1f}x)"
+
+
+def _steady_rows(rows: Sequence[Report], backlog: Report) -> list[str]:
+    lines = ["| handler | offered rate (share of capacity) | commit p50 | p95 | p99 | max "
+             "| plain consumer: p50 / p99 | waited before the transaction: p50 / p99 "
+             "| mean batch | CPU µs per record (x the backlog's) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        c, h, k = r["commit_ms"], r["handler_call_ms"], r.get("control_ms") or {}
+        lines.append(f"| {r['handler']} | {_n(r['rate'])}/s ({r['share']:.0%}) "
+                     f"| {_ms(c['p50'])} | {_ms(c['p95'])} | {_ms(c['p99'])} | {_ms(c['max'])} "
+                     f"| {_ms(k.get('p50'))} / {_ms(k.get('p99'))} "
+                     f"| {_ms(h['p50'])} / {_ms(h['p99'])} | {r['mean_batch'] or 0:,.1f} "
+                     f"| {_cpu_cell(r, backlog)} |")
+    return lines
+
+
+def _spread(values: Sequence[float | None], unit: str = " ms") -> str:
+    got = [v for v in values if v is not None]
+    if not got:
+        return "—"
+    lo, hi = f"{min(got):,.0f}", f"{max(got):,.0f}"
+    return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
+
+
 def latency_runs(report: Report) -> list[str]:
     lat = report.get("latency")
     if not lat or not lat.get("steady"):
         return [_NOT_YET]
-    lines = [f"Measured by {_made(report, 'worker-quiet.json')} One member, "
-             f"{report['partitions']} partitions; the capacity is (c) of the same run.", "",
-             "| handler | offered rate (share of capacity) | commit p50 | p95 | p99 | max "
-             "| waited before the transaction: p50 / p99 | mean batch | CPU µs per record |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in lat["steady"]:
-        c, h = r["commit_ms"], r["handler_call_ms"]
-        lines.append(f"| {r['handler']} | {_n(r['rate'])}/s ({r['share']:.0%}) "
-                     f"| {_ms(c['p50'])} | {_ms(c['p95'])} | {_ms(c['p99'])} | {_ms(c['max'])} "
-                     f"| {_ms(h['p50'])} / {_ms(h['p99'])} | {r['mean_batch']:,.1f} "
-                     f"| {_us(r.get('cpu_us_per_record'))} |")
+    backlog = lat.get("backlog_cpu_us_per_record") or {}
+    lines = [f"Measured by {_lat_made(report)} One member, {report['partitions']} "
+             "partitions; the capacity is (c) of the same run"
+             + (f" (reference {_n(lat['capacity']['reference'])}/s, sink "
+                f"{_n(lat['capacity']['sink'])}/s; CPU per record with a backlog: reference "
+                f"{_us(backlog.get('reference'))} µs, sink {_us(backlog.get('sink'))} µs)"
+                if backlog and {'reference', 'sink'} <= set(lat.get("capacity", {})) else "")
+             + ".", "", *_steady_rows(lat["steady"], backlog)]
+    if lat.get("processes"):
+        lines += ["", "The same with `--processes 2` (two members of one set; the shares are "
+                  "of the one-member capacity; CPU summed over both members):", "",
+                  *_steady_rows(lat["processes"], backlog)]
+    if lat.get("low"):
+        lines += ["", "At fixed low rates, each run the same way several times (10 s measured "
+                  "after 3 s); the spread from run to run (least-most):", "",
+                  "| handler | rate | runs | commit p50 | commit p99 | max "
+                  "| plain consumer p99 | mean batch | CPU µs per record |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for low in lat["low"]:
+            runs = low["runs"]
+            lines.append(
+                f"| {low['handler']} | {_n(low['rate'])}/s | {len(runs)} "
+                f"| {_spread([r['commit_ms']['p50'] for r in runs])} "
+                f"| {_spread([r['commit_ms']['p99'] for r in runs])} "
+                f"| {_spread([r['commit_ms']['max'] for r in runs])} "
+                f"| {_spread([(r.get('control_ms') or {}).get('p99') for r in runs])} "
+                f"| {_spread([r['mean_batch'] for r in runs], '')} "
+                f"| {_spread([r['cpu_us_per_record'] for r in runs], '')} |")
     return [*lines, "", "![commit latency against the offered rate](bench/latency.png)"]
 
 
@@ -303,7 +356,7 @@ def moves(report: Report) -> list[str]:
     lat = report.get("latency")
     if not lat or not lat.get("moves"):
         return [_NOT_YET]
-    lines = [f"Measured by {_made(report, 'worker-quiet.json')}", "",
+    lines = [f"Measured by {_lat_made(report)}", "",
              "| group setup | rate | a member joins: longest pause of a moved partition "
              "| partitions that stayed: longest gap between commits "
              "| a member is SIGKILLed: its partitions resume after | session timeout |",
@@ -413,11 +466,15 @@ def _headline_rows(report: Report) -> list[tuple[str, str, str]]:
                      f"{ratios['c_sink_avro_over_json']:.2f} of JSON's rate"
                      f"{_paired(paired, 'c_sink_avro_over_json')}",
                      "[Avro and JSON](#avro-and-json)"))
-    steady = (report.get("latency") or {}).get("steady") or []
+    lat = report.get("latency") or {}
+    steady = lat.get("steady") or []
     if steady:
         low = min(r["share"] for r in steady)
         cells = [f"{r['handler']} at {_n(r['rate'])}/s: p50 {_ms(r['commit_ms']['p50'])}, "
                  f"p99 {_ms(r['commit_ms']['p99'])}" for r in steady if r["share"] == low]
+        own = lat.get("provenance") or {}
+        if own and own.get("commit") != (report.get("provenance") or {}).get("commit"):
+            cells.append(f"by `{own.get('command')}` at commit {own.get('commit')}")
         rows.append((f"Produce to committed at {low:.0%} of capacity", "; ".join(cells),
                      "[Latency](#latency-under-steady-load)"))
     memory = report.get("memory") or []
@@ -518,6 +575,18 @@ def stale_regions(text: str, bench_dir: Path = BENCH) -> list[str]:
     return [m.group(2) for m in _REGION.finditer(text) if fresh[m.group(2)] != m.group(3)]
 
 
+def merge_latency(source: Path, bench_dir: Path = BENCH) -> None:
+    """Replace the latency section of ``worker-quiet.json`` with ``source``'s (which carries
+    its own provenance: ``latency_runs`` names it)."""
+    latency = json.loads(source.read_text())["latency"]
+    if not latency.get("provenance"):
+        raise ValueError(f"{source}: its latency section names no provenance")
+    target = bench_dir / "worker-quiet.json"
+    report = json.loads(target.read_text())
+    report["latency"] = latency
+    target.write_text(json.dumps(report, indent=2) + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ops.bench.tables",
                                 description=__doc__.splitlines()[0] if __doc__ else None)
@@ -525,7 +594,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="compare only; exit 1 naming the regions that differ from their JSON")
     p.add_argument("--page", type=Path, action="append", default=None,
                    help="only this page (repeatable; default every page with regions)")
+    p.add_argument("--latency-from", type=Path, default=None, metavar="JSON",
+                   help="first put this run's latency section (make bench-latency) into "
+                        "docs/bench/worker-quiet.json")
     a = p.parse_args(argv)
+    if a.latency_from is not None:
+        merge_latency(a.latency_from)
     code = 0
     for page in a.page or PAGES:
         text = page.read_text(encoding="utf-8")

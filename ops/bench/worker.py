@@ -52,6 +52,7 @@ from ops.bench.sources import produce, produce_topics
 from ops.commands.run import SINK_BATCH_MAX_RECORDS
 
 OUT = ROOT / "artifacts" / "bench" / "worker.json"
+EXTRA = ("scaling", "latency", "peer")  # the sections after the throughput runs
 PY = sys.executable
 
 #: every throughput run, in the order they are run (see ``ops.bench.runs.Run``). A variant
@@ -216,10 +217,14 @@ def _extra(a: argparse.Namespace, dsn: str, runs: dict[str, Any],
         else:
             produce(topic, count, partitions, 1)
 
-    out = {"scaling": scaling.run_all(dsn, a.count, fill),
-           "latency": latency.run_all(capacity, dsn=dsn, quick=a.quick,
-                                      partitions=a.partitions)}
-    if "sink" in topics:
+    sections = set(a.extra.split(","))
+    out: dict[str, Any] = {}
+    if "scaling" in sections:
+        out["scaling"] = scaling.run_all(dsn, a.count, fill)
+    if "latency" in sections:
+        out["latency"] = latency.run_all(capacity, dsn=dsn, quick=a.quick,
+                                         partitions=a.partitions)
+    if "sink" in topics and "peer" in sections:
         out["peer"] = peer.run_all(dsn, *topics["sink"], partitions=a.partitions,
                                    repeat=a.repeat, quick=a.quick)
     return out
@@ -239,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-scale", action="store_true", help="skip the scale section")
     p.add_argument("--no-extra", action="store_true",
                    help="skip the scaling, latency and peer sections")
+    p.add_argument("--extra", default=",".join(EXTRA),
+                   help=f"comma-separated sections of {', '.join(EXTRA)} (default: all)")
     p.add_argument("--out", type=Path, default=OUT)
     a = p.parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)
@@ -287,6 +294,11 @@ def _bench(a: argparse.Namespace) -> int:
     if not a.no_extra:  # one process per core, latency at shares of (c), the peer
         result.update(_extra(a, dsn, runs, topics))
         partial.write_text(json.dumps(result, indent=2) + "\n")
+        if "latency" in result:  # its own provenance: make bench-latency measures it alone
+            result["latency"]["provenance"] = measured
+            result["latency"]["backlog_cpu_us_per_record"] = {
+                kind: runs[name].get("median_cpu_us_per_record") for kind, name in
+                (("reference", "c_fenceworker"), ("sink", "c_sink_fenceworker")) if name in runs}
     if not a.no_scale:
         result["scale"] = scale.run_all(dsn, quick=a.quick, produce=produce)
     result["memory"] = memory.checks(result)  # the documented bound against each peak

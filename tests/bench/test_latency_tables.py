@@ -14,7 +14,7 @@ import pytest
 
 from fencing.types import SourceRecord
 from ops.bench import tables
-from ops.bench.clock import Latency, Marks
+from ops.bench.clock import Latency, Marks, add_latencies, bucket_ms
 from ops.bench.latency import merged, pauses, percentiles, window
 from ops.bench.scaling import predict
 
@@ -99,7 +99,20 @@ def _report() -> dict[str, Any]:
             {"handler": "sink", "share": 0.25, "rate": 17_000, "mean_batch": 12.5,
              "cpu_us_per_record": 20.0, "commit_ms": {"p50": 9, "p95": 20, "p99": 31,
                                                       "max": 80, "records": 1},
-             "handler_call_ms": {"p50": 4, "p99": 15, "records": 1, "p95": 9, "max": 40}}],
+             "handler_call_ms": {"p50": 4, "p99": 15, "records": 1, "p95": 9, "max": 40},
+             "control_ms": {"p50": 2, "p99": 11, "records": 1, "p95": 5, "max": 12}}],
+            "capacity": {"reference": 40_000, "sink": 68_000},
+            "backlog_cpu_us_per_record": {"reference": 18.0, "sink": 8.0},
+            "processes": [
+                {"handler": "sink", "share": 0.25, "rate": 17_000, "mean_batch": 30.0,
+                 "cpu_us_per_record": 16.0, "processes": 2,
+                 "commit_ms": {"p50": 7, "p95": 20, "p99": 25, "max": 60, "records": 1},
+                 "handler_call_ms": {"p50": 3, "p99": 12, "records": 1, "p95": 9, "max": 40},
+                 "control_ms": {"p50": 2, "p99": 10, "records": 1, "p95": 5, "max": 12}}],
+            "low": [{"handler": "sink", "rate": 1000, "runs": [
+                {"mean_batch": 2.0, "cpu_us_per_record": 700.0,
+                 "commit_ms": {"p50": p50, "p99": p99, "max": p99 + 5},
+                 "control_ms": {"p99": 4}} for p50, p99 in ((10, 30), (12, 80), (11, 40))]}],
             "moves": [{"setup": "cooperative-sticky", "rate": 7000, "session_timeout_s": 6.0,
                        "join": {"partitions": 3, "max_s": 1.2, "median_s": 1.0},
                        "kill": {"partitions": 3, "max_s": 7.5, "median_s": 7.1},
@@ -125,8 +138,13 @@ def _report() -> dict[str, Any]:
 def test_the_new_tables_render_from_a_report() -> None:
     report = _report()
     latency = "\n".join(tables.latency_runs(report))
-    assert "| sink | 17,000/s (25%) | 9 ms | 20 ms | 31 ms | 80 ms | 4 ms / 15 ms | 12.5 " \
-           "| 20.0 |" in latency and "bench/latency.png" in latency
+    assert "| sink | 17,000/s (25%) | 9 ms | 20 ms | 31 ms | 80 ms | 2 ms / 11 ms " \
+           "| 4 ms / 15 ms | 12.5 | 20.0 (2.5x) |" in latency and "bench/latency.png" in latency
+    assert "reference 40,000/s, sink 68,000/s; CPU per record with a backlog: reference " \
+           "18.0 µs, sink 8.0 µs" in latency
+    assert "| sink | 17,000/s (25%) | 7 ms | 20 ms | 25 ms | 60 ms | 2 ms / 10 ms " \
+           "| 3 ms / 12 ms | 30.0 | 16.0 (2.0x) |" in latency.split("--processes 2")[1]
+    assert "| sink | 1,000/s | 3 | 10-12 ms | 30-80 ms | 35-85 ms | 4 ms | 2 | 700 |" in latency
     assert "| cooperative-sticky | 7,000/s | 1.20 s (median 1.00 s, 3 partitions) | 0.05 s " \
            "| 7.50 s (median 7.10 s, 3 partitions) | 6 s |" in "\n".join(tables.moves(report))
     scaling = "\n".join(tables.scaling_runs(report))
@@ -178,3 +196,36 @@ def test_postgres_cpu_is_scaled_from_the_polled_interval_to_the_span() -> None:
     assert _pg_over_span(None, 103.5, got, start=99.0) == pytest.approx(4.5)
     assert _pg_over_span((14.5, 103.0), 103.5, got, start=99.0) == pytest.approx(4.5)
     assert _pg_over_span((10.5, None), None, got, start=None) is None
+
+
+def test_latencies_are_whole_ms_below_100_and_two_significant_digits_above() -> None:
+    assert [bucket_ms(x) for x in (0, 99, 100, 109, 999, 1_234, 9_999, 10_500, 123_456)] == [
+        0, 99, 100, 100, 990, 1_200, 9_900, 10_000, 120_000]
+    hist: dict[int, dict[int, int]] = {}
+    # a second's buckets stay few however far the latencies spread (a flush writes them all)
+    assert add_latencies(hist, list(range(0, 1000)), 60_999.0) == 60_999
+    assert len(hist[0]) <= 40 and sum(hist[0].values()) == 1000
+
+
+def test_a_latency_run_alone_replaces_the_section_and_keeps_its_provenance(
+        tmp_path: Path) -> None:
+    published = json.loads((tables.BENCH / "worker-quiet.json").read_text())
+    published["provenance"]["commit"] = "abc1234"
+    (tmp_path / "worker-quiet.json").write_text(json.dumps(published))
+    alone = _report()
+    alone["latency"]["provenance"] = {"command": "make bench-latency", "commit": "def5678",
+                                      "date": "2027-01-02"}
+    alone["latency"]["steady"][0]["rate"] = 18_000
+    (tmp_path / "alone.json").write_text(json.dumps(alone))
+    tables.merge_latency(tmp_path / "alone.json", tmp_path)
+    merged_report = json.loads((tmp_path / "worker-quiet.json").read_text())
+    assert merged_report["provenance"]["commit"] == "abc1234"  # the rest stays as measured
+    text = "\n".join(tables.latency_runs(merged_report))
+    assert text.startswith("Measured by `make bench-latency` at commit def5678 on 2027-01-02")
+    assert "| sink | 18,000/s (25%) |" in text
+    row = next(r for r in tables.headline(merged_report) if "Produce to committed" in r)
+    assert "by `make bench-latency` at commit def5678" in row
+    del alone["latency"]["provenance"]
+    (tmp_path / "alone.json").write_text(json.dumps(alone))
+    with pytest.raises(ValueError, match="no provenance"):
+        tables.merge_latency(tmp_path / "alone.json", tmp_path)

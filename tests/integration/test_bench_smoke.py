@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from ops.bench import tables
-from ops.bench.latency import RATE_SHARES
+from ops.bench.latency import LOW_RATES, RATE_SHARES
 from ops.bench.worker import RATIOS, RUNS
 from ops.worker.supervisor import cores
 from tests.integration.workers import wait_until
@@ -130,10 +130,19 @@ def _check_extra_sections(result: dict[str, Any]) -> None:
     steady = result["latency"]["steady"]
     assert [(r["handler"], r["share"]) for r in steady] == [
         (h, s) for h in ("reference", "sink") for s in RATE_SHARES]
-    for r in steady:
+    lat = result["latency"]
+    low = [r for x in lat["low"] for r in x["runs"]]
+    assert [(x["handler"], x["rate"]) for x in lat["low"]] == [
+        (h, rate) for h in ("reference", "sink") for rate in LOW_RATES]
+    assert [(r["handler"], r["processes"]) for r in lat["processes"]] == [
+        ("reference", 2), ("sink", 2)]  # quick: the first share only
+    for r in [*steady, *lat["processes"], *low]:
         assert r["exit"] == 0 and r["commit_ms"]["records"] > 0, r
         assert 0 <= r["handler_call_ms"]["p50"] <= r["commit_ms"]["p50"], r
         assert r["commit_ms"]["p50"] <= r["commit_ms"]["p99"] <= r["commit_ms"]["max"], r
+        # the plain consumer saw the same records produced in the window
+        assert r["control_ms"]["records"] == r["commit_ms"]["records"], r
+    assert set(lat["backlog_cpu_us_per_record"]) == {"reference", "sink"}, lat
     [move] = result["latency"]["moves"]
     assert move["join"]["partitions"] > 0 and move["kill"]["partitions"] > 0, move
     assert move["exit_a"] == 0, move

@@ -446,8 +446,8 @@ def test_pause_discards_prefetched_records_and_resume_fetches_them_again(service
 def test_consume_holds_a_ready_record_until_its_count_or_timeout(services) -> None:
     """librdkafka's ``consume(n, timeout)`` returns only once it has ``n`` records or the
     timeout passed (``rd_kafka_q_serve_rkmessages`` waits on the queue until then): a record
-    already fetched waits the whole timeout. The adapter's ``KafkaThread._consume`` hands it
-    over at once."""
+    already fetched waits the whole timeout. The adapter's ``consume_ready`` (through
+    ``KafkaThread._consume``) hands it over at once."""
     from confluent_kafka import Consumer, Producer
 
     bootstrap = services.kafka_bootstrap

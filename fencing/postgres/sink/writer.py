@@ -74,11 +74,9 @@ class Writer:
         self.known = target.names | frozenset(RESERVED)
         self.convert = converter(target.layout, epoch_ms=self.ms is not None,
                                  kafka_key=kafka_key, known=self.known, strays=self.strays)
-        # a patch leaves the columns it lacks as they are: none is required (``patch``)
-        self._patch_convert = converter(
-            Layout(tuple(dataclasses.replace(c, has_default=True) for c in target.layout.columns),
-                   target.layout.keys), epoch_ms=self.ms is not None, kafka_key=kafka_key,
-            known=self.known, strays=self.strays)
+        self._kafka_key = kafka_key
+        self._patch_convert: Any = None  # made by the first ``patch`` (change events only)
+        self._updates: dict[tuple[str, ...], str | None] = {}  # ``update_one`` per columns
         # per table, column set and types: a table that gained a column, or whose column
         # changed its type, gets a stage that has it as the table has it now
         shape = "|".join([target.quoted, *(f"{c.name}:{c.type_name}"
@@ -122,14 +120,27 @@ class Writer:
     def patch(self, record: SourceRecord, image: Any) -> Patch:
         """The update of the row of ``record``'s key by the fields ``image`` holds, its other
         columns kept (a change event that lacks some values: ``debezium.Event.kept``)."""
+        if self._patch_convert is None:  # it leaves the columns it lacks: none is required
+            layout = self.t.layout
+            self._patch_convert = converter(
+                Layout(tuple(dataclasses.replace(c, has_default=True) for c in layout.columns),
+                       layout.keys), epoch_ms=self.ms is not None, kafka_key=self._kafka_key,
+                known=self.known, strays=self.strays)
         op = self._patch_convert(record, image)
-        return Patch(op.key, op.columns, op.values)  # type: ignore[union-attr]
+        return Patch(op.key, op.columns, op.values)
 
     def update_one(self, columns: tuple[str, ...]) -> str | None:
         """The update of one row by ``columns``' values ($1.. in their order): the key
         columns find the row, the others are set (None: nothing to set). With a version
         column only a row whose stored version is not newer, and it answers how many rows
-        of the key it left alone (0 or 1)."""
+        of the key it left alone (0 or 1). Made once per column set."""
+        got = self._updates.get(columns, ...)
+        if got is not ...:
+            return got
+        self._updates[columns] = sql = self._update_sql(columns)
+        return sql
+
+    def _update_sql(self, columns: tuple[str, ...]) -> str | None:
         sets = ", ".join(
             f"{_quote(c)} = {self._value(c, f'${i}::int8' if c == self.ms else f'${i}')}"
             for i, c in enumerate(columns, 1) if c not in self.keys)
@@ -297,7 +308,7 @@ class Writer:
                     op.key if len(self.keys) > 1 else (op.key,) for op in run])
             elif isinstance(run[0], Patch):
                 for one_patch in run:
-                    stale += await self.one(conn, one_patch)
+                    stale += await self._patched(conn, one_patch)  # type: ignore[arg-type]
             else:
                 await conn.executemany(self.insert_values(run[0].columns),
                                        [op.values for op in run])  # type: ignore[union-attr]
