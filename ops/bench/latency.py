@@ -15,7 +15,13 @@ consumer beside them and the histograms they write.
   p50, p95, p99 and max; and the same up to the batch's handler call (what a record waited
   before its transaction began). Also with ``--processes 2`` (``PROCESSES_SHARES`` of the
   one-member capacity), and at the fixed ``LOW_RATES`` ``LOW_REPEAT`` times each (10 s
-  measured after 3 s), so their spread from run to run shows.
+  measured after 3 s), so their spread from run to run shows; and at ``LINGER_SHARES`` with
+  each of ``LINGERS_MS`` as ``--batch-linger-ms`` (the default is 5 ms): what a longer
+  linger buys in CPU per record and costs in latency.
+- Beside each run's member CPU: the whole machine's busy CPU (``/proc/stat``) and
+  PostgreSQL's (``ops.bench.pgcpu``) while the producer ran, warm-up included: the cores
+  the run kept busy, of the two the producer, Kafka, PostgreSQL, the member and the plain
+  consumer share.
 - Beside every steady run, the plain consumer (``ops.bench.control``): a consumer in its own
   group on the same topic with the member's fetch settings, whose latency is its receive
   time minus the same Kafka timestamp: what Kafka's path costs on the shared machine at
@@ -55,6 +61,7 @@ from typing import Any
 
 from ops.bench import clock
 from ops.bench.paced import create_topic, finish_producer, start_producer
+from ops.bench.pgcpu import PgCpu
 from ops.bench.runs import (
     COOPERATIVE,
     PY,
@@ -68,12 +75,14 @@ from ops.bench.runs import (
 )
 from ops.operator.db import connection
 
-__all__ = ["LOW_RATES", "MOVE_SHARE", "PROCESSES_SHARES", "RATE_SHARES", "merged", "pauses",
-           "percentiles", "run_all", "steady", "window"]
+__all__ = ["LINGERS_MS", "LINGER_SHARES", "LOW_RATES", "MOVE_SHARE", "PROCESSES_SHARES",
+           "RATE_SHARES", "merged", "pauses", "percentiles", "run_all", "steady", "window"]
 
 RATE_SHARES = (0.25, 0.4, 0.5, 0.9)
 PROCESSES_SHARES = (0.25, 0.5, 0.9)  # of the one-member capacity, with --processes 2
 LOW_RATES = (1_000, 5_000)  # records/s, whatever the capacity
+LINGER_SHARES = (0.25, 0.5)  # of the capacity, with each of LINGERS_MS
+LINGERS_MS = (20, 50)  # --batch-linger-ms beside the default 5 ms of the steady runs
 LOW_REPEAT = 5
 MOVE_SHARE = 0.25
 QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
@@ -189,6 +198,7 @@ def steady(kind: str, rate: float, *, seconds: float, warmup_s: float, dsn: str,
     runs (``ops.bench.trees``), ``extra``: more ``fencectl run`` flags."""
     topic, group, schema = new_topic(f"lat{kind}"), uid("gl"), fresh_schema(dsn)
     create_topic(topic, partitions)
+    pg = PgCpu(dsn)
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-latency-{kind}-"))
     produced, control = tmp / "producer.json", tmp / "control.json"
     run = _run_of(kind)
@@ -200,8 +210,10 @@ def steady(kind: str, rate: float, *, seconds: float, warmup_s: float, dsn: str,
     try:
         _wait("the assignment", lambda: asyncio.run(_claimed(dsn, schema, group)) == partitions,
               120)
+        before = _cpu_now(pg)
         prod = start_producer(topic, kind, rate, warmup_s + seconds, partitions, produced)
         summary = finish_producer(prod, produced, warmup_s + seconds + 300)
+        after = _cpu_now(pg)
         _wait("every record committed", lambda: clock.combined(
             clock.member_files(tmp))["records"] >= summary["produced"], 300)
         time.sleep(2 * clock.FLUSH_S)
@@ -223,7 +235,31 @@ def steady(kind: str, rate: float, *, seconds: float, warmup_s: float, dsn: str,
             "control_cpu_us_per_record": (round(seen["cpu_s"] * 1e6 / seen["records"], 1)
                                           if seen.get("records") else None),
             "mean_batch": total.get("mean_batch"),
-            "cpu_us_per_record": round(cpu_us, 1) if cpu_us else None, "exit": code}
+            "cpu_us_per_record": round(cpu_us, 1) if cpu_us else None,
+            **_cpu_while(before, after, summary), "exit": code}
+
+
+def _machine_cpu_s() -> float:
+    """Every CPU's busy time so far (``/proc/stat``: all but idle and iowait), in seconds."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_now(pg: PgCpu) -> tuple[float, float, float | None]:
+    return time.monotonic(), _machine_cpu_s(), pg.seconds()
+
+
+def _cpu_while(before: tuple[float, float, float | None],
+               after: tuple[float, float, float | None], summary: Mapping[str, Any]
+               ) -> dict[str, Any]:
+    """The machine's and PostgreSQL's CPU while the producer ran (its warm-up included):
+    cores busy on average, and per record produced."""
+    wall, n = after[0] - before[0], summary["produced"]
+    machine = after[1] - before[1]
+    pg = after[2] - before[2] if after[2] is not None and before[2] is not None else None
+    return {"machine_cores": round(machine / wall, 2) if wall > 0 else None,
+            "machine_cpu_us_per_record": round(machine * 1e6 / n, 1) if n else None,
+            "pg_cpu_us_per_record": round(pg * 1e6 / n, 1) if n and pg is not None else None}
 
 
 def _log_of(report: dict[str, Any]) -> list[list[float]]:
@@ -321,7 +357,8 @@ def run_all(capacity: Mapping[str, float], *, dsn: str, quick: bool, partitions:
     seconds, warmup_s = (3.0, 1.0) if quick else (20.0, 5.0)
     low_seconds, low_warmup_s, low_repeat = (3.0, 1.0, 1) if quick else (10.0, 3.0, LOW_REPEAT)
     out: dict[str, Any] = {"rate_shares": list(RATE_SHARES), "capacity": dict(capacity),
-                           "steady": [], "low": [], "processes": [], "moves": []}
+                           "steady": [], "low": [], "processes": [], "linger": [],
+                           "moves": []}
     for kind, cap in capacity.items():
         for share in RATE_SHARES:
             print(f"latency: {kind} at {share:.0%} of {cap:,.0f} records/s ...", flush=True)
@@ -335,6 +372,14 @@ def run_all(capacity: Mapping[str, float], *, dsn: str, quick: bool, partitions:
             got = steady(kind, share * cap, seconds=seconds, warmup_s=warmup_s, dsn=dsn,
                          partitions=partitions, processes=2)
             out["processes"].append({"share": share, **got})
+            print(f"  {got}", flush=True)
+        for share, ms in itertools.product(*(((LINGER_SHARES[0],), LINGERS_MS[:1]) if quick
+                                             else (LINGER_SHARES, LINGERS_MS))):
+            print(f"latency: {kind} at {share:.0%} of {cap:,.0f} records/s, "
+                  f"--batch-linger-ms {ms} ...", flush=True)
+            got = steady(kind, share * cap, seconds=seconds, warmup_s=warmup_s, dsn=dsn,
+                         partitions=partitions, extra=("--batch-linger-ms", str(ms)))
+            out["linger"].append({"share": share, "linger_ms": ms, **got})
             print(f"  {got}", flush=True)
         for rate in LOW_RATES:
             tries = []

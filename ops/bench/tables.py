@@ -291,15 +291,40 @@ def _cpu_cell(r: Report, backlog: Report) -> str:
 def _steady_rows(rows: Sequence[Report], backlog: Report) -> list[str]:
     lines = ["| handler | offered rate (share of capacity) | commit p50 | p95 | p99 | max "
              "| plain consumer: p50 / p99 | waited before the transaction: p50 / p99 "
-             "| mean batch | CPU µs per record (x the backlog's) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| mean batch | CPU µs per record (x the backlog's) | machine: cores busy |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         c, h, k = r["commit_ms"], r["handler_call_ms"], r.get("control_ms") or {}
         lines.append(f"| {r['handler']} | {_n(r['rate'])}/s ({r['share']:.0%}) "
                      f"| {_ms(c['p50'])} | {_ms(c['p95'])} | {_ms(c['p99'])} | {_ms(c['max'])} "
                      f"| {_ms(k.get('p50'))} / {_ms(k.get('p99'))} "
                      f"| {_ms(h['p50'])} / {_ms(h['p99'])} | {r['mean_batch'] or 0:,.1f} "
-                     f"| {_cpu_cell(r, backlog)} |")
+                     f"| {_cpu_cell(r, backlog)} | {_cores(r)} |")
+    return lines
+
+
+def _cores(r: Report) -> str:
+    cores = r.get("machine_cores")
+    return "—" if cores is None else f"{cores:.2f}"
+
+
+def _linger_rows(lat: Report, backlog: Report) -> list[str]:
+    """The linger runs beside the default's steady rows at the same shares."""
+    shares = {r["share"] for r in lat["linger"]}
+    rows = [{**r, "linger_ms": None} for r in lat["steady"] if r["share"] in shares]
+    rows = sorted([*rows, *lat["linger"]], key=lambda r: (
+        r["handler"], r["share"], r["linger_ms"] or 0))
+    lines = ["| handler | offered rate (share of capacity) | `--batch-linger-ms` | commit p50 "
+             "| p99 | plain consumer p99 | mean batch | CPU µs per record (x the backlog's) "
+             "| PostgreSQL CPU µs per record | machine: cores busy |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        c, k = r["commit_ms"], r.get("control_ms") or {}
+        linger = "5 (default)" if r["linger_ms"] is None else str(r["linger_ms"])
+        lines.append(f"| {r['handler']} | {_n(r['rate'])}/s ({r['share']:.0%}) | {linger} "
+                     f"| {_ms(c['p50'])} | {_ms(c['p99'])} | {_ms(k.get('p99'))} "
+                     f"| {r['mean_batch'] or 0:,.1f} | {_cpu_cell(r, backlog)} "
+                     f"| {_us(r.get('pg_cpu_us_per_record'))} | {_cores(r)} |")
     return lines
 
 
@@ -343,6 +368,10 @@ def latency_runs(report: Report) -> list[str]:
                 f"| {_spread([(r.get('control_ms') or {}).get('p99') for r in runs])} "
                 f"| {_spread([r['mean_batch'] for r in runs], '')} "
                 f"| {_spread([r['cpu_us_per_record'] for r in runs], '')} |")
+    if lat.get("linger"):
+        lines += ["", "The batch linger's trade: the same runs with a longer "
+                  "`--batch-linger-ms` beside the default's rows above:", "",
+                  *_linger_rows(lat, backlog)]
     return [*lines, "", "![commit latency against the offered rate](bench/latency.png)"]
 
 

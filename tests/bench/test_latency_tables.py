@@ -100,7 +100,15 @@ def _report() -> dict[str, Any]:
              "cpu_us_per_record": 20.0, "commit_ms": {"p50": 9, "p95": 20, "p99": 31,
                                                       "max": 80, "records": 1},
              "handler_call_ms": {"p50": 4, "p99": 15, "records": 1, "p95": 9, "max": 40},
-             "control_ms": {"p50": 2, "p99": 11, "records": 1, "p95": 5, "max": 12}}],
+             "control_ms": {"p50": 2, "p99": 11, "records": 1, "p95": 5, "max": 12},
+             "machine_cores": 1.234, "pg_cpu_us_per_record": 7.5}],
+            "linger": [
+                {"handler": "sink", "share": 0.25, "linger_ms": 20, "rate": 17_000,
+                 "mean_batch": 40.0, "cpu_us_per_record": 12.0, "machine_cores": 1.1,
+                 "pg_cpu_us_per_record": 5.0,
+                 "commit_ms": {"p50": 21, "p95": 30, "p99": 40, "max": 90, "records": 1},
+                 "handler_call_ms": {"p50": 15, "p99": 25, "records": 1, "p95": 20, "max": 50},
+                 "control_ms": {"p50": 2, "p99": 12, "records": 1, "p95": 5, "max": 13}}],
             "capacity": {"reference": 40_000, "sink": 68_000},
             "backlog_cpu_us_per_record": {"reference": 18.0, "sink": 8.0},
             "processes": [
@@ -139,11 +147,18 @@ def test_the_new_tables_render_from_a_report() -> None:
     report = _report()
     latency = "\n".join(tables.latency_runs(report))
     assert "| sink | 17,000/s (25%) | 9 ms | 20 ms | 31 ms | 80 ms | 2 ms / 11 ms " \
-           "| 4 ms / 15 ms | 12.5 | 20.0 (2.5x) |" in latency and "bench/latency.png" in latency
+           "| 4 ms / 15 ms | 12.5 | 20.0 (2.5x) | 1.23 |" in latency \
+        and "bench/latency.png" in latency
+    linger = latency.split("longer `--batch-linger-ms`")[1]
+    assert "| sink | 17,000/s (25%) | 5 (default) | 9 ms | 31 ms | 11 ms | 12.5 | 20.0 (2.5x) " \
+           "| 7.5 | 1.23 |" in linger
+    assert "| sink | 17,000/s (25%) | 20 | 21 ms | 40 ms | 12 ms | 40.0 | 12.0 (1.5x) | 5.0 " \
+           "| 1.10 |" in linger
+    assert linger.index("5 (default)") < linger.index("| 20 |")
     assert "reference 40,000/s, sink 68,000/s; CPU per record with a backlog: reference " \
            "18.0 µs, sink 8.0 µs" in latency
     assert "| sink | 17,000/s (25%) | 7 ms | 20 ms | 25 ms | 60 ms | 2 ms / 10 ms " \
-           "| 3 ms / 12 ms | 30.0 | 16.0 (2.0x) |" in latency.split("--processes 2")[1]
+           "| 3 ms / 12 ms | 30.0 | 16.0 (2.0x) | — |" in latency.split("--processes 2")[1]
     assert "| sink | 1,000/s | 3 | 10-12 ms | 30-80 ms | 35-85 ms | 4 ms | 2 | 700 |" in latency
     assert "| cooperative-sticky | 7,000/s | 1.20 s (median 1.00 s, 3 partitions) | 0.05 s " \
            "| 7.50 s (median 7.10 s, 3 partitions) | 6 s |" in "\n".join(tables.moves(report))
