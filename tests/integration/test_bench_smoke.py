@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from ops.bench import tables
-from ops.bench.latency import LOW_RATES, RATE_SHARES
+from ops.bench.latency import LINGER_SHARES, LINGERS_MS, LOW_RATES, RATE_SHARES
 from ops.bench.worker import RATIOS, RUNS
 from ops.worker.supervisor import cores
 from tests.integration.workers import wait_until
@@ -136,8 +136,11 @@ def _check_extra_sections(result: dict[str, Any]) -> None:
         (h, rate) for h in ("reference", "sink") for rate in LOW_RATES]
     assert [(r["handler"], r["processes"]) for r in lat["processes"]] == [
         ("reference", 2), ("sink", 2)]  # quick: the first share only
-    for r in [*steady, *lat["processes"], *low]:
+    assert [(r["handler"], r["share"], r["linger_ms"]) for r in lat["linger"]] == [
+        (h, LINGER_SHARES[0], LINGERS_MS[0]) for h in ("reference", "sink")]  # quick: one
+    for r in [*steady, *lat["processes"], *low, *lat["linger"]]:
         assert r["exit"] == 0 and r["commit_ms"]["records"] > 0, r
+        assert 0 < r["machine_cores"] <= cores() and r["pg_cpu_us_per_record"] > 0, r
         assert 0 <= r["handler_call_ms"]["p50"] <= r["commit_ms"]["p50"], r
         assert r["commit_ms"]["p50"] <= r["commit_ms"]["p99"] <= r["commit_ms"]["max"], r
         # the plain consumer saw the same records produced in the window
