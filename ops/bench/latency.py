@@ -17,7 +17,9 @@ consumer beside them and the histograms they write.
   one-member capacity), and at the fixed ``LOW_RATES`` ``LOW_REPEAT`` times each (10 s
   measured after 3 s), so their spread from run to run shows; and at ``LINGER_SHARES`` with
   each of ``LINGERS_MS`` as ``--batch-linger-ms`` (the default is 5 ms): what a longer
-  linger buys in CPU per record and costs in latency.
+  linger buys in CPU per record and costs in latency; and at ``ONE_PARTITION`` (a share, a
+  rate) on a topic of one partition, so one partition's transactions carry what six did:
+  the bound of what fewer transactions per record buy.
 - Beside each run's member CPU: the whole machine's busy CPU (``/proc/stat``) and
   PostgreSQL's (``ops.bench.pgcpu``) while the producer ran, warm-up included: the cores
   the run kept busy, of the two the producer, Kafka, PostgreSQL, the member and the plain
@@ -75,7 +77,8 @@ from ops.bench.runs import (
 )
 from ops.operator.db import connection
 
-__all__ = ["LINGERS_MS", "LINGER_SHARES", "LOW_RATES", "MOVE_SHARE", "PROCESSES_SHARES",
+__all__ = ["LINGERS_MS", "LINGER_SHARES", "LOW_RATES", "MOVE_SHARE", "ONE_PARTITION",
+           "PROCESSES_SHARES",
            "RATE_SHARES", "merged", "pauses", "percentiles", "run_all", "steady", "window"]
 
 RATE_SHARES = (0.25, 0.4, 0.5, 0.9)
@@ -83,6 +86,7 @@ PROCESSES_SHARES = (0.25, 0.5, 0.9)  # of the one-member capacity, with --proces
 LOW_RATES = (1_000, 5_000)  # records/s, whatever the capacity
 LINGER_SHARES = (0.25, 0.5)  # of the capacity, with each of LINGERS_MS
 LINGERS_MS = (20, 50)  # --batch-linger-ms beside the default 5 ms of the steady runs
+ONE_PARTITION = (0.25, 1_000)  # a share of the capacity, and a rate: on a topic of 1 partition
 LOW_REPEAT = 5
 MOVE_SHARE = 0.25
 QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
@@ -358,7 +362,7 @@ def run_all(capacity: Mapping[str, float], *, dsn: str, quick: bool, partitions:
     low_seconds, low_warmup_s, low_repeat = (3.0, 1.0, 1) if quick else (10.0, 3.0, LOW_REPEAT)
     out: dict[str, Any] = {"rate_shares": list(RATE_SHARES), "capacity": dict(capacity),
                            "steady": [], "low": [], "processes": [], "linger": [],
-                           "moves": []}
+                           "one_partition": [], "moves": []}
     for kind, cap in capacity.items():
         for share in RATE_SHARES:
             print(f"latency: {kind} at {share:.0%} of {cap:,.0f} records/s ...", flush=True)
@@ -390,6 +394,16 @@ def run_all(capacity: Mapping[str, float], *, dsn: str, quick: bool, partitions:
                                     dsn=dsn, partitions=partitions))
                 print(f"  {tries[-1]}", flush=True)
             out["low"].append({"handler": kind, "rate": rate, "runs": tries})
+        share, rate = ONE_PARTITION
+        for offered, at_share in ((share * cap, share), (rate, None)):
+            low_run = at_share is None
+            print(f"latency: {kind} at {offered:,.0f} records/s on one partition ...",
+                  flush=True)
+            got = steady(kind, offered, seconds=low_seconds if low_run else seconds,
+                         warmup_s=low_warmup_s if low_run else warmup_s, dsn=dsn,
+                         partitions=1)
+            out["one_partition"].append({"share": at_share, "partitions": 1, **got})
+            print(f"  {got}", flush=True)
     ref = capacity.get("reference")
     if ref:
         for setup in (["cooperative-sticky"] if quick else list(SETUPS)):

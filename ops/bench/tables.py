@@ -336,6 +336,27 @@ def _spread(values: Sequence[float | None], unit: str = " ms") -> str:
     return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
 
 
+def _one_partition_rows(lat: Report, backlog: Report, partitions: int) -> list[str]:
+    """Each one-partition run below its counterpart on ``partitions``: the steady row of
+    the same share, or the first run at the same fixed rate."""
+    lines = ["| handler | offered rate | partitions | commit p50 | p99 | mean batch "
+             "| CPU µs per record (x the backlog's) | PostgreSQL CPU µs per record "
+             "| machine: cores busy |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for one in lat["one_partition"]:
+        same = [r for r in lat.get("steady", []) if one["share"] is not None
+                and (r["handler"], r["share"]) == (one["handler"], one["share"])]
+        same += [x["runs"][0] for x in lat.get("low", []) if one["share"] is None
+                 and (x["handler"], x["rate"]) == (one["handler"], one["rate"])]
+        for r, n in [*([(same[0], partitions)] if same else []), (one, 1)]:
+            c = r["commit_ms"]
+            rate = f"{_n(one['rate'])}/s" + (f" ({one['share']:.0%})" if one["share"] else "")
+            lines.append(f"| {one['handler']} | {rate} | {n} | {_ms(c['p50'])} "
+                         f"| {_ms(c['p99'])} | {r['mean_batch'] or 0:,.1f} "
+                         f"| {_cpu_cell({**r, 'handler': one['handler']}, backlog)} "
+                         f"| {_us(r.get('pg_cpu_us_per_record'))} | {_cores(r)} |")
+    return lines
+
+
 def latency_runs(report: Report) -> list[str]:
     lat = report.get("latency")
     if not lat or not lat.get("steady"):
@@ -372,6 +393,11 @@ def latency_runs(report: Report) -> list[str]:
         lines += ["", "The batch linger's trade: the same runs with a longer "
                   "`--batch-linger-ms` beside the default's rows above:", "",
                   *_linger_rows(lat, backlog)]
+    if lat.get("one_partition"):
+        lines += ["", "Fewer transactions per record: the same rates on a topic of one partition, "
+                  f"so one partition's transactions carry what {report['partitions']} "
+                  "partitions' did (each below its row above):", "",
+                  *_one_partition_rows(lat, backlog, report["partitions"])]
     return [*lines, "", "![commit latency against the offered rate](bench/latency.png)"]
 
 

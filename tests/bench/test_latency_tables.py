@@ -109,6 +109,14 @@ def _report() -> dict[str, Any]:
                  "commit_ms": {"p50": 21, "p95": 30, "p99": 40, "max": 90, "records": 1},
                  "handler_call_ms": {"p50": 15, "p99": 25, "records": 1, "p95": 20, "max": 50},
                  "control_ms": {"p50": 2, "p99": 12, "records": 1, "p95": 5, "max": 13}}],
+            "one_partition": [
+                {"handler": "sink", "share": 0.25, "partitions": 1, "rate": 17_000,
+                 "mean_batch": 90.0, "cpu_us_per_record": 10.0, "machine_cores": 0.9,
+                 "pg_cpu_us_per_record": 4.0,
+                 "commit_ms": {"p50": 8, "p95": 12, "p99": 20, "max": 30, "records": 1}},
+                {"handler": "sink", "share": None, "partitions": 1, "rate": 1000,
+                 "mean_batch": 8.0, "cpu_us_per_record": 200.0,
+                 "commit_ms": {"p50": 9, "p95": 12, "p99": 14, "max": 20, "records": 1}}],
             "capacity": {"reference": 40_000, "sink": 68_000},
             "backlog_cpu_us_per_record": {"reference": 18.0, "sink": 8.0},
             "processes": [
@@ -155,6 +163,12 @@ def test_the_new_tables_render_from_a_report() -> None:
     assert "| sink | 17,000/s (25%) | 20 | 21 ms | 40 ms | 12 ms | 40.0 | 12.0 (1.5x) | 5.0 " \
            "| 1.10 |" in linger
     assert linger.index("5 (default)") < linger.index("| 20 |")
+    one = latency.split("on a topic of one partition")[1]
+    assert "carry what 6 partitions' did" in latency
+    assert "| sink | 17,000/s (25%) | 6 | 9 ms | 31 ms | 12.5 | 20.0 (2.5x) | 7.5 | 1.23 |\n" \
+           "| sink | 17,000/s (25%) | 1 | 8 ms | 20 ms | 90.0 | 10.0 (1.2x) | 4.0 | 0.90 |" in one
+    assert "| sink | 1,000/s | 6 | 10 ms | 30 ms | 2.0 | 700.0 (87.5x) | — | — |\n" \
+           "| sink | 1,000/s | 1 | 9 ms | 14 ms | 8.0 | 200.0 (25.0x) | — | — |" in one
     assert "reference 40,000/s, sink 68,000/s; CPU per record with a backlog: reference " \
            "18.0 µs, sink 8.0 µs" in latency
     assert "| sink | 17,000/s (25%) | 7 ms | 20 ms | 25 ms | 60 ms | 2 ms / 10 ms " \

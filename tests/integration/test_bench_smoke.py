@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from ops.bench import tables
-from ops.bench.latency import LINGER_SHARES, LINGERS_MS, LOW_RATES, RATE_SHARES
+from ops.bench.latency import LINGER_SHARES, LINGERS_MS, LOW_RATES, ONE_PARTITION, RATE_SHARES
 from ops.bench.worker import RATIOS, RUNS
 from ops.worker.supervisor import cores
 from tests.integration.workers import wait_until
@@ -138,7 +138,11 @@ def _check_extra_sections(result: dict[str, Any]) -> None:
         ("reference", 2), ("sink", 2)]  # quick: the first share only
     assert [(r["handler"], r["share"], r["linger_ms"]) for r in lat["linger"]] == [
         (h, LINGER_SHARES[0], LINGERS_MS[0]) for h in ("reference", "sink")]  # quick: one
-    for r in [*steady, *lat["processes"], *low, *lat["linger"]]:
+    share, rate = ONE_PARTITION
+    assert [(r["handler"], r["share"], r["partitions"]) for r in lat["one_partition"]] == [
+        (h, s, 1) for h in ("reference", "sink") for s in (share, None)]
+    assert [r["rate"] for r in lat["one_partition"]][1::2] == [rate, rate]
+    for r in [*steady, *lat["processes"], *low, *lat["linger"], *lat["one_partition"]]:
         assert r["exit"] == 0 and r["commit_ms"]["records"] > 0, r
         assert 0 < r["machine_cores"] <= cores() and r["pg_cpu_us_per_record"] > 0, r
         assert 0 <= r["handler_call_ms"]["p50"] <= r["commit_ms"]["p50"], r
