@@ -78,8 +78,8 @@ from ops.bench.runs import (
 from ops.operator.db import connection
 
 __all__ = ["LINGERS_MS", "LINGER_SHARES", "LOW_RATES", "MOVE_SHARE", "ONE_PARTITION",
-           "PROCESSES_SHARES",
-           "RATE_SHARES", "merged", "pauses", "percentiles", "run_all", "steady", "window"]
+           "PROCESSES_SHARES", "RATE_SHARES", "merged", "pauses", "percentiles", "run_all",
+           "steady", "window"]
 
 RATE_SHARES = (0.25, 0.4, 0.5, 0.9)
 PROCESSES_SHARES = (0.25, 0.5, 0.9)  # of the one-member capacity, with --processes 2
