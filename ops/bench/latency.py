@@ -71,6 +71,7 @@ from ops.bench.runs import (
     Run,
     env,
     fresh_schema,
+    machine_ticks,
     new_topic,
     uid,
     worker_argv,
@@ -244,8 +245,8 @@ def steady(kind: str, rate: float, *, seconds: float, warmup_s: float, dsn: str,
 
 
 def _machine_cpu_s() -> float:
-    """Every CPU's busy time so far (``/proc/stat``: all but idle and iowait), in seconds."""
-    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    """Every CPU's busy time so far (``runs.machine_ticks`` but idle and iowait), in seconds."""
+    ticks = machine_ticks()[:8]  # guest time is in user already
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 

@@ -352,7 +352,7 @@ def _one_partition_rows(lat: Report, backlog: Report, partitions: int) -> list[s
             rate = f"{_n(one['rate'])}/s" + (f" ({one['share']:.0%})" if one["share"] else "")
             lines.append(f"| {one['handler']} | {rate} | {n} | {_ms(c['p50'])} "
                          f"| {_ms(c['p99'])} | {r['mean_batch'] or 0:,.1f} "
-                         f"| {_cpu_cell({**r, 'handler': one['handler']}, backlog)} "
+                         f"| {_cpu_cell(r, backlog)} "
                          f"| {_us(r.get('pg_cpu_us_per_record'))} | {_cores(r)} |")
     return lines
 

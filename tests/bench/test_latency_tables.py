@@ -126,7 +126,7 @@ def _report() -> dict[str, Any]:
                  "handler_call_ms": {"p50": 3, "p99": 12, "records": 1, "p95": 9, "max": 40},
                  "control_ms": {"p50": 2, "p99": 10, "records": 1, "p95": 5, "max": 12}}],
             "low": [{"handler": "sink", "rate": 1000, "runs": [
-                {"mean_batch": 2.0, "cpu_us_per_record": 700.0,
+                {"handler": "sink", "mean_batch": 2.0, "cpu_us_per_record": 700.0,
                  "commit_ms": {"p50": p50, "p99": p99, "max": p99 + 5},
                  "control_ms": {"p99": 4}} for p50, p99 in ((10, 30), (12, 80), (11, 40))]}],
             "moves": [{"setup": "cooperative-sticky", "rate": 7000, "session_timeout_s": 6.0,

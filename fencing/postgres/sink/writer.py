@@ -308,7 +308,7 @@ class Writer:
                     op.key if len(self.keys) > 1 else (op.key,) for op in run])
             elif isinstance(run[0], Patch):
                 for one_patch in run:
-                    stale += await self._patched(conn, one_patch)  # type: ignore[arg-type]
+                    stale += await self.one(conn, one_patch)
             else:
                 await conn.executemany(self.insert_values(run[0].columns),
                                        [op.values for op in run])  # type: ignore[union-attr]
