@@ -394,7 +394,7 @@ def latency_runs(report: Report) -> list[str]:
                   "`--batch-linger-ms` beside the default's rows above:", "",
                   *_linger_rows(lat, backlog)]
     if lat.get("one_partition"):
-        lines += ["", "Fewer transactions per record: the same rates on a topic of one partition, "
+        lines += ["", "Fewer, larger batches: the same rates on a topic of one partition, "
                   f"so one partition's transactions carry what {report['partitions']} "
                   "partitions' did (each below its row above):", "",
                   *_one_partition_rows(lat, backlog, report["partitions"])]
