@@ -37,9 +37,9 @@ import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from fencing.types import SourceRecord
+from fencing.types import SourceRecord, Token, TopicPartition
 
-__all__ = ["Completion", "Dispatch", "Span", "lane_of", "merge_spans"]
+__all__ = ["Completion", "Dispatch", "Span", "check_lane", "lane_of", "merge_spans"]
 
 #: (first, last) offsets, both included
 Span = tuple[int, int]
@@ -69,18 +69,37 @@ def merge_spans(spans: Iterable[Span]) -> tuple[Span, ...]:
     return tuple((a, b) for a, b in out)
 
 
+def check_lane(tp: TopicPartition, token: Token, records: Sequence[SourceRecord],
+               spans: Sequence[Span]) -> None:
+    """Raise ``ValueError`` (the caller's bug) unless ``records`` (one lane's, of ``tp``) are
+    in offset order at or above the token's frontier and ``spans`` are theirs: one per
+    record, in order, each ending at its record's offset and starting above the previous."""
+    if not records or len(spans) != len(records):
+        raise ValueError(f"lane {tp}: {len(records)} records and {len(spans)} spans")
+    prev = token.frontier - 1
+    for rec, (first, last) in zip(records, spans, strict=True):
+        if rec.topic != tp.topic or rec.partition != tp.partition:
+            raise ValueError(f"lane {tp}: record of {rec.tp} in the batch")
+        if last != rec.offset or not prev < first <= last:
+            raise ValueError(f"lane {tp}: span ({first}, {last}) of offset {rec.offset} after "
+                             f"{prev}")
+        prev = last
+
+
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """A partition's durable frontier and the spans applied above it (module Rules)."""
+    """A partition's durable frontier and the spans applied above it (module Rules);
+    ``epoch``: the partition row's, when read from a store."""
 
     base: int  # the durable frontier of the partition row
     spans: tuple[Span, ...] = ()
+    epoch: int = 0
 
     @classmethod
-    def of(cls, base: int, spans: Iterable[Span]) -> Completion:
+    def of(cls, base: int, spans: Iterable[Span], *, epoch: int = 0) -> Completion:
         """The set from a frontier and spans read back (below ``base`` dropped, merged)."""
         kept = [(max(a, base), b) for a, b in spans if b >= base]
-        return cls(base, merge_spans(kept))
+        return cls(base, merge_spans(kept), epoch)
 
     @property
     def frontier(self) -> int:
@@ -98,12 +117,12 @@ class Completion:
 
     def with_spans(self, spans: Iterable[Span]) -> Completion:
         """The set after ``spans`` were applied (committed)."""
-        return Completion(self.base, merge_spans((*self.spans, *spans)))
+        return Completion(self.base, merge_spans((*self.spans, *spans)), self.epoch)
 
     def fold(self) -> Completion:
         """The contiguous prefix moved into the base (what a fold writes)."""
         frontier = self.frontier
-        return Completion(frontier, tuple(s for s in self.spans if s[0] > frontier))
+        return Completion(frontier, tuple(s for s in self.spans if s[0] > frontier), self.epoch)
 
     @property
     def above(self) -> int:
