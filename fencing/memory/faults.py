@@ -36,7 +36,6 @@ class Operation(enum.Enum):
     ATTEMPT = "attempt"  # the attempt-count upsert of one record (handler failures)
     ATTEMPTS = "attempts"  # the read of the failure marks at a claim
     LANE = "lane"  # one lane's transaction (``--lanes``)
-    COMPLETIONS = "completions"  # the read of a partition's completion set
 
     @property
     def mutating(self) -> bool:
