@@ -125,6 +125,7 @@ class Lifecycle:
         self._suspect_open: set[TopicPartition] = set()
         self._lanes: dict[TopicPartition, LaneCount] = {}
         self._completions: dict[TopicPartition, Completion] = {}
+        self._span_of: dict[TopicPartition, Mapping[int, Span]] = {}
         self._gate = LifetimeGate(lifetime_id=lifetime_id, store=store, clock=clock,
                                   budget_s=budget_s, tokens=self._tokens, guards=self._guards,
                                   suspect_open=self._suspect_open, lanes=self._lanes)
@@ -143,6 +144,14 @@ class Lifecycle:
     def token(self, tp: TopicPartition) -> Token | None:
         """The retained token of ``tp`` (None when not held)."""
         return self._tokens.get(tp)
+
+    def run_lanes(self, tp: TopicPartition, span_of: Mapping[int, Span] | None) -> None:
+        """From now on ``process`` of ``tp`` commits lane transactions, each record with its
+        span from ``span_of`` (the worker's ``fencing.lanes.Dispatch``); None: no longer."""
+        if span_of is None:
+            self._span_of.pop(tp, None)
+        else:
+            self._span_of[tp] = span_of
 
     def completion(self, tp: TopicPartition) -> Completion | None:
         """The completion set ``assign`` read for ``tp`` (None: not read, or no store with
@@ -493,6 +502,15 @@ class Lifecycle:
         d.check_batch(call.tp, call.records)
         if call.tp not in self._tokens:
             raise Fenced(f"process {call.tp}: lifetime {self.lifetime_id} holds no token for it")
+        span_of = self._span_of.get(call.tp)
+        if span_of is not None:  # a partition of lanes: the records' own spans
+            if call.uncertain:
+                raise ValueError(f"process {call.tp}: an outcome-uncertain handler runs no lanes")
+            await self.process_lane(call, [span_of[r.offset] for r in call.records])
+            token = self._tokens.get(call.tp)
+            if token is None:
+                raise TokenDropped(f"process {call.tp}: token dropped after its lane committed")
+            return token
         return await self._gate.guarded(lambda deadline_s: self._process(call, deadline_s))
 
     async def _process(self, call: BatchCall, deadline_s: float) -> Token:
