@@ -16,7 +16,8 @@ Rules
   window, how far the others run ahead).
 - After a lane's batch is settled its spans join the completion set; when the effective
   frontier moves it is queued for Kafka (advisory, as without lanes), and once it moved
-  ``FOLD_EVERY`` offsets past the durable frontier a fold writes it into the partition row.
+  ``FOLD_EVERY`` offsets past the durable frontier, or the partition's lanes are idle
+  (caught up), or the partition is revoked, a fold writes it into the partition row.
 - A closing partition or an ending run stops the dispatcher; each lane ends after its
   batch in flight, and the partition's runner ends only once every lane did (a revoke
   waits for it, and the lifecycle's revoke waits for the lane transactions).
@@ -96,12 +97,13 @@ class LaneRun:
                     self._wakes[lane].set()
                 if self._pending and not taken:  # the window is full: wait for the frontier
                     self._room.clear()
-                    waiter = asyncio.ensure_future(part.wake.wait())
+                    waiters = [asyncio.ensure_future(part.wake.wait()),
+                               asyncio.ensure_future(self._room.wait())]
                     try:
-                        await asyncio.wait([asyncio.ensure_future(self._room.wait()), waiter],
-                                           return_when=asyncio.FIRST_COMPLETED)
+                        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
                     finally:
-                        waiter.cancel()
+                        for waiter in waiters:
+                            waiter.cancel()
                     part.wake.clear()
         finally:
             self._ended = True
@@ -110,6 +112,9 @@ class LaneRun:
             await asyncio.gather(*lanes, return_exceptions=True)
             if self._folding is not None:
                 await asyncio.gather(self._folding, return_exceptions=True)
+            frontier = self.dispatch.completion.frontier
+            if frontier > self._folded and self._lc.token(self.part.tp) is not None:
+                await self._fold(frontier)  # revoked or stopping: the next owner's row
 
     async def _lane(self, lane: int) -> None:
         queue, wake = self._queues[lane], self._wakes[lane]
@@ -142,9 +147,14 @@ class LaneRun:
         if frontier > before:
             self._room.set()
             self._commit(frontier)
-            if frontier - self._folded >= FOLD_EVERY and (
-                    self._folding is None or self._folding.done()):
-                self._folding = asyncio.ensure_future(self._fold(frontier))
+        if frontier > self._folded and (frontier - self._folded >= FOLD_EVERY or self._idle()) \
+                and (self._folding is None or self._folding.done()):
+            self._folding = asyncio.ensure_future(self._fold(frontier))
+
+    def _idle(self) -> bool:
+        """Nothing queued, pending or in flight in any lane: the partition caught up."""
+        return not (self._pending or any(self._queues) or self.part.lanes_inflight
+                    or len(self.part.buffer))
 
     async def _fold(self, frontier: int) -> None:
         try:
