@@ -458,6 +458,10 @@ class MemoryFenceStore:
             self.completion_rows[tp] = [
                 (e, spans) for e, spans in self.completion_rows.get(tp, ())
                 if max(b for _, b in spans) >= to_frontier]
+            for key in [k for k in self.attempt_rows if k[0] == tp and k[1] < to_frontier]:
+                del self.attempt_rows[key]
+                self.retry_scheduled.pop(key, None)
+                self.alone_epochs.pop(key, None)
             self._write("fold", tp, row.owner, token.epoch, "-")
         return Token(token.epoch, to_frontier)
 

@@ -21,7 +21,8 @@ Rules
   transaction's spans; ``completions`` reads each partition's row with its spans (one
   read for a set; ``completions_settled`` waits for a COMMIT in progress like
   ``observe_settled``); ``fold`` moves the frontier under the token and deletes the spans
-  wholly below it.
+  wholly below it and the attempt counts below it (a lane's transaction leaves them: a
+  delete of another lane's counts would lose their marks).
 """
 
 from __future__ import annotations
@@ -240,6 +241,9 @@ WITH upd AS (
     DELETE FROM {s}.completions c USING upd
     WHERE c.group_id = $1 AND c.topic = $2 AND c.partition = $3
       AND (SELECT max(l) FROM unnest(c.last) AS l) < upd.frontier
+), att AS (
+    DELETE FROM {s}.attempts a USING upd
+    WHERE a.group_id = $1 AND a.topic = $2 AND a.partition = $3 AND a."offset" < upd.frontier
 )
 SELECT epoch, frontier FROM upd""",
             clear_attempts=f"""

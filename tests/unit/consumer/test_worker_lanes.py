@@ -143,3 +143,29 @@ async def test_a_successor_without_lanes_skips_what_the_lanes_applied() -> None:
         (r.key, r.offset) for r in sent]
     worker2.request_stop()
     assert await run2 is ExitCode.OK
+
+
+async def test_a_full_window_holds_the_other_lanes_back_and_nothing_is_lost() -> None:
+    release = asyncio.Event()
+    handler = Recording(wait_s=0)
+
+    async def first_waits(conn: Any, recs: Sequence[SourceRecord]) -> list[Verdict]:
+        if recs[0].offset == 0:
+            await release.wait()  # the frontier cannot move past offset 0 meanwhile
+        return await handler(conn, recs)
+
+    worker, _store, fakes = make(first_waits, lanes=8, db_concurrency=8, batch_max_records=1,
+                                lanes_window=6)
+    run = asyncio.create_task(worker.run())
+    await until_async(lambda: bool(fakes))
+    await asyncio.to_thread(fakes[0].rb.assigned, [TP0])
+    sent = keyed(0, 60, keys=60)  # every record its own key: only the window holds them
+    await asyncio.to_thread(fakes[0].deliver, sent)
+    await until_async(lambda: len(handler.applied) == 5)
+    await asyncio.sleep(0.2)
+    assert sorted(o for _, o in handler.applied) == [1, 2, 3, 4, 5]  # 6 offsets from 0
+    release.set()
+    await until_async(lambda: fakes[0].committed(TP0) == 60)
+    assert sorted(o for _, o in handler.applied) == list(range(60))
+    worker.request_stop()
+    assert await run is ExitCode.OK

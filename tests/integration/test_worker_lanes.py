@@ -1,0 +1,78 @@
+"""``--lanes 8`` against real Kafka and PostgreSQL: a handler that waits 20 ms per batch
+(an external call) over the reference handler's effects, members SIGKILLed at random
+points and a frozen (SIGSTOP) zombie continued after its partitions moved on. The effects
+must equal the oracle's fold of the whole source (nothing applied twice, nothing lost,
+each document's revisions in order), and every partition row ends at its high watermark
+(folded)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from tests.integration.workers import (
+    GROUP_SETUPS,
+    GroupSetup,
+    WorkerProc,
+    committed_total,
+    create_topic,
+    exactly_once_problems,
+    fresh_schema,
+    generated,
+    produce,
+    unique,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+LANES = ("--lanes", "8", "--batch-max-records", "20", "--db-concurrency", "8",
+         "--handler", "tests.integration.handlers:slow_handler")
+SLOW = {"FENCE_TEST_BATCH_DELAY_S": "0.02"}
+
+
+@pytest.mark.parametrize("setup", GROUP_SETUPS[:2], ids=lambda s: s.name)
+def test_lanes_survive_kills_and_a_zombie_exactly_once(services, setup: GroupSetup) -> None:
+    bootstrap, dsn = services.kafka_bootstrap, services.dsn
+    topic, group = unique("lanes"), unique("glanes")
+    create_topic(bootstrap, topic, 3)
+    recs, source = generated(topic, count=6_000, partitions=3, klass="conflict", seed=23)
+    produce(bootstrap, recs)
+    schema = asyncio.run(fresh_schema(dsn))
+    rng = random.Random(f"lanes-{setup.name}")
+    workers: list[WorkerProc] = []
+
+    def start(name: str) -> WorkerProc:
+        w = WorkerProc(topic=topic, group=group, schema=schema, setup=setup, name=name,
+                       extra=LANES, env=SLOW)
+        workers.append(w)
+        return w
+
+    try:
+        for round_ in range(3):  # SIGKILL mid-lanes, at a random point
+            w = start(f"k{round_}")
+            wait_until(lambda w=w: "assign {" in w.log(), timeout_s=30,  # type: ignore[misc]
+                       what="assignment")
+            time.sleep(rng.uniform(0.3, 1.5))
+            w.kill()
+            w.wait(10)
+        zombie = start("zombie")
+        wait_until(lambda: "assign {" in zombie.log(), timeout_s=30, what="assignment")
+        time.sleep(rng.uniform(0.3, 1.0))
+        os.kill(zombie.pid, signal.SIGSTOP)  # frozen mid-lanes: its session times out
+        final = start("final")
+        wait_until(lambda: committed_total(dsn, schema, group, topic) >= len(source),
+                   timeout_s=180, what="every record committed after the kills")
+        os.kill(zombie.pid, signal.SIGCONT)  # its lanes meet a newer epoch: nothing applies
+        zombie.wait(60)
+        final.terminate()
+        assert final.wait(30) == 0, final.log()[-3000:]
+    finally:
+        for w in workers:
+            w.ensure_dead()
+    assert asyncio.run(exactly_once_problems(dsn, schema, group, topic, source)) == []
