@@ -10,10 +10,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from consumer.config import WorkerConfig
 from consumer.exits import ExitCode
 from consumer.lifecycle import Lifecycle
 from consumer.worker import Worker
+from fencing.errors import ConfigError
+from fencing.handler import handler
 from fencing.lanes import lane_of
 from fencing.memory.store import MemoryFenceStore
 from fencing.types import ACCEPT, SourceRecord, Verdict
@@ -169,3 +173,12 @@ async def test_a_full_window_holds_the_other_lanes_back_and_nothing_is_lost() ->
     assert sorted(o for _, o in handler.applied) == list(range(60))
     worker.request_stop()
     assert await run is ExitCode.OK
+
+
+def test_an_outcome_uncertain_handler_runs_no_lanes() -> None:
+    @handler(durability="durable-critical", effects="outcome-uncertain")
+    async def uncertain(conn: Any, recs: Sequence[SourceRecord]) -> list[Verdict]:
+        return [ACCEPT] * len(recs)
+
+    with pytest.raises(ConfigError, match="--lanes 4: an outcome-uncertain handler"):
+        make(uncertain, lanes=4)
