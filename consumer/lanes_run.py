@@ -157,8 +157,15 @@ class LaneRun:
                     or len(self.part.buffer))
 
     async def _fold(self, frontier: int) -> None:
-        try:
-            await self._lc.fold(self.part.tp, to_frontier=frontier)
-            self._folded = frontier
-        except Exception as exc:  # the next lane transaction meets the same cause
-            log.warning("%s: fold to %d failed: %s", self.part.tp, frontier, exc)
+        """Fold to ``frontier``; then again while the lanes are idle and the effective
+        frontier moved meanwhile (a lane that settled during the fold started none)."""
+        while True:
+            try:
+                await self._lc.fold(self.part.tp, to_frontier=frontier)
+                self._folded = frontier
+            except Exception as exc:  # the next lane transaction meets the same cause
+                log.warning("%s: fold to %d failed: %s", self.part.tp, frontier, exc)
+                return
+            frontier = self.dispatch.completion.frontier
+            if frontier <= self._folded or not self._idle():
+                return

@@ -95,7 +95,8 @@ class Worker:
         return FailureRun(lifecycle=lifecycle, handler=self.handler,
                           declaration=declaration_of(self.handler), policy=cfg.retry,
                           rng=self._rng, clock=self.clock, wait=self.wait,
-                          suspect_window=cfg.batch_max_records,
+                          # what a dead process can have had in flight: a batch per lane
+                          suspect_window=cfg.batch_max_records * cfg.lanes,
                           instruments=self._instruments, tracing=self._tracing,
                           gate=self._gate, limit_s=handler_limit_s(
                               budget_s=cfg.budget_s,
