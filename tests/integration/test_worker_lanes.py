@@ -37,7 +37,7 @@ LANES = ("--lanes", "8", "--batch-max-records", "20", "--db-concurrency", "8",
 SLOW = {"FENCE_TEST_BATCH_DELAY_S": "0.02"}
 
 
-@pytest.mark.parametrize("setup", GROUP_SETUPS[:2], ids=lambda s: s.name)
+@pytest.mark.parametrize("setup", GROUP_SETUPS, ids=lambda s: s.name)
 def test_lanes_survive_kills_and_a_zombie_exactly_once(services, setup: GroupSetup) -> None:
     bootstrap, dsn = services.kafka_bootstrap, services.dsn
     topic, group = unique("lanes"), unique("glanes")
