@@ -142,7 +142,9 @@ class LaneRun:
         """Every record of ``batch`` is applied or quarantined: the completion set grows."""
         before = self.dispatch.completion.frontier
         frontier = self.dispatch.applied([self.span_of.pop(r.offset) for r in batch])
-        crash_point("after-commit", partition=str(self.part.tp), first_offset=batch[0].offset,
+        token = self._lc.token(self.part.tp)
+        crash_point("after-commit", partition=str(self.part.tp),
+                    epoch=None if token is None else token.epoch, first_offset=batch[0].offset,
                     last_offset=batch[-1].offset, batch_end=frontier, lane=True)
         if frontier > before:
             self._room.set()
