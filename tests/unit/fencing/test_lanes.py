@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+import fencing.lanes as lanes_module
 from fencing.lanes import Completion, Dispatch, lane_of, merge_spans
 from fencing.types import SourceRecord
 
@@ -70,12 +71,11 @@ def test_dispatch_skips_what_a_predecessor_applied() -> None:
     assert used == 8 and [r.offset for _, r, _ in taken] == [0, 1, 4, 5, 7]
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_random_lives_apply_every_record_once_in_key_order(seed: int) -> None:
+def lives(seed: int) -> list[str]:
     """Records with gaps and random keys; lifetimes apply random lane batches in random
     interleavings and die at random points (whatever a lane had not committed is lost);
-    each successor starts from the durable completion set. Every record is applied exactly
-    once, and the records of one key in offset order."""
+    each successor starts from the durable completion set. The problems found: a record
+    applied twice or never, a key's records out of offset order."""
     rng = random.Random(seed)
     offsets = sorted(rng.sample(range(300), 120))
     records = [rec(o, None if rng.random() < 0.1 else b"key%d" % rng.randrange(12))
@@ -83,16 +83,15 @@ def test_random_lives_apply_every_record_once_in_key_order(seed: int) -> None:
     lanes, window = rng.choice([2, 4, 8]), rng.choice([5, 20, 400])
     durable = Completion(0)
     applied: list[SourceRecord] = []
-    lives = 0
-    while durable.frontier <= offsets[-1]:
-        lives += 1
-        assert lives < 500, "no progress"
+    problems: list[str] = []
+    for _life in range(500):
+        if durable.frontier > offsets[-1]:
+            break
         d = Dispatch(durable.fold() if rng.random() < 0.5 else durable, lanes, window=window,
                      null_any=rng.random() < 0.5)
         queues: dict[int, list[tuple[SourceRecord, tuple[int, int]]]] = {}
         pending = [r for r in records if r.offset >= d.completion.frontier]
-        steps = rng.randrange(1, 30)
-        for _ in range(steps):
+        for _ in range(rng.randrange(1, 30)):
             taken, used = d.take(pending)
             pending = pending[used:]
             for lane, r, span in taken:
@@ -109,9 +108,52 @@ def test_random_lives_apply_every_record_once_in_key_order(seed: int) -> None:
             spans = [s for _, s in batch]
             durable = durable.with_spans(spans)
             d.applied(spans)
-    assert [r.offset for r in sorted(applied, key=lambda r: r.offset)] == offsets  # once each
+    else:
+        problems.append("no progress")
+    got = sorted(r.offset for r in applied)
+    if got != offsets:
+        twice = sorted({o for o in got if got.count(o) > 1})
+        never = sorted(set(offsets) - set(got))
+        problems.append(f"applied twice {twice[:5]}, never {never[:5]}")
     last: dict[bytes | None, int] = {}
     for r in applied:  # in apply order: a key's records never overtake each other
+        if r.key is not None and r.offset < last.get(r.key, -1):
+            problems.append(f"key {r.key!r}: {r.offset} after {last[r.key]}")
         if r.key is not None:
-            assert r.offset > last.get(r.key, -1)
-            last[r.key] = r.offset
+            last[r.key] = max(r.offset, last.get(r.key, -1))
+    return problems
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_lives_apply_every_record_once_in_key_order(seed: int) -> None:
+    assert lives(seed) == []
+
+
+def _done_ignoring_spans(self: Completion, offset: int) -> bool:
+    return offset < self.base
+
+
+def _frontier_past_unfinished(self: Completion) -> int:
+    return self.spans[-1][1] + 1 if self.spans else self.base
+
+
+def _lane_by_offset(key: bytes | None, lanes: int, *, offset: int = 0,
+                    null_any: bool = False) -> int:
+    return offset % lanes
+
+
+@pytest.mark.parametrize(("name", "attr", "value"), [
+    ("a successor ignores the completion set", "Completion.done", _done_ignoring_spans),
+    ("the frontier moves past an unfinished lane", "Completion.frontier",
+     property(_frontier_past_unfinished)),
+    ("a lane overtakes its key", "lane_of", _lane_by_offset),
+])
+def test_each_mutant_is_killed_by_the_randomized_lives(monkeypatch: pytest.MonkeyPatch,
+                                                       name: str, attr: str,
+                                                       value: object) -> None:
+    """Each rule broken on purpose: some of the 40 randomized lives find it."""
+    owner, _, field = attr.rpartition(".")
+    target = getattr(lanes_module, owner) if owner else lanes_module
+    monkeypatch.setattr(target, field, value)
+    killed = [seed for seed in range(40) if lives(seed)]
+    assert killed, f"mutant not killed: {name}"
