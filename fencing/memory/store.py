@@ -660,6 +660,7 @@ class MemoryFenceStore:
         now = self._clock()
         self.rows[tp] = replace(row, epoch=row.epoch + 1, frontier=frontier, owner=operator,
                                 updated_s=now)
+        self.completion_rows.pop(tp, None)  # lanes: from the new frontier on, again
         self.journal_rows.append(JournalRow(tp, operator, "reset", row.epoch + 1,
                                             f"frontier {row.frontier} -> {frontier}", now))
         return Token(row.epoch + 1, frontier)

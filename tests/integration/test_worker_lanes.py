@@ -12,10 +12,16 @@ import asyncio
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
+from typing import Any
 
 import pytest
 
+from fencing.postgres.store import PgFenceStore
+from fencing.store import BatchCall
+from fencing.types import ACCEPT, ClaimRequest, SourceRecord, TopicPartition
 from tests.integration.workers import (
     GROUP_SETUPS,
     GroupSetup,
@@ -82,3 +88,46 @@ def test_lanes_survive_kills_and_a_zombie_exactly_once(services, setup: GroupSet
         for w in workers:
             w.ensure_dead()
     assert asyncio.run(exactly_once_problems(dsn, schema, group, topic, source)) == []
+
+
+def test_a_reset_starts_the_partition_again_without_its_lanes_spans(services) -> None:
+    """``fencectl reset frontier`` moves a partition back: the spans its lanes applied are
+    deleted with the reset (from the new frontier on, everything runs again)."""
+    bootstrap, dsn = services.kafka_bootstrap, services.dsn
+    topic, group = unique("lanesreset"), unique("glanesreset")
+    create_topic(bootstrap, topic, 1)
+    schema = asyncio.run(fresh_schema(dsn))
+    tp = TopicPartition(topic, 0)
+
+    async def lanes_applied() -> None:
+        store = await PgFenceStore.connect(dsn, group_id=group, schema=schema, pool_max=2)
+        try:
+            token = (await store.claim([ClaimRequest(tp, 0)], lifetime="lt-lanes"))[tp]
+
+            async def accept(conn: Any, records: Any) -> list[Any]:
+                return [ACCEPT] * len(records)
+
+            recs = [SourceRecord(topic, 0, o, b"k", b"v") for o in (3, 7)]
+            await store.process_lane(BatchCall(tp, recs, accept), token, [(0, 3), (7, 7)])
+            got = (await store.completions([tp]))[tp]
+            assert got is not None and got.frontier == 4 and got.spans == ((0, 3), (7, 7))
+        finally:
+            await store.close()
+
+    asyncio.run(lanes_applied())
+    out = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "reset", "frontier", "--group", group, "--topic",
+         topic, "--partition", "0", "--to-offset", "0", "--schema", schema,
+         "--yes-i-understand", "--bootstrap-servers", bootstrap],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "FENCE_DSN": dsn})
+    assert out.returncode == 0, out.stdout + out.stderr
+
+    async def after() -> None:
+        store = await PgFenceStore.connect(dsn, group_id=group, schema=schema, pool_max=1)
+        try:
+            got = (await store.completions([tp]))[tp]
+            assert got is not None and (got.base, got.spans, got.epoch) == (0, (), 2)
+        finally:
+            await store.close()
+
+    asyncio.run(after())
