@@ -83,16 +83,19 @@ def one(dsn: str, partitions: int, lanes: int, records: int) -> dict[str, Any]:
     produce(topic, records, partitions, seed=5)
     concurrency = min(64, max(4, lanes * partitions))
     argv = [PY, "-m", "ops.cli", "run", "--topic", topic, "--group", group, "--schema", schema,
-            "--log-level", "WARNING", "--handler", f"{__name__}:waiting",
+            "--log-level", "WARNING", "--handler", "ops.bench.lanes:waiting",
             "--handler-setting", f"wait_ms={WAIT_MS}", "--lanes", str(lanes),
             "--batch-max-records", str(BATCH), "--db-concurrency", str(concurrency)]
-    proc = subprocess.Popen(argv, env=env(), cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    log = OUT.parent / f"lanes-{partitions}-{lanes}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, env=env(), cwd=ROOT, stdout=out, stderr=out)
     try:
         deadline = time.monotonic() + 120
         while asyncio.run(_done(dsn, schema, group))[0] < partitions:
             if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError(f"lanes bench: {topic} not claimed (exit {proc.poll()})")
+                raise RuntimeError(f"lanes bench: {topic} not claimed (exit {proc.poll()}; "
+                                   f"see {log})")
             time.sleep(0.1)
         start, before = time.monotonic(), asyncio.run(_done(dsn, schema, group))[1]
         while (done := asyncio.run(_done(dsn, schema, group))[1]) < records:
