@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 .PHONY: setup stack-up stack-down stack-status test check test-unit test-integration test-monitoring \
         test-sim-worker sim-worker sim-mutants evidence-sweep evidence lint bench bench-store bench-sink bench-profile \
         demo migrate clean crash-matrix docs test-kafka-faults test-handler-blame bench-blame sink-churn \
-        sink-routing sink-evolve test-bench test-protocols test-cdc bench-cdc bench-latency
+        sink-routing sink-evolve test-bench test-protocols test-cdc bench-cdc bench-latency bench-lanes
 
 setup: $(STAMP)
 
@@ -187,6 +187,12 @@ bench: stack-up
 		FENCE_BENCH_COMMAND='make bench$(if $(BENCH_ARGS), BENCH_ARGS="$(BENCH_ARGS)")' \
 		$(BIN)/python -m ops.bench.worker $(BENCH_ARGS)
 	$(MAKE) --no-print-directory bench-cdc
+	$(MAKE) --no-print-directory bench-lanes
+
+# key-ordered lanes: a handler that waits 20 ms per call, --lanes 1/4/16/64 on 1 and 6
+# partitions against the ideal -> artifacts/bench/lanes.json; BENCH_ARGS=--quick as above
+bench-lanes: stack-up
+	eval "$$($(BIN)/fencectl stack env)" && $(BIN)/python -m ops.bench.lanes $(BENCH_ARGS)
 
 # the latency section alone, with the two capacity runs whose shares it offers
 # -> artifacts/bench/worker_latency.json (its "latency" replaces that of

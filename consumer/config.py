@@ -124,6 +124,16 @@ class WorkerConfig:
     from ~0.7 to ~1.0 of the unfenced baseline)."""
     db_concurrency: int = 4
     """Partitions processed concurrently; bounded by the store's pool (``--db-concurrency``)."""
+    lanes: int = 1
+    """Key-ordered lanes per partition (``--lanes``; 1: a partition's batches one at a
+    time, in offset order). More: records of different keys run side by side, each key's
+    in offset order (``fencing.lanes``)."""
+    lanes_window: int = 10_000
+    """Most offsets a partition's lanes run ahead of its frontier (``--lanes-window``); a
+    full window pauses the partition, it never drops or replays."""
+    lanes_null_any: bool = False
+    """Records without a key go to any lane, round-robin by offset (``--lanes-null any``);
+    default: all to one lane, in order."""
     shutdown_timeout_s: float = 15.0
     """Bound for finishing in-flight batches after SIGTERM/SIGINT (default 15 s)."""
     budget_s: float = 20.0
@@ -182,6 +192,10 @@ class WorkerConfig:
                             ("--db-concurrency", self.db_concurrency)):
             if value < 1:
                 raise ConfigError(f"{name} must be >= 1 (got {value})")
+        if self.lanes < 1 or self.lanes > 1024:
+            raise ConfigError(f"--lanes must be 1..1024 (got {self.lanes})")
+        if self.lanes_window < 1:
+            raise ConfigError(f"--lanes-window must be >= 1 (got {self.lanes_window})")
         if self.budget_s <= 0:
             raise ConfigError(f"--call-budget-s must be > 0 (got {self.budget_s:g})")
         if not 0 <= self.batch_linger_s <= 1:

@@ -311,7 +311,8 @@ class FailureRun:
                 self._end_window(tp)
                 return await self._rest(tp, batch[i:], wait)
             token = await self.suspect(tp, record, wait=wait)
-            self._suspect_left[tp] -= 1
+            if tp in self._suspect_left:  # another lane of the partition may have ended it
+                self._suspect_left[tp] -= 1
         if self._suspect_left.get(tp, 0) <= 0:
             self._end_window(tp)
         assert token is not None

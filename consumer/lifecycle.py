@@ -26,6 +26,11 @@ Rules (docs/ARCHITECTURE.md, "Lifecycle"; the decisions live in ``consumer.decis
   it is the lifetime's last write; it never touches epochs, frontiers or effects.
 - Cancelling the caller of a guarded call (not ``stop``) retires the lifetime, without
   journaling: the interrupted I/O left an unknown outcome.
+- Lanes (``fencing.lanes``): ``assign`` reads the retained partitions' completion sets
+  (``completion``); ``process_lane`` commits one lane's batch under the epoch without the
+  partition's guard (lanes of a partition run side by side; revoke, assign and retirement
+  wait for them too); ``fold`` moves the frontier to the lanes' contiguous prefix under
+  the guard.
 - ``process`` raises ``HandlerFailed`` (the handler raised; rolled back) without retiring;
   ``record_attempt`` counts one attempt of an offset in its own committed, fenced write.
   ``assign`` reads the durable failure marks of the partitions it retains
@@ -52,7 +57,7 @@ from typing import Any
 
 from consumer import decisions as d
 from consumer.decisions import LifetimeState
-from consumer.lifetime_gate import LifetimeGate
+from consumer.lifetime_gate import LaneCount, LifetimeGate
 from consumer.observability.instruments import Instruments
 from fencing.crashpoints import crash_point
 from fencing.errors import Fenced, FenceError, ResetByOperator, TokenDropped, TooSlow
@@ -60,13 +65,16 @@ from fencing.failures import SUSPECT_OPEN, Attempts
 from fencing.guarded import (
     CallHooks,
     guarded_claim,
+    guarded_fold,
+    guarded_lane,
     guarded_observe,
     guarded_process,
     guarded_skip,
 )
+from fencing.lanes import Completion, Span, check_lane
 from fencing.policy import with_policy
 from fencing.slow import handler_limit_s
-from fencing.store import AttemptStore, BatchCall, FenceStore, ResetStore
+from fencing.store import AttemptStore, BatchCall, FenceStore, LaneStore, ResetStore
 from fencing.tracing import NO_TRACING, SpanHandle, Tracing
 from fencing.types import (
     ClaimRequest,
@@ -115,9 +123,12 @@ class Lifecycle:
         self._tokens: dict[TopicPartition, Token] = {}
         self._marks: dict[TopicPartition, Attempts] = {}
         self._suspect_open: set[TopicPartition] = set()
+        self._lanes: dict[TopicPartition, LaneCount] = {}
+        self._completions: dict[TopicPartition, Completion] = {}
+        self._span_of: dict[TopicPartition, Mapping[int, Span]] = {}
         self._gate = LifetimeGate(lifetime_id=lifetime_id, store=store, clock=clock,
                                   budget_s=budget_s, tokens=self._tokens, guards=self._guards,
-                                  suspect_open=self._suspect_open)
+                                  suspect_open=self._suspect_open, lanes=self._lanes)
 
     # -- local state -------------------------------------------------------------------
     @property
@@ -133,6 +144,19 @@ class Lifecycle:
     def token(self, tp: TopicPartition) -> Token | None:
         """The retained token of ``tp`` (None when not held)."""
         return self._tokens.get(tp)
+
+    def run_lanes(self, tp: TopicPartition, span_of: Mapping[int, Span] | None) -> None:
+        """From now on ``process`` of ``tp`` commits lane transactions, each record with its
+        span from ``span_of`` (the worker's ``fencing.lanes.Dispatch``); None: no longer."""
+        if span_of is None:
+            self._span_of.pop(tp, None)
+        else:
+            self._span_of[tp] = span_of
+
+    def completion(self, tp: TopicPartition) -> Completion | None:
+        """The completion set ``assign`` read for ``tp`` (None: not read, or no store with
+        lanes): where its lanes, or a successor of lanes, resume (``fencing.lanes``)."""
+        return self._completions.get(tp)
 
     def take_failure_marks(self, tp: TopicPartition) -> Attempts | None:
         """The durable failure marks ``assign`` read for ``tp``, once (None: none, not read,
@@ -235,6 +259,7 @@ class Lifecycle:
                 retained[c.tp] = token
             self._tokens.update(retained)
             await self._read_marks(retained, live)
+            await self._read_completions(retained, live)
             crash_point("after-claim", lifetime=self.lifetime_id, partitions=_names(retained),
                         epochs={str(tp): t.epoch for tp, t in retained.items()},
                         frontiers={str(tp): t.frontier for tp, t in retained.items()})
@@ -260,6 +285,157 @@ class Lifecycle:
                     self._suspect_open.add(tp)  # before the first batch keeps it suspect
             else:
                 self._marks.pop(tp, None)
+
+    async def _read_completions(self, retained: Mapping[TopicPartition, Token],
+                                live: Callable[[], None]) -> None:
+        """One read per assignment: each retained partition's completion set, so lanes (and a
+        successor of lanes without them) skip what lanes of an earlier owner applied."""
+        store = self._store
+        for tp in retained:
+            self._completions.pop(tp, None)
+        if not retained or not isinstance(store, LaneStore):
+            return
+        read = await with_policy(lambda: store.completions(sorted(retained)),
+                                 wait=self._wait, check_live=live)
+        for tp, token in retained.items():
+            got = read.get(tp)
+            if got is not None and got.epoch == token.epoch and got.base == token.frontier:
+                self._completions[tp] = got
+
+    # -- lanes ---------------------------------------------------------------------------
+    async def process_lane(self, call: BatchCall, spans: Sequence[Span]) -> None:
+        """Commit one lane's batch of ``call.tp`` under the retained token's epoch
+        (``LaneStore.process_lane``): lanes of a partition run side by side (no guard; a
+        revoke, assign or retirement waits for them), the frontier does not move (``fold``
+        moves it). Fails like ``process``; records of another partition, out of order or
+        below the frontier raise ``ValueError`` before any I/O."""
+        self._gate.check_live()
+        tp = call.tp
+        token = self._tokens.get(tp)
+        if token is None:
+            raise Fenced(f"lane {tp}: lifetime {self.lifetime_id} holds no token for it")
+        check_lane(tp, token, call.records, spans)
+        return await self._gate.guarded(lambda deadline_s: self._process_lane(
+            call, spans, deadline_s))
+
+    async def _process_lane(self, call: BatchCall, spans: Sequence[Span],
+                            deadline_s: float) -> None:
+        tp = call.tp
+        live = self._gate.live_until(deadline_s)
+
+        async def check() -> None:
+            live()
+
+        async with self._mutex:
+            await self._gate.framed(check)
+            token = self._tokens.get(tp)
+            lanes = self._lanes.setdefault(tp, LaneCount())
+            lanes.enter()
+
+        async def body() -> None:
+            live()
+            if token is None:
+                raise TokenDropped(f"lane {tp}: token dropped while waiting for the mutex")
+            try:
+                await self._lane_guarded(call, spans, token, live)
+            except Fenced as exc:
+                await self._raise_if_reset(tp, token, live, exc)
+                raise
+
+        def late() -> bool:
+            now = self._tokens.get(tp)
+            return token is None or now is None or now.epoch != token.epoch
+
+        try:
+            await self._gate.framed(body, late=late, holding=tp)
+        finally:
+            lanes.leave()
+
+    async def _lane_guarded(self, call: BatchCall, spans: Sequence[Span], token: Token,
+                            live: Callable[[], None]) -> None:
+        store = self._store
+        if not isinstance(store, LaneStore):
+            raise TypeError(f"{type(store).__name__} keeps no completion sets: lanes need them")
+        tp, records = call.tp, call.records
+        m, started_s = self._metrics, self._clock()
+        inner = call.handler if m is None else m.counting_handler(call.handler)
+        rejected = [0]
+
+        async def barrier(conn: Any, recs: Sequence[SourceRecord]) -> Sequence[Verdict]:
+            limit_s = handler_limit_s(budget_s=self._budget_s, idle_in_transaction_s=self._idle_s,
+                                      elapsed_s=self._clock() - started_s)
+            try:
+                async with asyncio.timeout(max(0.0, limit_s)) as timer:
+                    verdicts = await inner(conn, recs)
+            except TimeoutError as exc:
+                if not timer.expired():
+                    raise
+                raise TooSlow(f"lane {tp} offsets {recs[0].offset}..{recs[-1].offset}: the "
+                              f"handler was stopped after {limit_s:.1f} s", limit_s=limit_s
+                              ) from exc
+            self._gate.check_live()  # retired meanwhile: roll back instead of committing
+            rejected[0] = d.rejects(verdicts)
+            return verdicts
+
+        attrs = {"messaging.kafka.offset": records[0].offset,
+                 "fence.first_offset": records[0].offset, "fence.last_offset": records[-1].offset,
+                 "fence.epoch": token.epoch, "fence.lane": True,
+                 "messaging.batch.message_count": len(records),
+                 "messaging.operation.type": "process", "messaging.operation.name": "process"}
+        with self._span("fence.process", tp, attrs, links=call.links) as sp:
+            try:
+                await guarded_lane(store, replace(call, handler=barrier), token, spans,
+                                   wait=self._wait, check_live=live,
+                                   hooks=self._hooks("process"))
+            except BaseException as exc:
+                if m is not None:
+                    m.batch_failed(tp, outcome=type(exc).__name__,
+                                   duration_s=self._clock() - started_s)
+                    if isinstance(exc, Fenced):
+                        m.fenced(tp)
+                raise
+            if m is not None:
+                m.batch_committed(tp, records=len(records), duration_s=self._clock() - started_s)
+            if rejected[0]:
+                sp.set_attribute("fence.rejected", rejected[0])
+
+    async def fold(self, tp: TopicPartition, *, to_frontier: int) -> Token:
+        """Move ``tp``'s durable frontier to ``to_frontier`` (the lanes' contiguous prefix)
+        under the retained token, deleting the spans below it (``LaneStore.fold``); return the
+        new token. Holds the partition's guard (folds of a partition never overlap); the
+        store's row lock waits for the lanes in flight. Fails like ``process``."""
+        self._gate.check_live()
+        if tp not in self._tokens:
+            raise Fenced(f"fold {tp}: lifetime {self.lifetime_id} holds no token for it")
+        store = self._store
+        if not isinstance(store, LaneStore):
+            raise TypeError(f"{type(store).__name__} keeps no completion sets: lanes need them")
+
+        async def run(deadline_s: float) -> Token:
+            live = self._gate.live_until(deadline_s)
+            async with self._mutex:
+                guard = self._guards.setdefault(tp, asyncio.Lock())
+                await guard.acquire()
+                token = self._tokens.get(tp)
+
+            async def body() -> Token:
+                live()
+                if token is None:
+                    raise TokenDropped(f"fold {tp}: token dropped while waiting")
+                new = await guarded_fold(store, tp, token, to_frontier=to_frontier,
+                                         wait=self._wait, check_live=live,
+                                         hooks=self._hooks("process"))
+                if self._tokens.get(tp) is token:
+                    self._tokens[tp] = new
+                return new
+
+            try:
+                return await self._gate.framed(
+                    body, late=lambda: d.late_call(token, self._tokens.get(tp)), holding=tp)
+            finally:
+                guard.release()
+
+        return await self._gate.guarded(run)
 
     # -- seek ----------------------------------------------------------------------------
     async def seek(self, tp: TopicPartition) -> int:
@@ -326,6 +502,15 @@ class Lifecycle:
         d.check_batch(call.tp, call.records)
         if call.tp not in self._tokens:
             raise Fenced(f"process {call.tp}: lifetime {self.lifetime_id} holds no token for it")
+        span_of = self._span_of.get(call.tp)
+        if span_of is not None:  # a partition of lanes: the records' own spans
+            if call.uncertain:
+                raise ValueError(f"process {call.tp}: an outcome-uncertain handler runs no lanes")
+            await self.process_lane(call, [span_of[r.offset] for r in call.records])
+            token = self._tokens.get(call.tp)
+            if token is None:
+                raise TokenDropped(f"process {call.tp}: token dropped after its lane committed")
+            return token
         return await self._gate.guarded(lambda deadline_s: self._process(call, deadline_s))
 
     async def _process(self, call: BatchCall, deadline_s: float) -> Token:

@@ -35,7 +35,7 @@ from fencing.failures import SUSPECT_OPEN
 from fencing.store import FenceStore
 from fencing.types import Token, TopicPartition
 
-__all__ = ["LifetimeGate"]
+__all__ = ["LaneCount", "LifetimeGate"]
 
 T = TypeVar("T")
 
@@ -44,13 +44,38 @@ def _never_late() -> bool:
     return False
 
 
+class LaneCount:
+    """The lane transactions of one partition in flight (``Lifecycle.process_lane``): they
+    hold no guard, so a revoke, an assign or a retirement waits for this to reach zero."""
+
+    __slots__ = ("_idle", "n")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        self.n += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.n -= 1
+        if self.n == 0:
+            self._idle.set()
+
+    async def idle(self) -> None:
+        await self._idle.wait()
+
+
 class LifetimeGate:
     """State, budget, cancellation and retirement of one lifetime; see the module Rules."""
 
     def __init__(self, *, lifetime_id: str, store: FenceStore, clock: Callable[[], float],
                  budget_s: float, tokens: dict[TopicPartition, Token],
                  guards: dict[TopicPartition, asyncio.Lock],
-                 suspect_open: set[TopicPartition]) -> None:
+                 suspect_open: set[TopicPartition],
+                 lanes: dict[TopicPartition, LaneCount] | None = None) -> None:
         """``tokens``, ``guards``, ``suspect_open``: the lifecycle's, shared (module Rules)."""
         self.lifetime_id = lifetime_id
         self.state = LifetimeState.LIVE
@@ -60,6 +85,7 @@ class LifetimeGate:
         self.budget_s = budget_s
         self._tokens = tokens
         self._guards = guards
+        self._lanes = lanes if lanes is not None else {}
         self._suspect_open = suspect_open
         self.tasks: set[asyncio.Task[object]] = set()
 
@@ -164,12 +190,15 @@ class LifetimeGate:
             if guard is not None and guard.locked():
                 async with guard:
                     pass
+            lanes = self._lanes.get(tp)
+            if lanes is not None and lanes.n:
+                await lanes.idle()
 
     async def settle_others(self, holding: TopicPartition | None) -> None:
         """Wait, bounded by the budget, until no other partition's batch is in flight."""
         # a list, not a generator: wait_for runs the coroutine later, when another call may
         # have added a guard (a generator over the dict then raised RuntimeError)
-        others = [tp for tp in self._guards if tp != holding]
+        others = [tp for tp in {*self._guards, *self._lanes} if tp != holding]
         try:
             await asyncio.wait_for(self.settle(others), timeout=self.budget_s)
         except TimeoutError:

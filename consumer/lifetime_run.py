@@ -20,6 +20,8 @@ Rules (the worker's; see ``consumer.worker`` for the process around it)
   After each commit the frontier is queued for Kafka (advisory; ``consumer.kafka.committer``),
   also when the batch's COMMIT reply was lost and the re-read resolved it as committed:
   ``lifecycle.process`` returns the resolved token either way.
+- Lanes (``--lanes``, ``consumer.lanes_run``): a partition that runs lanes has a dispatcher
+  instead of one runner; its lanes submit their batches like a runner does (``_submit``).
 - Batches go through ``consumer.failure_run`` (``lifecycle.process``, and on a handler
   failure retries, bisection, quarantine; retries end once the partition closes).
 - A fenced batch means this process was a zombie (its partition was lost and a newer owner
@@ -68,6 +70,7 @@ from consumer.exits import ExitCode, exit_code_for
 from consumer.failure_run import FailureRun, RetryInterrupted
 from consumer.kafka.adapter import Rebalancer, call_on_loop
 from consumer.kafka.source import build_checks
+from consumer.lanes_run import LaneRun
 from consumer.outage import OutageWatch, kafka_gave_up, retry_outage_async
 from consumer.ports import FactsPort, KafkaPort, LifecyclePort, Partition
 from fencing.crashpoints import crash_point
@@ -81,6 +84,7 @@ from fencing.errors import (
     SourceUnavailable,
     TokenDropped,
 )
+from fencing.lanes import Completion, Dispatch
 from fencing.types import SourceFacts, SourceRecord, Token, TopicPartition
 
 __all__ = ["LifetimeRun", "RunContext"]
@@ -141,7 +145,8 @@ class LifetimeRun:
 
     @property
     def in_flight(self) -> list[InFlight]:
-        return [p.inflight for p in self._parts.values() if p.inflight is not None]
+        return [*(p.inflight for p in self._parts.values() if p.inflight is not None),
+                *(i for p in self._parts.values() for i in p.lanes_inflight.values())]
 
     def progress(self) -> dict[TopicPartition, float]:
         """Per owned partition: the clock time of its last fetch or commit progress."""
@@ -416,6 +421,13 @@ class LifetimeRun:
     # ---- processing ----------------------------------------------------------------------
 
     async def _run_partition(self, part: Partition) -> None:
+        lanes = self._lanes_of(part)
+        if lanes is not None:
+            try:
+                await lanes.run()
+            finally:
+                self._lc.run_lanes(part.tp, None)
+            return
         while not part.closing and not self._stopping:
             if len(part.buffer) == 0:
                 part.wake.clear()
@@ -441,43 +453,85 @@ class LifetimeRun:
                 self._apply_flow(part)
                 part.inflight = inflight = in_flight_of(batch)
                 try:
-                    links = self._ctx.trace_links(batch) if self._ctx.trace_links else ()
-                    token = await self.failures.submit(part.tp, batch, links=links, stopped=lambda:
-                                                       part.closing or self._stopping)
-                except asyncio.CancelledError:
-                    raise
-                except RetryInterrupted:
-                    return
-                except ResetByOperator as exc:
-                    # nothing of the batch applied; the records come again from the new
-                    # frontier (a partition closed meanwhile is its next owner's to claim)
-                    log.info("batch %s not applied: %s%s", inflight.describe(), exc,
-                             "" if part.closing else "; claiming the partition again")
-                    if not part.closing:
-                        self._start_reclaim(part.tp)
-                    return
-                except BaseException as exc:
-                    if d.after_batch_failure(exc, closing=part.closing) is d.BatchFailure.DROP:
-                        # Lost while the batch waited behind the partition's guard: never
-                        # attempted, dropped like the records still buffered (the next owner,
-                        # this member again after a rejoin, processes it from the frontier).
-                        log.info("batch %s not attempted: the partition was lost before its "
-                                 "turn", inflight.describe())
-                        return
-                    if part.closing and isinstance(exc, Fenced):
-                        # Lost meanwhile and a newer owner committed: this process was a
-                        # zombie. Nothing of the batch applied; the lifetime ends (exit 3).
-                        log.warning("batch %s not applied: fenced after the partition was lost "
-                                    "(%s)", inflight.describe(), exc)
-                    self._fail(exc)
-                    return
+                    token = await self._submit(part, batch)
                 finally:
                     part.inflight = None
-            part.progress_s = self._ctx.clock()
-            crash_point("after-commit", partition=str(part.tp), epoch=token.epoch,
-                        first_offset=inflight.first_offset, last_offset=inflight.last_offset,
-                        batch_end=token.frontier)
-            self.kafka.commit(part.tp, token.frontier)
+            if token is None:
+                return
+            self._committed(part, inflight, token)
+
+    async def _submit(self, part: Partition, batch: list[SourceRecord]) -> Token | None:
+        """``failures.submit`` of one batch of ``part``; None when its runner (or lane) must
+        end (see the module Rules)."""
+        inflight = in_flight_of(batch)
+        try:
+            links = self._ctx.trace_links(batch) if self._ctx.trace_links else ()
+            return await self.failures.submit(part.tp, batch, links=links, stopped=lambda:
+                                              part.closing or self._stopping)
+        except asyncio.CancelledError:
+            raise
+        except RetryInterrupted:
+            return None
+        except ResetByOperator as exc:
+            # nothing of the batch applied; the records come again from the new
+            # frontier (a partition closed meanwhile is its next owner's to claim)
+            log.info("batch %s not applied: %s%s", inflight.describe(), exc,
+                     "" if part.closing else "; claiming the partition again")
+            if not part.closing:
+                self._start_reclaim(part.tp)
+            return None
+        except BaseException as exc:
+            if d.after_batch_failure(exc, closing=part.closing) is d.BatchFailure.DROP:
+                # Lost while the batch waited behind the partition's guard: never
+                # attempted, dropped like the records still buffered (the next owner,
+                # this member again after a rejoin, processes it from the frontier).
+                log.info("batch %s not attempted: the partition was lost before its "
+                         "turn", inflight.describe())
+                return None
+            if part.closing and isinstance(exc, Fenced):
+                # Lost meanwhile and a newer owner committed: this process was a
+                # zombie. Nothing of the batch applied; the lifetime ends (exit 3).
+                log.warning("batch %s not applied: fenced after the partition was lost "
+                            "(%s)", inflight.describe(), exc)
+            self._fail(exc)
+            return None
+
+    def _committed(self, part: Partition, inflight: InFlight, token: Token) -> None:
+        part.progress_s = self._ctx.clock()
+        crash_point("after-commit", partition=str(part.tp), epoch=token.epoch,
+                    first_offset=inflight.first_offset, last_offset=inflight.last_offset,
+                    batch_end=token.frontier)
+        self.kafka.commit(part.tp, token.frontier)
+
+    def _lanes_of(self, part: Partition) -> LaneRun | None:
+        """The lanes of ``part`` when it runs lanes (see ``consumer.lanes_run``)."""
+        cfg = self._cfg
+        completion = self._lc.completion(part.tp)
+        if cfg.lanes <= 1 and (completion is None or not completion.spans):
+            return None
+        if completion is None:
+            token = self._lc.token(part.tp)
+            if token is None:
+                return None
+            completion = Completion(token.frontier, epoch=token.epoch)
+        dispatch = Dispatch(completion, cfg.lanes, window=cfg.lanes_window,
+                            null_any=cfg.lanes_null_any)
+
+        async def submit(p: Partition, batch: list[SourceRecord]) -> bool:
+            token = await self._submit(p, batch)
+            if token is not None:
+                p.progress_s = self._ctx.clock()
+            return token is not None
+
+        def take(p: Partition) -> list[SourceRecord]:
+            batch = p.buffer.take_batch()
+            self._apply_flow(p)
+            return batch
+
+        return LaneRun(part, dispatch, lifecycle=self._lc, slots=self._slots,
+                       batch_max_records=cfg.batch_max_records, submit=submit,
+                       commit=lambda frontier: self.kafka.commit(part.tp, frontier),
+                       stopping=lambda: self._stopping, take=take)
 
     # ---- operator resets ------------------------------------------------------------------
 

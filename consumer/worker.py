@@ -33,8 +33,8 @@ from consumer.lifetime_run import LifetimeRun, RunContext
 from consumer.mirror import MirrorState
 from consumer.observability.instruments import Instruments
 from consumer.ports import FactsPort, KafkaPort, LifecyclePort
-from fencing.errors import InstanceFenced
-from fencing.handler import declaration_of
+from fencing.errors import ConfigError, InstanceFenced
+from fencing.handler import Effects, declaration_of
 from fencing.slow import handler_limit_s
 from fencing.store import HandlerFn
 from fencing.tracing import NO_TRACING, Tracing
@@ -60,6 +60,9 @@ class Worker:
                  rng: random.Random | None = None,
                  instruments: Instruments | None = None,
                  tracing: Tracing = NO_TRACING) -> None:
+        if config.lanes > 1 and declaration_of(handler).effects is Effects.OUTCOME_UNCERTAIN:
+            raise ConfigError(f"--lanes {config.lanes}: an outcome-uncertain handler runs no "
+                              "lanes (its intent is one per partition); use --lanes 1")
         self.config = config
         self.clock = clock
         self.wait = wait  # retry backoffs (``consumer.failure_run``)
@@ -92,7 +95,8 @@ class Worker:
         return FailureRun(lifecycle=lifecycle, handler=self.handler,
                           declaration=declaration_of(self.handler), policy=cfg.retry,
                           rng=self._rng, clock=self.clock, wait=self.wait,
-                          suspect_window=cfg.batch_max_records,
+                          # what a dead process can have had in flight: a batch per lane
+                          suspect_window=cfg.batch_max_records * cfg.lanes,
                           instruments=self._instruments, tracing=self._tracing,
                           gate=self._gate, limit_s=handler_limit_s(
                               budget_s=cfg.budget_s,

@@ -1,5 +1,8 @@
 """Guarded store operations: the three-call policy plus resolution of unknown outcomes.
 
+Long because each write (process, lane, fold, claim, skip) keeps its resolution next to
+its call.
+
 Rules
 - ``guarded_process``: at most three process calls. ``NotCommitted`` is retried.
   ``OutcomeUnknown`` is resolved by a settled ``observe`` (it waits, bounded, for a
@@ -7,6 +10,10 @@ Rules
   COMMITTED returns the advanced token without another call; NOT_COMMITTED retries
   the same batch as the next call; FENCED raises ``Fenced``. An observe that cannot be
   answered raises ``Unresolved`` and the caller's lifetime must retire.
+- ``guarded_lane``: a lane's transaction (``LaneStore.process_lane``) under the same
+  policy; an unknown outcome is resolved by a settled re-read of the completion set
+  (``resolve_lane``): COMMITTED returns, NOT_COMMITTED retries the same lane batch, FENCED
+  raises ``Fenced``, a contradiction ``Unresolved``.
 - ``guarded_claim``: ``OutcomeUnknown`` is followed by an observe (three-call policy)
   and then, only while ``check_live`` passes, a fresh claim as the next call. The
   observed epoch is never adopted: only a claim reply installs a token.
@@ -34,9 +41,10 @@ from fencing.errors import (
     ReadFailed,
     Unresolved,
 )
+from fencing.lanes import Span
 from fencing.policy import Wait, with_policy
-from fencing.resolution import Resolution, resolve_process
-from fencing.store import BatchCall, FenceStore
+from fencing.resolution import Resolution, resolve_lane, resolve_process
+from fencing.store import BatchCall, FenceStore, LaneStore
 from fencing.tracing import NO_TRACING, Tracing
 from fencing.types import ClaimRequest, SourceRecord, Token, TopicPartition, Verdict
 
@@ -44,6 +52,8 @@ __all__ = [
     "NO_HOOKS",
     "CallHooks",
     "guarded_claim",
+    "guarded_fold",
+    "guarded_lane",
     "guarded_observe",
     "guarded_process",
     "guarded_skip",
@@ -162,6 +172,88 @@ async def guarded_process(
             raise EffectUncertain(f"process {tp}: lost COMMIT reply resolved as not committed "
                                   "after the handler ran")
         return _settle(resolution, token, batch_end, observed, what=f"process {tp}")
+
+    return await with_policy(one_call, wait=wait, check_live=check_live,
+                             on_retry=hooks.on_retry)
+
+
+async def guarded_lane(
+    store: LaneStore,
+    call: BatchCall,
+    token: Token,
+    spans: Sequence[Span],
+    *,
+    wait: Wait,
+    check_live: Callable[[], None],
+    hooks: CallHooks = NO_HOOKS,
+) -> None:
+    """Commit one lane's batch under ``token``'s epoch (``LaneStore.process_lane``).
+
+    Raises ``Fenced`` (nothing applied, or an unknown outcome re-read with another owner),
+    ``HandlerFailed``, ``NotCommitted`` after three calls, ``Unresolved``, or whatever
+    ``check_live`` raises."""
+    tp = call.tp
+    offsets = [r.offset for r in call.records]
+
+    async def one_call() -> None:
+        try:
+            await store.process_lane(call, token, spans)
+            return
+        except OutcomeUnknown:
+            pass
+        with hooks.tracing.span("fence.resolve", {
+                "fence.operation": "lane", "messaging.destination.name": tp.topic,
+                "messaging.destination.partition.id": str(tp.partition),
+                "fence.epoch": token.epoch}) as span:
+            try:
+                observed = (await with_policy(
+                    lambda: store.completions([tp], settled=True), wait=wait,
+                    check_live=check_live, on_retry=hooks.on_retry))[tp]
+            except ReadFailed as exc:
+                raise Unresolved(f"lane {tp}: outcome unknown and the re-read failed three "
+                                 "times") from exc
+            resolution = resolve_lane(sent=token, offsets=offsets, observed=observed)
+            span.set_attribute("fence.outcome", "unresolved" if resolution is None
+                               else resolution.value)
+        if resolution is None:
+            raise Unresolved(f"lane {tp}: after an unknown outcome only some of offsets "
+                             f"{offsets[0]}..{offsets[-1]} are done")
+        if hooks.on_resolve is not None:
+            hooks.on_resolve("process", resolution.value)
+        if resolution is Resolution.NOT_COMMITTED:
+            raise NotCommitted(f"lane {tp}: unknown outcome resolved as not committed")
+        if resolution is Resolution.FENCED:
+            raise Fenced(f"lane {tp}: unknown outcome resolved to another owner ({observed})")
+
+    await with_policy(one_call, wait=wait, check_live=check_live, on_retry=hooks.on_retry)
+
+
+async def guarded_fold(
+    store: LaneStore,
+    tp: TopicPartition,
+    token: Token,
+    *,
+    to_frontier: int,
+    wait: Wait,
+    check_live: Callable[[], None],
+    hooks: CallHooks = NO_HOOKS,
+) -> Token:
+    """Move ``tp``'s frontier to ``to_frontier`` under ``token`` (``LaneStore.fold``), the
+    three-call policy; an unknown outcome is resolved like a process commit ending at
+    ``to_frontier``. Raises ``Fenced``, ``NotCommitted`` after three calls, ``Unresolved``."""
+    if to_frontier <= token.frontier:
+        return token
+
+    async def one_call() -> Token:
+        try:
+            return await store.fold(tp, token, to_frontier=to_frontier)
+        except OutcomeUnknown:
+            pass
+        assert isinstance(store, FenceStore)
+        observed = (await _resolve_observe(store, [tp], wait=wait, check_live=check_live,
+                                           hooks=hooks, what=f"fold {tp}"))[tp]
+        resolution = resolve_process(sent=token, batch_end=to_frontier, observed=observed)
+        return _settle(resolution, token, to_frontier, observed, what=f"fold {tp}")
 
     return await with_policy(one_call, wait=wait, check_live=check_live,
                              on_retry=hooks.on_retry)

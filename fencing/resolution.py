@@ -6,6 +6,9 @@ Rules
   same epoch and frontier == batch end  -> COMMITTED (advance the local frontier);
   same epoch and the original frontier  -> NOT_COMMITTED (retry the same batch);
   anything else (other epoch, other frontier, no row) -> FENCED (the lifetime retires).
+- Unknown lane commit (``fencing.lanes``), re-read ``observed`` (the completion set): no row
+  or another epoch -> FENCED; every record of the lane's batch done -> COMMITTED; none done ->
+  NOT_COMMITTED (retry the same batch); some done -> None (one transaction cannot do that).
 - A claim's reply is compatible only when the epoch is positive and the frontier is
   not negative; reading an epoch never proves this caller installed it.
 - ``decide_validation``: no row -> ok; a recorded topic id other than Kafka's ->
@@ -21,9 +24,11 @@ import enum
 from collections.abc import Sequence
 
 from fencing.errors import RecreatedTopic, RetentionGap
+from fencing.lanes import Completion
 from fencing.types import SourceCheck, SourceRecord, Token, TopicPartition, Validation
 
-__all__ = ["Resolution", "batch_end", "compatible_claim", "decide_validation", "resolve_process"]
+__all__ = ["Resolution", "batch_end", "compatible_claim", "decide_validation", "resolve_lane",
+           "resolve_process"]
 
 
 class Resolution(enum.Enum):
@@ -43,6 +48,21 @@ def resolve_process(*, sent: Token, batch_end: int, observed: Token | None) -> R
     if observed.frontier == sent.frontier:
         return Resolution.NOT_COMMITTED
     return Resolution.FENCED
+
+
+def resolve_lane(*, sent: Token, offsets: Sequence[int],
+                 observed: Completion | None) -> Resolution | None:
+    """Classify an unknown lane commit from the re-read completion set (see the Rules)."""
+    if not offsets:
+        raise ValueError("a lane batch has at least one record")
+    if observed is None or observed.epoch != sent.epoch:
+        return Resolution.FENCED
+    done = [observed.done(o) for o in offsets]
+    if all(done):
+        return Resolution.COMMITTED
+    if not any(done):
+        return Resolution.NOT_COMMITTED
+    return None
 
 
 def compatible_claim(claimed: Token, previous: Token | None) -> bool:

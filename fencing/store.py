@@ -15,6 +15,15 @@ Rules
   (epoch and frontier) to match, run the call's handler over its records in order,
   quarantine rejected records, set ``frontier := last offset + 1``, COMMIT. Returns the new
   token. Raises ``Fenced`` (nothing applied), ``NotCommitted`` or ``OutcomeUnknown``.
+- ``LaneStore`` (both stores; ``fencing.lanes``): ``process_lane`` is one lane's
+  transaction: the partition's epoch required under a share lock (lanes of a partition
+  run side by side; a claim waits for every one in flight, then fences them), the
+  handler over the lane's records (offset order, at or above the frontier, not
+  contiguous), their rejects quarantined and their spans written, COMMIT; the frontier
+  does not move. Raises ``Fenced`` (nothing applied), ``HandlerFailed``, ``NotCommitted``
+  or ``OutcomeUnknown``. ``completions`` reads each partition's frontier, epoch and spans
+  (``settled``: as ``observe``). ``fold`` moves the frontier under the token to
+  ``to_frontier`` and deletes the spans wholly below it.
 - ``skip`` is ``process`` without records: under the token, move the frontier forward to
   ``to_offset`` and journal ``reason`` (retention gap accepted by the operator's option).
 - A handler exception is raised as ``HandlerFailed`` (transient or poison; nothing
@@ -44,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from fencing.failures import Attempts
+from fencing.lanes import Completion, Span
 from fencing.types import (
     ClaimRequest,
     SourceCheck,
@@ -55,7 +65,7 @@ from fencing.types import (
 )
 
 __all__ = ["JOURNAL_EVENTS", "AttemptStore", "BatchCall", "FenceStore", "HandlerFn",
-           "ResetStore"]
+           "LaneStore", "ResetStore"]
 
 # An effect handler: given the transaction's connection (asyncpg Connection for the
 # PostgreSQL store, a MemoryTx for the in-memory store) and the batch, returns one
@@ -111,6 +121,19 @@ class FenceStore(Protocol):
         epoch: int | None = None,
         detail: str = "",
     ) -> None: ...
+
+
+@runtime_checkable
+class LaneStore(Protocol):
+    """Key-ordered lanes inside a partition (``fencing.lanes``; see the module Rules)."""
+
+    async def process_lane(self, call: BatchCall, token: Token,
+                           spans: Sequence[Span]) -> None: ...
+
+    async def completions(self, tps: Sequence[TopicPartition], *,
+                          settled: bool = False) -> Mapping[TopicPartition, Completion | None]: ...
+
+    async def fold(self, tp: TopicPartition, token: Token, *, to_frontier: int) -> Token: ...
 
 
 @runtime_checkable

@@ -35,12 +35,13 @@ class Operation(enum.Enum):
     HEARTBEAT = "heartbeat"  # the member row (status only; never guards data)
     ATTEMPT = "attempt"  # the attempt-count upsert of one record (handler failures)
     ATTEMPTS = "attempts"  # the read of the failure marks at a claim
+    LANE = "lane"  # one lane's transaction (``--lanes``)
 
     @property
     def mutating(self) -> bool:
         """Writes whose reply can be lost (unknown outcomes are possible)."""
         return self in (Operation.CLAIM, Operation.PROCESS, Operation.SKIP, Operation.HEARTBEAT,
-                        Operation.ATTEMPT)
+                        Operation.ATTEMPT, Operation.LANE)
 
     @property
     def interleavable(self) -> bool:

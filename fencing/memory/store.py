@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -45,6 +45,7 @@ from fencing.errors import (
 )
 from fencing.failures import SUSPECT_OPEN, Attempts, handler_failure
 from fencing.handler import check_verdicts
+from fencing.lanes import Completion, Span, check_lane
 from fencing.memory.faults import Fault, FaultOutcome, InterleavePoint, Operation
 from fencing.memory.rows import (
     JournalRow,
@@ -130,6 +131,9 @@ class MemoryFenceStore:
         self.intent_rows: dict[TopicPartition, tuple[int, int, int]] = {}  # first, last, epoch
         self._tables: dict[str, dict[Any, Any]] = {}
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
+        self._sharers: dict[TopicPartition, int] = {}  # lane transactions in flight
+        self._lanes_ended = asyncio.Condition()
+        self.completion_rows: dict[TopicPartition, list[tuple[int, tuple[Span, ...]]]] = {}
         self._base = _Frame("-", (), self)
 
     # -- attempts and faults -------------------------------------------------------------
@@ -219,6 +223,13 @@ class MemoryFenceStore:
     def _lock(self, tp: TopicPartition) -> asyncio.Lock:
         return self._locks.setdefault(tp, asyncio.Lock())
 
+    async def _no_lanes(self, tps: Iterable[TopicPartition]) -> None:
+        """Wait (holding the rows' locks) until no lane transaction holds a share lock."""
+        tps = list(tps)
+        async with self._lanes_ended:
+            await self._lanes_ended.wait_for(
+                lambda: not any(self._sharers.get(tp, 0) for tp in tps))
+
     def _write(
         self, kind: str, tp: TopicPartition, lifetime: str | None, epoch: int | None, label: str,
         event: str = "", skipped: tuple[int, int] | None = None,
@@ -278,6 +289,7 @@ class MemoryFenceStore:
             for lock in locks:
                 await lock.acquire()
             try:
+                await self._no_lanes(tps)  # the row locks wait for every lane's share lock
                 if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_ABORTED:
                     raise OutcomeUnknown(f"claim: injected lost reply, not applied (call {call})")
                 tokens = self._apply_claim(claims, lifetime, label)
@@ -368,6 +380,90 @@ class MemoryFenceStore:
             return new
 
         return await self._run(Operation.PROCESS, effect, tp.partition)
+
+    async def process_lane(self, call: BatchCall, token: Token,
+                           spans: Sequence[Span]) -> None:
+        """``LaneStore.process_lane``: the epoch required under a share lock (a claim waits
+        for it), the handler, the quarantine and the spans committed together."""
+        tp, records, handler = call.tp, call.records, call.handler
+        check_lane(tp, token, records, spans)
+
+        async def effect(fault: Fault | None, label: str, state: dict[str, bool],
+                         call_no: int) -> None:
+            await self._point(Operation.LANE, call_no, "before", fault, label, tp.partition)
+            async with self._lock(tp):  # a claim holding the row waits first
+                row = self.rows.get(tp)
+                if row is None or row.epoch != token.epoch:
+                    raise Fenced(f"lane {tp}: epoch {token.epoch} does not match the durable "
+                                 f"{None if row is None else row.epoch}")
+                self._sharers[tp] = self._sharers.get(tp, 0) + 1
+            try:
+                if fault is not None and fault.outcome is FaultOutcome.ABORT:
+                    raise NotCommitted(f"lane {tp}: injected rollback (call {call_no})")
+                tx = MemoryTx(self.group_id, self._tables)
+                try:
+                    returned = await handler(tx, records)
+                except Exception as exc:
+                    err = handler_failure(exc, what=f"lane {tp}")
+                    if err is exc:
+                        raise
+                    raise err from exc
+                verdicts = check_verdicts(returned, len(records))
+                if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_ABORTED:
+                    raise OutcomeUnknown(f"lane {tp}: injected lost COMMIT, not applied "
+                                         f"(call {call_no})")
+                for rec, verdict in zip(records, verdicts, strict=True):
+                    if isinstance(verdict, Reject):
+                        self.quarantine.append(QuarantineRow(
+                            tp, rec.offset, verdict.reason, token.epoch, rec.key, rec.value,
+                            verdict.error_type, verdict.traceback_digest))
+                self._tables.update(tx._changed)
+                self.completion_rows.setdefault(tp, []).append((token.epoch, tuple(spans)))
+                self._write("lane", tp, row.owner, token.epoch, label)
+                state["applied"] = True
+            finally:
+                self._sharers[tp] -= 1
+                async with self._lanes_ended:
+                    self._lanes_ended.notify_all()
+            await self._point(Operation.LANE, call_no, "after", fault, label, tp.partition)
+            if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_COMMITTED:
+                raise OutcomeUnknown(f"lane {tp}: injected lost COMMIT reply, committed "
+                                     f"(call {call_no})")
+
+        await self._run(Operation.LANE, effect, tp.partition)
+
+    async def completions(self, tps: Sequence[TopicPartition], *,
+                          settled: bool = False) -> Mapping[TopicPartition, Completion | None]:
+        """``LaneStore.completions`` (a read; ``settled`` changes nothing here: a commit is
+        atomic). Read without faults or events, like the attempt counts, until the
+        simulator's traces model lanes."""
+        await asyncio.sleep(0)
+        out: dict[TopicPartition, Completion | None] = {}
+        for tp in tps:
+            row = self.rows.get(tp)
+            out[tp] = None if row is None else Completion.of(
+                row.frontier, (sp for _, spans in self.completion_rows.get(tp, ())
+                               for sp in spans), epoch=row.epoch)
+        return out
+
+    async def fold(self, tp: TopicPartition, token: Token, *, to_frontier: int) -> Token:
+        """``LaneStore.fold``: the frontier moved under the token, the spans wholly below it
+        deleted, in one atomic step (it waits for the lanes in flight, as the row lock does)."""
+        if to_frontier < token.frontier:
+            raise ValueError(f"fold {tp}: {to_frontier} is below the frontier {token.frontier}")
+        async with self._lock(tp):
+            await self._no_lanes([tp])
+            row = self._require(tp, token)
+            self.rows[tp] = replace(row, frontier=to_frontier, updated_s=self._clock())
+            self.completion_rows[tp] = [
+                (e, spans) for e, spans in self.completion_rows.get(tp, ())
+                if max(b for _, b in spans) >= to_frontier]
+            for key in [k for k in self.attempt_rows if k[0] == tp and k[1] < to_frontier]:
+                del self.attempt_rows[key]
+                self.retry_scheduled.pop(key, None)
+                self.alone_epochs.pop(key, None)
+            self._write("fold", tp, row.owner, token.epoch, "-")
+        return Token(token.epoch, to_frontier)
 
     def _require(self, tp: TopicPartition, token: Token) -> Row:
         row = self.rows.get(tp)
@@ -564,6 +660,7 @@ class MemoryFenceStore:
         now = self._clock()
         self.rows[tp] = replace(row, epoch=row.epoch + 1, frontier=frontier, owner=operator,
                                 updated_s=now)
+        self.completion_rows.pop(tp, None)  # lanes: from the new frontier on, again
         self.journal_rows.append(JournalRow(tp, operator, "reset", row.epoch + 1,
                                             f"frontier {row.frontier} -> {frontier}", now))
         return Token(row.epoch + 1, frontier)

@@ -10,7 +10,8 @@ Rules
   ``fencectl migrate``; newer: deploy a newer worker).
 - ``grant_worker_sql`` is the least-privilege grant for a worker role: it reads and
   writes the fence tables but cannot change the schema, rewrite the journal, or delete
-  (except attempt counts, deleted once their offset commits).
+  (except attempt counts, deleted once their offset commits, and lane completions, deleted
+  once the frontier moved past them).
 """
 
 from __future__ import annotations
@@ -146,4 +147,6 @@ def grant_worker_sql(schema: str, role: str) -> list[str]:
         f"GRANT SELECT, INSERT ON {q}.journal TO {r}",
         f"GRANT SELECT, INSERT, UPDATE, DELETE ON {q}.attempts TO {r}",
         f"GRANT SELECT, INSERT, UPDATE ON {q}.intents TO {r}",
+        f"GRANT SELECT, INSERT, DELETE ON {q}.completions TO {r}",
+        f"GRANT USAGE ON SEQUENCE {q}.completions_id_seq TO {r}",
     ]

@@ -16,6 +16,13 @@ Rules
   ``int`` values, never text, so nothing can be injected. Connections of the store's own
   pool run ``prepare_fence`` once, so the message is ``BEGIN; EXECUTE fence_advance(...)``
   (no parse or plan per batch).
+- Lanes: ``lane_fence`` checks the epoch under a share lock (lanes of a partition run side
+  by side; a claim waits for them all, then fences them); ``lane_done`` writes a lane
+  transaction's spans; ``completions`` reads each partition's row with its spans (one
+  read for a set; ``completions_settled`` waits for a COMMIT in progress like
+  ``observe_settled``); ``fold`` moves the frontier under the token and deletes the spans
+  wholly below it and the attempt counts below it (a lane's transaction leaves them: a
+  delete of another lane's counts would lose their marks).
 """
 
 from __future__ import annotations
@@ -49,6 +56,12 @@ class Statements:
     attempts: str
     operator_reset: str
     record_intent: str
+    lane_fence: str
+    begin_lane_fence: str
+    lane_done: str
+    completions: str
+    completions_settled: str
+    fold: str
 
     @classmethod
     def for_schema(cls, schema: str) -> Statements:
@@ -195,6 +208,44 @@ ON CONFLICT (group_id, topic, partition) DO UPDATE
     SET first_offset = EXCLUDED.first_offset, last_offset = EXCLUDED.last_offset,
         epoch = EXCLUDED.epoch, at = now()
 RETURNING i.first_offset""",
+            # a lane's fence: the epoch under a share lock, so lanes of one partition run
+            # side by side while a claim (an UPDATE) waits for every one of them
+            lane_fence=f"""
+SELECT 1 FROM {s}.partitions WHERE id = $1 AND epoch = $2 FOR SHARE""",
+            begin_lane_fence=(
+                f"BEGIN; SELECT 1 FROM {s}.partitions WHERE id = {{row_id:d}}"
+                " AND epoch = {epoch:d} FOR SHARE"),
+            lane_done=f"""
+INSERT INTO {s}.completions (group_id, topic, partition, epoch, first, last)
+VALUES ($1, $2, $3, $4, $5::bigint[], $6::bigint[])""",
+            completions=f"""
+SELECT p.topic, p.partition, p.epoch, p.frontier, c.first, c.last
+FROM unnest($2::text[], $3::int[]) AS r(topic, partition)
+JOIN {s}.partitions p ON p.group_id = $1 AND p.topic = r.topic AND p.partition = r.partition
+LEFT JOIN {s}.completions c ON c.group_id = $1 AND c.topic = r.topic
+    AND c.partition = r.partition""",
+            completions_settled=f"""
+SELECT p.topic, p.partition, p.epoch, p.frontier, c.first, c.last
+FROM unnest($2::text[], $3::int[]) AS r(topic, partition)
+JOIN {s}.partitions p ON p.group_id = $1 AND p.topic = r.topic AND p.partition = r.partition
+LEFT JOIN {s}.completions c ON c.group_id = $1 AND c.topic = r.topic
+    AND c.partition = r.partition
+FOR SHARE OF p""",
+            # the contiguous prefix into the row; rows wholly below it deleted
+            fold=f"""
+WITH upd AS (
+    UPDATE {s}.partitions SET frontier = $6, updated_at = now()
+    WHERE group_id = $1 AND topic = $2 AND partition = $3 AND epoch = $4 AND frontier = $5
+    RETURNING epoch, frontier
+), del AS (
+    DELETE FROM {s}.completions c USING upd
+    WHERE c.group_id = $1 AND c.topic = $2 AND c.partition = $3
+      AND (SELECT max(l) FROM unnest(c.last) AS l) < upd.frontier
+), att AS (
+    DELETE FROM {s}.attempts a USING upd
+    WHERE a.group_id = $1 AND a.topic = $2 AND a.partition = $3 AND a."offset" < upd.frontier
+)
+SELECT epoch, frontier FROM upd""",
             clear_attempts=f"""
 DELETE FROM {s}.attempts WHERE group_id = $1 AND topic = $2 AND partition = $3
     AND "offset" < $4""",

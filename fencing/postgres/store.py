@@ -13,6 +13,9 @@ Rules
   round trip; the handler's statements; one quarantine insert for all rejects; COMMIT.
   Without rejects it costs the same round trips as an unfenced BEGIN/handler/COMMIT.
   (The row id is learned from claim/observe, else read once per partition.)
+- ``process_lane`` is one lane's transaction: BEGIN together with the epoch check under a
+  share lock (``sql.lane_fence``), the handler's statements and quarantine, the insert of
+  its spans, COMMIT; ``completions`` and ``fold`` are one statement each.
 - COMMIT is checked: a handler that ended the transaction itself, or one whose statement
   failed and was caught without a SAVEPOINT (PostgreSQL then answers COMMIT with ROLLBACK),
   raises ``HandlerMisuse``; the batch is not reported applied.
@@ -44,6 +47,7 @@ from fencing.crashpoints import crash_point, is_armed_for
 from fencing.errors import Fenced, HandlerFailed, HandlerMisuse
 from fencing.failures import SUSPECT_OPEN, Attempts
 from fencing.handler import accepted_all
+from fencing.lanes import Completion, Span, check_lane
 from fencing.postgres.classify import Phase, connection_suspect, translate, wrap_handler_error
 from fencing.postgres.schema import DEFAULT_SCHEMA, check_version
 from fencing.postgres.sql import Statements
@@ -259,21 +263,37 @@ class PgFenceStore:
     async def process(self, call: BatchCall, token: Token) -> Token:
         tp, records = call.tp, call.records
         end = batch_end(tp, token, records)
+
+        async def apply(conn: Any) -> None:
+            row_id = await self._row_id(conn, tp, token)
+            await self._apply(conn, tp, token, end, row_id, records, call.handler)
+            if call.clear_attempts:  # only after a failure was seen: never on the hot path
+                await conn.execute(self._sql.clear_attempts, self.group_id, tp.topic,
+                                   tp.partition, end)
+
+        marker = {"partition": str(tp), "epoch": token.epoch, "first_offset": records[0].offset,
+                  "last_offset": records[-1].offset, "frontier": token.frontier,
+                  "batch_end": end}
+        await self._transaction(f"process {tp}", apply, marker,
+                                f"process {tp} epoch={token.epoch} frontier={token.frontier}")
+        return Token(token.epoch, end)
+
+    async def _transaction(self, what: str, apply: Any, marker: Mapping[str, Any],
+                           describe: str) -> None:
+        """One fenced transaction on a pooled connection: ``apply(conn)`` (BEGIN, the fence
+        and the handler's statements), the checks of a handler's misuse, the crash points,
+        COMMIT (module Rules); errors translated with ``describe``."""
         phase = Phase.BEFORE_COMMIT
         try:
             async with self._pool.acquire() as conn:
-                row_id = await self._row_id(conn, tp, token)
                 try:
-                    await self._apply(conn, tp, token, end, row_id, records, call.handler)
-                    if call.clear_attempts:  # only after a failure was seen: never on the hot path
-                        await conn.execute(self._sql.clear_attempts, self.group_id, tp.topic,
-                                           tp.partition, end)
+                    await apply(conn)
                 except BaseException as exc:
                     failed = exc.__cause__ if isinstance(exc, HandlerFailed) else None
                     await _abandon(conn, failed if failed is not None else exc)
                     if getattr(exc, "sqlstate", None) == _IN_FAILED_TRANSACTION:
                         raise HandlerMisuse(
-                            f"process {tp}: a statement ran in an aborted transaction "
+                            f"{what}: a statement ran in an aborted transaction "
                             f"({exc}): a statement of the handler failed and the handler "
                             "caught the error without a SAVEPOINT; nothing of the batch was "
                             "applied; let the error propagate, or wrap the statement in "
@@ -281,13 +301,10 @@ class PgFenceStore:
                     raise
                 if not conn.is_in_transaction():
                     raise HandlerMisuse(
-                        f"process {tp}: the handler ended the store's transaction itself "
+                        f"{what}: the handler ended the store's transaction itself "
                         "(COMMIT or ROLLBACK on the given connection): the batch is not "
                         "reported applied; never end or restart the transaction in a "
                         "handler (use SAVEPOINT for partial rollback)")
-                marker = {"partition": str(tp), "epoch": token.epoch,
-                          "first_offset": records[0].offset, "last_offset": records[-1].offset,
-                          "frontier": token.frontier, "batch_end": end}
                 crash_point("in-handler", **marker)
                 phase = Phase.IN_FLIGHT
                 try:
@@ -299,18 +316,79 @@ class PgFenceStore:
                     raise
                 if status != "COMMIT":  # PostgreSQL answers ROLLBACK for a failed transaction
                     raise HandlerMisuse(
-                        f"process {tp}: PostgreSQL answered COMMIT with {status}: a statement "
+                        f"{what}: PostgreSQL answered COMMIT with {status}: a statement "
                         "of the handler failed and the handler caught the error without a "
                         "SAVEPOINT, so the whole transaction was rolled back and nothing of "
                         "the batch was applied; let the error propagate, or wrap the "
                         "statement in SAVEPOINT / ROLLBACK TO SAVEPOINT")
         except BaseException as exc:
-            what = f"process {tp} epoch={token.epoch} frontier={token.frontier}"
-            err = translate(exc, phase, what)
+            err = translate(exc, phase, describe)
             if err is exc:
                 raise
             raise err from exc
-        return Token(token.epoch, end)
+
+    async def process_lane(self, call: BatchCall, token: Token,
+                           spans: Sequence[Span]) -> None:
+        """``LaneStore.process_lane``: one lane's transaction under the partition's epoch."""
+        tp, records = call.tp, call.records
+        check_lane(tp, token, records, spans)
+
+        async def apply(conn: Any) -> None:
+            row_id = await self._row_id(conn, tp, token)
+            status = await conn.execute(self._sql.begin_lane_fence.format(
+                row_id=int(row_id), epoch=int(token.epoch)))
+            if status != "SELECT 1":
+                self._ids.pop(tp, None)
+                now = await conn.fetchrow(self._sql.read_one, self.group_id, tp.topic,
+                                          tp.partition)
+                held = "no row" if now is None else f"epoch={now['epoch']}"
+                raise Fenced(f"lane {tp}: epoch {token.epoch} does not match the durable "
+                             f"{held}")
+            await self._handle(conn, tp, token, records, call.handler)
+            await conn.execute(self._sql.lane_done, self.group_id, tp.topic, tp.partition,
+                               token.epoch, [a for a, _ in spans], [b for _, b in spans])
+
+        marker = {"partition": str(tp), "epoch": token.epoch, "first_offset": records[0].offset,
+                  "last_offset": records[-1].offset, "frontier": token.frontier,
+                  "batch_end": records[-1].offset + 1, "lane": True}
+        await self._transaction(f"lane {tp}", apply, marker,
+                                f"lane {tp} epoch={token.epoch} offsets {records[0].offset}.."
+                                f"{records[-1].offset}")
+
+    async def completions(self, tps: Sequence[TopicPartition], *,
+                          settled: bool = False) -> Mapping[TopicPartition, Completion | None]:
+        """``LaneStore.completions``: each partition's frontier and spans (None: no row), with
+        the epoch in ``Completion.epoch``; ``settled`` waits for a COMMIT in progress."""
+        if not tps:
+            return {}
+        args = (self.group_id, [tp.topic for tp in tps], [tp.partition for tp in tps])
+        if settled:
+            rows = await self._fetch(Phase.READ, "completions", self._sql.completions_settled,
+                                     *args, lock_timeout_ms=max(1, int(
+                                         self._settle_timeout_s * 1000)))
+        else:
+            rows = await self._fetch(Phase.READ, "completions", self._sql.completions, *args)
+        found: dict[TopicPartition, tuple[int, int, list[Span]]] = {}
+        for r in rows:
+            tp = TopicPartition(r["topic"], r["partition"])
+            spans = found.setdefault(tp, (r["epoch"], r["frontier"], []))[2]
+            if r["first"] is not None:
+                spans.extend(zip(r["first"], r["last"], strict=True))
+        return {tp: (None if tp not in found else Completion.of(
+            found[tp][1], found[tp][2], epoch=found[tp][0])) for tp in tps}
+
+    async def fold(self, tp: TopicPartition, token: Token, *, to_frontier: int) -> Token:
+        """``LaneStore.fold``: under ``token``, move the frontier to ``to_frontier`` and delete
+        the spans wholly below it. Raises ``Fenced`` when the token no longer matches."""
+        if to_frontier < token.frontier:
+            raise ValueError(f"fold {tp}: {to_frontier} is below the frontier {token.frontier}")
+        rows = await self._fetch(Phase.IN_FLIGHT, f"fold {tp}", self._sql.fold, self.group_id,
+                                 tp.topic, tp.partition, token.epoch, token.frontier,
+                                 to_frontier)
+        if not rows:
+            raise Fenced(f"fold {tp}: token epoch={token.epoch} frontier={token.frontier} "
+                         "no longer matches")
+        return Token(rows[0]["epoch"], rows[0]["frontier"])
 
     async def _row_id(self, conn: Any, tp: TopicPartition, token: Token) -> int:
         row_id = self._ids.get(tp)
@@ -334,6 +412,11 @@ class PgFenceStore:
             held = "no row" if now is None else f"epoch={now['epoch']} frontier={now['frontier']}"
             raise Fenced(f"process {tp}: token epoch={token.epoch} frontier={token.frontier} "
                          f"does not match the durable {held}")
+        await self._handle(conn, tp, token, records, handler)
+
+    async def _handle(self, conn: Any, tp: TopicPartition, token: Token,
+                      records: Sequence[SourceRecord], handler: HandlerFn) -> None:
+        """The handler's statements on the fenced transaction, then its rejects' quarantine."""
         try:
             returned = await handler(conn, records)
         except Exception as exc:

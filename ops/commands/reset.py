@@ -207,6 +207,14 @@ async def apply_reset(conn: Any, *, schema: str, group: str, plans: Sequence[Pla
                 f" WHERE group_id = $1 AND topic = $2 AND partition = $3 AND epoch = $4",
                 group, plan.tp.topic, plan.tp.partition, plan.old_epoch, plan.new_epoch,
                 plan.new_frontier, plan.new_topic_id, operator)
+            # lanes' completion sets (fencing.lanes): a gap accepted keeps what was applied
+            # above the new frontier; any other reset means "from here on, again"
+            await conn.execute(
+                f"DELETE FROM {q}.completions c WHERE c.group_id = $1 AND c.topic = $2"
+                f" AND c.partition = $3 AND ($5::boolean OR"
+                f" (SELECT max(l) FROM unnest(c.last) AS l) < $4)",
+                group, plan.tp.topic, plan.tp.partition, plan.new_frontier,
+                plan.action is not Action.ACCEPT_GAP)
             await conn.execute(
                 f"INSERT INTO {q}.journal (group_id, topic, partition, event, epoch, lifetime,"
                 f" detail) VALUES ($1, $2, $3, $4, $5, $6, $7)",

@@ -143,6 +143,14 @@ def register(sub: Any) -> None:
     p.add_argument("--db-concurrency", type=int, default=4,
                    help="partitions with a batch in flight at once; the pool holds one "
                         "connection more (default 4)")
+    p.add_argument("--lanes", type=int, default=1,
+                   help="key-ordered lanes per partition: records of different keys are "
+                        "applied side by side, each key's in offset order (default 1)")
+    p.add_argument("--lanes-window", type=int, default=10_000,
+                   help="most offsets a partition's lanes run ahead of its frontier; a full "
+                        "window pauses the partition (default 10000)")
+    p.add_argument("--lanes-null", choices=("one", "any"), default="one",
+                   help="records without a key: one lane, in order (default), or any lane")
     p.add_argument("--shutdown-timeout-s", type=float, default=15.0,
                    help="bound of the drain after SIGTERM/SIGINT; past it the in-flight "
                         "work is abandoned and logged, exit 6 (default 15)")
@@ -218,6 +226,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Worker
         batch_max_records=_batch_max_records(args), batch_max_bytes=args.batch_max_bytes,
         batch_linger_s=args.batch_linger_ms / 1000,
         queue_max_batches=args.queue_max_batches, db_concurrency=args.db_concurrency,
+        lanes=args.lanes, lanes_window=args.lanes_window, lanes_null_any=args.lanes_null == "any",
         shutdown_timeout_s=args.shutdown_timeout_s, allow_retention_gap=args.allow_retention_gap,
         restart_lifetimes=args.restart_lifetimes, outage_bound_s=args.outage_bound_s,
         instance_id=_instance_id(args.instance_id or env.get("FENCE_INSTANCE_ID") or None, env),

@@ -95,7 +95,13 @@ async def read_rows(
             f" FROM (SELECT coalesce(x.error_type, '') AS t, count(*) AS n"
             f" FROM {q}.quarantine x WHERE x.group_id = p.group_id AND x.topic = p.topic"
             f" AND x.partition = p.partition AND x.state = 'quarantined'"  # replayed: handled
-            f" GROUP BY 1) c) AS quarantined"
+            f" GROUP BY 1) c) AS quarantined,"
+            f" (SELECT coalesce(array_agg(f ORDER BY f), '{{}}') FROM {q}.completions k,"
+            f" unnest(k.first) f WHERE k.group_id = p.group_id AND k.topic = p.topic"
+            f" AND k.partition = p.partition) AS lane_first,"
+            f" (SELECT coalesce(array_agg(l ORDER BY l), '{{}}') FROM {q}.completions k,"
+            f" unnest(k.last) l WHERE k.group_id = p.group_id AND k.topic = p.topic"
+            f" AND k.partition = p.partition) AS lane_last"
             f" FROM {q}.partitions p LEFT JOIN {q}.attempts a ON a.group_id = p.group_id"
             f" AND a.topic = p.topic AND a.partition = p.partition AND a.\"offset\" = p.frontier"
             f" WHERE $1::text IS NULL OR p.group_id = $1"
@@ -117,7 +123,9 @@ async def read_rows(
             r["group_id"], r["topic"], r["partition"], r["epoch"], r["frontier"], r["owner"],
             r["topic_id"], r["updated_at"], sum(causes.values()), r["attempts"],
             r["max_attempts"], r["next_retry_at"], r["last_error"], alone=r["alone"],
-            quarantine_causes=causes))
+            quarantine_causes=causes,
+            # spans are disjoint: their firsts and lasts sorted apart still pair up
+            lane_spans=tuple(zip(r["lane_first"], r["lane_last"], strict=True))))
     members = [MemberRow(r["lifetime_id"], r["group_id"], r["member_id"], r["host"], r["pid"],
                          r["state"], r["started_at"], r["last_seen"], json.loads(r["detail"]))
                for r in mrow]

@@ -2,10 +2,12 @@
 
 Rules
 - Member availability is ``ops.operator.member_view``'s (observed or unavailable).
-- Lag is ``high watermark - durable frontier``, None when Kafka did not answer, never
-  negative: a frontier above the high watermark is reported as a note instead (the topic
-  was recreated or truncated). A frontier below the low watermark is a retention gap note;
-  a topic id that differs from the recorded one is a recreated-topic note.
+- Lag is ``high watermark - durable frontier``, where a partition run in lanes resumes from
+  its completion set's oldest unfinished offset (``fencing.lanes``; the ``lanes`` entry);
+  None when Kafka did not answer, never negative: a frontier above the high watermark is
+  reported as a note instead (the topic was recreated or truncated). A frontier below the
+  low watermark is a retention gap note; a topic id that differs from the recorded one is a
+  recreated-topic note.
 - Kafka's committed offset of the group (the offset mirror, advisory) is shown beside the
   frontier: *in-sync* when equal, *converging* while it differs but the frontier moved
   within the bound (``--offset-mirror-warn-s``; the row's ``updated_at`` is when the
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from fencing.lanes import Completion
 from fencing.types import SourceFacts, operator_owned
 from ops.operator.member_view import MemberView
 
@@ -70,6 +73,7 @@ class PartitionRow:
     last_error: str | None = None
     alone: int | None = None  # of the attempts, those of the record alone (deaths blamed)
     quarantine_causes: Mapping[str, int] = field(default_factory=dict)  # cause -> records
+    lane_spans: tuple[tuple[int, int], ...] = ()  # lanes' spans above the frontier
 
 
 class MirrorView(enum.Enum):
@@ -174,11 +178,21 @@ class PartitionView:
             "stalled": self.stalled, "notes": list(self.notes),
             "durability": self.durability, "completeness": self.completeness,
             "quarantined": r.quarantined, "quarantine_causes": dict(r.quarantine_causes),
+            "lanes": None if not r.lane_spans else _lanes(r),
             "retrying": None if r.attempts is None else {
                 "offset": r.frontier, "attempt": r.attempts, "max_attempts": r.max_attempts,
                 "alone": r.alone, "next_retry_at": None if r.next_retry_at is None
                 else r.next_retry_at.isoformat(), "last_error": r.last_error},
         }
+
+
+def _lanes(row: PartitionRow) -> dict[str, int]:
+    """The lanes' completion set of a partition: the oldest offset not applied yet (where a
+    successor resumes; Kafka's committed offset), how far the highest applied one runs
+    ahead of it (what ``--lanes-window`` bounds) and how many spans are applied above it."""
+    done = Completion.of(row.frontier, row.lane_spans)
+    return {"oldest_unfinished": done.frontier, "window_used": done.above,
+            "spans_above": sum(1 for a, _ in done.spans if a > done.frontier)}
 
 
 def view_partition(
@@ -190,8 +204,15 @@ def view_partition(
     and the group's committed offset (None: not known; ``now`` is the database clock)."""
     notes: list[str] = [] if source_note is None else [source_note]
     lag: int | None = None
+    resume = Completion.of(row.frontier, row.lane_spans).frontier  # lanes: past the row's
+    if row.lane_spans:
+        lanes = _lanes(row)
+        notes.append(f"lanes: every record below {resume} applied (a successor and Kafka "
+                     f"resume there; the row keeps {row.frontier} until a fold); "
+                     f"{lanes['window_used']} offsets applied ahead in "
+                     f"{lanes['spans_above']} spans")
     if facts is not None:
-        lag = max(0, facts.high_watermark - row.frontier)
+        lag = max(0, facts.high_watermark - resume)
         if row.frontier > facts.high_watermark:
             notes.append(f"frontier {row.frontier} is above the high watermark "
                          f"{facts.high_watermark}: topic recreated or truncated?")
@@ -222,7 +243,7 @@ def view_partition(
         notes.append("best-effort handler: the frontier counts records attempted, not "
                      "effects applied (they may have been dropped); completeness is not "
                      "claimed")
-    mirror = classify_mirror(row.frontier, committed, updated_at=row.updated_at,
+    mirror = classify_mirror(resume, committed, updated_at=row.updated_at,
                              now=row.updated_at if now is None else now, bound_s=mirror_warn_s)
     if mirror is MirrorView.MISMATCH and committed is not None and now is not None:
         notes.append(_mirror_note(row, committed.offset, now=now, bound_s=mirror_warn_s))

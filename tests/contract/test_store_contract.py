@@ -21,7 +21,7 @@ from fencing.errors import (
 from fencing.failures import SUSPECT_OPEN
 from fencing.memory.store import MemoryFenceStore, MemoryTx
 from fencing.postgres.store import PgFenceStore
-from fencing.store import BatchCall, FenceStore
+from fencing.store import BatchCall, FenceStore, LaneStore
 from fencing.types import (
     Accept,
     ClaimRequest,
@@ -366,3 +366,101 @@ async def test_an_attempt_alone_by_a_lifetime_that_ended_cleanly_is_no_death(
     got = await store.record_attempt(TP, t4, offset=0, max_attempts=5, error="E",
                                      next_retry_in_s=1.0, at_least=3)
     assert (got.count, got.alone) == (3, 2)
+
+
+def lane_records(tp: TopicPartition, offsets: Sequence[int],
+                 bad: Sequence[int] = ()) -> list[SourceRecord]:
+    return make_records(tp, offsets, bad=bad)
+
+
+async def test_lanes_commit_their_spans_and_the_frontier_follows_the_prefix(h: Harness) -> None:
+    assert isinstance(h.store, LaneStore)
+    token = (await h.store.claim([ClaimRequest(TP, 10)], lifetime="A"))[TP]
+    # partition offsets 10, 11, 13 (12 is a gap of Kafka's), 14; lane A has 10 and 13
+    await h.store.process_lane(BatchCall(TP, lane_records(TP, [11, 14], bad=[14]), h.handle),
+                               token, [(11, 11), (14, 14)])
+    got = (await h.store.completions([TP]))[TP]
+    assert got is not None and (got.base, got.spans, got.epoch) == (10, ((11, 11), (14, 14)), 1)
+    assert got.frontier == 10 and not got.done(10) and got.done(11)
+    await h.store.process_lane(BatchCall(TP, lane_records(TP, [10, 13]), h.handle), token,
+                               [(10, 10), (12, 13)])
+    got = (await h.store.completions([TP]))[TP]
+    assert got is not None and got.frontier == 15 and got.spans == ((10, 14),)
+    assert await h.store.observe([TP]) == {TP: Token(1, 10)}  # the row moves only by a fold
+    assert await h.effects() == [("contract", 0, 10), ("contract", 0, 11), ("contract", 0, 13)]
+    assert await h.quarantine() == [(TP, 14, "bad value", 1)]
+    assert (await h.store.completions([TP1])) == {TP1: None}
+
+
+async def test_a_lane_of_a_stale_epoch_applies_nothing(h: Harness) -> None:
+    assert isinstance(h.store, LaneStore)
+    token = (await h.store.claim([ClaimRequest(TP, 0)], lifetime="A"))[TP]
+    await h.store.claim([ClaimRequest(TP, 0)], lifetime="B")
+    with pytest.raises(Fenced):
+        await h.store.process_lane(BatchCall(TP, lane_records(TP, [0, 2]), h.handle), token,
+                                   [(0, 0), (2, 2)])
+    got = (await h.store.completions([TP]))[TP]
+    assert got is not None and got.spans == () and got.epoch == 2
+    assert await h.effects() == []
+
+
+async def test_lanes_run_side_by_side_and_a_claim_waits_for_them(h: Harness) -> None:
+    assert isinstance(h.store, LaneStore)
+    token = (await h.store.claim([ClaimRequest(TP, 0)], lifetime="A"))[TP]
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def held(conn: Any, records: Sequence[SourceRecord]) -> Sequence[Verdict]:
+        entered.set()
+        await release.wait()
+        return await h.handle(conn, records)
+
+    slow = asyncio.create_task(h.store.process_lane(
+        BatchCall(TP, lane_records(TP, [0]), held), token, [(0, 0)]))
+    await asyncio.wait_for(entered.wait(), 10)
+    # another lane of the same partition commits while the first one is in flight
+    await asyncio.wait_for(h.store.process_lane(
+        BatchCall(TP, lane_records(TP, [1]), h.handle), token, [(1, 1)]), 10)
+    claim = asyncio.create_task(h.store.claim([ClaimRequest(TP, 0)], lifetime="B"))
+    await asyncio.sleep(0.3)
+    assert not claim.done()  # the claim waits for the lane in flight
+    release.set()
+    await asyncio.wait_for(slow, 10)
+    assert (await asyncio.wait_for(claim, 10))[TP] == Token(2, 0)
+    got = (await h.store.completions([TP]))[TP]
+    assert got is not None and got.frontier == 2 and got.epoch == 2  # the successor sees both
+    with pytest.raises(Fenced):  # and the first lifetime's lanes are fenced from now on
+        await h.store.process_lane(BatchCall(TP, lane_records(TP, [2]), h.handle), token,
+                                   [(2, 2)])
+
+
+async def test_fold_moves_the_frontier_and_drops_the_spans_below(h: Harness) -> None:
+    assert isinstance(h.store, LaneStore)
+    token = (await h.store.claim([ClaimRequest(TP, 0)], lifetime="A"))[TP]
+    for offsets in ([0, 1], [2], [5]):
+        await h.store.process_lane(BatchCall(TP, lane_records(TP, offsets), h.handle), token,
+                                   [(o, o) for o in offsets])
+    got = (await h.store.completions([TP]))[TP]
+    assert got is not None and got.frontier == 3
+    folded = await h.store.fold(TP, token, to_frontier=got.frontier)
+    assert folded == Token(1, 3)
+    after = (await h.store.completions([TP]))[TP]
+    assert after is not None and (after.base, after.spans) == (3, ((5, 5),))
+    with pytest.raises(Fenced):
+        await h.store.fold(TP, token, to_frontier=6)  # the frontier moved: a stale token
+    with pytest.raises(ValueError):
+        await h.store.fold(TP, folded, to_frontier=2)
+
+
+@pytest.mark.parametrize(("offsets", "spans"), [
+    ([], []), ([3, 2], [(3, 3), (2, 2)]), ([4], [(3, 5)]), ([4], [(5, 4)]), ([0], [(0, 0)]),
+    ([2, 4], [(2, 2)]),
+], ids=["empty", "out-of-order", "span-past-record", "reversed", "below-frontier",
+        "one-span-short"])
+async def test_bad_lane_batches_are_refused(h: Harness, offsets: list[int],
+                                            spans: list[tuple[int, int]]) -> None:
+    assert isinstance(h.store, LaneStore)
+    token = (await h.store.claim([ClaimRequest(TP, 1)], lifetime="A"))[TP]
+    with pytest.raises(ValueError):
+        await h.store.process_lane(BatchCall(TP, lane_records(TP, offsets), h.handle), token,
+                                   spans)
+    assert await h.effects() == []

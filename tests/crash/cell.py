@@ -51,11 +51,12 @@ from fencing.types import ClaimRequest, SourceRecord, TopicPartition
 from tests.crash.facts import (
     CellFacts,
     install_audit,
+    read_completions,
     read_markers,
     read_partitions,
     read_rows,
 )
-from tests.crash.families import FAILURES, REFERENCE, SINK, UNCERTAIN, Family
+from tests.crash.families import FAILURES, LANES, REFERENCE, SINK, UNCERTAIN, Family
 from tests.crash.oracles import (
     UNCERTAIN_FLAGS,
     failing_flags,
@@ -90,6 +91,8 @@ DEADLINES_S = {"setup": 90.0, "crash": 60.0, "restart": 60.0, "drain": 120.0, "a
 PARTITIONS, RECORDS, SEED = 3, 1200, 11
 GAP_TO = 150  # partition 0 of a retention-gap cell loses offsets 0..149
 COMMON = ("--batch-max-records", "40")
+#: the lanes family: 8 lanes per partition, batches of 5 so several lanes are in flight
+LANES_FLAGS = ("--lanes", "8", "--db-concurrency", "8", "--batch-max-records", "5")
 SETUP_LIFETIME = "crash-setup"
 
 
@@ -189,6 +192,7 @@ class _Cell:
         self.gaps: dict[int, int] = {}
         self.a_stopped = False
         self.at_death: tuple[Any, ...] = ()
+        self.lanes_at_death: dict[int, Any] = {}
 
     # -- phases ----------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -234,6 +238,8 @@ class _Cell:
             own = failing_flags()
         elif self.family is UNCERTAIN:
             own = UNCERTAIN_FLAGS
+        elif self.family is LANES:
+            own = LANES_FLAGS
         return (*COMMON, *own, *(("--allow-retention-gap",) if self.plan.retention_gap
                                  else ()))
 
@@ -286,6 +292,9 @@ class _Cell:
             a.wait(self.clock.left())
         self.at_death = _db(_with_conn(self.s.dsn, lambda c: read_partitions(
             c, self.schema, self.group, self.topic)), self.clock.left())
+        if self.family is LANES:
+            self.lanes_at_death = _db(_with_conn(self.s.dsn, lambda c: read_completions(
+                c, self.schema, self.group, self.topic)), self.clock.left())
         if self.rule is not None:
             wait_until(lambda: self.rule.fired.is_set(), timeout_s=min(10, self.clock.left()),
                        what="the proxy holding the COMMIT reply")
@@ -364,11 +373,12 @@ class _Cell:
             markers=read_markers(self.marker), a_pid=self.a.pid, b_pid=self.b.pid,
             a_exit=self.a.proc.poll(), a_stopped_at_marker=self.a_stopped, b_exit=b_exit,
             at_death=self.at_death, final=final, high_watermarks=self._high_watermarks(),
+            lanes_at_death=self.lanes_at_death,
             oracle_problems=tuple(oracle), setup_lifetimes=frozenset({SETUP_LIFETIME}),
             commit_reply_held=None if self.rule is None else self.rule.fired.is_set(), **rows)
 
     async def _oracle(self) -> list[str]:
-        if self.family is REFERENCE:
+        if self.family in (REFERENCE, LANES):
             return await exactly_once_problems(self.s.dsn, self.schema, self.group, self.topic,
                                                self.source)
         conn = await asyncpg.connect(self.s.dsn)
@@ -409,6 +419,9 @@ def run_cell(services: Any, point: str, protocol: str, *, family: Family = REFER
             facts = cell.gather()
             verdict = judge(plan, facts, gap_partitions=cell.gaps)
         problems.extend(verdict.problems)
+        if family is LANES and plan.batch_state and not any(
+                m.fields.get("lane") for m in facts.markers):
+            problems.append("the lanes family's point fired outside a lane transaction")
         recovery, bookkeeping = verdict.recovery_s, verdict.bookkeeping
     except PhaseFailed as exc:
         problems.append(str(exc))

@@ -105,6 +105,9 @@ class CellFacts:
     oracle_problems: tuple[str, ...] = ()
     commit_reply_held: bool | None = None  # the proxy held a COMMIT reply (hold plans)
     setup_lifetimes: frozenset[str] = field(default_factory=frozenset)
+    #: lanes: partition -> (frontier, spans) at A's death (``fencing.lanes``)
+    lanes_at_death: Mapping[int, tuple[int, tuple[tuple[int, int], ...]]] = field(
+        default_factory=dict)
 
 
 def read_markers(path: Path) -> tuple[Marker, ...]:
@@ -136,7 +139,32 @@ BEGIN
 END $$;
 CREATE TRIGGER crash_audit AFTER INSERT OR UPDATE ON {s}.partitions
     FOR EACH ROW EXECUTE FUNCTION {s}.crash_audit_row();
+CREATE FUNCTION {s}.crash_audit_lane() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO {s}.crash_audit (partition, epoch, old_frontier, frontier, owner)
+    VALUES (NEW.partition, NEW.epoch, NULL,
+            (SELECT max(l) + 1 FROM unnest(NEW.last) AS l), NULL);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER crash_audit_lane AFTER INSERT ON {s}.completions
+    FOR EACH ROW EXECUTE FUNCTION {s}.crash_audit_lane();
 """)
+
+
+async def read_completions(conn: Any, schema: str, group: str,
+                           topic: str) -> dict[int, tuple[int, tuple[tuple[int, int], ...]]]:
+    """partition -> (the row's frontier, the lanes' spans above it)."""
+    rows = await conn.fetch(
+        f'SELECT p.partition, p.frontier, c.first, c.last FROM "{schema}".partitions p '
+        f'LEFT JOIN "{schema}".completions c ON c.group_id = p.group_id '
+        "AND c.topic = p.topic AND c.partition = p.partition "
+        "WHERE p.group_id = $1 AND p.topic = $2", group, topic)
+    out: dict[int, tuple[int, list[tuple[int, int]]]] = {}
+    for r in rows:
+        _base, spans = out.setdefault(r["partition"], (r["frontier"], []))
+        if r["first"] is not None:
+            spans.extend(zip(r["first"], r["last"], strict=True))
+    return {p: (base, tuple(spans)) for p, (base, spans) in out.items()}
 
 
 async def read_partitions(conn: Any, schema: str, group: str,

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from fencing.crashpoints import POINTS, TOOL_POINTS
 from tests.crash.plans import PLANS, PROTOCOLS, CellPlan
 
-__all__ = ["FAILURES", "FAMILIES", "REFERENCE", "REPLAY", "RESET", "SINK", "UNCERTAIN", "Family",
+__all__ = ["FAILURES", "FAMILIES", "LANES", "REFERENCE", "REPLAY", "RESET", "SINK", "UNCERTAIN",
+           "Family",
            "all_cells", "ci_cells", "family_of"]
 
 
@@ -72,13 +73,20 @@ UNCERTAIN = Family(
     summary="an outcome-uncertain handler (an external call per record before its "
             "transaction): each batch preceded by its durable intent",
     ci_points=("in-handler",))
+LANES = Family(
+    "lanes",
+    tuple(p for p in PLANS if p.point in ("after-claim", "in-handler", "commit-in-flight",
+                                          "after-commit", "zombie")),
+    summary="the reference handler in 8 key-ordered lanes per partition (--lanes 8): lane "
+            "transactions side by side under each partition's epoch, the completion set",
+    ci_points=("in-handler",))
 REPLAY = Family("replay", (CellPlan("in-replay", "in-replay"),), tool="replay",
                 summary="fencectl quarantine replay of two poison records: one fixed by the "
                         "operator's handler, one still failing")
 RESET = Family("reset", (CellPlan("in-reset", "in-reset"),), tool="reset",
                summary="fencectl reset frontier back on a drained partition with its owner "
                        "running")
-FAMILIES = (REFERENCE, SINK, FAILURES, UNCERTAIN, REPLAY, RESET)
+FAMILIES = (REFERENCE, SINK, FAILURES, UNCERTAIN, LANES, REPLAY, RESET)
 
 
 def family_of(name: str) -> Family:

@@ -122,3 +122,26 @@ def test_render_and_distribution() -> None:
     assert "| reset | in-reset | - | PASS | - |" in text
     assert distribution(results) == {"count": 2, "min": 2.0, "median": 4.0, "p90": 6.0,
                                      "max": 6.0}
+
+
+def _lane_marker(point: str, first: int, last: int) -> Marker:
+    return Marker(point, 3, 11, T, "KILL", {"partition": "t[0]", "epoch": 1, "lane": True,
+                                            "first_offset": first, "last_offset": last,
+                                            "frontier": 40, "batch_end": last + 1})
+
+
+@pytest.mark.parametrize(("point", "spans", "problem"), [
+    ("after-commit", ((50, 52), (60, 61)), None),  # the lane's 52..61: both in spans
+    ("after-commit", ((50, 52),), "is not durable"),
+    ("in-handler", ((50, 51),), None),  # neither 52 nor 61 done
+    ("in-handler", ((52, 52),), "should not be durable"),
+    ("in-handler", ((60, 61),), "should not be durable"),
+])
+def test_a_lane_batch_is_judged_by_the_completion_set(point: str,
+                                                      spans: tuple[tuple[int, int], ...],
+                                                      problem: str | None) -> None:
+    """A lanes family marker (``lane``): durable means its first and last records are in
+    the completion set at A's death, not the partition row's frontier."""
+    facts = _facts(markers=(_lane_marker(point, 52, 61),), lanes_at_death={0: (40, spans)})
+    problems = [p for p in judge(plan_for(point), facts).problems if "lane batch" in p]
+    assert (problems == []) if problem is None else (problem in problems[0]), problems

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from fencing.lanes import Completion
 from tests.crash.facts import CellFacts, Marker
 from tests.crash.plans import CellPlan
 
@@ -168,6 +169,9 @@ def _batch_state(plan: CellPlan, facts: CellFacts, marker: Marker, problems: lis
     if not plan.batch_state:
         return
     p = _partition_of(marker)
+    if marker.fields.get("lane"):
+        _lane_state(plan, facts, marker, p, problems)
+        return
     at_death = {r.partition: r.frontier for r in facts.at_death}.get(p) if p is not None \
         else None
     start, end = marker.fields.get("frontier"), marker.fields.get("batch_end")
@@ -177,6 +181,25 @@ def _batch_state(plan: CellPlan, facts: CellFacts, marker: Marker, problems: lis
     if plan.batch_state == "not-durable" and at_death != start:
         problems.append(f"the marker's batch (partition {p}, from {start}) should not be "
                         f"durable after A's death: frontier {at_death}")
+
+
+def _lane_state(plan: CellPlan, facts: CellFacts, marker: Marker, p: int | None,
+                problems: list[str]) -> None:
+    """A lane's batch: durable means its first and last records are in the completion set
+    at A's death (below the frontier or inside a span); not durable, neither."""
+    base, spans = facts.lanes_at_death.get(p, (0, ())) if p is not None else (0, ())
+    done = Completion.of(base, spans)
+    first, last = marker.fields.get("first_offset"), marker.fields.get("last_offset")
+    if not isinstance(first, int) or not isinstance(last, int):
+        problems.append(f"the lane marker names no offsets: {dict(marker.fields)}")
+        return
+    got = (done.done(first), done.done(last))
+    if plan.batch_state == "durable" and got != (True, True):
+        problems.append(f"the marker's lane batch (partition {p}, {first}..{last}) is not "
+                        f"durable after A's death: done {got}, frontier {base}")
+    if plan.batch_state == "not-durable" and got != (False, False):
+        problems.append(f"the marker's lane batch (partition {p}, {first}..{last}) should not "
+                        f"be durable after A's death: done {got}, frontier {base}")
 
 
 def _recovery(facts: CellFacts, t: float, a_lifetimes: set[str],

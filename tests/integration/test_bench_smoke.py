@@ -163,3 +163,21 @@ def _check_extra_sections(result: dict[str, Any]) -> None:
     kills = {k["tool"]: k for k in peer["kill"]}
     assert kills["fenceworker"]["duplicates"] == 0, kills  # exactly once through a SIGKILL
     assert all(k["missing"] == 0 for k in kills.values()), kills  # nobody loses a record
+
+
+def test_quick_lanes_bench_drains_every_run_and_writes_its_table(services,
+                                                                 tmp_path: Path) -> None:
+    """``make bench-lanes`` (the last part of ``make bench``) in its quick mode: every run
+    drained its records, the table names each run against its one lane."""
+    out = tmp_path / "lanes.json"
+    proc = subprocess.run([sys.executable, "-m", "ops.bench.lanes", "--quick", "--out",
+                           str(out)], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
+    result = json.loads(out.read_text())
+    assert [(r["partitions"], r["lanes"]) for r in result["runs"]] == [(1, 1), (1, 4), (6, 1),
+                                                                       (6, 4)]
+    for r in result["runs"]:
+        assert r["records"] > 0 and r["rate"] > 0, r
+    assert result["table"].count("\n") == 5 and "make bench-lanes" in str(
+        result["provenance"])

@@ -156,6 +156,7 @@ async def test_least_privilege_worker_role(pg_dsn: str, fence_schema: str) -> No
             await worker.close()
     finally:
         await admin.execute(f'REVOKE ALL ON ALL TABLES IN SCHEMA "{fence_schema}" FROM {role}')
+        await admin.execute(f'REVOKE ALL ON ALL SEQUENCES IN SCHEMA "{fence_schema}" FROM {role}')
         await admin.execute(f'REVOKE ALL ON SCHEMA "{fence_schema}" FROM {role}')
         await admin.execute(f"DROP ROLE IF EXISTS {role}")
         await admin.close()
