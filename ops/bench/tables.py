@@ -116,6 +116,12 @@ def _avro_runs(report: Report) -> list[str]:
             *sink_tables.avro_runs(report)]
 
 
+def _lanes(report: Report) -> list[str]:
+    return [f"Measured by {_made(report, 'lanes.json')} A handler that sleeps "
+            f"{report['wait_ms']} ms per call of up to {report['batch_max_records']} records:",
+            "", *str(report["table"]).splitlines()]
+
+
 def _cdc(report: Report) -> list[str]:
     return [f"Measured by {_made(report, 'cdc.json')}", "", *sink_tables.cdc(report)]
 
@@ -597,6 +603,7 @@ REGIONS: dict[str, Region] = {
     "sink-decode": Region("sink-decode.json", _decode),
     "sink-avro": Region("worker-quiet.json", _avro_runs),
     "sink-cdc": Region("cdc.json", _cdc),
+    "lanes": Region("lanes.json", _lanes),
     "suite-slowest": Region("suite.json", _suite, "testing.md"),
     "crash-recovery": Region("crash-matrix.json", _recovery),
     "crash-matrix": Region("crash-matrix.json", crash_tables.crash_matrix, "crash-matrix.md"),

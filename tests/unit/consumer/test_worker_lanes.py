@@ -28,7 +28,8 @@ from tests.unit.consumer.test_worker import TP0, Facts, FakeKafka, make
 def keyed(start: int, count: int, keys: int, gap_every: int = 0) -> list[SourceRecord]:
     """Records with keys k0..k{keys-1}, offsets from ``start`` (every ``gap_every``-th offset
     missing: Kafka's gaps)."""
-    out, offset = [], start
+    out: list[SourceRecord] = []
+    offset = start
     while len(out) < count:
         if gap_every and offset % gap_every == gap_every - 1:
             offset += 1
@@ -86,8 +87,8 @@ async def test_lanes_run_side_by_side_in_key_order_and_apply_each_record_once() 
     await until_async(lambda: store.token_of(TP0).frontier == last)  # type: ignore[union-attr]
     worker.request_stop()
     assert await run is ExitCode.OK
-    got = await store.completions([TP0])
-    assert got[TP0] is not None and (got[TP0].base, got[TP0].spans) == (last, ())
+    got = (await store.completions([TP0]))[TP0]
+    assert got is not None and (got.base, got.spans) == (last, ())
 
 
 def make_on(store: MemoryFenceStore, handler: Any, **cfg: Any) -> tuple[Worker, list[Any]]:
