@@ -41,6 +41,8 @@ from ops.operator.db import connection
 __all__ = ["main", "waiting"]
 
 OUT = ROOT / "artifacts" / "bench" / "lanes.json"
+# this module's name also when run as ``python -m`` (where ``__name__`` is ``__main__``)
+_MODULE = __spec__.name if __spec__ is not None else __name__
 WAIT_MS = 20
 BATCH = 10
 LANES = (1, 4, 16, 64)
@@ -83,7 +85,7 @@ def one(dsn: str, partitions: int, lanes: int, records: int) -> dict[str, Any]:
     produce(topic, records, partitions, seed=5)
     concurrency = min(64, max(4, lanes * partitions))
     argv = [PY, "-m", "ops.cli", "run", "--topic", topic, "--group", group, "--schema", schema,
-            "--log-level", "WARNING", "--handler", "ops.bench.lanes:waiting",
+            "--log-level", "WARNING", "--handler", f"{_MODULE}:{waiting.__name__}",
             "--handler-setting", f"wait_ms={WAIT_MS}", "--lanes", str(lanes),
             "--batch-max-records", str(BATCH), "--db-concurrency", str(concurrency)]
     log = OUT.parent / f"lanes-{partitions}-{lanes}.log"
