@@ -97,9 +97,11 @@ async def accept_all(conn: Any, recs: Sequence[SourceRecord]) -> list[Verdict]:
     return [ACCEPT] * len(recs)
 
 
-def make(handler: Callable[..., Any] = accept_all, **cfg: Any) -> tuple[
-        Worker, MemoryFenceStore, list[FakeKafka]]:
-    store = MemoryFenceStore("g")
+def make(handler: Callable[..., Any] = accept_all, *, store: MemoryFenceStore | None = None,
+         **cfg: Any) -> tuple[Worker, MemoryFenceStore, list[FakeKafka]]:
+    """A worker over ``store`` (a fresh one when None; a successor shares its
+    predecessor's) and the fake Kafka threads its lifetimes start."""
+    store = store if store is not None else MemoryFenceStore("g")
     config = WorkerConfig(topics=("t",), group_id="g", bootstrap_servers="x", dsn="x",
                           handler="m:h",
                           **{"batch_max_records": 50, "shutdown_timeout_s": 1.0, **cfg})

@@ -6,23 +6,19 @@ lanes skips what the lanes applied above the durable frontier."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from consumer.config import WorkerConfig
 from consumer.exits import ExitCode
-from consumer.lifecycle import Lifecycle
-from consumer.worker import Worker
 from fencing.errors import ConfigError
 from fencing.handler import handler
 from fencing.lanes import lane_of
 from fencing.memory.store import MemoryFenceStore
 from fencing.types import ACCEPT, SourceRecord, Verdict
 from tests.polling import until_async
-from tests.unit.consumer.test_worker import TP0, Facts, FakeKafka, make
+from tests.unit.consumer.test_worker import TP0, make
 
 
 def keyed(start: int, count: int, keys: int, gap_every: int = 0) -> list[SourceRecord]:
@@ -91,24 +87,6 @@ async def test_lanes_run_side_by_side_in_key_order_and_apply_each_record_once() 
     assert got is not None and (got.base, got.spans) == (last, ())
 
 
-def make_on(store: MemoryFenceStore, handler: Any, **cfg: Any) -> tuple[Worker, list[Any]]:
-    """``test_worker.make`` over a given store (a successor shares its predecessor's)."""
-    config = WorkerConfig(topics=("t",), group_id="g", bootstrap_servers="x", dsn="x",
-                          handler="m:h",
-                          **{"batch_max_records": 50, "shutdown_timeout_s": 1.0, **cfg})
-    fakes: list[FakeKafka] = []
-
-    def kafka(rb: Any) -> FakeKafka:
-        fakes.append(FakeKafka(rb))
-        return fakes[-1]
-
-    worker = Worker(config=config, handler=handler, source=Facts(), kafka_factory=kafka,
-                    lifecycle_factory=lambda lid: Lifecycle(
-                        store=store, lifetime_id=lid, clock=time.monotonic,
-                        wait=asyncio.sleep, budget_s=5.0))
-    return worker, fakes
-
-
 async def test_a_successor_without_lanes_skips_what_the_lanes_applied() -> None:
     store = MemoryFenceStore("g")
     never = asyncio.Event()
@@ -119,7 +97,7 @@ async def test_a_successor_without_lanes_skips_what_the_lanes_applied() -> None:
             await never.wait()  # key k0's lane never ends; the others run ahead
         return await first(conn, recs)
 
-    worker, fakes = make_on(store, one_key_waits, lanes=4, db_concurrency=4,
+    worker, _, fakes = make(one_key_waits, store=store, lanes=4, db_concurrency=4,
                             batch_max_records=2)
     run = asyncio.create_task(worker.run())
     await until_async(lambda: bool(fakes))
@@ -135,7 +113,7 @@ async def test_a_successor_without_lanes_skips_what_the_lanes_applied() -> None:
     assert await run is ExitCode.SHUTDOWN_TIMEOUT
 
     second = Recording(wait_s=0)
-    worker2, fakes2 = make_on(store, second)  # --lanes 1: the completion set still rules
+    worker2, _, fakes2 = make(second, store=store)  # --lanes 1: the completion set rules
     run2 = asyncio.create_task(worker2.run())
     await until_async(lambda: bool(fakes2))
     positions = await asyncio.to_thread(fakes2[0].rb.assigned, [TP0])
