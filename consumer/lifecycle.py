@@ -53,7 +53,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from consumer import decisions as d
 from consumer.decisions import LifetimeState
@@ -86,6 +86,8 @@ from fencing.types import (
 )
 
 __all__ = ["Lifecycle", "LifetimeState"]
+
+T = TypeVar("T")
 
 class Lifecycle:
     """One worker lifetime over ``store``; see the module Rules."""
@@ -411,31 +413,15 @@ class Lifecycle:
         if not isinstance(store, LaneStore):
             raise TypeError(f"{type(store).__name__} keeps no completion sets: lanes need them")
 
-        async def run(deadline_s: float) -> Token:
-            live = self._gate.live_until(deadline_s)
-            async with self._mutex:
-                guard = self._guards.setdefault(tp, asyncio.Lock())
-                await guard.acquire()
-                token = self._tokens.get(tp)
+        async def call(token: Token, live: Callable[[], None]) -> Token:
+            new = await guarded_fold(store, tp, token, to_frontier=to_frontier,
+                                     wait=self._wait, check_live=live,
+                                     hooks=self._hooks("process"))
+            if self._tokens.get(tp) is token:
+                self._tokens[tp] = new
+            return new
 
-            async def body() -> Token:
-                live()
-                if token is None:
-                    raise TokenDropped(f"fold {tp}: token dropped while waiting")
-                new = await guarded_fold(store, tp, token, to_frontier=to_frontier,
-                                         wait=self._wait, check_live=live,
-                                         hooks=self._hooks("process"))
-                if self._tokens.get(tp) is token:
-                    self._tokens[tp] = new
-                return new
-
-            try:
-                return await self._gate.framed(
-                    body, late=lambda: d.late_call(token, self._tokens.get(tp)), holding=tp)
-            finally:
-                guard.release()
-
-        return await self._gate.guarded(run)
+        return await self._under_guard(tp, "fold", call, dropped=TokenDropped)
 
     # -- seek ----------------------------------------------------------------------------
     async def seek(self, tp: TopicPartition) -> int:
@@ -621,24 +607,38 @@ class Lifecycle:
         if tp not in self._tokens or not isinstance(store, AttemptStore):
             raise Fenced(f"record attempt {tp}: lifetime {self.lifetime_id} holds no token")
 
-        async def run(deadline_s: float) -> Attempts:
+        async def call(token: Token, live: Callable[[], None]) -> Attempts:
+            return await with_policy(lambda: store.record_attempt(
+                tp, token, offset=offset, max_attempts=max_attempts, error=error,
+                next_retry_in_s=next_retry_in_s, at_least=at_least, alone=alone),
+                wait=self._wait, check_live=live)
+
+        return await self._under_guard(tp, "record attempt", call, dropped=Fenced,
+                                       reset=True)
+
+    async def _under_guard(self, tp: TopicPartition, what: str,
+                           call: Callable[[Token, Callable[[], None]], Awaitable[T]], *,
+                           dropped: type[Fenced], reset: bool = False) -> T:
+        """``call(token, live)`` under ``tp``'s guard with its retained token, in a guarded
+        call's budget and error frame (``record_attempt``, ``fold``); a token dropped while
+        waiting raises ``dropped``; ``reset``: a fence by an operator's reset raises
+        ``ResetByOperator``."""
+        async def run(deadline_s: float) -> T:
             live = self._gate.live_until(deadline_s)
             async with self._mutex:
                 guard = self._guards.setdefault(tp, asyncio.Lock())
                 await guard.acquire()
                 token = self._tokens.get(tp)
 
-            async def body() -> Attempts:
+            async def body() -> T:
                 live()
                 if token is None:
-                    raise Fenced(f"record attempt {tp}: token dropped while waiting")
+                    raise dropped(f"{what} {tp}: token dropped while waiting")
                 try:
-                    return await with_policy(lambda: store.record_attempt(
-                        tp, token, offset=offset, max_attempts=max_attempts, error=error,
-                        next_retry_in_s=next_retry_in_s, at_least=at_least, alone=alone),
-                        wait=self._wait, check_live=live)
+                    return await call(token, live)
                 except Fenced as exc:
-                    await self._raise_if_reset(tp, token, live, exc)
+                    if reset:
+                        await self._raise_if_reset(tp, token, live, exc)
                     raise
 
             try:
