@@ -6,15 +6,15 @@ Rules
   ``commit`` (normal), ``abort`` (NotCommitted for mutations, ReadFailed for reads),
   ``unknown-committed`` (apply, then raise OutcomeUnknown) or ``unknown-aborted`` (do not
   apply, raise OutcomeUnknown); the unknown outcomes exist only for claim, process, skip,
-  heartbeat and attempt (the attempt-count upsert); ``journal`` can only be aborted
+  heartbeat, attempt (the attempt-count upsert), lane and fold; ``journal`` can only be aborted
   (NotCommitted: the row is not written); ``attempts`` (the failure marks read at a claim)
   is a read.
 - ``delay_ms`` is logical time spent before the call, through the store's wait function.
 - ``interleave`` asks the driver to run other work ``before`` or ``after`` the atomic effect:
   ``stop`` the calling lifetime, start ``replacement`` lifetime N, and/or ``revoke`` the
   calling lifetime's partitions concurrently (the revoke must wait for the in-flight calls).
-  Claim and process have both points; the reads (validate, observe) only ``before`` (a
-  stop or a takeover while the read is in flight).
+  Claim, process and lane have both points; the reads (validate, observe) only ``before``
+  (a stop or a takeover while the read is in flight).
 """
 
 from __future__ import annotations
@@ -36,22 +36,23 @@ class Operation(enum.Enum):
     ATTEMPT = "attempt"  # the attempt-count upsert of one record (handler failures)
     ATTEMPTS = "attempts"  # the read of the failure marks at a claim
     LANE = "lane"  # one lane's transaction (``--lanes``)
+    FOLD = "fold"  # the lanes' contiguous prefix moved into the frontier (``--lanes``)
 
     @property
     def mutating(self) -> bool:
         """Writes whose reply can be lost (unknown outcomes are possible)."""
         return self in (Operation.CLAIM, Operation.PROCESS, Operation.SKIP, Operation.HEARTBEAT,
-                        Operation.ATTEMPT, Operation.LANE)
+                        Operation.ATTEMPT, Operation.LANE, Operation.FOLD)
 
     @property
     def interleavable(self) -> bool:
         return self in (Operation.CLAIM, Operation.PROCESS, Operation.VALIDATE,
-                        Operation.OBSERVE)
+                        Operation.OBSERVE, Operation.LANE)
 
     @property
     def has_after_point(self) -> bool:
         """Only the atomic writes have a point after their effect."""
-        return self in (Operation.CLAIM, Operation.PROCESS)
+        return self in (Operation.CLAIM, Operation.PROCESS, Operation.LANE)
 
 
 class FaultOutcome(enum.Enum):

@@ -48,7 +48,8 @@ class QuarantineRow:
 
 @dataclass(frozen=True, slots=True)
 class WriteRecord:
-    """One durable write: ``kind`` is claim | process | skip | journal; ``lifetime`` the writer."""
+    """One durable write: ``kind`` is claim | process | skip | journal | lane | fold;
+    ``lifetime`` the writer."""
 
     kind: str
     tp: TopicPartition
@@ -57,6 +58,7 @@ class WriteRecord:
     attempt: str
     event: str = ""  # the journal event (claim rows are journaled by the claim itself)
     skipped: tuple[int, int] | None = None  # a skip: the offsets [from, to) given up
+    spans: tuple[tuple[int, int], ...] = ()  # a lane: the spans it applied, in its order
 
 
 @dataclass(frozen=True, slots=True)

@@ -233,8 +233,9 @@ class MemoryFenceStore:
     def _write(
         self, kind: str, tp: TopicPartition, lifetime: str | None, epoch: int | None, label: str,
         event: str = "", skipped: tuple[int, int] | None = None,
+        spans: tuple[Span, ...] = (),
     ) -> None:
-        self.writes.append(WriteRecord(kind, tp, lifetime, epoch, label, event, skipped))
+        self.writes.append(WriteRecord(kind, tp, lifetime, epoch, label, event, skipped, spans))
 
     async def _run(self, op: Operation, effect: _Effect, partition: int | None = None) -> Any:
         """Common frame of every faultable call: delay, interleave, effect, log, cancellation."""
@@ -419,7 +420,7 @@ class MemoryFenceStore:
                             verdict.error_type, verdict.traceback_digest))
                 self._tables.update(tx._changed)
                 self.completion_rows.setdefault(tp, []).append((token.epoch, tuple(spans)))
-                self._write("lane", tp, row.owner, token.epoch, label)
+                self._write("lane", tp, row.owner, token.epoch, label, spans=tuple(spans))
                 state["applied"] = True
             finally:
                 self._sharers[tp] -= 1
@@ -451,19 +452,33 @@ class MemoryFenceStore:
         deleted, in one atomic step (it waits for the lanes in flight, as the row lock does)."""
         if to_frontier < token.frontier:
             raise ValueError(f"fold {tp}: {to_frontier} is below the frontier {token.frontier}")
-        async with self._lock(tp):
-            await self._no_lanes([tp])
-            row = self._require(tp, token)
-            self.rows[tp] = replace(row, frontier=to_frontier, updated_s=self._clock())
-            self.completion_rows[tp] = [
-                (e, spans) for e, spans in self.completion_rows.get(tp, ())
-                if max(b for _, b in spans) >= to_frontier]
-            for key in [k for k in self.attempt_rows if k[0] == tp and k[1] < to_frontier]:
-                del self.attempt_rows[key]
-                self.retry_scheduled.pop(key, None)
-                self.alone_epochs.pop(key, None)
-            self._write("fold", tp, row.owner, token.epoch, "-")
-        return Token(token.epoch, to_frontier)
+
+        async def effect(fault: Fault | None, label: str, state: dict[str, bool],
+                         call_no: int) -> Token:
+            async with self._lock(tp):
+                await self._no_lanes([tp])
+                row = self._require(tp, token)
+                if fault is not None and fault.outcome is FaultOutcome.ABORT:
+                    raise NotCommitted(f"fold {tp}: injected rollback (call {call_no})")
+                if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_ABORTED:
+                    raise OutcomeUnknown(f"fold {tp}: injected lost COMMIT, not applied "
+                                         f"(call {call_no})")
+                self.rows[tp] = replace(row, frontier=to_frontier, updated_s=self._clock())
+                self.completion_rows[tp] = [
+                    (e, spans) for e, spans in self.completion_rows.get(tp, ())
+                    if max(b for _, b in spans) >= to_frontier]
+                for key in [k for k in self.attempt_rows if k[0] == tp and k[1] < to_frontier]:
+                    del self.attempt_rows[key]
+                    self.retry_scheduled.pop(key, None)
+                    self.alone_epochs.pop(key, None)
+                self._write("fold", tp, row.owner, token.epoch, label)
+                state["applied"] = True
+            if fault is not None and fault.outcome is FaultOutcome.UNKNOWN_COMMITTED:
+                raise OutcomeUnknown(f"fold {tp}: injected lost COMMIT reply, committed "
+                                     f"(call {call_no})")
+            return Token(token.epoch, to_frontier)
+
+        return await self._run(Operation.FOLD, effect, tp.partition)
 
     def _require(self, tp: TopicPartition, token: Token) -> Row:
         row = self.rows.get(tp)

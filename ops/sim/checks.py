@@ -24,6 +24,12 @@ Rules (each failed rule is one violation string naming the place it was seen)
   of the durable one, nor at the same epoch with another frontier; a successful seek
   returns the durable frontier under the durable token; a lifetime is never fenced under
   the epoch it held.
+- Lanes (a lanes config, ``ops.sim.lanes``): the fold above is of each partition's durable
+  completion set (records below the frontier or inside an applied span, in offset order),
+  and so are the progress rules; every lane write applies records no write applied before
+  (exactly once) and only after every earlier record of the same key in its partition was
+  applied or given up (per-key order); a lane batch reported ok lies inside the durable set;
+  lane and fold writes obey the stale-token, stopped and released rules.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from typing import Any
 from consumer.decisions import LifetimeState
 from consumer.lifecycle import Lifecycle
 from fencing.errors import Fenced
+from fencing.lanes import Completion
 from fencing.memory.store import MemoryFenceStore
 from fencing.types import SourceRecord, Token, TopicPartition
 from ops.reference import oracle
@@ -117,6 +124,9 @@ class _PartitionFolds:
         return problems
 
 
+_DATA = ("process", "skip", "lane", "fold")  # writes under a partition's token
+
+
 class Checker:
     """Runs every rule against ``store``; collects violations (first ``limit``)."""
 
@@ -145,6 +155,8 @@ class Checker:
         self._converted: dict[int, tuple[Any, Any]] = {}  # table entry -> its oracle row
         self.poison: frozenset[tuple[int, int]] | None = None  # ops.sim.failures, when on
         self.gone = Ranges()  # given up by gap-skips and accepted gaps: owed nothing
+        self.lanes = False  # a lanes config: state and progress by completion sets
+        self._applied: dict[TopicPartition, set[int]] = {}  # offsets lane writes applied
 
     def exclude(self, tp: TopicPartition, first: int, end: int) -> None:
         """Drop source records of ``tp`` in [first, end) (an accepted retention gap);
@@ -184,11 +196,13 @@ class Checker:
         self._last_seen = seen
         writes = store.writes
         for w in writes[self._skips_seen:]:  # a gap-skip gives records up: not owed any more
+            if w.kind == "lane" and self.lanes:
+                self._lane_write(place, w)
             if w.skipped is not None:
-                self.exclude(w.tp, *w.skipped)
+                self.give_up(w.tp, *w.skipped)
         self._skips_seen = len(writes)
         for w in writes[self._scanned:]:
-            if w.kind in ("process", "skip"):
+            if w.kind in ("process", "skip", "lane"):
                 self._data_writes += 1
         self._scanned = len(writes)
         frontiers = {(tp.topic, tp.partition): row.frontier
@@ -196,7 +210,10 @@ class Checker:
         data = (tuple(sorted(frontiers.items())), len(store.quarantine), self._data_writes)
         if data != self._last_data:  # claims and journal rows leave the fold's state alone
             self._last_data = data
-            self._check_state(place, frontiers)
+            if self.lanes:
+                self._check_sets(place)
+            else:
+                self._check_state(place, frontiers)
         self._check_writes(place)
         self._check_journal(place)
 
@@ -217,6 +234,79 @@ class Checker:
                     self.fail(place, f"committed {name} row {k} changed from {v} to "
                                       f"{now.get(k)}")
         self._outbox, self._quarantine = dict(actual.outbox), dict(actual.quarantine)
+
+    def completion(self, tp: TopicPartition) -> Completion:
+        """The durable completion set of ``tp`` (empty at 0 before its first claim)."""
+        row = self._store.rows.get(tp)
+        spans = (sp for _, got in self._store.completion_rows.get(tp, ()) for sp in got)
+        return Completion.of(0 if row is None else row.frontier, spans)
+
+    def _check_sets(self, place: str) -> None:
+        """The effects against the fold of every partition's durable completion set."""
+        actual = memory_store_state(self._store, memo=self._converted)
+        sets: dict[tuple[str, int], Completion] = {}
+
+        def done(topic: str, partition: int, offset: int) -> bool:
+            got = sets.get((topic, partition))
+            if got is None:
+                got = sets[(topic, partition)] = self.completion(
+                    TopicPartition(topic, partition))
+            return got.done(offset)
+
+        expected = oracle.fold(r for r in self.source if done(r.topic, r.partition, r.offset))
+        problems = [f"quarantine row {k!r} is not in its partition's completion set"
+                    for k in actual.quarantine if not done(*k[:3])]
+        problems.extend(f"outbox row {k!r} comes from offset {r.offset}, not in its "
+                        "partition's completion set" for k, r in actual.outbox.items()
+                        if not done(k[0], r.partition, r.offset))
+        problems.extend(oracle.outbox_problems(actual))
+        problems.extend(oracle.diff(expected, actual))
+        for problem in problems:
+            self.fail(place, problem)
+        for name, before, now in (("outbox", self._outbox, actual.outbox),
+                                  ("quarantine", self._quarantine, actual.quarantine)):
+            for k, v in before.items():
+                if now.get(k) != v:
+                    self.fail(place, f"committed {name} row {k} changed from {v} to "
+                                      f"{now.get(k)}")
+        self._outbox, self._quarantine = dict(actual.outbox), dict(actual.quarantine)
+
+    def _lane_write(self, place: str, w: Any) -> None:
+        """Exactly once and per-key order of one lane write (writes are seen in order)."""
+        applied = self._applied.setdefault(w.tp, set())
+        mine = [r for r in self.source if r.tp == w.tp]
+        for first, last in w.spans:
+            rec = next((r for r in mine if r.offset == last), None)
+            if last in applied:
+                self.fail(place, f"offset {last} of {w.tp} applied twice (lane write by "
+                                 f"{w.lifetime} at epoch {w.epoch})")
+            if rec is not None:
+                for r in mine:
+                    if (r.offset < last and r.key == rec.key and r.offset not in applied
+                            and (w.tp.partition, r.offset) not in self.gone):
+                        self.fail(place, f"offset {last} of {w.tp} (key {rec.key!r}) "
+                                         f"applied before offset {r.offset} of its key")
+                        break
+            applied.update(range(first, last + 1))
+
+    def give_up(self, tp: TopicPartition, first: int, end: int) -> None:
+        """``exclude`` the records in [first, end), except (a lanes config) those a lane
+        applied: a gap-skip or an accepted gap moves the frontier past them, not away."""
+        if not self.lanes:
+            self.exclude(tp, first, end)
+            return
+        applied = self._applied.get(tp, set())
+        for r in [r for r in self.source if r.tp == tp and first <= r.offset < end]:
+            if r.offset not in applied:
+                self.exclude(tp, r.offset, r.offset + 1)
+
+    def unapplied(self, partition: int) -> list[int]:
+        """Source records of ``partition`` no lane write applied, not given up (a lanes
+        config, after the drain: every one is owed)."""
+        tps = {r.tp for r in self.source if r.partition == partition}
+        applied = set().union(*(self._applied.get(tp, set()) for tp in tps))
+        return [r.offset for r in self.source if r.partition == partition
+                and r.offset not in applied and (partition, r.offset) not in self.gone]
 
     def _check_journal(self, place: str) -> None:
         rows = self._store.journal_rows
@@ -240,10 +330,10 @@ class Checker:
                 self._released.discard((w.tp, w.lifetime))
             elif w.kind == "journal" and w.event == "release":
                 self._released.add((w.tp, w.lifetime))
-            elif w.kind in ("process", "skip") and (w.tp, w.lifetime) in self._released:
+            elif w.kind in _DATA and (w.tp, w.lifetime) in self._released:
                 self.fail(place, f"lifetime {w.lifetime} wrote {w.kind} {w.tp} after it "
                                  "released the partition")
-            if w.kind in ("process", "skip"):
+            if w.kind in _DATA:
                 latest = self._latest_claim.get(w.tp)
                 if latest != (w.epoch, w.lifetime):
                     self.fail(place, f"stale token committed: {w.kind} {w.tp} by "
@@ -320,6 +410,17 @@ class Checker:
         if result != "ok" and acked:
             self.fail(place, f"process by lifetime {worker} reported {result} after its "
                              "commit was acknowledged")
+
+    def lane_outcome(self, place: str, *, worker: int, tp: TopicPartition, lane: int,
+                     offsets: Sequence[int], result: str) -> None:
+        """A lane batch reported ok lies inside the durable completion set."""
+        if result != "ok":
+            return
+        got = self.completion(tp)
+        missing = [o for o in offsets if not got.done(o)]
+        if missing:
+            self.fail(place, f"lane {lane} of {tp} by lifetime {worker} reported ok, offsets "
+                             f"{missing} not in the durable completion set {got}")
 
     def call_started_in_budget(self, place: str, worker: str, started_us: int,
                                call_us: int | None, budget_us: int) -> None:

@@ -32,6 +32,7 @@ import consumer.lifecycle
 import consumer.lifetime_gate
 import fencing.failures
 import fencing.guarded
+import fencing.lanes
 import fencing.memory.store
 from fencing.errors import NotCommitted, OutcomeUnknown
 from fencing.policy import with_policy
@@ -225,6 +226,24 @@ def _lost_queued_ends() -> list[Patch]:
     return [(consumer.decisions, "after_batch_failure", after)]
 
 
+def _lanes_successor_blind() -> list[Patch]:
+    def completion(self: Any, tp: Any) -> Any:  # the set the claim read is not handed on
+        return None
+    return [(consumer.lifecycle.Lifecycle, "completion", completion)]
+
+
+def _lanes_frontier_past_hole() -> list[Patch]:
+    def frontier(self: Any) -> int:  # the end of the highest span, holes below it or not
+        return self.spans[-1][1] + 1 if self.spans else self.base
+    return [(fencing.lanes.Completion, "frontier", property(frontier))]
+
+
+def _lanes_overtake() -> list[Patch]:
+    def lane_of(key: Any, lanes: int, *, offset: int = 0, null_any: bool = False) -> int:
+        return offset % lanes  # a key's records spread over the lanes
+    return [(fencing.lanes, "lane_of", lane_of)]
+
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("adopt-observed-epoch", "an unknown claim adopts the epoch it re-reads",
            _adopt_observed),
@@ -257,6 +276,13 @@ MUTANTS: tuple[Mutant, ...] = (
            "is lost ends the lifetime instead of being dropped", _lost_queued_ends),
     Mutant("bisect-pair-unprobed", "bisection blames the first of a failing pair of records "
            "without probing it", _bisect_coarse),
+    Mutant("lanes-successor-ignores-completion", "a successor's lanes start from the durable "
+           "frontier without the completion set its claim read", _lanes_successor_blind),
+    Mutant("lanes-frontier-past-unfinished", "the effective frontier is the end of the "
+           "highest applied span, past a lane still unfinished below it",
+           _lanes_frontier_past_hole),
+    Mutant("lanes-overtake-key", "records are dispatched to lanes by offset, so a key's "
+           "later record can overtake its earlier one", _lanes_overtake),
 )
 
 
@@ -273,6 +299,8 @@ FIRST_KILLS: dict[str, tuple[int, str]] = {
     "resolve-without-read": (2, "conflict"), "retry-without-reread": (1, "conflict"),
     "stop-without-cancel": (4, "valid"), "gap-unrefused": (1, "valid"),
     "lost-queued-ends-lifetime": (1, "conflict"), "bisect-pair-unprobed": (6, "conflict"),
+    "lanes-successor-ignores-completion": (16, "conflict"),
+    "lanes-frontier-past-unfinished": (78, "conflict"), "lanes-overtake-key": (9, "valid"),
 }
 
 

@@ -50,6 +50,8 @@ from ops.reference.memory import memory_ref_handler
 from ops.sim.boundaries import Heartbeats, refusal_rules
 from ops.sim.checks import Checker
 from ops.sim.failures import FailingHandler, Timed, failure_run
+from ops.sim.lanes import LaneState, dropped, process_lanes, sought
+from ops.sim.lanes import ready as lanes_ready
 from ops.sim.loop import LogicalClock, run_sync
 from ops.sim.lost import lose, queue_and_lose, worker_judges
 from ops.sim.report import build_report
@@ -108,6 +110,9 @@ class _Run:
         self.queued_results: dict[int, tuple[str, FenceError | None]] = {}  # ops.sim.lost
         self.failing: FailingHandler | None = None  # ops.sim.failures, for such a config
         self.failure_runs: dict[int, FailureRun] = {}
+        self.lanes: dict[tuple[int, int], LaneState] = {}  # ops.sim.lanes, for such a config
+        self.lane_results: list[tuple[int, int, list[SourceRecord], str]] = []  # this step's
+        self.checker.lanes = cfg.lanes > 1
         if cfg.poison or cfg.transient:
             self.failing = FailingHandler(cfg.poison, cfg.transient)
             self.checker.poison = frozenset(cfg.poison)
@@ -182,7 +187,7 @@ class _Run:
                 await lc.assign([self.source_check(p) for p in partitions])
                 for p in partitions:
                     self.call_us[lc.lifetime_id] = self.clock.now_us
-                    self.cursors[(worker, p)] = await lc.seek(self.tp(p))
+                    sought(self, worker, p, await lc.seek(self.tp(p)))
                 outcome = "ok"
             except FenceError as exc:
                 outcome = _error_text(exc)
@@ -245,6 +250,7 @@ class _Run:
         first_event = len(self.events)
         self.call_us[str(step.worker)] = self.clock.now_us
         self.batch_ends, self.batch_results, self.queued_results = {}, {}, {}
+        self.lane_results = []
         lc = self.lifecycles.get(step.worker)
         held = {p: lc.token(self.tp(p)) for p in step.partitions} if lc is not None else {}
         failure: FenceError | None = None
@@ -293,6 +299,9 @@ class _Run:
                 self.checker.batch_outcome(place, worker=step.worker, tp=self.tp(q),
                                            result=result, batch_end=self.batch_ends.get(q),
                                            acked=acked)
+            for q, lane, records, result in self.lane_results:
+                self.checker.lane_outcome(place, worker=step.worker, tp=self.tp(q), lane=lane,
+                                          offsets=[r.offset for r in records], result=result)
         stops = [i["stopped_from"] for i in attempt["interleaves"] if i.get("stop")]
         if lc is not None and stops:
             self.checker.stopped_in_flight(place, worker=step.worker, result=attempt["result"],
@@ -366,6 +375,7 @@ class _Run:
         if step.actor == "assign":
             for q in ps:
                 self.cursors.pop((worker, q), None)
+            dropped(self, worker, ps)
             held = await lc.assign([self.source_check(q) for q in ps])
             return "ok" if all(self.tp(q) in held for q in ps) else "not-retained"
         if step.actor == "revoke":  # the fetch cursor stays: a fetched batch may come late
@@ -377,15 +387,24 @@ class _Run:
             return await self._process(lc, worker, ps)
         if len(ps) > 1:  # version 4: one seek_all, one observe for the set
             for tp, frontier in (await lc.seek_all([self.tp(q) for q in ps])).items():
-                self.cursors[(worker, tp.partition)] = frontier
+                sought(self, worker, tp.partition, frontier)
             return "ok"
         assert isinstance(p, int)
-        self.cursors[(worker, p)] = await lc.seek(self.tp(p))
+        sought(self, worker, p, await lc.seek(self.tp(p)))
         return "ok"
 
     async def _process(self, lc: Lifecycle, worker: int, ps: tuple[int, ...]) -> str:
         """One batch per partition, all in flight at once; a single one raises its error."""
         async def one(q: int) -> str:
+            if self.trace.config.lanes > 1:  # ops.sim.lanes
+                try:
+                    outcome = await process_lanes(self, lc, worker, q)
+                except FenceError as exc:
+                    self.batch_results[q] = (_result(exc), exc)
+                    raise
+                if outcome == "ok":
+                    self.batch_results[q] = ("ok", None)
+                return outcome
             batch = self.take_batch(worker, q)
             if isinstance(batch, str):
                 return batch
@@ -416,8 +435,8 @@ class _Run:
                   if q in self.batch_results and self.batch_results[q][1] is not None]
         if failed:
             return failed[0]
-        return "ok" if self.batch_results else "idle" if all(
-            o == "idle" for o in done) else "unseeked"
+        return "ok" if self.batch_results else next(
+            (o for o in done if isinstance(o, str) and o != "idle"), "idle")
 
     def _refusable(self, ps: tuple[int, ...]) -> list[int]:
         """Partitions whose source check must be refused now: Kafka deleted records below
@@ -434,7 +453,18 @@ class _Run:
 
     # -- drain ---------------------------------------------------------------------------
     def _progress(self) -> int:
-        return sum(row.frontier for row in self.store.rows.values())
+        """Grows with every commit: a batch, a lane's spans (above the frontier), a fold."""
+        above = sum(b - a + 1 for tp, row in self.store.rows.items()
+                    for s in self.store.completion_rows.get(tp, ()) for a, b in s[1]
+                    if a >= row.frontier)
+        return sum(2 * row.frontier for row in self.store.rows.values()) + above
+
+    def ready(self, worker: int, partition: int) -> bool:
+        """``worker`` has something to process of ``partition`` (``ops.sim.lanes``)."""
+        if self.trace.config.lanes > 1:
+            return lanes_ready(self, worker, partition)
+        cursor = self.cursors.get((worker, partition))
+        return cursor is not None and cursor < self.ends[partition]
 
     def durable(self, partition: int) -> int | None:
         token = self.store.token_of(self.tp(partition))
@@ -451,7 +481,7 @@ class _Run:
             self.lows[p] = max(self.lows[p], low)
             durable = self.durable(p) or 0
             if cfg.allow_retention_gap and durable < self.lows[p]:
-                self.checker.exclude(self.tp(p), durable, self.lows[p])
+                self.checker.give_up(self.tp(p), durable, self.lows[p])
         worker = max([*self.lifecycles, *_declared(self.trace)], default=0) + 1
         ok = (await self.step(Step("start", worker), fair=True))["result"] == "started"
         every = tuple(range(cfg.partitions))
@@ -513,6 +543,10 @@ async def finish(run: _Run, trace: Trace) -> dict[str, Any]:
                 if (frontier or 0) < run.ends[p]:
                     run.checker.fail("final", f"partition {p} ended at {frontier}, "
                                               f"source ends at {run.ends[p]}")
+                missing = run.checker.unapplied(p) if run.checker.lanes else []
+                if missing:
+                    run.checker.fail("final", f"partition {p}: offsets {missing} were never "
+                                              "applied by a lane")
             run.checker.check(f"final comparison at {sorted(f or 0 for f in frontiers)}")
     return build_report(trace, attempts=run.attempts, events=run.events,
                         violations=run.checker.violations, violations_before=violations_before,

@@ -21,7 +21,11 @@ Rules
   carry a set of one lifetime's unsought partitions (one observe); ``lost`` aims at a live
   lifetime's held partitions; a process call's interleave may queue the next batch and
   lose the step's partitions; one profile in three gives the handler poison records and
-  transient failures (``ops.sim.failures``).
+  transient failures (``ops.sim.failures``). Version 5: a profile with lanes
+  (``ops.sim.swarm.draw_lanes``) runs every partition in lanes (``ops.sim.lanes``); its
+  process steps carry lane and fold faults instead of process and attempt faults, an eager
+  revoke of a set rides a lane call, and no ``lost`` interleave is drawn (it rides a process
+  call). Its trace is version 5; every other trace is version 4.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from fencing.memory.faults import Fault, Interleave, Operation
 from fencing.types import SourceRecord
 from ops.reference.generate import generate
 from ops.sim.runner import finish, new_run, run_sync
-from ops.sim.swarm import Profile, draw_profile
+from ops.sim.swarm import LanesProfile, Profile, draw_lanes, draw_profile
 from ops.sim.trace import SimConfig, Step, Trace, toolchain
 
 __all__ = ["DEFAULT_STEPS", "generate_and_run", "make_trace"]
@@ -62,6 +66,7 @@ class _Gen:
     run: object  # ops.sim.runner._Run
     partitions: int
     next_id: int = 1
+    lanes: LanesProfile | None = None
     steps: list[Step] = field(default_factory=list)
     kinds: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # per actor
 
@@ -87,7 +92,7 @@ def _fault_list(g: _Gen, actor: str) -> tuple[Fault, ...]:
                 continue
             interleave = None
             if op.interleavable and call == 1 and rng.random() < prof.interleave_rate:
-                revoke = (actor == "process" and op is Operation.PROCESS
+                revoke = (actor == "process" and op in (Operation.PROCESS, Operation.LANE)
                           and rng.random() < prof.revoke_rate)
                 lost = (actor == "process" and op is Operation.PROCESS and not revoke
                         and rng.random() < prof.lost_rate)
@@ -110,10 +115,7 @@ def _state(g: _Gen) -> tuple[list[int], dict[int, list[int]], list[tuple[int, in
     for w in live:
         lc = run.lifecycles[w]  # type: ignore[attr-defined]
         held[w] = [p for p in range(g.partitions) if lc.token(run.tp(p)) is not None]  # type: ignore[attr-defined]
-        for p in held[w]:
-            cursor = run.cursors.get((w, p))  # type: ignore[attr-defined]
-            if cursor is not None and cursor < run.ends[p]:  # type: ignore[attr-defined]
-                ready.append((w, p))
+        ready.extend((w, p) for p in held[w] if run.ready(w, p))  # type: ignore[attr-defined]
     return live, held, ready
 
 
@@ -195,13 +197,15 @@ def _next(g: _Gen) -> list[Step]:
         w, p = rng.choice(ready)
         ps = _some(g, [q for x, q in ready if x == w])
         faults = _fault_list(g, "process")
+        call = Operation.LANE if g.lanes is not None else Operation.PROCESS
         if isinstance(ps, tuple) and rng.random() < prof.revoke_rate / 2 and not any(
-                f.operation is Operation.PROCESS and f.call == 1 for f in faults):
+                f.operation is call and f.call == 1 for f in faults):
             # an eager revoke of the whole set while its batches are in flight
             revoke = Interleave(rng.choice(("before", "after")), revoke=True)
-            faults = (*faults, Fault(Operation.PROCESS, 1, interleave=revoke))
+            faults = (*faults, Fault(call, 1, interleave=revoke))
             faults = tuple(sorted(faults, key=lambda f: (f.operation.value, f.call)))
-        elif rng.random() < prof.lost_rate / 6 and _queueable(g, w, ps) and not any(
+        elif g.lanes is None and rng.random() < prof.lost_rate / 6 and _queueable(
+                g, w, ps) and not any(
                 f.operation is Operation.PROCESS and f.call == 1 for f in faults):
             # the next batch queues behind the guard, then the session is lost
             lost = Interleave(rng.choice(("before", "after")), lost=True)
@@ -278,14 +282,22 @@ def _start(seed: int, klass: str, steps: int, checking: bool) -> tuple[_Gen, Tra
         # one key they never exhaust POLICY's four (past it a record is poison by design)
         kept = [x for i, x in enumerate(drawn) if sum(n for *_, n in drawn[:i + 1]) <= 2]
         transient = tuple(sorted(kept))
+    lanes = draw_lanes(seed, klass, failures=prof.failures)
     config = SimConfig(klass=klass, steps=steps, topic="sim", partitions=partitions,
                        group_id="sim", batch_max=prof.batch_max, budget_ms=prof.budget_ms,
                        low_watermarks_before_drain=lows, allow_retention_gap=prof.retention,
                        topic_recreated_before_drain=prof.recreated, poison=poison,
-                       transient=transient)
+                       transient=transient, **({} if lanes is None else {
+                           "lanes": lanes.lanes, "lanes_window": lanes.window,
+                           "fold_every": lanes.fold_every}))
     shell = Trace(seed=seed, config=config, records=records, steps=(), drain=False,
-                  toolchain=toolchain())
-    return _Gen(rng, prof, new_run(shell, checking=checking), partitions), shell
+                  toolchain=toolchain(), version=4 if lanes is None else 5)
+    g = _Gen(rng, prof, new_run(shell, checking=checking), partitions, lanes=lanes)
+    if lanes is not None:  # lane and fold faults instead of process and attempt faults
+        g.kinds["process"] = (*(k for k in prof.kinds_of("process")
+                                if k[0] not in (Operation.PROCESS, Operation.ATTEMPT)),
+                              *lanes.kinds)
+    return g, shell
 
 
 def make_trace(seed: int, *, klass: str = "valid", steps: int = DEFAULT_STEPS,

@@ -16,6 +16,9 @@ Rules
   failures (``ops.sim.failures``; attempt-count faults are drawn as any kind); the ``lost``
   actor (weight 0 in one profile of three) and a process interleave that queues the next
   batch and loses the partitions (``lost_rate``).
+- Trace version 5: one profile in three of those without handler failures runs lanes
+  (``draw_lanes``: lanes, window, fold distance and the lane and fold fault kinds), drawn
+  from a generator of its own so every other profile, and its trace, is what it was.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from dataclasses import dataclass
 
 from fencing.memory.faults import FaultOutcome, Operation
 
-__all__ = ["ACTOR_OPS", "KINDS", "Profile", "draw_profile"]
+__all__ = ["ACTOR_OPS", "KINDS", "LANE_KINDS", "LanesProfile", "Profile", "draw_lanes",
+           "draw_profile"]
 
 Kind = tuple[Operation, FaultOutcome]
 Op, F = Operation, FaultOutcome
@@ -42,6 +46,11 @@ KINDS: tuple[Kind, ...] = (
     (Op.HEARTBEAT, F.UNKNOWN_ABORTED),
     (Op.ATTEMPT, F.ABORT), (Op.ATTEMPT, F.UNKNOWN_COMMITTED), (Op.ATTEMPT, F.UNKNOWN_ABORTED),
     (Op.ATTEMPTS, F.ABORT),
+)
+LANE_KINDS: tuple[Kind, ...] = (
+    (Op.LANE, F.ABORT), (Op.LANE, F.COMMIT), (Op.LANE, F.UNKNOWN_COMMITTED),
+    (Op.LANE, F.UNKNOWN_ABORTED), (Op.FOLD, F.ABORT), (Op.FOLD, F.UNKNOWN_COMMITTED),
+    (Op.FOLD, F.UNKNOWN_ABORTED),
 )
 ACTOR_OPS = {"assign": (Op.VALIDATE, Op.CLAIM, Op.OBSERVE, Op.SKIP, Op.JOURNAL, Op.ATTEMPTS),
              "seek": (Op.OBSERVE, Op.JOURNAL),
@@ -99,3 +108,21 @@ def draw_profile(rng: random.Random) -> Profile:
         records=rng.randint(16, 60), batch_max=rng.randint(1, 4),
         budget_ms=rng.choice((20_000, 20_000, 20_000, 400)), retention=rng.random() < 0.25,
         recreated=rng.random() < 0.1, failures=rng.random() < 1 / 3)
+
+
+@dataclass(frozen=True, slots=True)
+class LanesProfile:
+    lanes: int
+    window: int  # offsets above the effective frontier (``--lanes-window``)
+    fold_every: int  # offsets the effective frontier runs ahead before a fold
+    kinds: tuple[Kind, ...]  # lane and fold faults, on process steps
+
+
+def draw_lanes(seed: int, klass: str, *, failures: bool) -> LanesProfile | None:
+    """The lanes of a seed's profile (None: no lanes), from its own generator."""
+    rng = random.Random(f"worker-schedule-v1/lanes/{seed}/{klass}")
+    if failures or rng.random() >= 1 / 3:
+        return None
+    return LanesProfile(lanes=rng.choice((2, 3, 4, 8)), window=rng.choice((2, 5, 12, 10_000)),
+                        fold_every=rng.choice((1, 3, 8)),
+                        kinds=tuple(k for k in LANE_KINDS if rng.random() < 0.5))

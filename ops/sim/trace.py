@@ -1,4 +1,4 @@
-"""Trace format version 4 (``worker-schedule-v1``; versions 1 to 3 are still read): parse
+"""Trace format version 5 (``worker-schedule-v1``; versions 1 to 4 are still read): parse
 strictly, dump canonically.
 
 Long because the trace format's strict validation (unknown fields, provenance, choices)
@@ -36,6 +36,14 @@ Rules
   path, ``ops.sim.failures``) and the faults ``attempt`` (the attempt-count upsert; commit,
   abort, unknown-committed, unknown-aborted) on process steps and ``attempts`` (the failure
   marks read at a claim; commit, abort) on assign steps.
+- Version 5 adds (and versions 1 to 4 may not use): the config's ``lanes`` (2 or more: key-
+  ordered lanes, ``ops.sim.lanes``), ``lanes_window`` and ``fold_every`` (written only with
+  lanes, so earlier digests are unchanged; a lanes config has no poison or transient
+  records); the faults ``lane`` (one lane's transaction: commit, abort, unknown-committed,
+  unknown-aborted; interleaves before and after, with ``revoke`` too) and ``fold`` (the
+  fold transaction; the same outcomes, no interleave) on process steps. The generator
+  writes version 5 only for a lanes config, so the traces of every other config are the
+  version 4 traces they were.
 - ``dumps`` is canonical (sorted keys, fixed separators, one trailing newline), so a
   parse/dump round trip is byte-identical.
 """
@@ -70,8 +78,8 @@ __all__ = [
     "toolchain",
 ]
 
-VERSION = 4
-VERSIONS = (1, 2, 3, 4)
+VERSION = 5
+VERSIONS = (1, 2, 3, 4, 5)
 IMPLEMENTATION = "worker-schedule-v1"
 ACTORS = ("start", "assign", "seek", "process", "revoke", "stop", "heartbeat", "expire", "lost")
 _V3_ACTORS = ("heartbeat", "expire")
@@ -85,6 +93,7 @@ _FAULT_OPS_V2 = {"assign": ("validate", "claim", "observe", "skip", "journal"),
 _FAULT_OPS_V3 = {**_FAULT_OPS_V2, "heartbeat": ("heartbeat",)}
 _FAULT_OPS_V4 = {**_FAULT_OPS_V3, "assign": (*_FAULT_OPS_V3["assign"], "attempts"),
                  "process": (*_FAULT_OPS_V3["process"], "attempt")}
+_FAULT_OPS_V5 = {**_FAULT_OPS_V4, "process": (*_FAULT_OPS_V4["process"], "lane", "fold")}
 
 
 class TraceError(ValueError):
@@ -122,7 +131,9 @@ class SimConfig:
     topic_recreated_before_drain: bool = False  # version 2; written only when true
     poison: tuple[tuple[int, int], ...] = ()  # version 4 (ops.sim.failures); when any
     transient: tuple[tuple[int, int, int], ...] = ()  # version 4: (partition, offset, n)
-
+    lanes: int = 1  # version 5 (ops.sim.lanes); written only when above 1
+    lanes_window: int = 0  # version 5: offsets above the effective frontier; with lanes
+    fold_every: int = 0  # version 5: a fold once the effective frontier ran this far ahead
 
     def to_json(self) -> dict[str, Any]:
         return {"class": self.klass, "steps": self.steps, "topic": self.topic,
@@ -133,7 +144,9 @@ class SimConfig:
                 **({"topic_recreated_before_drain": True}
                    if self.topic_recreated_before_drain else {}),
                 **({"poison": [list(x) for x in self.poison]} if self.poison else {}),
-                **({"transient": [list(x) for x in self.transient]} if self.transient else {})}
+                **({"transient": [list(x) for x in self.transient]} if self.transient else {}),
+                **({"lanes": self.lanes, "lanes_window": self.lanes_window,
+                    "fold_every": self.fold_every} if self.lanes > 1 else {})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +282,9 @@ def _config(raw: Any, version: int) -> SimConfig:
     keys = ("class", "steps", "topic", "partitions", "group_id", "batch_max", "budget_ms",
             "low_watermarks_before_drain", "allow_retention_gap")
     c = _obj(raw, "config", keys, () if version == 1 else ("topic_recreated_before_drain",)
-             if version < 4 else ("topic_recreated_before_drain", "poison", "transient"))
+             if version < 4 else ("topic_recreated_before_drain", "poison", "transient")
+             if version < 5 else ("topic_recreated_before_drain", "poison", "transient",
+                                  "lanes", "lanes_window", "fold_every"))
     klass = _str(c["class"], "config.class")
     if klass not in ("valid", "conflict"):
         raise TraceError(f"config.class: expected valid or conflict, got {klass!r}")
@@ -277,6 +292,16 @@ def _config(raw: Any, version: int) -> SimConfig:
     lows = c["low_watermarks_before_drain"]
     if not isinstance(lows, list) or len(lows) != partitions:
         raise TraceError("config.low_watermarks_before_drain: expected one integer per partition")
+    lanes = c.get("lanes")
+    if lanes is None and ("lanes_window" in c or "fold_every" in c):
+        raise TraceError("config.lanes: missing field (lanes_window and fold_every need it)")
+    if lanes is not None:
+        lanes = _int(lanes, "config.lanes", low=2)
+        for name in ("lanes_window", "fold_every"):
+            if name not in c:
+                raise TraceError(f"config.{name}: missing field (lanes need it)")
+        if c.get("poison") or c.get("transient"):
+            raise TraceError("config.lanes: a lanes config has no poison or transient records")
     return SimConfig(
         klass=klass, steps=_int(c["steps"], "config.steps"), topic=_str(c["topic"], "config.topic"),
         partitions=partitions, group_id=_str(c["group_id"], "config.group_id"),
@@ -290,7 +315,11 @@ def _config(raw: Any, version: int) -> SimConfig:
         poison=tuple((p, o) for p, o in _records_of(c.get("poison", []), "config.poison",
                                                     partitions, 2)),
         transient=tuple((p, o, n) for p, o, n in _records_of(
-            c.get("transient", []), "config.transient", partitions, 3)))
+            c.get("transient", []), "config.transient", partitions, 3)),
+        lanes=lanes or 1,
+        lanes_window=0 if lanes is None else _int(c["lanes_window"], "config.lanes_window",
+                                                  low=1),
+        fold_every=0 if lanes is None else _int(c["fold_every"], "config.fold_every", low=1))
 
 
 def _records_of(raw: Any, where: str, partitions: int, width: int) -> list[tuple[int, ...]]:
@@ -319,7 +348,8 @@ def _fault(raw: Any, where: str, actor: str, version: int) -> Fault:
     f = _obj(raw, where, ("operation", "call", "outcome"), ("delay_ms", "interleave"))
     op = f["operation"]
     choices = (_FAULT_OPS if version == 1 else _FAULT_OPS_V2 if version == 2
-               else _FAULT_OPS_V3 if version == 3 else _FAULT_OPS_V4).get(actor, ())
+               else _FAULT_OPS_V3 if version == 3 else _FAULT_OPS_V4 if version == 4
+               else _FAULT_OPS_V5).get(actor, ())
     if op not in choices:
         raise TraceError(f"{where}.operation: {op!r} is not a choice for a {actor} step "
                          f"in version {version} (choices: {', '.join(choices) or 'none'})")
@@ -336,10 +366,12 @@ def _fault(raw: Any, where: str, actor: str, version: int) -> Fault:
         stop = _bool(il.get("stop", False), f"{where}.interleave.stop")
         revoke = _bool(il.get("revoke", False), f"{where}.interleave.revoke")
         lost = _bool(il.get("lost", False), f"{where}.interleave.lost")
-        for name, on in (("revoke", revoke), ("lost", lost)):
-            if on and (actor != "process" or op != "process"):
-                raise TraceError(f"{where}.interleave.{name}: only for a process step's "
-                                 "process call")
+        if revoke and (actor != "process" or op not in ("process", "lane")):
+            raise TraceError(f"{where}.interleave.revoke: only for a process step's process "
+                             "or lane call")
+        if lost and (actor != "process" or op != "process"):
+            raise TraceError(f"{where}.interleave.lost: only for a process step's process "
+                             "call")
         if version < 3 and op in ("validate", "observe"):
             raise TraceError(f"{where}.interleave: an interleave on {op} needs version 3")
         rep = il.get("replacement")

@@ -190,6 +190,7 @@ def test_a_table_replicated_through_debezium_equals_its_source(
         debezium.crash_postgres()                                # source and target crash
         asyncio.run(execute(source_dsn, statements[-1]))
         exits: list[int] = []
+        ended: list[str] = []  # the log's last lines of each member that exited, for a failure
         fenced: list[str] = []
         source_restarts: list[float] = []
 
@@ -213,7 +214,8 @@ def test_a_table_replicated_through_debezium_equals_its_source(
                     members.append(member(name + "'", env))
 
         got, want = _converged(services.dsn, target, source_dsn, table, tick=supervise)
-        assert set(exits) <= {5}, f"a member ended with {exits} after the crash, not 5"
+        assert set(exits) <= {5}, (f"a member ended with {exits} after the crash, not 5:\n"
+                                   + "\n".join(ended))
         assert all("lifetime ends (exit 3, Fenced)" in log for log in fenced), fenced
         assert got == want, _difference(got, want) + (
             f"\nDebezium's failed task restarted {len(source_restarts)} times")

@@ -19,10 +19,10 @@ from ops.sim import make_trace, run_trace
 from ops.sim.loop import LogicalClock, SimulationStuck, run_sync
 
 
-def _starve(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
-    """Every store claim and process blocks the loop's thread for longer than the budget,
+def _starve(monkeypatch: pytest.MonkeyPatch, calls: list[str], names: tuple[str, ...]) -> None:
+    """Every store call of ``names`` blocks the loop's thread for longer than the budget,
     as a process that gets no CPU for that long would."""
-    for name in ("claim", "process"):
+    for name in names:
         def make(name: str, original: Any) -> Any:
             async def slow(self: MemoryFenceStore, *args: Any, **kwargs: Any) -> Any:
                 calls.append(name)
@@ -32,15 +32,19 @@ def _starve(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
         monkeypatch.setattr(MemoryFenceStore, name, make(name, getattr(MemoryFenceStore, name)))
 
 
+@pytest.mark.parametrize(("seed", "names"), [(149, ("claim", "process")),
+                                             (27, ("claim", "process_lane"))],
+                         ids=["batches", "lanes"])
 def test_a_run_starved_of_cpu_reports_what_a_quiet_run_reports(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    trace = make_trace(27, steps=6)
+        monkeypatch: pytest.MonkeyPatch, seed: int, names: tuple[str, ...]) -> None:
+    trace = make_trace(seed, steps=6)
+    assert (trace.config.lanes > 1) == ("process_lane" in names)
     assert trace.config.budget_ms < 450  # each starved call outlives the budget in real time
     quiet = run_trace(trace)
     calls: list[str] = []
-    _starve(monkeypatch, calls)
+    _starve(monkeypatch, calls, names)
     starved = run_trace(trace)
-    assert {"claim", "process"} <= set(calls)  # starved inside guarded calls of both kinds
+    assert set(names) <= set(calls)  # starved inside guarded calls of both kinds
     assert dumps_report(starved) == dumps_report(quiet)
     assert quiet["status"] == "PASS"
 

@@ -38,8 +38,8 @@ def test_a_version_1_trace_round_trips_and_rejects_version_2_fields() -> None:
         "process", 1, at="before", revoke=True))])))
     with pytest.raises(TraceError, match=r"interleave.revoke: unknown field"):
         parse(_v1(data))
-    data["version"] = 5
-    with pytest.raises(TraceError, match=r"trace\.version: 5 is not supported"):
+    data["version"] = 6
+    with pytest.raises(TraceError, match=r"trace\.version: 6 is not supported"):
         parse(json.dumps(data))
 
 
