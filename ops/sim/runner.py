@@ -267,6 +267,9 @@ class _Run:
             attempt["batches"] = {str(q): r for q, (r, _) in sorted(self.batch_results.items())}
             attempt["error"] = next((_error_text(e) for _, e in self.batch_results.values()
                                      if e is not None), None)
+        if self.lane_results:  # ops.sim.lanes: each lane batch of the step and its end
+            attempt["lanes"] = [f"{q}/{lane} {recs[0].offset}..{recs[-1].offset} {result}"
+                                for q, lane, recs, result in self.lane_results]
         for task in self.pending:  # an interleaved revoke finishes after the call it awaited
             try:
                 await task

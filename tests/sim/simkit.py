@@ -41,11 +41,14 @@ def step(actor: str, worker: int, partition: int | None = None, *faults: Fault) 
 
 def make(records: list[SourceRecord], steps: list[Step], *, partitions: int = 1,
          drain: bool = False, batch_max: int = 4, lows: tuple[int, ...] | None = None,
-         allow_gap: bool = False, klass: str = "valid") -> Trace:
+         allow_gap: bool = False, klass: str = "valid", lanes: int = 1,
+         lanes_window: int = 10_000, fold_every: int = 1) -> Trace:
     config = SimConfig(klass=klass, steps=len(steps), topic=TOPIC, partitions=partitions,
                        group_id="sim", batch_max=batch_max, budget_ms=20_000,
                        low_watermarks_before_drain=lows or (0,) * partitions,
-                       allow_retention_gap=allow_gap)
+                       allow_retention_gap=allow_gap, lanes=lanes,
+                       lanes_window=lanes_window if lanes > 1 else 0,
+                       fold_every=fold_every if lanes > 1 else 0)
     trace = Trace(seed=0, config=config, records=tuple(records), steps=tuple(steps),
                   drain=drain, toolchain=toolchain())
     return parse(dumps(trace))  # every hand-written trace passes the replay validation
