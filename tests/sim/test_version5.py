@@ -62,7 +62,7 @@ def test_a_lanes_config_rejects_poison_and_a_window_without_lanes() -> None:
     data = json.loads(dumps(make(_keyed(), [step("start", 1)])))
     data["version"] = 5
     data["config"]["lanes_window"] = 3
-    with pytest.raises(TraceError, match="config.lanes: missing field"):
+    with pytest.raises(TraceError, match=r"config\.lanes: missing field"):
         parse(json.dumps(data))
 
 
