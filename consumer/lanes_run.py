@@ -22,6 +22,12 @@ Rules
   batch in flight, and the partition's runner ends only once every lane did (a revoke
   waits for it, and the lifecycle's revoke waits for the lane transactions).
 - A lane's failure is the run's, as a batch's is without lanes (``LifetimeRun._submit``).
+- Liveness: a lane is *busy* while records are queued in it or in flight; the partition
+  keeps, per busy lane, when it last settled a batch (or became busy: ``lanes_since``), so
+  the stall detection sees a lane that holds its keys back while the others run on
+  (``LifetimeRun.progress``: a partition's progress is its oldest busy lane's). ``load``:
+  busy lanes and the offsets dispatched past the effective frontier (the window used),
+  for the metrics and the member row.
 """
 
 from __future__ import annotations
@@ -51,9 +57,11 @@ class LaneRun:
                  slots: asyncio.Semaphore, batch_max_records: int,
                  submit: Callable[[Partition, list[SourceRecord]], Awaitable[bool]],
                  commit: Callable[[int], None], stopping: Callable[[], bool],
-                 take: Callable[[Partition], list[SourceRecord]]) -> None:
+                 take: Callable[[Partition], list[SourceRecord]],
+                 clock: Callable[[], float]) -> None:
         """``submit``: the run's submission of one batch (False: the lane must end);
-        ``commit``: queue a frontier for Kafka; ``take``: the next batch of the buffer."""
+        ``commit``: queue a frontier for Kafka; ``take``: the next batch of the buffer;
+        ``clock``: the run's clock (``lanes_since``)."""
         self.part = part
         self.dispatch = dispatch
         self._lc = lifecycle
@@ -63,6 +71,7 @@ class LaneRun:
         self._commit = commit
         self._stopping = stopping
         self._take = take
+        self._clock = clock
         self.span_of: dict[int, Span] = {}
         self._queues: list[deque[SourceRecord]] = [deque() for _ in range(dispatch.lanes)]
         self._wakes = [asyncio.Event() for _ in range(dispatch.lanes)]
@@ -79,6 +88,7 @@ class LaneRun:
         """Dispatch until the partition closes, then wait for every lane."""
         part = self.part
         self._lc.run_lanes(part.tp, self.span_of)
+        part.lane_load = self.load
         lanes = [asyncio.create_task(self._lane(i), name=f"lane {part.tp}#{i}")
                  for i in range(self.dispatch.lanes)]
         try:
@@ -95,6 +105,7 @@ class LaneRun:
                     self.span_of[rec.offset] = span
                     self._queues[lane].append(rec)
                     self._wakes[lane].set()
+                    part.lanes_since.setdefault(lane, self._clock())  # busy from now
                 if self._pending and not taken:  # the window is full: wait for the frontier
                     self._room.clear()
                     waiters = [asyncio.ensure_future(part.wake.wait()),
@@ -107,6 +118,8 @@ class LaneRun:
                     part.wake.clear()
         finally:
             self._ended = True
+            part.lanes_since.clear()
+            part.lane_load = None
             for wake in self._wakes:
                 wake.set()
             await asyncio.gather(*lanes, return_exceptions=True)
@@ -136,6 +149,10 @@ class LaneRun:
                 self._ended = True  # the partition's lanes end with the failed one
                 self.part.wake.set()
                 return
+            if queue:
+                self.part.lanes_since[lane] = self._clock()  # progress, still busy
+            else:
+                self.part.lanes_since.pop(lane, None)  # idle
             self._settled(batch)
 
     def _settled(self, batch: Sequence[SourceRecord]) -> None:
@@ -152,6 +169,12 @@ class LaneRun:
         if frontier > self._folded and (frontier - self._folded >= FOLD_EVERY or self._idle()) \
                 and (self._folding is None or self._folding.done()):
             self._folding = asyncio.ensure_future(self._fold(frontier))
+
+    def load(self) -> tuple[int, int]:
+        """(busy lanes, offsets dispatched past the effective frontier: the window used)."""
+        busy = sum(1 for lane, queue in enumerate(self._queues)
+                   if queue or lane in self.part.lanes_inflight)
+        return busy, max(0, self.dispatch.next_offset - self.dispatch.completion.frontier)
 
     def _idle(self) -> bool:
         """Nothing queued, pending or in flight in any lane: the partition caught up."""

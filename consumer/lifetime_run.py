@@ -150,7 +150,13 @@ class LifetimeRun:
 
     def progress(self) -> dict[TopicPartition, float]:
         """Per owned partition: the clock time of its last fetch or commit progress."""
-        return {tp: p.progress_s for tp, p in self._parts.items() if not p.closing}
+        return {tp: min(p.progress_s, *p.lanes_since.values()) if p.lanes_since else
+                p.progress_s for tp, p in self._parts.items() if not p.closing}
+
+    def lanes(self) -> dict[TopicPartition, tuple[int, int]]:
+        """Per owned partition running lanes: (busy lanes, window used) (``LaneRun.load``)."""
+        return {tp: p.lane_load() for tp, p in self._parts.items()
+                if p.lane_load is not None and not p.closing}
 
     async def run(self, stop_requested: asyncio.Event) -> ExitCode:
         """Run until ``stop_requested`` or a failure; then end (see the module Rules)."""
@@ -531,7 +537,7 @@ class LifetimeRun:
         return LaneRun(part, dispatch, lifecycle=self._lc, slots=self._slots,
                        batch_max_records=cfg.batch_max_records, submit=submit,
                        commit=lambda frontier: self.kafka.commit(part.tp, frontier),
-                       stopping=lambda: self._stopping, take=take)
+                       stopping=lambda: self._stopping, take=take, clock=self._ctx.clock)
 
     # ---- operator resets ------------------------------------------------------------------
 

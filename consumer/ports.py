@@ -80,3 +80,9 @@ class Partition:
     lingering: bool = False
     #: the batches of its lanes in flight (``--lanes``), by lane
     lanes_inflight: dict[int, InFlight] = field(default_factory=dict)
+    #: per busy lane (records queued or in flight): the clock time it last made progress
+    #: (a settled batch), or became busy; an idle lane is absent (``consumer.lanes_run``)
+    lanes_since: dict[int, float] = field(default_factory=dict)
+    #: its lanes' load now: (busy lanes, offsets dispatched past the effective frontier);
+    #: None when the partition runs no lanes
+    lane_load: Callable[[], tuple[int, int]] | None = None

@@ -135,6 +135,11 @@ class Worker:
         """Per owned partition of the current lifetime: its last fetch or commit progress."""
         return {} if self.current is None else self.current.progress()
 
+    def lanes(self) -> dict[TopicPartition, tuple[int, int]]:
+        """Per owned partition of the current lifetime running lanes: (busy lanes, window
+        used)."""
+        return {} if self.current is None else self.current.lanes()
+
     def tokens(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, Token | None]:
         """The current lifetime's retained token per partition (None when not held); no I/O."""
         lc = self._lifecycle

@@ -7,8 +7,10 @@ Rules
   ``completeness=not-claimed``, ``declare``), ``fence.handler.declaration``,
   ``fence.partitions.stalled``, ``fence.partition.owned`` (1 owned, 0 known but not owned:
   ``max by (group, topic, partition)`` over the members is 0 exactly when no live member
-  owns it), ``fence.worker.ready``, ``fence.worker.phase`` and
-  ``fence.partitions.mirror_lagging``.
+  owns it), ``fence.worker.ready``, ``fence.worker.phase``,
+  ``fence.partitions.mirror_lagging``, and per partition running lanes ``fence.lanes.busy``
+  and ``fence.lanes.window_used`` (``set_lanes``: a partition no longer running lanes
+  disappears from the next scrape).
 - ``consumer.observability.instruments.Instruments`` is these gauges plus the counters and
   histograms; callers use it.
 """
@@ -16,7 +18,7 @@ Rules
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
@@ -74,6 +76,34 @@ class Gauges:
             unit="{partition}",
             description="Owned partitions whose Kafka committed offset has lagged the durable "
                         "frontier for --offset-mirror-warn-s")
+
+        self._lanes: dict[TopicPartition, tuple[int, int]] = {}
+        m.create_observable_gauge(
+            "fence.lanes.busy", callbacks=[self._observe_lanes_busy], unit="{lane}",
+            description="Lanes with records queued or in flight, per partition running lanes "
+                        "(--lanes)")
+        m.create_observable_gauge(
+            "fence.lanes.window_used", callbacks=[self._observe_lanes_window],
+            unit="{offset}",
+            description="Offsets dispatched to lanes past the oldest unfinished one, per "
+                        "partition running lanes (at most --lanes-window)")
+
+    def set_lanes(self, load: Mapping[TopicPartition, tuple[int, int]]) -> None:
+        """The partitions running lanes now: (busy lanes, window used) each."""
+        with self._lock:
+            self._lanes = dict(load)
+
+    def _observe_lanes_busy(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            load = sorted(self._lanes.items())
+        return [Observation(busy, {"group": self._group, **tp_attrs(tp)})
+                for tp, (busy, _) in load]
+
+    def _observe_lanes_window(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            load = sorted(self._lanes.items())
+        return [Observation(used, {"group": self._group, **tp_attrs(tp)})
+                for tp, (_, used) in load]
 
     def set_lag(self, tp: TopicPartition, *, high_watermark: int, frontier: int) -> None:
         """Record lag = max(0, high watermark - durable frontier) for an owned partition."""

@@ -1,5 +1,8 @@
 """The worker's observability glue: worker events -> readiness, member heartbeats, metrics.
 
+Long because one beat loop samples every live figure (lag, stalls, lanes, the offset
+mirror) into the same three sinks (readiness, gauges, the member row), kept in one place.
+
 Rules
 - ``on_event(event)`` is the worker's ``on_event`` hook (typed events of
   ``consumer.events``, matched by type) and runs on the worker's loop. It never raises: an
@@ -20,7 +23,12 @@ Rules
   readiness (``/readyz`` names them), the ``fence.partitions.stalled`` gauge and the member
   row (``detail.stalled``, shown by ``fencectl status``), and each newly stalled partition
   is logged as a warning. Every event also sets the ``fence.partition.owned`` and
-  ``fence.worker.ready``/``fence.worker.phase`` gauges from the readiness state.
+  ``fence.worker.ready``/``fence.worker.phase`` gauges from the readiness state. A
+  partition running lanes reports its oldest busy lane's progress, so a lane holding its
+  keys back stalls the partition (``consumer.lanes_run``).
+- Lanes: every beat, the load of the partitions running lanes (``lanes``: busy lanes and
+  the window used) goes to ``fence.lanes.busy``/``fence.lanes.window_used`` and, when the
+  busy counts changed, to the member row (``detail.lanes_busy``).
 - Offset mirror: every beat, the partitions whose Kafka committed offset has been behind
   the durable frontier for ``mirror_warn_s`` (``consumer.mirror.lagging``; ``mirror``, the
   worker's view) are logged as a warning once per episode (catching up is logged as info)
@@ -74,6 +82,7 @@ log = logging.getLogger("fenceworker.observer")
 LagFacts = Callable[[list[TopicPartition]], Mapping[TopicPartition, SourceFacts]]
 Observe = Callable[[Sequence[TopicPartition]], Awaitable[Mapping[TopicPartition, Token | None]]]
 Progress = Callable[[], Mapping[TopicPartition, float]]
+Lanes = Callable[[], Mapping[TopicPartition, tuple[int, int]]]
 Mirror = Callable[[], Mapping[TopicPartition, MirrorState]]
 
 
@@ -117,8 +126,10 @@ class WorkerObserver:
         self._closed = asyncio.Event()
         self._wake = asyncio.Event()
         self._stalls = StallTracker(timeout_s=stall_timeout_s)
+        self._lanes_busy: dict[str, int] = {}
         # the worker's last fetch/commit progress per owned partition (set once it exists)
         self.progress: Progress | None = None
+        self.lanes: Lanes | None = None  # per partition running lanes: (busy, window used)
         # the worker's Kafka offset mirror per positioned partition (set once it exists)
         self.mirror: Mirror | None = None
         self._mirror_warn_s = mirror_warn_s
@@ -217,7 +228,8 @@ class WorkerObserver:
         if self._member is not None:
             self._member.set_state(state_for_phase(state.phase),
                                    partitions=sorted(str(tp) for tp in state.assigned),
-                                   stalled=sorted(str(tp) for tp in state.stalled))
+                                   stalled=sorted(str(tp) for tp in state.stalled),
+                                   lanes_busy=dict(self._lanes_busy))
             self._wake.set()  # a changed state is written within min_gap_s, not a beat later
 
     @property
@@ -237,6 +249,7 @@ class WorkerObserver:
                 await member.tick()
                 timeout_s = min(timeout_s, max(member.delay_s(), 0.01))
             await self._sample_lag()
+            self._sample_lanes()
             self._check_mirror()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout_s)
@@ -267,6 +280,20 @@ class WorkerObserver:
                                          frontier=token.frontier)
                 lags[tp] = max(0, fact.high_watermark - token.frontier)
         self._check_stalls(lags)
+
+    def _sample_lanes(self) -> None:
+        """The lanes' load into the gauges and, when it changed, the member row
+        (``detail.lanes_busy``: busy lanes per partition, shown by ``fencectl status``)."""
+        if self.lanes is None:
+            return
+        load = self.lanes()
+        self.instruments.set_lanes(load)
+        busy = {str(tp): b for tp, (b, _) in sorted(load.items())}
+        if busy != self._lanes_busy:
+            self._lanes_busy = busy
+            if self._member is not None:
+                self._member.set_state(state_for_phase(self.readiness.state.phase),
+                                       lanes_busy=busy)
 
     def _check_stalls(self, lags: Mapping[TopicPartition, int]) -> None:
         if self.progress is None:

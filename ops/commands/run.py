@@ -392,6 +392,7 @@ async def _run(cfg: WorkerConfig, obs_options: ObsOptions | None = None) -> Exit
         obs.member_id_source = lambda: worker.member_id
         obs.on_operator_owned = worker.operator_owned
         obs.observer.progress = worker.progress
+        obs.observer.lanes = worker.lanes
         obs.observer.mirror = worker.offset_mirror
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -28,6 +28,9 @@ Rules
 - A partition is *stalled* while its owner is observed and lists it in its member row's
   ``detail.stalled`` (``consumer.observability.stall``); OWNER-STATE then reads
   ``observed/running/stalled`` and a note says so.
+- Lanes: the ``lanes`` entry of a partition with spans above its frontier, or whose
+  observed owner runs lanes for it, has ``busy`` (the owner's busy lanes from its member
+  row's ``detail.lanes_busy``; None when not reported) beside the completion set's figures.
 """
 
 from __future__ import annotations
@@ -165,6 +168,7 @@ class PartitionView:
     mirror: MirrorView = MirrorView.UNKNOWN
     durability: str | None = None  # the owner's handler's (None: not known)
     completeness: str = "unknown"  # claimed | not-claimed (best-effort) | unknown
+    lanes_busy: int | None = None  # its observed owner's busy lanes for it (None: none)
 
     def as_dict(self) -> dict[str, Any]:
         r = self.row
@@ -178,7 +182,8 @@ class PartitionView:
             "stalled": self.stalled, "notes": list(self.notes),
             "durability": self.durability, "completeness": self.completeness,
             "quarantined": r.quarantined, "quarantine_causes": dict(r.quarantine_causes),
-            "lanes": None if not r.lane_spans else _lanes(r),
+            "lanes": None if not r.lane_spans and self.lanes_busy is None else {
+                **_lanes(r), "busy": self.lanes_busy},
             "retrying": None if r.attempts is None else {
                 "offset": r.frontier, "attempt": r.attempts, "max_attempts": r.max_attempts,
                 "alone": r.alone, "next_retry_at": None if r.next_retry_at is None
@@ -233,6 +238,8 @@ def view_partition(
                      "member running, the next one assigned it starts there")
     stalled = (owner is not None and owner.state is not None
                and f"{row.topic}[{row.partition}]" in (owner.detail.get("stalled") or ()))
+    busy = None if owner is None or owner.state is None else (
+        owner.detail.get("lanes_busy") or {}).get(f"{row.topic}[{row.partition}]")
     if stalled:
         owner_state = f"{owner_state}/stalled"
         notes.append("stalled: its owner reports lag and no fetch or commit progress for "
@@ -262,4 +269,5 @@ def view_partition(
         mirror=mirror,
         durability=durability,
         completeness=completeness,
+        lanes_busy=busy if isinstance(busy, int) else None,
     )

@@ -1,6 +1,9 @@
 """Oracle checks of the simulator: committed state against the reference oracle's fold of
 the processed source prefix, plus the fence's own invariants.
 
+Long because every oracle rule reads the same store snapshot after every call; one module
+keeps them against one incremental view (the partitions' folds, the writes seen so far).
+
 Rules (each failed rule is one violation string naming the place it was seen)
 - ``ops.reference.oracle.check`` at the durable frontiers: documents, outbox and
   quarantine equal the fold (records given up by a gap-skip are excluded from it);

@@ -18,7 +18,11 @@ Rules
   one, or the partition is caught up (nothing queued, held back or left to fetch), a fold
   starts while the other lanes are still in flight (``LaneRun._settled``).
 - A step with nothing to dispatch or apply folds a caught-up partition whose effective
-  frontier is above the retained one, else it is ``idle``.
+  frontier is above the retained one, else it is ``idle``. A failed fold fails no step
+  (``LaneRun._fold`` logs it; the next lane transaction meets its cause, and the lifecycle
+  retires on what retires it) unless the lifetime ended during it (``Retired``: the step
+  ends so, as every call in flight of a stopped lifetime does); the attempt lists each fold
+  and its end (``folds``).
 - A failed lane batch ends the partition's lanes in that lifetime: its later process steps
   make no store call (``ended``), as a failed lane ends its ``LaneRun``. So does a lane
   that would start after its lifetime dropped the partition during the step (an interleaved
@@ -42,7 +46,7 @@ from typing import Any
 import consumer.decisions
 from consumer.decisions import LifetimeState
 from consumer.lifecycle import Lifecycle
-from fencing.errors import FenceError
+from fencing.errors import FenceError, Retired
 from fencing.lanes import Completion, Dispatch, Span
 from fencing.store import BatchCall
 from fencing.types import SourceRecord
@@ -144,11 +148,15 @@ async def process_lanes(run: Any, lc: Lifecycle, worker: int, q: int) -> str:
         frontier = state.dispatch.completion.frontier
         if token is None or frontier <= token.frontier:
             return
+        run.call_us[lc.lifetime_id] = run.clock.now_us  # a lifecycle call of its own
         try:
             await lc.fold(tp, to_frontier=frontier)
-        except FenceError as exc:  # production logs it; the next lane meets the cause
-            failures.append(exc)
+        except FenceError as exc:  # production logs it; the next lane meets its cause
+            run.fold_results.append((q, frontier, type(exc).__name__))
+            if isinstance(exc, Retired):  # the lifetime ended during it: so does the step
+                failures.append(exc)
             return
+        run.fold_results.append((q, frontier, "ok"))
         state.folded = frontier
 
     def settled(records: list[SourceRecord]) -> None:
@@ -197,6 +205,6 @@ async def process_lanes(run: Any, lc: Lifecycle, worker: int, q: int) -> str:
         await fold()
     else:
         return "idle"
-    if failures:
-        raise failures[0]
+    if failures:  # a lifetime that ended during the step ends the step as Retired
+        raise next((e for e in failures if isinstance(e, Retired)), failures[0])
     return "ok"

@@ -112,6 +112,7 @@ class _Run:
         self.failure_runs: dict[int, FailureRun] = {}
         self.lanes: dict[tuple[int, int], LaneState] = {}  # ops.sim.lanes, for such a config
         self.lane_results: list[tuple[int, int, list[SourceRecord], str]] = []  # this step's
+        self.fold_results: list[tuple[int, int, str]] = []  # this step's: partition, to, end
         self.checker.lanes = cfg.lanes > 1
         if cfg.poison or cfg.transient:
             self.failing = FailingHandler(cfg.poison, cfg.transient)
@@ -250,7 +251,7 @@ class _Run:
         first_event = len(self.events)
         self.call_us[str(step.worker)] = self.clock.now_us
         self.batch_ends, self.batch_results, self.queued_results = {}, {}, {}
-        self.lane_results = []
+        self.lane_results, self.fold_results = [], []
         lc = self.lifecycles.get(step.worker)
         held = {p: lc.token(self.tp(p)) for p in step.partitions} if lc is not None else {}
         failure: FenceError | None = None
@@ -270,6 +271,8 @@ class _Run:
         if self.lane_results:  # ops.sim.lanes: each lane batch of the step and its end
             attempt["lanes"] = [f"{q}/{lane} {recs[0].offset}..{recs[-1].offset} {result}"
                                 for q, lane, recs, result in self.lane_results]
+        if self.fold_results:
+            attempt["folds"] = [f"{q} to {to} {end}" for q, to, end in self.fold_results]
         for task in self.pending:  # an interleaved revoke finishes after the call it awaited
             try:
                 await task

@@ -338,3 +338,38 @@ def test_kafka_behind_is_not_recommitted_for_a_partition_no_longer_assigned() ->
     c.results(None, [KafkaTP("orders", 0, 10)])
     c.flush(consumer, {B})
     assert len(consumer.sent) == 2
+
+
+class _Member:
+    """What the observer writes to a member row: the detail of each ``set_state``."""
+
+    def __init__(self) -> None:
+        self.detail: dict[str, Any] = {}
+        self.writes = 0
+
+    def set_state(self, state: Any, **detail: Any) -> None:
+        self.detail.update(detail)
+        self.writes += 1
+
+
+def test_the_observer_samples_the_lanes_into_gauges_and_the_member_row() -> None:
+    inst, reader = make_instruments()
+    obs = WorkerObserver(instruments=inst, readiness=ReadinessHolder(),
+                         loop_heartbeat=LoopHeartbeat(clock=lambda: 0.0, bound_s=5),
+                         clock=lambda: 0.0)
+    member = _Member()
+    obs._member = member  # type: ignore[assignment]
+    load = {A: (3, 120)}
+    obs.lanes = lambda: load
+    obs._sample_lanes()
+    points = _points(reader)
+    assert _value(points["fence.lanes.busy"], partition=0).value == 3
+    assert _value(points["fence.lanes.window_used"], partition=0).value == 120
+    assert member.detail["lanes_busy"] == {"orders[0]": 3}
+    writes = member.writes
+    obs._sample_lanes()  # unchanged: no new member detail
+    assert member.writes == writes
+    load.clear()  # the partition no longer runs lanes: gone from the next scrape
+    obs._sample_lanes()
+    assert "fence.lanes.busy" not in _points(reader) or not _points(reader)["fence.lanes.busy"]
+    assert member.detail["lanes_busy"] == {}

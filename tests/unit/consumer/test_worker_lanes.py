@@ -154,6 +154,43 @@ async def test_a_full_window_holds_the_other_lanes_back_and_nothing_is_lost() ->
     assert await run is ExitCode.OK
 
 
+async def test_a_held_lane_holds_its_partitions_progress_back_and_is_reported_busy() -> None:
+    """One key's lane waits on its handler while the other lanes apply everything else: the
+    partition's progress (what the stall detection reads) stays at the moment the held lane
+    became busy, though commits go on; ``lanes()`` reports it busy and the offsets
+    dispatched past the oldest unfinished one. Once it settles, both move on."""
+    release = asyncio.Event()
+    handler = Recording(wait_s=0)
+
+    async def k0_waits(conn: Any, recs: Sequence[SourceRecord]) -> list[Verdict]:
+        if recs[0].key == b"k0":
+            await release.wait()
+        return await handler(conn, recs)
+
+    worker, _store, fakes = make(k0_waits, lanes=4, db_concurrency=4, batch_max_records=5)
+    run = asyncio.create_task(worker.run())
+    await until_async(lambda: bool(fakes))
+    await asyncio.to_thread(fakes[0].rb.assigned, [TP0])
+    sent = keyed(0, 40, keys=8)
+    held = lane_of(b"k0", 4)
+    others = [r.offset for r in sent if lane_of(r.key, 4) != held]
+    await asyncio.to_thread(fakes[0].deliver, sent)
+    await until_async(lambda: sorted(o for _, o in handler.applied) == others)
+    lifetime = worker.current
+    assert lifetime is not None
+    stuck_since = lifetime.progress()[TP0]
+    await asyncio.sleep(0.2)
+    assert lifetime.progress()[TP0] == stuck_since  # commits went on; the held lane did not
+    busy, used = lifetime.lanes()[TP0]
+    assert busy == 1 and used == 40  # offset 0 unfinished, 40 offsets dispatched from it
+    release.set()
+    await until_async(lambda: fakes[0].committed(TP0) == 40)
+    await until_async(lambda: lifetime.lanes()[TP0] == (0, 0))
+    assert lifetime.progress()[TP0] > stuck_since
+    worker.request_stop()
+    assert await run is ExitCode.OK
+
+
 def test_an_outcome_uncertain_handler_runs_no_lanes() -> None:
     @handler(durability="durable-critical", effects="outcome-uncertain")
     async def uncertain(conn: Any, recs: Sequence[SourceRecord]) -> list[Verdict]:

@@ -122,6 +122,27 @@ def test_partition_stalled_by_its_observed_owner_is_shown_stalled() -> None:
     assert not v.stalled  # an unavailable owner's last report is not a current state
 
 
+def test_lanes_show_the_completion_set_and_the_owners_busy_lanes() -> None:
+    """Spans above the frontier: lag from the oldest unfinished offset, the window used;
+    the observed owner's member row adds its busy lanes (alone when no span is above)."""
+    row = member("running", age_s=1)
+    busy_row = MemberRow(row.lifetime_id, row.group_id, row.member_id, row.host, row.pid,
+                         row.state, row.started_at, row.last_seen,
+                         {**row.detail, "lanes_busy": {"orders[0]": 2}})
+    members = {"lt-a": classify_member(busy_row, now=NOW)}
+    spans = dataclasses.replace(prow(90), lane_spans=((90, 94), (97, 99)))
+    v = view_partition(spans, facts=SourceFacts("id1", 0, 120), members=members)
+    assert v.lag == 120 - 95 and v.lanes_busy == 2
+    assert v.as_dict()["lanes"] == {"oldest_unfinished": 95, "window_used": 5,
+                                    "spans_above": 1, "busy": 2}
+    caught_up = view_partition(prow(90), facts=SourceFacts("id1", 0, 90), members=members)
+    assert caught_up.as_dict()["lanes"] == {"oldest_unfinished": 90, "window_used": 0,
+                                            "spans_above": 0, "busy": 2}
+    alone = view_partition(spans, facts=SourceFacts("id1", 0, 120), members={})
+    assert alone.as_dict()["lanes"]["busy"] is None  # no observed owner: not known
+    assert view_partition(prow(90), facts=None, members={}).as_dict()["lanes"] is None
+
+
 # ---- Kafka's committed offset beside the frontier (the offset mirror) -----------------------
 
 def test_mirror_is_judged_by_how_long_ago_the_frontier_moved() -> None:
