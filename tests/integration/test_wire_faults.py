@@ -1,5 +1,6 @@
-"""Wire faults at every statement the stores and the operator tools send, and at the table
-sink's write of a small set (real PostgreSQL, through ``fencing.testing.pgproxy``).
+"""Wire faults at every statement the stores and the operator tools send (a lane's
+transaction and a fold included), and at the table sink's write of a small set (real
+PostgreSQL, through ``fencing.testing.pgproxy``).
 
 One parametrized test: every statement kind x {the connection cut before the statement
 reaches the server, cut after the server finished it and before its reply, the reply held
@@ -334,6 +335,91 @@ async def sink_write(env: Env, fault: str) -> None:
                  handler=make_table_sink(SinkSpec(f"{env.schema}.sink_rows")))
 
 
+# -- one lane's transaction (``--lanes``): the epoch check, the body, the spans, COMMIT; a fold --
+async def _applied_set(env: Env) -> int:
+    """What a successor skips: the effective frontier of the completion set (0 or 4)."""
+    done = (await env.direct.completions([TP]))[TP]
+    return 0 if done is None else done.frontier
+
+
+async def _lane(env: Env, fault: str, case: Case) -> None:
+    """Four records as one lane's batch (each its own span); the partition row's frontier
+    stays where it is (no fold), the completion set says what was applied."""
+    lc = await _held(env)
+    records = make_records(TP, range(4))
+    lc.run_lanes(TP, {r.offset: (r.offset, r.offset) for r in records})
+    env.probe = _batches(env, "effects")
+    ran = await _faulted(env, case, fault, lambda: lc.process(
+        BatchCall(TP, records, effect_handler(env.schema))))
+    _typed(env, case, fault)
+    durable = (await env.direct.observe([TP]))[TP]
+    offsets = sorted(r[0] for r in await env.sql('SELECT "offset" FROM {s}.effects'))
+    applied = await _applied_set(env)
+    assert durable == Token(1, 0)  # a lane never moves the row's frontier (a fold does)
+    if fault == "held-then-cancelled" and case.in_handler:
+        assert isinstance(ran.error, TooSlow), ran.error
+        assert lc.state is LifetimeState.LIVE and lc.token(TP) == Token(1, 0)
+        assert offsets == [] and applied == 0
+        _within_budget(ran)
+        return
+    if fault == "held-then-cancelled":
+        _retired_within_budget(ran, lc)
+        committed = case.klass == COMMIT  # a held COMMIT reply: the server had committed
+        assert offsets == ([0, 1, 2, 3] if committed else [])
+        assert applied == (4 if committed else 0)
+        return
+    assert ran.error is None, ran.error
+    assert offsets == [0, 1, 2, 3] and applied == 4  # each record's effect exactly once
+
+
+async def lane_fence(env: Env, fault: str) -> None:
+    await _lane(env, fault, CASES["lane epoch check"])
+
+
+async def lane_body(env: Env, fault: str) -> None:
+    await _lane(env, fault, CASES["lane handler body"])
+
+
+async def lane_spans(env: Env, fault: str) -> None:
+    await _lane(env, fault, CASES["lane spans"])
+
+
+async def lane_commit(env: Env, fault: str) -> None:
+    await _lane(env, fault, CASES["lane COMMIT"])
+
+
+async def _row_frontier(env: Env) -> int:
+    return await env.count("SELECT frontier FROM {s}.partitions WHERE group_id = $1",
+                           env.group) // 4
+
+
+async def fold(env: Env, fault: str) -> None:
+    """A lane's four records applied, then the fold of the row's frontier to 4: once, or
+    the lifetime retired with the fold applied or not, never twice or past the set."""
+    lc = await _held(env)
+    records = make_records(TP, range(4))
+    lc.run_lanes(TP, {r.offset: (r.offset, r.offset) for r in records})
+    await lc.process(BatchCall(TP, records, effect_handler(env.schema)))
+    env.probe = lambda: _row_frontier(env)
+    case = CASES["fold"]
+    ran = await _faulted(env, case, fault, lambda: lc.fold(TP, to_frontier=4))
+    _typed(env, case, fault)
+    durable = (await env.direct.observe([TP]))[TP]
+    assert await _applied_set(env) == 4  # the set's effective frontier, folded or not
+    if fault == "held-then-cancelled":
+        _retired_within_budget(ran, lc)
+        assert durable == Token(1, 4)  # the held one-statement fold had committed
+        return
+    assert ran.error is None, ran.error
+    assert durable == Token(1, 4) == lc.token(TP) == ran.value
+    assert await env.count("SELECT count(*) FROM {s}.completions WHERE group_id = $1",
+                           env.group) == 0  # the spans below the frontier deleted with it
+
+
+async def completions_read(env: Env, fault: str) -> None:
+    await _assigned(env, fault, CASES["completions read"], probe_claims=False)
+
+
 # -- gap-skip ---------------------------------------------------------------------------
 async def _gap_skips(env: Env) -> int:
     return await env.count("SELECT count(*) FROM {s}.journal WHERE group_id = $1 AND"
@@ -561,6 +647,17 @@ CASES: dict[str, Case] = {
     "sink write": Case(BODY, lambda s: f'INSERT INTO "{s}"."sink_rows" ("offset") SELECT '
                        '"offset" FROM unnest(', "process", sink_write, in_handler=True),
     "COMMIT": Case(COMMIT, lambda s: "COMMIT", "process", commit, exact=True),
+    "lane epoch check": Case(BODY, lambda s: f"BEGIN; SELECT 1 FROM {_q(s)}.partitions WHERE",
+                             "process_lane", lane_fence),
+    "lane handler body": Case(BODY, lambda s: f'INSERT INTO "{s}".effects', "process_lane",
+                              lane_body, in_handler=True),
+    "lane spans": Case(BODY, lambda s: f"INSERT INTO {_q(s)}.completions", "process_lane",
+                       lane_spans),
+    "lane COMMIT": Case(COMMIT, lambda s: "COMMIT", "process_lane", lane_commit, exact=True),
+    "fold": Case(WRITE, lambda s: f"UPDATE {_q(s)}.partitions SET frontier = $6", "fold",
+                 fold),
+    "completions read": Case(READ, lambda s: f"LEFT JOIN {_q(s)}.completions c", "completions",
+                             completions_read),
     "gap skip": Case(WRITE, lambda s: "'gap-skip', epoch, owner", "skip", gap_skip),
     "attempt count write": Case(WRITE, lambda s: f"INSERT INTO {_q(s)}.attempts AS a",
                                 "record_attempt", attempts_write),
