@@ -1,4 +1,6 @@
-"""The corpus (seeds 1-8 x {valid, conflict} x 64 steps, each run twice) and the sweep.
+"""The corpus (seeds 1-8, 9 and 16 x {valid, conflict} x 64 steps, each run twice) and the
+sweep. Seeds 9 (valid) and 16 (conflict) are the first whose profile runs lanes (trace
+version 5), so every version is in the corpus.
 
 Rules
 - Every corpus run generates its trace twice and runs each once; the two traces and the
@@ -33,7 +35,7 @@ from ops.sim.trace import IMPLEMENTATION, Trace, dumps, parse, toolchain
 
 __all__ = ["CLASSES", "CORPUS_SEEDS", "run_corpus", "run_one", "sweep"]
 
-CORPUS_SEEDS = range(1, 9)
+CORPUS_SEEDS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16)
 CLASSES = ("valid", "conflict")
 
 
@@ -75,6 +77,7 @@ def run_corpus(*, seeds: Iterable[int] = CORPUS_SEEDS, steps: int = DEFAULT_STEP
                              and dumps_report(one_pass) == report1)
             entry: dict[str, Any] = {
                 "seed": seed, "class": klass, "steps": steps, "status": report["status"],
+                "version": parse(trace1).version,
                 "before_drain": report["before_drain"], "deterministic": deterministic,
                 "trace_sha256": _sha(trace1), "report_sha256": _sha(report1),
                 "attempts": len(report["attempts"]), "events": len(report["events"]),

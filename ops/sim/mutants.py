@@ -8,7 +8,7 @@ next to its name so the table reads against the code.
 Rules
 - A mutant is killed by a run when the run is not a strict PASS (any status other than
   PASS, or a nondeterministic pair of runs for the corpus). Named tests are not used.
-- Evidence per mutant: the 16-run corpus (seeds 1-8 x both classes) and the sweep of seeds
+- Evidence per mutant: the 20-run corpus (``ops.sim.corpus``) and the sweep of seeds
   1..N x both classes; the sweep stops at the first kill (the smallest killing seed is
   reported, whatever the number of processes).
 - Every mutant is pinned to its first killing sweep run (``FIRST_KILLS``), checked by a
@@ -358,7 +358,7 @@ def kill_table(*, sweep_last: int = 1000, steps: int = 64, processes: int = 2,
             first = min(found, key=lambda f: (f["seed"], f["class"])) if found else None
             pinned = FIRST_KILLS.get(m.name)
             rows.append({"mutant": m.name, "rule": m.rule, "corpus_kills": len(corpus),
-                         "corpus_runs": 16, "corpus_first": corpus[0] if corpus else None,
+                         "corpus_runs": 2 * len(CORPUS_SEEDS), "corpus_first": corpus[0] if corpus else None,
                          "sweep_last": sweep_last, "sweep_first_kill": first,
                          "killed": bool(corpus) or first is not None,
                          "pinned": None if pinned is None else list(pinned),
@@ -368,13 +368,14 @@ def kill_table(*, sweep_last: int = 1000, steps: int = 64, processes: int = 2,
 
 
 def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    lines = ["| mutant | corpus (16 runs) | sweep 1..N: first killing seed | killed |",
+    lines = [f"| mutant | corpus ({2 * len(CORPUS_SEEDS)} runs) | sweep 1..N: first killing "
+             "seed | killed |",
              "|---|---|---|---|"]
     for r in rows:
         first = r["sweep_first_kill"]
         sweep = (f"seed {first['seed']} {first['class']}: {first['failure'][:60]}"
                  if first else f"survives 1..{r['sweep_last']}")
-        lines.append(f"| {r['mutant']} | {r['corpus_kills']}/16 | {sweep} | "
+        lines.append(f"| {r['mutant']} | {r['corpus_kills']}/{r['corpus_runs']} | {sweep} | "
                      f"{'yes' if r['killed'] else 'NO'} |")
     return "\n".join(lines)
 

@@ -1,6 +1,6 @@
-"""The corpus: seeds 1-8 x {valid, conflict} x 64 steps, each run twice; 16/16 expected
-(PASS; PASS_WITH_EXCLUSIONS for an accepted retention gap; BLOCKED by a recreated topic)
-and byte-identical traces and reports. A small sweep has zero violations."""
+"""The corpus: seeds 1-8, 9 and 16 x {valid, conflict} x 64 steps, each run twice; 20/20
+expected (PASS; PASS_WITH_EXCLUSIONS for an accepted retention gap; BLOCKED by a recreated
+topic) and byte-identical traces and reports. A small sweep has zero violations."""
 
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ def test_corpus_passes_and_is_deterministic() -> None:
     assert {r["status"] for r in manifest["runs"]} <= {"PASS", "PASS_WITH_EXCLUSIONS",
                                                       "BLOCKED"}
     assert {r["status"] for r in manifest["runs"]} & {"PASS_WITH_EXCLUSIONS", "BLOCKED"}
-    assert (manifest["passed"], manifest["total"]) == (16, 16)
+    assert (manifest["passed"], manifest["total"]) == (20, 20)
     assert {(r["seed"], r["class"]) for r in manifest["runs"]} == set(
-        itertools.product(range(1, 9), ("valid", "conflict")))
+        itertools.product((*range(1, 9), 9, 16), ("valid", "conflict")))
+    # seeds 9 valid and 16 conflict run lanes (trace version 5)
+    assert sum(1 for r in manifest["runs"] if r["version"] == 5) >= 2
     assert all(r["steps"] == 64 and r["oracle_checks"] > r["attempts"] for r in manifest["runs"])
     # the corpus exercises faults, not only happy paths
     assert sum(r["selected_faults"] for r in manifest["runs"]) > 50
