@@ -570,32 +570,17 @@ class Debezium:
         """The stack's Kafka broker lost (SIGKILL: its log recovered at the next start),
         ``while_down`` run, then the broker started again: Kafka Connect's producer and the
         sink's members wait it out (the members within ``--outage-bound-s``)."""
-        import signal as signals
+        from tests.integration.workers import crash_kafka
 
-        from ops.stack import control as stack
-        from ops.stack.procs import port_free, stop_pid, wait_until
-
-        row = {r.service: r for r in stack.status(self.settings)}[Service.KAFKA]
-        assert row.pid is not None, "the stack's Kafka is not running"
-        stop_pid(row.pid, sig=signals.SIGKILL, grace_s=30.0)
-        wait_until(lambda: port_free(self.settings.ports.kafka), timeout_s=30.0)
-        while_down()
-        stack.up(self.settings, services=[Service.KAFKA], out=lambda line: None)
+        crash_kafka(self.settings, while_down)
 
     def crash_postgres(self) -> None:
         """An immediate shutdown of the stack's PostgreSQL (SIGQUIT: no checkpoint, crash
         recovery at the next start), then started again; Debezium's task reconnects by its
         own retries, the sink's members ride it out within their outage bound."""
-        import signal as signals
+        from tests.integration.workers import crash_postgres
 
-        from ops.stack import control as stack
-        from ops.stack.procs import port_free, stop_pid, wait_until
-
-        row = {r.service: r for r in stack.status(self.settings)}[Service.POSTGRES]
-        assert row.pid is not None, "the stack's PostgreSQL is not running"
-        stop_pid(row.pid, sig=signals.SIGQUIT, grace_s=30.0)
-        wait_until(lambda: port_free(self.settings.ports.postgres), timeout_s=30.0)
-        stack.up(self.settings, services=[Service.POSTGRES], out=lambda line: None)
+        crash_postgres(self.settings)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """``--lanes 8`` against real Kafka and PostgreSQL: a handler that waits 20 ms per batch
 (an external call) over the reference handler's effects, members SIGKILLed at random
 points and a frozen (SIGSTOP) zombie continued after its partitions moved on (it may rejoin
-the group as a member; it is then stopped). The effects
+the group as a member; it is then stopped); then lost COMMIT replies of lane transactions,
+the Kafka broker lost and PostgreSQL crashed under two members running lanes. The effects
 must equal the oracle's fold of the whole source (nothing applied twice, nothing lost,
 each document's revisions in order), and every partition row ends at its high watermark
 (folded)."""
@@ -21,12 +22,16 @@ import pytest
 
 from fencing.postgres.store import PgFenceStore
 from fencing.store import BatchCall
+from fencing.testing.pgproxy import Action
 from fencing.types import ACCEPT, ClaimRequest, SourceRecord, TopicPartition
 from tests.integration.workers import (
     GROUP_SETUPS,
     GroupSetup,
+    ProxyThread,
     WorkerProc,
     committed_total,
+    crash_kafka,
+    crash_postgres,
     create_topic,
     exactly_once_problems,
     fresh_schema,
@@ -87,6 +92,78 @@ def test_lanes_survive_kills_and_a_zombie_exactly_once(services, setup: GroupSet
     finally:
         for w in workers:
             w.ensure_dead()
+    assert asyncio.run(exactly_once_problems(dsn, schema, group, topic, source)) == []
+
+
+@pytest.mark.exclusive  # crashes the stack's Kafka and PostgreSQL
+@pytest.mark.parametrize("setup", GROUP_SETUPS, ids=lambda s: s.name)
+def test_lanes_survive_lost_commit_replies_a_broker_loss_and_a_postgres_crash(
+        services, setup: GroupSetup) -> None:
+    """Two members with ``--lanes 8``, one through a proxy that loses lane COMMIT replies
+    (after the server committed, and before), then the broker lost (SIGKILL, started again)
+    and PostgreSQL crashed (SIGQUIT, crash recovery): members ride the outages out or exit
+    5 (a service unavailable past ``--outage-bound-s``) and are started again, as their
+    supervisor does; a lane is never applied twice or skipped."""
+    from ops.stack.config import settings_from
+
+    bootstrap, dsn = services.kafka_bootstrap, services.dsn
+    topic, group = unique("lanescrash"), unique("glanescrash")
+    create_topic(bootstrap, topic, 3)
+    recs, source = generated(topic, count=6_000, partitions=3, klass="conflict", seed=29)
+    chunks = [recs[k * 1_000:(k + 1) * 1_000] for k in range(6)]  # in source order
+    produce(bootstrap, chunks[0])
+    schema = asyncio.run(fresh_schema(dsn))
+    proxy = ProxyThread(dsn)
+    members: list[WorkerProc] = []
+    spawned: dict[WorkerProc, tuple[str, dict[str, str]]] = {}
+    ended: list[tuple[str, int, str]] = []
+
+    def member(name: str, env: dict[str, str]) -> WorkerProc:
+        w = WorkerProc(topic=topic, group=group, schema=schema, setup=setup, name=name,
+                       extra=LANES, env={**SLOW, **env})
+        members.append(w)
+        spawned[w] = (name, env)
+        return w
+
+    def supervise() -> None:
+        for w in [w for w in members if not w.alive()]:
+            members.remove(w)
+            code = w.wait(5)
+            name, env = spawned[w]
+            ended.append((name, code, w.log()[-2000:]))
+            if code == 5:  # a service unavailable past its bound: its supervisor restarts it
+                member(name + "'", env)
+
+    try:
+        member("a", {"FENCE_DSN": proxy.dsn})
+        member("b", {})
+        wait_until(lambda: all("assigned {" in w.log() for w in members), timeout_s=60,
+                   what="both members assigned")
+        for chunk, action in zip(chunks[1:5], (Action.CUT_AFTER, Action.CUT_BEFORE) * 2,
+                                 strict=True):  # lane COMMIT replies lost, with work to do
+            rule = proxy.add_rule("COMMIT", action, times=1)
+            produce(bootstrap, chunk)
+            wait_until(lambda rule=rule: rule.count >= 1,  # type: ignore[misc]
+                       timeout_s=60, what=f"{action} fired")
+        settings = settings_from()
+        produce(bootstrap, chunks[5])  # lanes busy when the broker goes
+        crash_kafka(settings, while_down=lambda: time.sleep(2))
+        crash_postgres(settings)
+        deadline = time.monotonic() + 240
+        while committed_total(dsn, schema, group, topic) < len(source):
+            assert time.monotonic() < deadline, ("not every record committed (folded) after "
+                                                 f"the faults; ended: {ended}")
+            supervise()
+            time.sleep(1)
+        supervise()
+        for w in list(members):
+            w.terminate()
+            assert w.wait(30) == 0, w.log()[-3000:]
+    finally:
+        for w in list(spawned):
+            w.ensure_dead()
+        proxy.close()
+    assert all(code == 5 for _, code, _ in ended), ended
     assert asyncio.run(exactly_once_problems(dsn, schema, group, topic, source)) == []
 
 

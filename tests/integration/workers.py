@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -311,3 +311,32 @@ def run_until_committed(*, topic: str, group: str, schema: str, dsn: str, setup:
     finally:
         w.ensure_dead()
     return w.log()
+
+
+def crash_kafka(settings: Any, while_down: Callable[[], Any] = lambda: None) -> None:
+    """The local stack's Kafka broker lost (SIGKILL: its log recovered at the next start),
+    ``while_down`` run, then the broker started again (``settings``: the stack's,
+    ``ops.stack.config.settings_from``). A test calling it is ``exclusive``."""
+    _crash(settings, "KAFKA", signal.SIGKILL, "kafka", while_down)
+
+
+def crash_postgres(settings: Any) -> None:
+    """An immediate shutdown of the local stack's PostgreSQL (SIGQUIT: no checkpoint, crash
+    recovery at the next start), then started again. A test calling it is ``exclusive``."""
+    _crash(settings, "POSTGRES", signal.SIGQUIT, "postgres", lambda: None)
+
+
+def _crash(settings: Any, service: str, sig: signal.Signals, port: str,
+           while_down: Callable[[], Any]) -> None:
+    from ops.stack import control as stack
+    from ops.stack.config import Service
+    from ops.stack.procs import port_free, stop_pid
+    from ops.stack.procs import wait_until as until
+
+    which = Service[service]
+    row = {r.service: r for r in stack.status(settings)}[which]
+    assert row.pid is not None, f"the stack's {which.value} is not running"
+    stop_pid(row.pid, sig=sig, grace_s=30.0)
+    until(lambda: port_free(getattr(settings.ports, port)), timeout_s=30.0)
+    while_down()
+    stack.up(settings, services=[which], out=lambda line: None)
