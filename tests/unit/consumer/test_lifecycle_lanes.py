@@ -9,8 +9,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from consumer import LifetimeState
+from consumer.observability.otel_tracing import OtelTracing
 from fencing.errors import Fenced
 from fencing.memory.faults import Fault, FaultOutcome, Operation
 from fencing.memory.store import MemoryFenceStore
@@ -104,3 +108,21 @@ async def test_fold_moves_the_frontier_and_a_successor_resumes_past_it(
     assert [o for o in range(6) if got.done(o)] == [0, 1, 3, 4]
     with pytest.raises(ValueError):  # below the frontier: the caller's bug, no I/O
         await successor.process_lane(BatchCall(TP, recs(TP, 1), accept), [(1, 1)])
+
+
+async def test_each_lane_batch_is_a_process_span_of_its_own(store: MemoryFenceStore,
+                                                            clock: Clock) -> None:
+    """Two lanes' batches of one partition: two ``fence.process`` spans, each with its own
+    offsets, the epoch and ``fence.lane``; the row's frontier (no fold yet) is not moved."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    lc = make(store, clock, tracing=OtelTracing(provider.get_tracer("fenceworker")))
+    await lc.assign([check(TP)])
+    await lc.process_lane(BatchCall(TP, recs(TP, 0, 2), accept), [(0, 0), (1, 2)])
+    await lc.process_lane(BatchCall(TP, recs(TP, 1), accept), [(1, 1)])
+    lanes = [dict(s.attributes or {}) for s in exporter.get_finished_spans()
+             if s.name == "fence.process"]
+    assert [(a["fence.first_offset"], a["fence.last_offset"], a["fence.lane"],
+             a["fence.epoch"]) for a in lanes] == [(0, 2, True, 1), (1, 1, True, 1)]
+    assert store.token_of(TP) == Token(1, 0)
