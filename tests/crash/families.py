@@ -75,10 +75,14 @@ UNCERTAIN = Family(
     ci_points=("in-handler",))
 LANES = Family(
     "lanes",
-    tuple(p for p in PLANS if p.point in ("after-claim", "in-handler", "commit-in-flight",
-                                          "after-commit", "zombie")),
+    tuple(p for p in PLANS if p.point in ("after-claim", "after-seek", "in-handler",
+                                          "commit-in-flight", "after-commit",
+                                          "after-kafka-commit", "in-revoke", "in-shutdown",
+                                          "zombie")),
     summary="the reference handler in 8 key-ordered lanes per partition (--lanes 8): lane "
-            "transactions side by side under each partition's epoch, the completion set",
+            "transactions side by side under each partition's epoch, the completion set; "
+            "every point a worker with lanes reaches (the failure path's, the gap-skip's "
+            "and the tools' have families of their own)",
     ci_points=("in-handler",))
 REPLAY = Family("replay", (CellPlan("in-replay", "in-replay"),), tool="replay",
                 summary="fencectl quarantine replay of two poison records: one fixed by the "
