@@ -150,8 +150,8 @@ class LifetimeRun:
 
     def progress(self) -> dict[TopicPartition, float]:
         """Per owned partition: the clock time of its last fetch or commit progress."""
-        return {tp: min(p.progress_s, *p.lanes_since.values()) if p.lanes_since else
-                p.progress_s for tp, p in self._parts.items() if not p.closing}
+        return {tp: min((p.progress_s, *p.lanes_since.values()))
+                for tp, p in self._parts.items() if not p.closing}
 
     def lanes(self) -> dict[TopicPartition, tuple[int, int]]:
         """Per owned partition running lanes: (busy lanes, window used) (``LaneRun.load``)."""
