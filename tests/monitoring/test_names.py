@@ -1,8 +1,8 @@
 """Every metric name the dashboard, the alert rules and docs/monitoring.md use is one a
 running worker exports.
 
-A worker commits a few batches (so its histograms and the lag gauge exist too), and a
-table sink worker the same records twice (the sink's own metrics; the second time with a
+A worker commits a few batches in two lanes per partition (so its histograms, the lag
+gauge and the lanes gauges exist too), and a table sink worker the same records twice (the sink's own metrics; the second time with a
 version guard); their ``/metrics`` give the exported names. Each dashboard query and rule
 expression is parsed by Prometheus (``/api/v1/parse_query``), so every selector's name is
 found wherever it sits in the expression.
@@ -54,7 +54,7 @@ def exported(services: ServiceSettings) -> set[str]:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     worker = start_worker(topic=topic, group=group, schema=schema, http_port=port,
-                          extra=["--stall-timeout-s", "3"])
+                          extra=["--stall-timeout-s", "3", "--lanes", "2"])
 
     def scrape() -> str:
         got = http_get(base + "/metrics")
@@ -69,6 +69,8 @@ def exported(services: ServiceSettings) -> set[str]:
                    timeout_s=60, what="40 records counted")
         wait_until(lambda: "fence_partition_lag{" in scrape(), timeout_s=30,
                    what="the lag gauge sampled")
+        wait_until(lambda: "fence_lanes_busy{" in scrape(), timeout_s=30,
+                   what="the lanes gauges sampled")
         names = exported_names(scrape())
         worker.terminate()
         assert worker.wait(30) == 0, worker.log()[-3000:]
