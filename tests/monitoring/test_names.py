@@ -2,8 +2,9 @@
 running worker exports.
 
 A worker commits a few batches in two lanes per partition (so its histograms, the lag
-gauge and the lanes gauges exist too), and a table sink worker the same records twice (the sink's own metrics; the second time with a
-version guard); their ``/metrics`` give the exported names. Each dashboard query and rule
+gauge and the lanes gauges exist too), and a table sink worker the same records twice
+(the sink's own metrics; the second time with a version guard); their ``/metrics`` give
+the exported names. Each dashboard query and rule
 expression is parsed by Prometheus (``/api/v1/parse_query``), so every selector's name is
 found wherever it sits in the expression.
 """
