@@ -61,13 +61,22 @@ def test_a_clean_cell_passes_with_its_recovery_time() -> None:
      "frontier 99, high watermark 100"),
     ({"audit": (AuditRow(0, 1, 80, 90, A, T + 0.1),)}, "A wrote after its marker"),
     ({"quarantine": (QuarantineRow(0, 85, 1, T + 0.1),)}, "quarantine 0@85"),
-    ({"members": (MemberRow(A, 11, "running", T + 0.2), MemberRow(B, 22, "stopped", T + 9))},
+    ({"members": (MemberRow(A, 11, "stopped", T + 0.2), MemberRow(B, 22, "stopped", T + 9))},
      "member heartbeat"),
     ({"at_death": (PartitionRow(0, 1, 40, A), PartitionRow(1, 1, 40, A))}, "not durable"),
 ])
 def test_each_broken_rule_is_a_problem(over: dict[str, object], problem: str) -> None:
     v = judge(plan_for("after-commit"), _facts(**over))
     assert any(problem in p for p in v.problems), v.problems
+
+
+def test_a_heartbeat_in_flight_at_the_kill_is_bookkeeping() -> None:
+    """The member row's time is the server's start of the upsert: a heartbeat sent before
+    the SIGKILL may start after the marker (the ``stopping`` row at ``in-shutdown``)."""
+    members = (MemberRow(A, 11, "stopping", T + 0.02), MemberRow(B, 22, "stopped", T + 9))
+    v = judge(plan_for("after-commit"), _facts(members=members))
+    assert v.passed, v.problems
+    assert v.bookkeeping == (f"member row {A} state stopping in flight at the kill",)
 
 
 def test_claims_must_strictly_increase() -> None:

@@ -14,6 +14,14 @@ Rules (what PASS means; each broken rule is one line in ``Verdict.problems``)
   marker. Exception for the continued zombie only: its own member row and one ``retire``
   journal row, reported as ``bookkeeping`` (the documented last write of a retiring lifetime;
   they never touch epochs, frontiers or effects).
+- The member row's time is ``now()`` of one autocommit upsert: the server's start of the
+  statement, which a heartbeat sent on the loop just before SIGKILL can reach after the
+  marker's time (seen at ``in-shutdown``: the ``stopping`` row, sent when SIGTERM changed
+  the state, started on the server after the marker). After a SIGKILL (the marker's write
+  and the signal are one synchronous call, so A issues nothing later), A's member row later
+  than the marker is bookkeeping "in flight at the kill" unless its state is one written
+  only at a clean end (``stopped``), which A never reaches. The other rows stay strict: a
+  frontier, quarantine or journal row of A later than the marker is a problem.
 - Point-specific: the marker's batch is durable after A's death (``commit-in-flight``,
   ``after-commit``) or not (``in-handler``, ``zombie``); the proxy held the COMMIT reply
   (``commit-in-flight``); a gap is skipped exactly once per gapped partition.
@@ -128,6 +136,10 @@ def _a_lifetimes(facts: CellFacts) -> set[str]:
     return a - b - set(facts.setup_lifetimes)
 
 
+#: a lifetime writes these only as it ends (``MemberHeartbeat.close``), after every point
+_FINAL_MEMBER_STATES = frozenset({"stopped"})
+
+
 def _after_marker(plan: CellPlan, facts: CellFacts, t: float, a_lifetimes: set[str],
                   a_epochs: set[tuple[int, int | None]], problems: list[str],
                   bookkeeping: list[str]) -> None:
@@ -153,6 +165,9 @@ def _after_marker(plan: CellPlan, facts: CellFacts, t: float, a_lifetimes: set[s
         if m.lifetime_id in a_lifetimes and m.last_seen > t:
             if zombie:
                 bookkeeping.append(f"member row {m.lifetime_id} state {m.state}")
+            elif m.state not in _FINAL_MEMBER_STATES:
+                bookkeeping.append(f"member row {m.lifetime_id} state {m.state} in flight at "
+                                   "the kill")
             else:
                 problems.append(f"A wrote after its marker: member heartbeat {m.lifetime_id} "
                                 f"state {m.state}")
