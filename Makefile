@@ -109,7 +109,7 @@ crash-matrix: setup
 	FENCE_CRASH_MATRIX=full FENCE_CRASH_MATRIX_ARGS='$(PYTEST_ARGS)' $(BIN)/pytest -q \
 	  tests/integration/test_crash_matrix.py $(PYTEST_ARGS)
 	cp artifacts/crash-matrix/full.json docs/bench/crash-matrix.json
-	$(BIN)/python -m ops.bench.tables --page docs/crash-matrix.md
+	$(BIN)/python -m ops.bench.tables --page docs/crash-matrix.md --page docs/benchmarks.md
 
 # Kafka faults on the three-node cluster (started for these tests, stopped after): every fault
 # scenario x group protocol, static membership, librdkafka's failover behaviour pinned, the
