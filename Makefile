@@ -104,7 +104,8 @@ sink-evolve: setup
 # the crash-point matrix by family: every family x its points x every group protocol (make
 # test runs the reference family's points under one protocol each and one cell of every other
 # family); prints the table, writes artifacts/crash-matrix/full.json, keeps failed cells' logs;
-# once every cell passed, publishes the JSON to docs/bench/ and regenerates the page's table
+# once every cell passed, publishes the JSON to docs/bench/ and regenerates its tables (the
+# matrix in docs/crash-matrix.md, the recovery summary in docs/benchmarks.md)
 crash-matrix: setup
 	FENCE_CRASH_MATRIX=full FENCE_CRASH_MATRIX_ARGS='$(PYTEST_ARGS)' $(BIN)/pytest -q \
 	  tests/integration/test_crash_matrix.py $(PYTEST_ARGS)
