@@ -146,6 +146,14 @@ WHY: dict[str, str] = {
     "test_live_and_killed_members":
         "member b's 25 s Kafka session: after its SIGKILL the stale view (heartbeat stale at 3 s) "
         "is read, then a's claim waits for that session to expire",
+    "test_lanes_survive_kills_and_a_zombie_exactly_once":
+        "6,000 records at 20 ms per 20-record lane batch: three members SIGKILLed in turn, each "
+        "after its assignment (the next claims after the session), a zombie frozen until the "
+        "last member is assigned, then continued 3 s and stopped; the drain to the fold",
+    "test_lanes_survive_lost_commit_replies_a_broker_loss_and_a_postgres_crash":
+        "runs alone (exclusive): 6,000 records in six chunks, four of them each waiting for a lost "
+        "lane COMMIT reply; then the Kafka broker SIGKILLed (2 s down, log recovery) and "
+        "PostgreSQL crashed (recovery), members that exit 5 started again; the drain",
     "test_lost_commit_replies_resolve_without_duplicates":
         "10,000 records in 1,000 sequential 10-record transactions (--db-concurrency 1) through "
         "the wire proxy, six COMMIT replies lost one at a time",
