@@ -55,7 +55,6 @@ import os
 import signal
 import statistics
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -71,8 +70,10 @@ from ops.bench.runs import (
     Run,
     env,
     fresh_schema,
+    log_dir,
     machine_ticks,
     new_topic,
+    scratch,
     uid,
     worker_argv,
 )
@@ -204,7 +205,7 @@ def steady(kind: str, rate: float, *, seconds: float, warmup_s: float, dsn: str,
     topic, group, schema = new_topic(f"lat{kind}"), uid("gl"), fresh_schema(dsn)
     create_topic(topic, partitions)
     pg = PgCpu(dsn)
-    tmp = Path(tempfile.mkdtemp(prefix=f"bench-latency-{kind}-"))
+    tmp = scratch(f"bench-latency-{kind}-")
     produced, control = tmp / "producer.json", tmp / "control.json"
     run = _run_of(kind)
     run = dataclasses.replace(run, args=(*run.args, *extra), processes=processes)
@@ -305,7 +306,7 @@ def moves(setup: str, rate: float, *, dsn: str, partitions: int, quick: bool
 
     topic, group, schema = new_topic("move"), uid("gm"), fresh_schema(dsn)
     create_topic(topic, partitions)
-    tmp = Path(tempfile.mkdtemp(prefix=f"bench-move-{setup}-"))
+    tmp = log_dir(f"move-{setup}-{round(rate)}")
     run = _run_of("reference", batches=True)
     files = [tmp / "a.json", tmp / "b.json"]
     before_join_s, b_runs_s = (2, 2) if quick else (5, 5)
@@ -348,7 +349,7 @@ def moves(setup: str, rate: float, *, dsn: str, partitions: int, quick: bool
     session = 6.0  # SETUPS: session.timeout.ms=6000; KIP-848: the stack's broker setting
     return {"setup": setup, "rate": round(rate), "session_timeout_s": session,
             **pauses(_log_of(a_rep), _log_of(b_rep), joined, killed),
-            "exit_a": codes[0], "logs": str(tmp)}
+            "exit_a": codes[0], "logs": str(tmp.relative_to(ROOT))}
 
 
 def run_all(capacity: Mapping[str, float], *, dsn: str, quick: bool, partitions: int = 6

@@ -37,7 +37,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,7 +46,7 @@ from fencing.postgres.schema import quote_ident
 from ops.bench.latency import percentiles
 from ops.bench.paced import create_topic, finish_producer, start_producer
 from ops.bench.pgcpu import PgCpu
-from ops.bench.runs import PY, ROOT, env, fresh_schema, new_topic, uid
+from ops.bench.runs import PY, ROOT, env, fresh_schema, log_dir, new_topic, uid
 from ops.operator.db import connection
 
 __all__ = ["PEER_REQUIREMENT", "PEER_VENV", "ensure_venv", "run_all"]
@@ -262,7 +261,7 @@ def run_all(dsn: str, topic: str, total: int, *, partitions: int, repeat: int, q
     peer_python = ensure_venv()
     if peer_python is None:
         return {"skipped": f"{PEER_REQUIREMENT} could not be installed into {PEER_VENV}"}
-    logs = Path(tempfile.mkdtemp(prefix="bench-peer-"))
+    logs = log_dir("peer")
     tries: dict[str, list[dict[str, Any]]] = {}
     for i in range(repeat):
         for upsert in (False, True):
@@ -288,7 +287,7 @@ def run_all(dsn: str, topic: str, total: int, *, partitions: int, repeat: int, q
         kills.append(killed(tool, peer_python, topic, total, partitions, dsn, logs))
         print(f"  {kills[-1]}", flush=True)
     return {"requirement": PEER_REQUIREMENT, "records": total, "repeat": repeat,
-            "runs": runs, "latency": lat, "kill": kills, "logs": str(logs)}
+            "runs": runs, "latency": lat, "kill": kills, "logs": str(logs.relative_to(ROOT))}
 
 
 def _median(tries: list[dict[str, Any]]) -> dict[str, Any]:

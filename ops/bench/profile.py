@@ -24,7 +24,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -38,6 +37,7 @@ from ops.bench.runs import (
     env,
     fresh_schema,
     machine_ticks,
+    scratch,
     uid,
     worker_argv,
 )
@@ -182,7 +182,7 @@ def _profile(a: argparse.Namespace) -> int:
     topic, _ = produce_topics([run.topic], a.count, a.count, a.partitions)[run.topic]
     name = f"_{a.run}" if a.run else "_sink" * a.sink
     a.out = a.out or OUT.with_name("profile" + name + "_gil" * a.gil + ".json")
-    tmp = Path(tempfile.mkdtemp(prefix="bench-profile-"))
+    tmp = scratch("bench-profile-")
     marks, raw = tmp / "marks.json", a.out.with_suffix(".raw.txt")
     a.out.parent.mkdir(parents=True, exist_ok=True)
     worker = subprocess.Popen(worker_argv(run, topic, uid("gp"), fresh_schema(dsn), marks),

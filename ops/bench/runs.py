@@ -28,12 +28,18 @@ Rules
   an earlier run's dirty buffers, or crosses the checkpoint that ~500 MB of WAL triggers
   at the default ``max_wal_size``; the dev stack grants ``pg_checkpoint``). Measured on the
   quiet machine without these: the same run varied by up to 40% between tries.
+- Files: a run's marks files live in a ``scratch`` folder, removed when the bench process
+  exits; the processes' logs that a section's JSON points to go to
+  ``artifacts/bench/logs/<section>`` (``log_dir``: emptied when the section runs again).
+  Nothing is left in the system's temporary folder.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,6 +59,8 @@ from ops.bench.pgcpu import PgCpu
 from ops.operator.db import connection
 
 ROOT = Path(__file__).resolve().parents[2]
+#: the logs a section's JSON points to (``log_dir``), kept until that section runs again
+LOGS = ROOT / "artifacts" / "bench" / "logs"
 PY = sys.executable
 COOPERATIVE = ["--group-protocol", "classic", "--assignment-strategy", "cooperative-sticky",
                "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500"]
@@ -74,6 +82,21 @@ class Run:
     repeat: bool = True  # alternates with the other repeated runs ``--repeat`` times
     handler: str = "reference"  # "reference", "accept" (only the fence) or "sink" (table sink)
     settings: tuple[str, ...] = field(default_factory=tuple)  # extra --handler-setting
+
+
+def scratch(prefix: str) -> Path:
+    """A folder for a run's marks files, removed when this process exits."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+def log_dir(name: str) -> Path:
+    """``artifacts/bench/logs/<name>``, emptied: the processes' logs of one section."""
+    path = LOGS / name
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
 
 
 def uid(prefix: str) -> str:
@@ -296,7 +319,7 @@ def execute(run: Run, topic: str, total: int, dsn: str, *,
     pg = PgCpu(dsn)
     ticks = cpu_ticks()
     pg_first: tuple[float, float | None] | None = None  # (monotonic, PostgreSQL CPU s)
-    tmp = Path(tempfile.mkdtemp(prefix=f"bench-{run.name}-"))
+    tmp = scratch(f"bench-{run.name}-")
     files = [tmp / f"member-{i}.json" for i in range(run.members)]
     if run.processes:  # one set: its members write member-<pid>.json
         files = [tmp / "member-{pid}.json"]

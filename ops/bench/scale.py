@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from ops.bench.runs import (
     env,
     execute,
     fresh_schema,
+    log_dir,
     new_topic,
     uid,
 )
@@ -228,9 +228,9 @@ def produce_large(topic: str, count: int, size: int, partitions: int) -> None:
 
 
 def run_all(dsn: str, *, quick: bool, produce: Produce) -> dict[str, Any]:
-    logs = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    logs = log_dir("scale")
     sizes = [1, 8] if quick else [1, 8, 64, 256]
-    out: dict[str, Any] = {"logs": str(logs)}
+    out: dict[str, Any] = {"logs": str(logs.relative_to(ROOT))}
     print("scale: assignment cost ...", flush=True)
     out["assignment"] = [assignment_cost(dsn, n, produce, logs) for n in sizes]
     print("scale: join ...", flush=True)

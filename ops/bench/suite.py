@@ -2,6 +2,9 @@
 XML pytest wrote, into ``docs/bench/suite.json``; ``docs/testing.md`` shows the table
 (``ops.bench.tables``, region ``suite-slowest``).
 
+Long because ``WHY`` holds one line per test that has been among the slowest: the data the
+page shows beside each figure, not logic.
+
 Rules
 - ``python -m ops.bench.suite JUNIT --wall-s S --command CMD`` keeps the run's counts
   (passed, failed, skipped), its wall time as measured by the caller (``time``: the
