@@ -4,7 +4,9 @@
 end) and runs each ``--only`` run (entries of ``ops.bench.worker.RUNS``) from it and from
 this tree in turn, ``--pairs`` times, on one produced topic per kind, with the harness of
 ``make bench`` (``ops.bench.runs.execute``: same clock, same quiesce, CPU and steal per
-try). Both trees run under this tree's virtualenv and database migrations. Prints and
+try). Both trees run under this tree's virtualenv and database migrations: a run that
+handles fewer records than its topic holds (a tree refusing this tree's schema version)
+stops the comparison with that reason. Prints and
 writes (``--out``, default ``artifacts/bench/trees.json``) every try and, per run and tree,
 the summary ``make bench`` gives a run (``ops.bench.worker.summarize``: the median rate and
 CPU per record): how a change is measured before it is called faster.
@@ -78,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
                     for r in chosen:
                         topic, total = topics[r.topic]
                         got = execute(r, topic, total, dsn, root=root)
+                        if got["records"] < total:
+                            raise SystemExit(
+                                f"{r.name} from {label} handled {got['records']} of {total} "
+                                f"records (exit {got['exit']}; its stderr above says why); "
+                                "a tree whose schema version differs from this tree's cannot "
+                                "run here: run make bench's runs from each tree instead")
                         tries[r.name][label].append(got)
                         print(f"{r.name} #{i + 1} {label}: {got['records_per_s']} records/s, "
                               f"{got['cpu_us_per_record']} CPU µs per record", flush=True)
