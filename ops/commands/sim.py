@@ -48,7 +48,8 @@ def register(subparsers: Any) -> None:
     mode.add_argument("--seed", type=int, help="generate the schedule of this seed and run it")
     mode.add_argument("--replay", type=Path, metavar="TRACE", help="run a saved trace as saved")
     mode.add_argument("--sweep", metavar="FIRST..LAST", help="run both classes of many seeds")
-    mode.add_argument("--corpus", action="store_true", help="seeds 1-8, 9 and 16 x both classes, twice")
+    mode.add_argument("--corpus", action="store_true",
+                      help="seeds 1-8, 9 and 16 x both classes, twice")
     p.add_argument("--class", dest="klass", choices=("valid", "conflict"), default="valid",
                    help="source class for --seed (default valid)")
     p.add_argument("--steps", type=int, default=64, help="steps before fair recovery (64)")

@@ -358,7 +358,8 @@ def kill_table(*, sweep_last: int = 1000, steps: int = 64, processes: int = 2,
             first = min(found, key=lambda f: (f["seed"], f["class"])) if found else None
             pinned = FIRST_KILLS.get(m.name)
             rows.append({"mutant": m.name, "rule": m.rule, "corpus_kills": len(corpus),
-                         "corpus_runs": 2 * len(CORPUS_SEEDS), "corpus_first": corpus[0] if corpus else None,
+                         "corpus_runs": 2 * len(CORPUS_SEEDS),
+                         "corpus_first": corpus[0] if corpus else None,
                          "sweep_last": sweep_last, "sweep_first_kill": first,
                          "killed": bool(corpus) or first is not None,
                          "pinned": None if pinned is None else list(pinned),
