@@ -149,6 +149,10 @@ WHY: dict[str, str] = {
     "test_live_and_killed_members":
         "member b's 25 s Kafka session: after its SIGKILL the stale view (heartbeat stale at 3 s) "
         "is read, then a's claim waits for that session to expire",
+    "test_quick_lanes_bench_drains_every_run_and_writes_its_table":
+        "four runs of a member whose handler waits 20 ms per 10-record call (1 and 6 partitions "
+        "x lanes 1 and 4), each a fresh topic, schema and process, about a second of records "
+        "each after its claim",
     "test_lanes_survive_kills_and_a_zombie_exactly_once":
         "6,000 records at 20 ms per 20-record lane batch: three members SIGKILLed in turn, each "
         "after its assignment (the next claims after the session), a zombie frozen until the "
