@@ -93,13 +93,16 @@ async def _query(dsn: str, sql: str) -> Any:
 
 
 def _argv(tool: str, peer_python: Path, topic: str, group: str, schema: str,
-          upsert: bool) -> list[str]:
+          upsert: bool, logs: Path) -> list[str]:
+    """The tool's command line; Quix keeps its state folder under ``logs`` (a SIGKILLed
+    run leaves it there, the next ``log_dir`` empties it)."""
     if tool == "fenceworker":
         return [PY, "-m", "ops.cli", "run", "--topic", topic, "--group", group, "--schema",
                 schema, "--log-level", "WARNING", "--sink", f"table={schema}.{TABLE}",
                 *(("--sink-key", "id") if upsert else ())]
     return [str(peer_python), str(PEER_SCRIPT), "--topic", topic, "--group", group,
-            "--schema", schema, "--table", TABLE, *(("--upsert",) if upsert else ())]
+            "--schema", schema, "--table", TABLE, "--state-dir", str(logs / "quix-state" / group),
+            *(("--upsert",) if upsert else ())]
 
 
 def _cpu_s(pid: int) -> float:
@@ -171,7 +174,7 @@ def throughput(tool: str, peer_python: Path, topic: str, total: int, partitions:
     asyncio.run(_make_table(dsn, schema, upsert))
     kafka, pg = _Group(group), PgCpu(dsn)
     pg0 = pg.seconds()  # before the start: a short run may be over when the poll sees it
-    proc = _start(_argv(tool, peer_python, topic, group, schema, upsert),
+    proc = _start(_argv(tool, peer_python, topic, group, schema, upsert, logs),
                   logs / f"{tool}-{group}.log")
     try:
         _wait("the assignment", lambda: kafka.assigned(partitions), 120, 0.05)
@@ -200,7 +203,7 @@ def latency(tool: str, peer_python: Path, rate: float, seconds: float, warmup_s:
     create_topic(topic, partitions)
     asyncio.run(_make_table(dsn, schema, True))
     kafka = _Group(group)
-    proc = _start(_argv(tool, peer_python, topic, group, schema, True),
+    proc = _start(_argv(tool, peer_python, topic, group, schema, True, logs),
                   logs / f"{tool}-{group}.log")
     try:
         _wait("the assignment", lambda: kafka.assigned(partitions), 120, 0.05)
@@ -233,7 +236,7 @@ def killed(tool: str, peer_python: Path, topic: str, total: int, partitions: int
     schema, group = fresh_schema(dsn), uid("gpeerkill")
     asyncio.run(_make_table(dsn, schema, False))
     kafka = _Group(group)
-    argv = _argv(tool, peer_python, topic, group, schema, False)
+    argv = _argv(tool, peer_python, topic, group, schema, False, logs)
     log = logs / f"{tool}-{group}.log"
     count = f"SELECT count(*) AS n FROM {quote_ident(schema)}.{TABLE}"
     proc = _start(argv, log)

@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from quixstreams import Application
 from quixstreams.sinks.community.postgresql import PostgreSQLSink
-
-#: Quix's state folder per group, beside the peer's logs (a SIGKILLed run leaves it there)
-STATE = Path(__file__).resolve().parents[2] / "artifacts" / "bench" / "logs" / "peer" / "quix-state"
 
 
 def main() -> None:
@@ -28,11 +24,12 @@ def main() -> None:
     p.add_argument("--schema", required=True)
     p.add_argument("--table", required=True)
     p.add_argument("--upsert", action="store_true", help="upsert on id (else insert)")
+    p.add_argument("--state-dir", required=True, help="Quix's state folder")
     a = p.parse_args()
     dsn = urlsplit(os.environ["FENCE_DSN"])
     app = Application(broker_address=os.environ["KAFKA_BOOTSTRAP_SERVERS"],
                       consumer_group=a.group, auto_offset_reset="earliest",
-                      state_dir=str(STATE / a.group), loglevel="WARNING")
+                      state_dir=a.state_dir, loglevel="WARNING")
     sink = PostgreSQLSink(host=dsn.hostname or "127.0.0.1", port=dsn.port or 5432,
                           dbname=dsn.path.lstrip("/"), user=unquote(dsn.username or ""),
                           password=unquote(dsn.password or ""), table_name=a.table,

@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from consumer.observability.heartbeat import MemberState
 from fencing.lanes import Completion
 from tests.crash.facts import CellFacts, Marker
 from tests.crash.plans import CellPlan
@@ -136,8 +137,8 @@ def _a_lifetimes(facts: CellFacts) -> set[str]:
     return a - b - set(facts.setup_lifetimes)
 
 
-#: a lifetime writes these only as it ends (``MemberHeartbeat.close``), after every point
-_FINAL_MEMBER_STATES = frozenset({"stopped"})
+#: a lifetime writes it only as it ends cleanly (``MemberHeartbeat.close``), after every point
+_CLEAN_END = MemberState.STOPPED.value
 
 
 def _after_marker(plan: CellPlan, facts: CellFacts, t: float, a_lifetimes: set[str],
@@ -165,7 +166,7 @@ def _after_marker(plan: CellPlan, facts: CellFacts, t: float, a_lifetimes: set[s
         if m.lifetime_id in a_lifetimes and m.last_seen > t:
             if zombie:
                 bookkeeping.append(f"member row {m.lifetime_id} state {m.state}")
-            elif m.state not in _FINAL_MEMBER_STATES:
+            elif m.state != _CLEAN_END:
                 bookkeeping.append(f"member row {m.lifetime_id} state {m.state} in flight at "
                                    "the kill")
             else:
